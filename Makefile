@@ -1,0 +1,45 @@
+# The book: `make book` builds it from the recorded runs; `make test` runs the tests.
+# On a GPU box: `make live` measures and records new runs (see README.md).
+
+VENV       ?= .venv
+BOOTSTRAP  ?= python3
+PY          = $(VENV)/bin/python
+# `make live` runs with the GPU box's own Python (its torch), not the venv's.
+PYTHON     ?= python3
+CHAPTERS   ?=
+# Wheelhouse for an air-gapped GPU box: its Python version and platform.
+WHEEL_PYTHON   ?= 3.12
+WHEEL_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any
+WHEELHOUSE ?= wheelhouse
+
+export PYTHONPATH := $(CURDIR)
+export MPLBACKEND ?= Agg
+
+.PHONY: book test live venv wheelhouse clean
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(BOOTSTRAP) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+venv: $(VENV)/.installed
+
+book: $(VENV)/.installed
+	$(VENV)/bin/jupyter-book build . --warningiserror --keep-going --builder html
+	@echo "The book is at $(CURDIR)/_build/html/index.html"
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+
+live:
+	$(PYTHON) -m labsupport live $(CHAPTERS)
+
+wheelhouse:
+	$(BOOTSTRAP) -m pip download --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementation cp \
+	    $(foreach p,$(WHEEL_PLATFORMS),--platform $(p)) -d $(WHEELHOUSE) -r requirements-gpubox.txt
+	@echo "Wheels for Python $(WHEEL_PYTHON) in $(WHEELHOUSE)/; on the box: pip install --no-index --find-links $(WHEELHOUSE) -r requirements-gpubox.txt"
+
+clean:
+	rm -rf _build build

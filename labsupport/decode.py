@@ -1,0 +1,154 @@
+"""One decode step of a Hugging Face causal LM, as written: prompt, prefill, step.
+
+A decode step is one forward pass of one new token per sequence against the
+key/value cache of the prompt, followed by greedy sampling (argmax). The cache
+is rebuilt by a fresh prefill before every measured step, so every step sees
+exactly `prompt_len` cached tokens.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+class NoGPUError(RuntimeError):
+    """Live measurement was asked for on a machine without a CUDA GPU."""
+
+
+def require_device(device: str, allow_cpu: bool = False) -> str:
+    """Check that live measurement can run on `device`; CPU only when explicitly allowed."""
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise NoGPUError("live mode needs a CUDA GPU and none is visible "
+                             "(use mode='replay' to read the recorded run)")
+        return device
+    if device == "cpu" and allow_cpu:
+        return device
+    raise NoGPUError(f"live mode measures a GPU; device {device!r} is only allowed for tests "
+                     "(allow_cpu=True with the 'tiny' preset)")
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+@dataclass
+class Prompt:
+    """A batch of random token ids (random ids give the same kernels as real text)."""
+
+    ids: torch.Tensor
+
+    @classmethod
+    def random(cls, vocab_size: int, batch: int, length: int, device: str, seed: int = 0) -> "Prompt":
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        return cls(torch.randint(0, vocab_size, (batch, length), generator=g).to(device))
+
+
+@torch.inference_mode()
+def prefill(model, prompt: Prompt):
+    """Run the prompt through the model; return (cache, next tokens)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=prompt.ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return cache, out.logits[:, -1].argmax(-1, keepdim=True)
+
+
+@torch.inference_mode()
+def decode_step(model, cache, tokens):
+    """One new token per sequence: forward against the cache, then greedy sampling."""
+    out = model(input_ids=tokens, past_key_values=cache, use_cache=True)
+    with torch.profiler.record_function("sample"):
+        return out.logits[:, -1].argmax(-1, keepdim=True)
+
+
+@contextlib.contextmanager
+def annotated_modules(model):
+    """Label every submodule's forward in the profiler trace with its path
+    ('layers.3.mlp.down_proj'), so each kernel can be traced to the module that launched it."""
+    handles = []
+    base = model.base_model_prefix + "."
+
+    for path, module in model.named_modules():
+        if not path or isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            continue
+        label = path[len(base):] if path.startswith(base) else path
+
+        def pre(mod, args, _label=label):
+            rf = torch.profiler.record_function(_label)
+            rf.__enter__()
+            mod.__dict__.setdefault("_labsupport_rf", []).append(rf)
+
+        def post(mod, args, out):
+            mod.__dict__["_labsupport_rf"].pop().__exit__(None, None, None)
+
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@dataclass
+class StepTimes:
+    """Host-side timings of repeated decode steps, in ms: `issue` is when the Python call
+    returned (the CPU has queued every kernel), `wall` when the GPU had finished."""
+
+    wall_ms: list[float]
+    issue_ms: list[float]
+
+    @property
+    def wall_median(self) -> float:
+        return statistics.median(self.wall_ms)
+
+    @property
+    def issue_median(self) -> float:
+        return statistics.median(self.issue_ms)
+
+
+def time_decode_steps(model, prompt: Prompt, device: str, repeats: int = 20, warmup: int = 3) -> StepTimes:
+    """Wall time of `repeats` decode steps, each after a fresh prefill, synchronised."""
+    wall, issue = [], []
+    for i in range(warmup + repeats):
+        cache, tok = prefill(model, prompt)
+        sync(device)
+        t0 = time.perf_counter()
+        decode_step(model, cache, tok)
+        t1 = time.perf_counter()
+        sync(device)
+        t2 = time.perf_counter()
+        if i >= warmup:
+            issue.append((t1 - t0) * 1e3)
+            wall.append((t2 - t0) * 1e3)
+        del cache
+    return StepTimes(wall_ms=wall, issue_ms=issue)
+
+
+def profile_decode_step(model, prompt: Prompt, device: str, trace_path, warmup: int = 2) -> None:
+    """Write a Chrome trace of one steady-state decode step to `trace_path` (.json.gz ok).
+
+    The profiler runs once untraced first, so its own start-up (CUPTI) stays out of
+    the recorded step.
+    """
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    for _ in range(warmup):
+        cache, tok = prefill(model, prompt)
+        decode_step(model, cache, tok)
+    for attempt in ("warm-up", "recorded"):
+        cache, tok = prefill(model, prompt)
+        sync(device)
+        with annotated_modules(model), profile(activities=activities) as prof:
+            with record_function("decode_step"):
+                decode_step(model, cache, tok)
+            sync(device)
+        del cache
+    prof.export_chrome_trace(str(trace_path))

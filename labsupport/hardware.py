@@ -1,0 +1,137 @@
+"""Datasheet figures of common GPUs, and live microbenchmarks of the two ceilings
+that matter for decoding: memory bandwidth (a large device-to-device copy) and the
+BF16 matrix-multiply rate (a large GEMM)."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Datasheet:
+    """Vendor datasheet figures (dense BF16 tensor rate, memory bandwidth and size)."""
+
+    name: str
+    bf16_tflops: float
+    bandwidth_tbs: float
+    memory_gb: float
+    sms: int
+    source: str
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        """Arithmetic intensity above which math, not memory, is the limit."""
+        return self.bf16_tflops * 1e12 / (self.bandwidth_tbs * 1e12)
+
+
+# Keys are the names torch.cuda.get_device_name() reports (matched by substring below).
+DATASHEETS = {
+    "NVIDIA H100 80GB HBM3": Datasheet("H100 SXM", 989.0, 3.35, 80, 132, "NVIDIA H100 Tensor Core GPU datasheet"),
+    "NVIDIA H200": Datasheet("H200 SXM", 989.0, 4.8, 141, 132, "NVIDIA H200 Tensor Core GPU datasheet"),
+    "NVIDIA A100-SXM4-80GB": Datasheet("A100 SXM 80GB", 312.0, 2.039, 80, 108, "NVIDIA A100 Tensor Core GPU datasheet"),
+    "NVIDIA L4": Datasheet("L4", 121.0, 0.3, 24, 58, "NVIDIA L4 Tensor Core GPU datasheet"),
+}
+
+
+class UnknownGPUError(LookupError):
+    """Raised when no datasheet is known for a GPU name."""
+
+
+def datasheet(gpu_name: str) -> Datasheet:
+    """The datasheet for the GPU torch reports as `gpu_name`.
+
+    An exact key wins; otherwise the longest key contained in the name (so
+    "NVIDIA H200 NVL" is not silently taken for anything else unless it contains a
+    known key). An unknown GPU raises UnknownGPUError that lists the known ones.
+    """
+    if gpu_name in DATASHEETS:
+        return DATASHEETS[gpu_name]
+    matches = [k for k in DATASHEETS if k in gpu_name]
+    if matches:
+        return DATASHEETS[max(matches, key=len)]
+    known = "; ".join(DATASHEETS)
+    raise UnknownGPUError(f"no datasheet for GPU {gpu_name!r}; known: {known}")
+
+
+def datasheet_or_none(gpu_name: str) -> Datasheet | None:
+    """datasheet(), but None for an unknown GPU (the chapters then show measured ceilings only)."""
+    try:
+        return datasheet(gpu_name)
+    except UnknownGPUError:
+        return None
+
+
+@dataclass
+class Ceilings:
+    """Ceilings measured on this GPU: copy bandwidth and BF16 GEMM rate (medians)."""
+
+    copy_bytes: int
+    copy_ms_median: float
+    copy_ms_min: float
+    copy_ms_max: float
+    gemm_n: int
+    gemm_ms_median: float
+    gemm_ms_min: float
+    gemm_ms_max: float
+    repeats: int
+
+    @property
+    def copy_tbs(self) -> float:
+        """Bytes read plus bytes written, per second, in TB/s."""
+        return 2 * self.copy_bytes / (self.copy_ms_median * 1e-3) / 1e12
+
+    @property
+    def gemm_tflops(self) -> float:
+        return 2 * self.gemm_n**3 / (self.gemm_ms_median * 1e-3) / 1e12
+
+    def as_row(self) -> dict:
+        return {**asdict(self), "copy_tbs": self.copy_tbs, "gemm_tflops": self.gemm_tflops}
+
+
+def time_cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
+    """Run fn() `warmup` times, then time `repeats` runs with CUDA events (ms each)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def measure_ceilings(copy_gib: float = 2.0, gemm_n: int = 8192, repeats: int = 20) -> Ceilings:
+    """Measure copy bandwidth and BF16 GEMM rate on the current CUDA device.
+
+    The copy is far larger than the 50-60 MB L2 of current GPUs, so it measures DRAM.
+    The GEMM runs on random data (zeros run faster and would flatter the rate).
+    """
+    import torch
+
+    n_bytes = int(copy_gib * 2**30)
+    src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    copy_times = time_cuda_ms(lambda: dst.copy_(src), repeats)
+    del src, dst
+    a = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
+    gemm_times = time_cuda_ms(lambda: a @ b, repeats)
+    del a, b
+    torch.cuda.empty_cache()
+    return Ceilings(
+        copy_bytes=n_bytes,
+        copy_ms_median=statistics.median(copy_times),
+        copy_ms_min=min(copy_times),
+        copy_ms_max=max(copy_times),
+        gemm_n=gemm_n,
+        gemm_ms_median=statistics.median(gemm_times),
+        gemm_ms_min=min(gemm_times),
+        gemm_ms_max=max(gemm_times),
+        repeats=repeats,
+    )

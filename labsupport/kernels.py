@@ -1,0 +1,88 @@
+"""Sort kernel names into kinds, and count kernels and GPU time by kind.
+
+The rules are regular expressions tried in order; the first that matches wins.
+Order matters: PyTorch's copy kernels are instances of its generic elementwise
+templates (`vectorized_elementwise_kernel<..., direct_copy_kernel_cuda ...>`), so
+copies must be caught before elementwise; attention kernels may be built from
+CUTLASS, so attention comes before matrix multiply.
+
+On a CPU (the tests' tiny-model path) the "kernels" are top-level ATen operators,
+and the same rules cover their names (aten::linear, aten::mul, ...).
+"""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+KINDS = ("matrix multiply", "elementwise", "copy/convert/concat", "reduction", "attention", "other")
+
+RULES: list[tuple[str, re.Pattern]] = [
+    ("attention", re.compile(
+        r"flash|fmha|sdpa|attention|attn|cudnn_generated_fort_native_sdpa|_efficient_attention"
+        r"|aten::_scaled_dot_product", re.I)),
+    ("matrix multiply", re.compile(
+        r"gemm|gemv|nvjet|xmma|cutlass|cublas|splitKreduce|splitK|s16816|s1688|wgmma|triton_tem_"
+        r"|^aten::(mm|bmm|addmm|matmul|linear|baddbmm)$", re.I)),
+    ("copy/convert/concat", re.compile(
+        r"copy|CatArray|concat|indexSelect|index_select|index_elementwise|gather|scatter|"
+        r"^aten::(cat|copy_|_to_copy|to|clone|index|index_select|embedding|contiguous|stack|gather)$",
+        re.I)),
+    ("reduction", re.compile(
+        r"reduce|softmax|SoftMax|argmax|argmin|norm_kernel|layer_norm|rms_norm|topk|sort|scan|"
+        r"triton_red_|triton_per_|^aten::(mean|sum|max|min|amax|argmax|_softmax|softmax|norm|cumsum|var)$",
+        re.I)),
+    ("elementwise", re.compile(
+        r"elementwise|vectorized|unrolled|Functor|pointwise|triton_poi_|silu|gelu|act_and_mul|"
+        r"rotary|fill|^aten::(mul|add|sub|div|pow|rsqrt|silu|neg|exp|where|fill_|zero_|sigmoid|"
+        r"tanh|masked_fill|clamp|mul_|add_|sqrt|reciprocal|cos|sin|arange|ones|full|zeros)$", re.I)),
+]
+
+
+def classify(name: str) -> str:
+    """The kind of the kernel (or, on a CPU, the ATen operator) called `name`."""
+    for kind, pattern in RULES:
+        if pattern.search(name):
+            return kind
+    return "other"
+
+
+_HINT = re.compile(r"(\w*Functor\w*|\w+Ops\b|direct_copy_kernel_cuda|\w*copy\w*|"
+                   r"silu\w*|\w*[Ss]oft[Mm]ax\w*)")
+
+
+def short_name(name: str, width: int = 70) -> str:
+    """A readable kernel name: template arguments and parameters dropped, the functor
+    that tells generic PyTorch kernels apart kept in brackets
+    (`vectorized_elementwise_kernel [CUDAFunctor_add]`)."""
+    s = re.sub(r"^void\s+", "", name).replace("(anonymous namespace)::", "")
+    depth, out = 0, []
+    for ch in s:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    base = re.sub(r"\(.*$", "", "".join(out)).strip()
+    base = re.sub(r"^(at::native::|at::)", "", base)
+    hint = _HINT.search(s[len(base):]) if "<" in s else None
+    if hint and hint.group(1) not in base:
+        base = f"{base} [{hint.group(1)}]"
+    return base if len(base) <= width else base[: width - 1] + "…"
+
+
+def census(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Kernel count and GPU time by kind (integer nanoseconds, so it recomputes exactly).
+
+    `kernels` needs columns `kind` and `dur_ns`. Rows follow KINDS; a total row ends it.
+    """
+    g = kernels.groupby("kind")["dur_ns"].agg(kernels="count", gpu_ns="sum")
+    g = g.reindex(list(KINDS), fill_value=0).reset_index()
+    total_ns = int(g["gpu_ns"].sum())
+    g["kernels"] = g["kernels"].astype(int)
+    g["gpu_ns"] = g["gpu_ns"].astype("int64")
+    g.loc[len(g)] = ["total", int(g["kernels"].sum()), total_ns]
+    g["gpu_ms"] = (g["gpu_ns"] / 1e6).round(4)
+    g["share"] = (g["gpu_ns"] / total_ns).round(4) if total_ns else 0.0
+    return g

@@ -1,0 +1,144 @@
+"""Model presets, built from published configurations with random weights.
+
+Nothing here downloads anything: a preset is a configuration written out in
+full, and the model is created from it with random weights directly on the
+target device.  Which kernels run, and for how long, depends on shapes, dtypes
+and code paths, not on the values of the weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Qwen3-8B's published configuration (config.json of the released model).
+QWEN3_8B = dict(
+    model_type="qwen3",
+    vocab_size=151_936,
+    hidden_size=4096,
+    intermediate_size=12_288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    hidden_act="silu",
+    max_position_embeddings=40_960,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0,
+    tie_word_embeddings=False,
+    attention_bias=False,
+)
+
+# Same architecture at toy size: used by the tests to run the live path on a CPU.
+TINY = dict(
+    model_type="qwen3",
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    hidden_act="silu",
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0,
+    tie_word_embeddings=False,
+    attention_bias=False,
+)
+
+PRESETS = {"qwen3-8b": QWEN3_8B, "tiny": TINY}
+
+
+class UnknownPresetError(ValueError):
+    """Raised for a model preset name that is not in PRESETS."""
+
+
+def preset_config(name: str) -> dict:
+    """The configuration dict of preset `name`, or a clear error listing the known ones."""
+    try:
+        return dict(PRESETS[name])
+    except KeyError:
+        known = ", ".join(sorted(PRESETS))
+        raise UnknownPresetError(f"unknown model preset {name!r}; known presets: {known}") from None
+
+
+def hf_config(name: str):
+    """A transformers configuration object for preset `name`."""
+    from transformers import AutoConfig
+
+    cfg = preset_config(name)
+    model_type = cfg.pop("model_type")
+    rope_theta = cfg.pop("rope_theta")
+    config = AutoConfig.for_model(model_type, **cfg)
+    # transformers 5 keeps rope settings in `rope_parameters`; older releases in `rope_theta`.
+    if hasattr(config, "rope_parameters") and isinstance(config.rope_parameters, dict):
+        config.rope_parameters["rope_theta"] = rope_theta
+    else:
+        config.rope_theta = rope_theta
+    return config
+
+
+def build_model(name: str, device="cpu", dtype=None):
+    """Preset `name` with random weights, created directly on `device` (no hub, no copy)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = dtype or torch.bfloat16
+    config = hf_config(name)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+@dataclass(frozen=True)
+class ModelCounts:
+    """Parameter and byte counts of a model, derived from its modules."""
+
+    preset: str
+    parameters: int
+    embedding_parameters: int
+    matmul_weight_parameters: int
+    bytes_per_parameter: int
+    layers: int
+
+    @property
+    def non_embedding_parameters(self) -> int:
+        return self.parameters - self.embedding_parameters
+
+    @property
+    def decode_bytes(self) -> int:
+        """Bytes of weights one decode step reads: every weight outside the embedding table
+        (the embedding lookup reads one row, which is negligible)."""
+        return self.non_embedding_parameters * self.bytes_per_parameter
+
+    @property
+    def matmul_bytes(self) -> int:
+        """Bytes of the weight matrices the matrix multiplies read once each per step."""
+        return self.matmul_weight_parameters * self.bytes_per_parameter
+
+    @property
+    def decode_flops(self) -> int:
+        """Operations of one token's matrix-vector products: a multiply and an add per weight."""
+        return 2 * self.matmul_weight_parameters
+
+
+def count_model(model, preset: str = "") -> ModelCounts:
+    """Counts of a built model (works on a model on the `meta` device, too)."""
+    import torch
+
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    embed = model.get_input_embeddings().weight.numel()
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return ModelCounts(
+        preset=preset,
+        parameters=total,
+        embedding_parameters=embed,
+        matmul_weight_parameters=linear,
+        bytes_per_parameter=params[0].element_size(),
+        layers=model.config.num_hidden_layers,
+    )
+
+
+def preset_counts(name: str) -> ModelCounts:
+    """Counts of preset `name` in BF16, from a model built on the meta device (no memory used)."""
+    return count_model(build_model(name, device="meta"), preset=name)

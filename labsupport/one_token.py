@@ -1,0 +1,289 @@
+"""Chapter "The kernels in one token": record a run live, and analyse a run.
+
+Live: profile one steady-state decode step (trace + kernel table + census),
+time the step without the profiler, measure the GPU's copy bandwidth and GEMM
+rate, and repeat a shorter profile at several context lengths.
+Replay: every table and number of the chapter is computed from the run here.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from . import hardware, kernels, runs, trace
+
+CHAPTER = "kernels-in-one-token"
+TRACE_FILE = "trace.json.gz"
+
+
+@dataclass
+class Params:
+    """What one run of the chapter measures."""
+
+    preset: str = "qwen3-8b"
+    batch: int = 1
+    prompt_len: int = 256
+    contexts: list[int] = field(default_factory=lambda: [256, 1024, 4096, 8192, 16384, 32768])
+    repeats: int = 20
+    context_repeats: int = 5
+    device: str = "cuda"
+
+
+def _progress(msg: str) -> None:
+    print(f"[{CHAPTER}] {msg}", flush=True)
+
+
+def annotate_kernels(df: pd.DataFrame) -> pd.DataFrame:
+    """Add kind, a readable short name, and the decoder layer and block of each kernel."""
+    df = df.copy()
+    df["kind"] = df["name"].map(kernels.classify)
+    df["short_name"] = df["name"].map(kernels.short_name)
+    layer = df["module"].str.extract(r"^layers\.(\d+)(?:\.|$)")[0]
+    df["layer"] = pd.to_numeric(layer, errors="coerce").astype("Int64")
+    block = df["module"].str.extract(r"^layers\.\d+\.([A-Za-z_]+)")[0]
+    df["block"] = block.fillna(df["module"].where(df["layer"].isna(), "residual add"))
+    df.loc[df["module"] == "", "block"] = "outside modules"
+    return df
+
+
+def record(params: Params | None = None, run_id: str | None = None, allow_cpu: bool = False,
+           progress=_progress) -> runs.Run:
+    """Measure this GPU now and write a new run (not published). Returns the run."""
+    import torch
+
+    from . import decode, models, provenance
+
+    params = params or Params()
+    device = decode.require_device(params.device, allow_cpu=allow_cpu and params.preset == "tiny")
+    models.preset_config(params.preset)  # unknown preset: clear error before any work
+    prov = provenance.collect()
+    run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
+    with runs.RunWriter(CHAPTER, asdict(params), run_id, meta={"provenance": prov}) as w:
+        if device == "cuda":
+            progress("measuring copy bandwidth and BF16 GEMM rate")
+            ceil = hardware.measure_ceilings()
+            w.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
+            progress(f"  copy {ceil.copy_tbs:.2f} TB/s, GEMM {ceil.gemm_tflops:.0f} TFLOP/s")
+        progress(f"building {params.preset} with random BF16 weights on {device}")
+        model = models.build_model(params.preset, device=device)
+        counts = models.count_model(model, params.preset)
+        w.extra["model"] = {**asdict(counts), "decode_bytes": counts.decode_bytes,
+                            "matmul_bytes": counts.matmul_bytes, "decode_flops": counts.decode_flops}
+        prompt = decode.Prompt.random(model.config.vocab_size, params.batch, params.prompt_len, device)
+
+        progress(f"profiling one decode step (batch {params.batch}, prompt {params.prompt_len})")
+        trace_path = w.path / TRACE_FILE
+        decode.profile_decode_step(model, prompt, device, trace_path)
+        table = annotate_kernels(trace.read_kernels(trace_path, device=device))
+        w.write_table("kernels", table)
+        w.write_table("census", kernels.census(table))
+        progress(f"  {len(table)} kernels")
+
+        progress(f"timing {params.repeats} decode steps without the profiler")
+        times = decode.time_decode_steps(model, prompt, device, repeats=params.repeats)
+        w.write_table("step_times", pd.DataFrame({"repeat": range(len(times.wall_ms)),
+                                                  "wall_ms": times.wall_ms, "issue_ms": times.issue_ms}))
+        progress(f"  median {times.wall_median:.2f} ms")
+
+        rows, census_rows = [], []
+        for ctx in params.contexts:
+            progress(f"context {ctx}: profiling and timing")
+            try:
+                p = decode.Prompt.random(model.config.vocab_size, params.batch, ctx, device, seed=ctx)
+                tmp = w.path / f".ctx-{ctx}.json.gz"
+                decode.profile_decode_step(model, p, device, tmp, warmup=1)
+                kt = annotate_kernels(trace.read_kernels(tmp, device=device))
+                tmp.unlink()
+                t = decode.time_decode_steps(model, p, device, repeats=params.context_repeats, warmup=1)
+            except torch.OutOfMemoryError:
+                rows.append({"context": ctx, "status": "out of memory"})
+                progress(f"  context {ctx}: out of GPU memory, recorded as such")
+                torch.cuda.empty_cache()
+                continue
+            c = kernels.census(kt)
+            for r in c.itertuples():
+                census_rows.append({"context": ctx, "kind": r.kind, "kernels": r.kernels, "gpu_ns": r.gpu_ns})
+            att = c.set_index("kind").loc["attention"]
+            rows.append({"context": ctx, "status": "ok", "kernels": len(kt),
+                         "gpu_busy_ns": trace.busy_ns(kt.start_ns, kt.end_ns),
+                         "kernel_ns": int(kt.dur_ns.sum()), "attention_ns": int(att.gpu_ns),
+                         "attention_kernels": int(att.kernels),
+                         "attention_names": ";".join(sorted(set(kt.loc[kt.kind == "attention", "short_name"]))),
+                         "wall_ms_median": t.wall_median})
+        w.write_table("context_sweep", pd.DataFrame(rows))
+        w.write_table("context_census", pd.DataFrame(census_rows))
+        del model
+    return runs.load_run(CHAPTER, run_id)
+
+
+def load(run_id: str | None = None) -> runs.Run:
+    """The published run (or `run_id`) of this chapter."""
+    return runs.load_run(CHAPTER, run_id)
+
+
+def kernel_table(run: runs.Run) -> pd.DataFrame:
+    return run.table("kernels").astype({"layer": "Int64"})
+
+
+def recompute_census(run: runs.Run) -> pd.DataFrame:
+    """The census recomputed from the raw trace, with today's classification rules."""
+    device = run.provenance.get("device", "cuda")
+    return kernels.census(annotate_kernels(trace.read_kernels(run.file(TRACE_FILE), device=device)))
+
+
+@dataclass
+class Summary:
+    """The chapter's headline numbers, all from one run."""
+
+    gpu: str
+    kernels: int
+    kernel_ms: float          # sum of kernel durations
+    gpu_busy_ms: float        # union of kernel intervals
+    wall_ms: float            # median of the timed steps (no profiler)
+    wall_min_ms: float
+    wall_max_ms: float
+    issue_ms: float           # median time until the CPU had queued the whole step
+    idle_ms: float
+    busy_fraction: float
+    kernel_interval_us: float  # mean time between kernel starts, over the unprofiled wall time
+    kernel_mean_us: float
+    matmul_kernels: int
+    matmul_ms: float
+    matmul_gb: float
+    matmul_tbs: float
+    datasheet_tbs: float | None
+    datasheet_name: str | None
+    matmul_fraction_datasheet: float | None
+    best_case_ms: float | None  # all weights at datasheet bandwidth
+    copy_tbs: float | None
+    gemm_tflops: float | None
+    matmul_fraction_copy: float | None
+    best_case_copy_ms: float | None
+    decode_gb: float
+    math_ms_datasheet: float | None
+    layers: int
+    kernels_per_layer: int
+    attention_kernels: int
+
+
+def summary(run: runs.Run) -> Summary:
+    k = kernel_table(run)
+    times = run.table("step_times")
+    model = run.results["model"]
+    busy = trace.busy_ns(k.start_ns, k.end_ns) / 1e6
+    wall = statistics.median(times.wall_ms)
+    mm = k[k.kind == "matrix multiply"]
+    mm_ms = mm.dur_ns.sum() / 1e6
+    gb = model["matmul_bytes"] / 1e9
+    tbs = gb / mm_ms if mm_ms else float("nan")  # GB/ms == TB/s
+    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    has_ceil = "ceilings.csv" in run.meta["files"]
+    ceil = run.table("ceilings").iloc[0] if has_ceil else None
+    per_layer = k.dropna(subset=["layer"]).groupby("layer").size()
+    return Summary(
+        gpu=run.provenance["gpu"],
+        kernels=len(k),
+        kernel_ms=k.dur_ns.sum() / 1e6,
+        gpu_busy_ms=busy,
+        wall_ms=wall,
+        wall_min_ms=float(times.wall_ms.min()),
+        wall_max_ms=float(times.wall_ms.max()),
+        issue_ms=statistics.median(times.issue_ms),
+        idle_ms=max(wall - busy, 0.0),
+        busy_fraction=busy / wall,
+        kernel_interval_us=wall * 1e3 / len(k),
+        kernel_mean_us=k.dur_ns.mean() / 1e3,
+        matmul_kernels=len(mm),
+        matmul_ms=mm_ms,
+        matmul_gb=gb,
+        matmul_tbs=tbs,
+        datasheet_tbs=sheet.bandwidth_tbs if sheet else None,
+        datasheet_name=sheet.name if sheet else None,
+        matmul_fraction_datasheet=tbs / sheet.bandwidth_tbs if sheet else None,
+        best_case_ms=model["decode_bytes"] / 1e9 / sheet.bandwidth_tbs if sheet else None,
+        copy_tbs=float(ceil.copy_tbs) if has_ceil else None,
+        gemm_tflops=float(ceil.gemm_tflops) if has_ceil else None,
+        matmul_fraction_copy=tbs / float(ceil.copy_tbs) if has_ceil else None,
+        best_case_copy_ms=model["decode_bytes"] / 1e9 / float(ceil.copy_tbs) if has_ceil else None,
+        decode_gb=model["decode_bytes"] / 1e9,
+        math_ms_datasheet=model["decode_flops"] / (sheet.bf16_tflops * 1e12) * 1e3 if sheet else None,
+        layers=model["layers"],
+        kernels_per_layer=int(per_layer.mode().iloc[0]) if len(per_layer) else 0,
+        attention_kernels=int((k.kind == "attention").sum()),
+    )
+
+
+def census_beside_published(run: runs.Run) -> pd.DataFrame:
+    """Our census and the published H100 one, side by side, each under its own heading."""
+    from .published import QWEN3_8B_H100_CENSUS as pub
+
+    ours = run.table("census").set_index("kind")
+    theirs = pub.set_index("kind")
+    gpu = run.provenance["gpu"].replace("NVIDIA ", "")
+    out = pd.DataFrame({
+        (f"{gpu} (this run)", "kernels"): ours["kernels"],
+        (f"{gpu} (this run)", "GPU ms"): (ours["gpu_ns"] / 1e6).round(2),
+        (f"{gpu} (this run)", "share"): (ours["share"] * 100).round(0).astype(int).astype(str) + "%",
+        ("H100 (published)", "kernels"): theirs["kernels"],
+        ("H100 (published)", "GPU ms"): theirs["gpu_ms"],
+        ("H100 (published)", "share"): (theirs["share"] * 100).round(0).astype(int).astype(str) + "%",
+    })
+    out.index.name = "kind"
+    out.columns = pd.MultiIndex.from_tuples(out.columns)
+    return out
+
+
+def per_layer(run: runs.Run) -> pd.DataFrame:
+    """Kernels and GPU time of each decoder layer, split by block (attention, MLP, norms)."""
+    k = kernel_table(run).dropna(subset=["layer"])
+    counts = k.pivot_table(index="layer", columns="block", values="dur_ns", aggfunc="count", fill_value=0)
+    counts["all kernels"] = counts.sum(axis=1)
+    counts["GPU µs"] = (k.groupby("layer")["dur_ns"].sum() / 1e3).round(1)
+    return counts
+
+
+def outside_layers(run: runs.Run) -> pd.DataFrame:
+    """Kernels that belong to no decoder layer (embedding, final norm, LM head, sampling)."""
+    k = kernel_table(run)
+    k = k[k["layer"].isna()]
+    g = k.groupby("block", sort=False).agg(kernels=("dur_ns", "count"), gpu_us=("dur_ns", "sum"))
+    g["gpu_us"] = (g["gpu_us"] / 1e3).round(1)
+    return g
+
+
+def layer_kernels(run: runs.Run, layer: int) -> pd.DataFrame:
+    """The kernels of one decoder layer, in order, with the module and operator that launched them."""
+    k = kernel_table(run)
+    k = k[k["layer"] == layer].copy()
+    t0 = k.start_ns.min()
+    return pd.DataFrame({
+        "start µs": ((k.start_ns - t0) / 1e3).round(2),
+        "module": k.module.str.replace(rf"^layers\.{layer}\.?", "", regex=True).replace("", "(layer)"),
+        "operator": k.op,
+        "kernel": k.short_name,
+        "kind": k.kind,
+        "µs": (k.dur_ns / 1e3).round(2),
+    }).reset_index(drop=True)
+
+
+def context_sweep(run: runs.Run) -> pd.DataFrame:
+    """Attention's share of GPU time at each context length."""
+    s = run.table("context_sweep")
+    ok = s[s.status == "ok"].copy()
+    ok["attention share"] = ok.attention_ns / ok.kernel_ns
+    ok["attention ms"] = ok.attention_ns / 1e6
+    ok["GPU ms"] = ok.kernel_ns / 1e6
+    return ok
+
+
+def kernel_names(run: runs.Run) -> list[str]:
+    """Distinct kernel names of the run (for classification tests)."""
+    return sorted(set(kernel_table(run)["name"]))
+
+
+def middle_layer(run: runs.Run) -> int:
+    return int(run.results["model"]["layers"]) // 2
+

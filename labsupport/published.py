@@ -1,0 +1,42 @@
+"""Figures published by others, quoted as published (H100 numbers, never ours).
+
+Kept apart from measured data: chapters show these beside a run, labelled with
+their source, and never feed them into our own arithmetic.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+QWEN3_8B_H100_SOURCE = (
+    "Published profile of Qwen3-8B, BF16, batch 1, 256-token prompt, one H100 SXM, "
+    "Hugging Face transformers 5.19, PyTorch 2.14, eager"
+)
+
+# kind, kernels, GPU time (ms), share of GPU time
+QWEN3_8B_H100_CENSUS = pd.DataFrame(
+    [
+        ("matrix multiply", 433, 6.20, 0.61),
+        ("elementwise", 1234, 1.97, 0.20),
+        ("copy/convert/concat", 547, 1.28, 0.13),
+        ("reduction", 146, 0.36, 0.04),
+        ("attention", 36, 0.29, 0.03),
+        ("other", 2, 0.00, 0.00),
+        ("total", 2398, 10.09, 1.00),
+    ],
+    columns=["kind", "kernels", "gpu_ms", "share"],
+)
+
+QWEN3_8B_H100_HEADLINE = {
+    "token_ms": 29.3,
+    "token_ms_second_run": 37.4,
+    "gpu_busy_ms": 10.1,
+    "gpu_wait_ms": 19.3,
+    "kernel_interval_us": 12.2,
+    "kernel_mean_us": 4.2,
+    "matmul_bytes_gb": 15.1,
+    "matmul_ms": 6.2,
+    "matmul_tbs": 2.4,
+    "matmul_fraction_of_datasheet": 0.73,
+    "best_case_ms": 4.5,
+    "attention_kernels": 36,
+}

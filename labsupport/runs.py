@@ -1,0 +1,221 @@
+"""Recorded runs: write one atomically, publish it, and load it back for replay.
+
+Layout: runs/<chapter>/<run_id>/ holds CSV tables, a compressed raw profiler
+trace and meta.json (provenance, parameters, and a SHA-256 of every file);
+runs/<chapter>/PUBLISHED names the run the book replays.
+
+A run is first written to a hidden `.incomplete-<run_id>` folder and renamed into
+place only when it is whole; the PUBLISHED pointer is replaced atomically too.
+So a failed or interrupted run never changes what the book shows.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from . import provenance
+from .provenance import REPO_ROOT
+
+POINTER = "PUBLISHED"
+RUN_ID_PATTERN = re.compile(r"^[0-9]{8}T[0-9]{6}Z[-A-Za-z0-9_.]*$")
+
+
+class RunError(RuntimeError):
+    """A run that is missing, incomplete or corrupt."""
+
+
+def runs_root() -> Path:
+    """The runs folder (LABSUPPORT_RUNS overrides it, for tests and scratch runs)."""
+    return Path(os.environ.get("LABSUPPORT_RUNS", REPO_ROOT / "runs"))
+
+
+def new_run_id(tag: str = "") -> str:
+    """A sortable id: the UTC time, then an optional tag such as the GPU."""
+    stamp = provenance.utc_now().replace("-", "").replace(":", "")
+    tag = re.sub(r"[^A-Za-z0-9]+", "-", tag).strip("-").lower()
+    return f"{stamp}-{tag}" if tag else stamp
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RunWriter:
+    """Write a run atomically.
+
+        with RunWriter("kernels-in-one-token", params) as run:
+            run.write_table("census", df)
+        # here runs/kernels-in-one-token/<run_id>/ exists, whole; on error, nothing does
+    """
+
+    def __init__(self, chapter: str, parameters: dict, run_id: str | None = None,
+                 root: Path | None = None, meta: dict | None = None):
+        self.chapter = chapter
+        self.parameters = dict(parameters)
+        self.run_id = run_id or new_run_id()
+        if not RUN_ID_PATTERN.match(self.run_id):
+            raise RunError(f"bad run id {self.run_id!r}: expected e.g. 20261129T233000Z-h200")
+        self.chapter_dir = (root or runs_root()) / chapter
+        self.final = self.chapter_dir / self.run_id
+        self.tmp = self.chapter_dir / f".incomplete-{self.run_id}"
+        self.meta = dict(meta or {})
+        self.extra: dict = {}
+
+    def __enter__(self) -> "RunWriter":
+        if self.final.exists():
+            raise RunError(f"run {self.final} already exists")
+        self.chapter_dir.mkdir(parents=True, exist_ok=True)
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir()
+        return self
+
+    @property
+    def path(self) -> Path:
+        return self.tmp
+
+    def write_table(self, name: str, df: pd.DataFrame) -> Path:
+        path = self.tmp / f"{name}.csv"
+        df.to_csv(path, index=False)
+        return path
+
+    def write_json(self, name: str, obj) -> Path:
+        path = self.tmp / f"{name}.json"
+        path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        return path
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        files = sorted(p for p in self.tmp.rglob("*") if p.is_file())
+        meta = {
+            "chapter": self.chapter,
+            "run_id": self.run_id,
+            "parameters": self.parameters,
+            "provenance": self.meta.get("provenance") or provenance.collect(),
+            "results": self.extra,
+            "files": {str(p.relative_to(self.tmp)): _sha256(p) for p in files},
+        }
+        (self.tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        for p in files + [self.tmp / "meta.json"]:
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+        os.rename(self.tmp, self.final)
+        _fsync_dir(self.chapter_dir)
+        return False
+
+
+@dataclass
+class Run:
+    """A recorded run, read back for replay."""
+
+    chapter: str
+    run_id: str
+    path: Path
+    meta: dict = field(repr=False)
+
+    @property
+    def provenance(self) -> dict:
+        return self.meta["provenance"]
+
+    @property
+    def parameters(self) -> dict:
+        return self.meta["parameters"]
+
+    @property
+    def results(self) -> dict:
+        return self.meta.get("results", {})
+
+    def file(self, name: str) -> Path:
+        path = self.path / name
+        if name not in self.meta["files"] or not path.is_file():
+            raise RunError(f"run {self.run_id} of {self.chapter} has no file {name!r}")
+        return path
+
+    def table(self, name: str) -> pd.DataFrame:
+        return pd.read_csv(self.file(f"{name}.csv"))
+
+    @property
+    def label(self) -> str:
+        """A one-line provenance footer for figures."""
+        p = self.provenance
+        return f"{p['gpu']} · run {self.run_id} · {p['utc_time'][:10]} · torch {p['torch']}"
+
+
+def published_run_id(chapter: str, root: Path | None = None) -> str:
+    pointer = (root or runs_root()) / chapter / POINTER
+    if not pointer.is_file():
+        raise RunError(f"no published run for chapter {chapter!r} ({pointer} is missing); "
+                       f"record one with `python -m labsupport live {chapter}` on a GPU box")
+    return pointer.read_text().strip()
+
+
+def load_run(chapter: str, run_id: str | None = None, root: Path | None = None,
+             verify: bool = True) -> Run:
+    """Load a run (the published one by default), checking it is whole and unmodified."""
+    root = root or runs_root()
+    run_id = run_id or published_run_id(chapter, root)
+    path = root / chapter / run_id
+    meta_path = path / "meta.json"
+    if not path.is_dir():
+        raise RunError(f"run {run_id!r} of chapter {chapter!r} not found at {path}")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise RunError(f"run {run_id!r} of chapter {chapter!r} is incomplete: no meta.json") from None
+    except json.JSONDecodeError as e:
+        raise RunError(f"run {run_id!r} of chapter {chapter!r} is corrupt: meta.json: {e}") from None
+    missing = [k for k in ("chapter", "run_id", "parameters", "provenance", "files") if k not in meta]
+    if missing:
+        raise RunError(f"run {run_id!r} of chapter {chapter!r} is corrupt: meta.json lacks {missing}")
+    if verify:
+        for name, digest in meta["files"].items():
+            f = path / name
+            if not f.is_file():
+                raise RunError(f"run {run_id!r} of chapter {chapter!r} is incomplete: {name} is missing")
+            if _sha256(f) != digest:
+                raise RunError(f"run {run_id!r} of chapter {chapter!r} is corrupt: {name} does not "
+                               f"match its checksum in meta.json")
+    return Run(chapter=chapter, run_id=run_id, path=path, meta=meta)
+
+
+def publish(chapter: str, run_id: str, root: Path | None = None) -> None:
+    """Point the book at `run_id` (after checking the run loads), atomically."""
+    root = root or runs_root()
+    load_run(chapter, run_id, root)
+    pointer = root / chapter / POINTER
+    tmp = pointer.with_name(f".{POINTER}.tmp")
+    tmp.write_text(run_id + "\n")
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, pointer)
+    _fsync_dir(pointer.parent)
+
+
+def list_runs(chapter: str, root: Path | None = None) -> list[str]:
+    """Ids of the complete runs of a chapter, oldest first."""
+    d = (root or runs_root()) / chapter
+    if not d.is_dir():
+        return []
+    return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")
+                  and (p / "meta.json").is_file())

@@ -1,0 +1,198 @@
+"""Read a torch.profiler (Kineto) Chrome trace into a kernel table.
+
+Each GPU kernel is joined to the CPU call that launched it through the
+correlation id the CUDA runtime assigns to both, and from there to the
+innermost PyTorch operator (aten::mm, ...) and the innermost module annotation
+(layers.3.mlp.down_proj, ...) that was running on that CPU thread at the time.
+
+Times are integer nanoseconds. Kineto writes microseconds with three decimals
+on an absolute clock (about 16 significant digits), which a float64 cannot hold
+exactly, so the file is parsed with Decimal.
+
+Why not torch's own `prof.key_averages()`: it aggregates, and loses the
+per-kernel start/end, stream, grid and the launching op that the chapters need;
+and it is not available when replaying a recorded trace.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from bisect import bisect_right
+from decimal import Decimal
+from pathlib import Path
+
+import pandas as pd
+
+# Operators that only create views or metadata: on a CPU run they are not "kernels".
+_CPU_NON_KERNELS = {
+    "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::as_strided", "aten::t",
+    "aten::transpose", "aten::expand", "aten::slice", "aten::select", "aten::unsqueeze",
+    "aten::squeeze", "aten::_unsafe_view", "aten::alias", "aten::permute", "aten::empty",
+    "aten::empty_strided", "aten::resolve_conj", "aten::resolve_neg", "aten::detach",
+    "aten::lift_fresh", "aten::item", "aten::_local_scalar_dense", "aten::is_nonzero",
+    "aten::split", "aten::unbind", "aten::narrow", "aten::chunk", "aten::flatten",
+    "aten::empty_like", "aten::result_type", "aten::_has_compatible_shallow_copy_type",
+    "aten::is_same_size", "aten::set_", "aten::contiguous", "aten::expand_as", "aten::view_as",
+    "aten::unflatten", "aten::movedim", "aten::numpy_T", "aten::matrix_H", "aten::dim",
+}
+
+KERNEL_COLUMNS = [
+    "name", "start_ns", "end_ns", "dur_ns", "stream", "grid", "block", "registers",
+    "shared_mem", "correlation", "launch_api", "launch_ns", "launch_dur_ns", "op", "module",
+]
+
+
+class TraceError(ValueError):
+    """A profiler trace that cannot be read."""
+
+
+def _ns(x) -> int:
+    return int((Decimal(x) * 1000).to_integral_value())
+
+
+def load_events(path: Path) -> list[dict]:
+    """The traceEvents of a (gzip-compressed or plain) Chrome trace."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt") as f:
+            data = json.load(f, parse_float=Decimal)
+    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TraceError(f"cannot read profiler trace {path}: {e}") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else None
+    if not isinstance(events, list):
+        raise TraceError(f"{path} is not a Chrome trace (no traceEvents list)")
+    return events
+
+
+def _complete(events, cats) -> list[dict]:
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") in cats and "dur" in e]
+
+
+def _innermost(intervals: list[tuple[int, int, str]], times: list[int]) -> list[str]:
+    """For each time, the name of the innermost interval containing it ("" if none).
+
+    Intervals on one CPU thread nest properly (a call is inside its caller), so one
+    sweep with a stack of open intervals answers every query.
+    """
+    iv = sorted(intervals, key=lambda t: (t[0], -(t[1] - t[0])))
+    order = sorted(range(len(times)), key=times.__getitem__)
+    out = [""] * len(times)
+    stack: list[tuple[int, int, str]] = []
+    j = 0
+    for q in order:
+        t = times[q]
+        while j < len(iv) and iv[j][0] <= t:
+            while stack and stack[-1][1] <= iv[j][0]:
+                stack.pop()
+            stack.append(iv[j])
+            j += 1
+        while stack and stack[-1][1] <= t:
+            stack.pop()
+        out[q] = stack[-1][2] if stack else ""
+    return out
+
+
+def _lookup(events: list[dict], queries: list[tuple]) -> list[str]:
+    """Innermost enclosing event name for each (pid, tid, t) query, per thread."""
+    by_thread: dict = {}
+    for e in events:
+        s = _ns(e["ts"])
+        by_thread.setdefault((e["pid"], e["tid"]), []).append((s, s + _ns(e["dur"]), e["name"]))
+    out = [""] * len(queries)
+    grouped: dict = {}
+    for i, (pid, tid, t) in enumerate(queries):
+        grouped.setdefault((pid, tid), []).append((i, t))
+    for key, items in grouped.items():
+        names = _innermost(by_thread.get(key, []), [t for _, t in items])
+        for (i, _), name in zip(items, names):
+            out[i] = name
+    return out
+
+
+def kernel_table(events: list[dict], device: str = "cuda", origin: str = "decode_step") -> pd.DataFrame:
+    """One row per kernel, in start order, times relative to the `origin` annotation.
+
+    On a CPU trace (device="cpu") the rows are the top-level ATen operators instead,
+    since a CPU has no kernel launches to record.
+    """
+    ops = _complete(events, {"cpu_op"})
+    annotations = _complete(events, {"user_annotation"})
+    origin_ev = [e for e in annotations if e["name"] == origin]
+    t0 = _ns(origin_ev[0]["ts"]) if origin_ev else 0
+    rows = []
+    if device == "cpu":
+        # A CPU has no kernel launches: count each top-level ATen call (one not made
+        # inside another operator) as the CPU's unit of work, views excepted.
+        spans = sorted(((_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), e) for e in ops),
+                       key=lambda t: (str(t[2]["tid"]), t[0], -(t[1] - t[0])))
+        open_end: dict = {}
+        for s, end, e in spans:
+            if s < open_end.get(e["tid"], -1):
+                continue  # nested inside an operator already counted
+            open_end[e["tid"]] = end
+            if e["name"] in _CPU_NON_KERNELS:
+                continue
+            rows.append(dict(name=e["name"], start_ns=s - t0, end_ns=end - t0, dur_ns=end - s,
+                             stream="cpu", grid="", block="", registers=0, shared_mem=0,
+                             correlation=-1, launch_api="", launch_ns=s - t0, launch_dur_ns=0,
+                             op=e["name"], module=(e["pid"], e["tid"], s)))
+        modules = _lookup(annotations, [r["module"] for r in rows])
+        for r, m in zip(rows, modules):
+            r["module"] = m
+    else:
+        runtime = {e["args"].get("correlation"): e for e in _complete(events, {"cuda_runtime", "cuda_driver"})
+                   if isinstance(e.get("args"), dict) and "correlation" in e["args"]}
+        for k in _complete(events, {"kernel"}):
+            a = k.get("args", {})
+            s = _ns(k["ts"])
+            launch = runtime.get(a.get("correlation"))
+            if launch is not None:
+                ls = _ns(launch["ts"])
+                where = (launch["pid"], launch["tid"], ls)
+                api, lns, ldur = launch["name"], ls - t0, _ns(launch["dur"])
+            else:
+                where, api, lns, ldur = None, "", 0, 0
+            rows.append(dict(
+                name=k["name"], start_ns=s - t0, end_ns=s + _ns(k["dur"]) - t0, dur_ns=_ns(k["dur"]),
+                stream=str(a.get("stream", "")), grid=",".join(map(str, a.get("grid", []))),
+                block=",".join(map(str, a.get("block", []))), registers=int(a.get("registers per thread", 0)),
+                shared_mem=int(a.get("shared memory", 0)), correlation=int(a.get("correlation", -1)),
+                launch_api=api, launch_ns=lns, launch_dur_ns=ldur, op=where, module=where))
+        found = [r["op"] for r in rows if r["op"] is not None]
+        ops_found, modules_found = iter(_lookup(ops, found)), iter(_lookup(annotations, found))
+        for r in rows:
+            if r["op"] is None:
+                r["op"] = r["module"] = ""
+            else:
+                r["op"], r["module"] = next(ops_found), next(modules_found)
+    df = pd.DataFrame(rows, columns=KERNEL_COLUMNS)
+    return df.sort_values(["start_ns", "correlation"], kind="stable").reset_index(drop=True)
+
+
+def read_kernels(path: Path, device: str = "cuda", origin: str = "decode_step") -> pd.DataFrame:
+    """kernel_table() of a trace file."""
+    return kernel_table(load_events(path), device=device, origin=origin)
+
+
+def busy_ns(starts, ends) -> int:
+    """Length of the union of the intervals [start, end): the time the device was busy."""
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(zip(starts, ends)):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return int(total)
+
+
+def origin_span_ns(events: list[dict], origin: str = "decode_step") -> int:
+    """Duration of the `origin` annotation on the CPU (the profiled step as the host saw it)."""
+    for e in _complete(events, {"user_annotation"}):
+        if e["name"] == origin:
+            return _ns(e["dur"])
+    raise TraceError(f"no {origin!r} annotation in the trace")
