@@ -13,7 +13,6 @@ WHEEL_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x8
 WHEELHOUSE ?= wheelhouse
 
 export PYTHONPATH := $(CURDIR)
-export MPLBACKEND ?= Agg
 
 .PHONY: book test live venv wheelhouse clean
 
@@ -27,7 +26,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 venv: $(VENV)/.installed
 
 book: $(VENV)/.installed
-	$(VENV)/bin/jupyter-book build . --warningiserror --keep-going --builder html
+	$(VENV)/bin/jupyter-book build . --all --warningiserror --keep-going --builder html
 	@echo "The book is at $(CURDIR)/_build/html/index.html"
 
 test: $(VENV)/.installed

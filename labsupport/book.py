@@ -13,6 +13,8 @@ def glue(name: str, value, display: bool = False) -> None:
         from myst_nb import glue as _glue
     except ImportError:
         return
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        value = value.item()  # np.float64 would be shown as 'np.float64(...)', unformattable
     _glue(name, value, display=display)
 
 

@@ -47,8 +47,11 @@ def classify(name: str) -> str:
     return "other"
 
 
-_HINT = re.compile(r"(\w*Functor\w*|\w+Ops\b|direct_copy_kernel_cuda|\w*copy\w*|"
-                   r"silu\w*|\w*[Ss]oft[Mm]ax\w*)")
+# Names inside PyTorch's generic kernel templates that say what the kernel computes.
+_HINT = re.compile(r"([A-Za-z]\w*?(?:_kernel_cuda|_kernel_impl|_kernel|Functor\w*|Ops)|CatArray\w*)\b")
+_GENERIC = {"BinaryFunctor", "AUnaryFunctor", "BUnaryFunctor", "gpu_kernel_impl_nocast", "gpu_kernel_impl",
+            "CUDAFunctorOnOther_add", "elementwise_kernel", "vectorized_elementwise_kernel",
+            "unrolled_elementwise_kernel", "reduce_kernel"}
 
 
 def short_name(name: str, width: int = 70) -> str:
@@ -66,9 +69,9 @@ def short_name(name: str, width: int = 70) -> str:
             out.append(ch)
     base = re.sub(r"\(.*$", "", "".join(out)).strip()
     base = re.sub(r"^(at::native::|at::)", "", base)
-    hint = _HINT.search(s[len(base):]) if "<" in s else None
-    if hint and hint.group(1) not in base:
-        base = f"{base} [{hint.group(1)}]"
+    hints = [h for h in _HINT.findall(s[s.find("<"):]) if h not in _GENERIC] if "<" in s else []
+    if hints and hints[0] not in base:
+        base = f"{base} [{hints[0]}]"
     return base if len(base) <= width else base[: width - 1] + "…"
 
 

@@ -37,15 +37,16 @@ def _progress(msg: str) -> None:
 
 
 def annotate_kernels(df: pd.DataFrame) -> pd.DataFrame:
-    """Add kind, a readable short name, and the decoder layer and block of each kernel."""
+    """Add kind, a readable short name, and the decoder layer and part of the model
+    (self_attn, mlp, a norm, lm_head, ...) that launched each kernel."""
     df = df.copy()
     df["kind"] = df["name"].map(kernels.classify)
     df["short_name"] = df["name"].map(kernels.short_name)
     layer = df["module"].str.extract(r"^layers\.(\d+)(?:\.|$)")[0]
     df["layer"] = pd.to_numeric(layer, errors="coerce").astype("Int64")
-    block = df["module"].str.extract(r"^layers\.\d+\.([A-Za-z_]+)")[0]
-    df["block"] = block.fillna(df["module"].where(df["layer"].isna(), "residual add"))
-    df.loc[df["module"] == "", "block"] = "outside modules"
+    part = df["module"].str.extract(r"^layers\.\d+\.([A-Za-z_]+)")[0]
+    df["part"] = part.fillna(df["module"].where(df["layer"].isna(), "residual add"))
+    df.loc[df["module"] == "", "part"] = "outside modules"
     return df
 
 
@@ -57,8 +58,8 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
     from . import decode, models, provenance
 
     params = params or Params()
-    device = decode.require_device(params.device, allow_cpu=allow_cpu and params.preset == "tiny")
     models.preset_config(params.preset)  # unknown preset: clear error before any work
+    device = decode.require_device(params.device, allow_cpu=allow_cpu and params.preset == "tiny")
     prov = provenance.collect()
     run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
     with runs.RunWriter(CHAPTER, asdict(params), run_id, meta={"provenance": prov}) as w:
@@ -124,8 +125,14 @@ def load(run_id: str | None = None) -> runs.Run:
     return runs.load_run(CHAPTER, run_id)
 
 
+_TEXT_COLUMNS = ["name", "stream", "grid", "block", "launch_api", "op", "module", "kind", "short_name", "part"]
+
+
 def kernel_table(run: runs.Run) -> pd.DataFrame:
-    return run.table("kernels").astype({"layer": "Int64"})
+    """The run's kernel table, with the column types it was written with."""
+    k = run.table("kernels", dtype={c: str for c in _TEXT_COLUMNS})
+    k[_TEXT_COLUMNS] = k[_TEXT_COLUMNS].fillna("")
+    return k.astype({"layer": "Int64"})
 
 
 def recompute_census(run: runs.Run) -> pd.DataFrame:
@@ -237,9 +244,9 @@ def census_beside_published(run: runs.Run) -> pd.DataFrame:
 
 
 def per_layer(run: runs.Run) -> pd.DataFrame:
-    """Kernels and GPU time of each decoder layer, split by block (attention, MLP, norms)."""
+    """Kernels and GPU time of each decoder layer, split by part (attention, MLP, norms)."""
     k = kernel_table(run).dropna(subset=["layer"])
-    counts = k.pivot_table(index="layer", columns="block", values="dur_ns", aggfunc="count", fill_value=0)
+    counts = k.pivot_table(index="layer", columns="part", values="dur_ns", aggfunc="count", fill_value=0)
     counts["all kernels"] = counts.sum(axis=1)
     counts["GPU µs"] = (k.groupby("layer")["dur_ns"].sum() / 1e3).round(1)
     return counts
@@ -249,7 +256,7 @@ def outside_layers(run: runs.Run) -> pd.DataFrame:
     """Kernels that belong to no decoder layer (embedding, final norm, LM head, sampling)."""
     k = kernel_table(run)
     k = k[k["layer"].isna()]
-    g = k.groupby("block", sort=False).agg(kernels=("dur_ns", "count"), gpu_us=("dur_ns", "sum"))
+    g = k.groupby("part", sort=False).agg(kernels=("dur_ns", "count"), gpu_us=("dur_ns", "sum"))
     g["gpu_us"] = (g["gpu_us"] / 1e3).round(1)
     return g
 
@@ -277,6 +284,12 @@ def context_sweep(run: runs.Run) -> pd.DataFrame:
     ok["attention ms"] = ok.attention_ns / 1e6
     ok["GPU ms"] = ok.kernel_ns / 1e6
     return ok
+
+
+def attention_kernel_names(run: runs.Run) -> list[str]:
+    """Distinct (short) names of the attention kernels in the profiled step."""
+    k = kernel_table(run)
+    return sorted(set(k.loc[k.kind == "attention", "name"].map(lambda n: kernels.short_name(n, width=200))))
 
 
 def kernel_names(run: runs.Run) -> list[str]:

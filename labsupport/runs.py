@@ -152,8 +152,8 @@ class Run:
             raise RunError(f"run {self.run_id} of {self.chapter} has no file {name!r}")
         return path
 
-    def table(self, name: str) -> pd.DataFrame:
-        return pd.read_csv(self.file(f"{name}.csv"))
+    def table(self, name: str, **read_csv_args) -> pd.DataFrame:
+        return pd.read_csv(self.file(f"{name}.csv"), **read_csv_args)
 
     @property
     def label(self) -> str:

@@ -1,0 +1,45 @@
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+from labsupport import one_token, runs  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+RUNS = REPO / "runs"
+
+
+@pytest.fixture(scope="session")
+def published():
+    """The published H200 run of "The kernels in one token", as committed."""
+    return runs.load_run(one_token.CHAPTER, root=RUNS)
+
+
+@pytest.fixture(scope="session")
+def published_kernels(published):
+    return one_token.kernel_table(published)
+
+
+@pytest.fixture
+def runs_root(tmp_path, monkeypatch):
+    """An empty runs folder that labsupport writes to instead of the repository's."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(root))
+    return root
+
+
+@pytest.fixture
+def copied_runs(tmp_path, monkeypatch):
+    """A copy of the repository's runs folder, safe to damage."""
+    root = tmp_path / "published-runs"
+    shutil.copytree(RUNS, root)
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(root))
+    return root
+
+
+def tree_bytes(root: Path) -> dict:
+    """Every file under root with its bytes, to check that nothing changed."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

@@ -1,0 +1,31 @@
+"""The book builds from the recorded runs with warnings as errors, and shows their numbers."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from labsupport import one_token
+
+from .conftest import REPO
+
+
+def test_book_builds_and_shows_the_recorded_numbers(tmp_path, published):
+    jb = Path(sys.executable).with_name("jupyter-book")
+    r = subprocess.run([str(jb), "build", str(REPO), "--all", "--warningiserror", "--keep-going",
+                        "--builder", "html", "--path-output", str(tmp_path)],
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    html = (tmp_path / "_build" / "html" / "notebooks" / "kernels_in_one_token.html").read_text()
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+    s = one_token.summary(published)
+    assert f"{s.kernels:,d} kernels for one token" in text
+    assert f"{s.matmul_tbs:.2f}" in text and f"{s.wall_ms:.2f} ms" in text
+    assert published.run_id in text
+    pasted = re.findall(r'class="pasted-text">([^<]*)<', html)
+    assert len(pasted) >= 40
+    assert not [p for p in pasted if p.strip() in ("", "nan", "None", "nan%")]
+    cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", html, re.S)]
+    assert len(cells) > 100
+    assert not [c for c in cells if c in ("nan", "None", "NaN", "<NA>")]
+    assert "{glue" not in text and "glue:" not in text
+    assert (tmp_path / "_build" / "html" / "book" / "methodology.html").is_file()

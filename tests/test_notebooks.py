@@ -1,0 +1,85 @@
+"""Chapter notebooks: committed clean, executed in replay and live (CPU) through papermill."""
+import json
+import subprocess
+import sys
+
+import nbformat
+import papermill as pm
+import pytest
+
+from labsupport import chapters, runs
+
+from .conftest import REPO, tree_bytes
+
+NOTEBOOKS = [c.path for c in chapters.CHAPTERS]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_committed_clean(path):
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), "commit notebooks without outputs"
+    params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and 'mode = "replay"' in params[0].source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_replays_the_published_run(path, tmp_path):
+    out = tmp_path / path.name
+    pm.execute_notebook(str(path), str(out), parameters={"mode": "replay"}, cwd=str(path.parent),
+                        kernel_name="python3", progress_bar=False)
+    nb = nbformat.read(out, as_version=4)
+    text = json.dumps([c.get("outputs", []) for c in nb.cells])
+    assert "Traceback" not in text
+    assert "image/png" in text
+
+
+def _live(args, env):
+    return subprocess.run([sys.executable, "-m", "labsupport", "live", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def live_env(runs_root, monkeypatch):
+    import os
+    return {**os.environ, "LABSUPPORT_RUNS": str(runs_root), "PYTHONPATH": str(REPO)}
+
+
+TINY_ARGS = ["--allow-cpu", "--param", 'preset="tiny"', "--param", "prompt_len=16",
+             "--param", "contexts=[8, 32]", "--param", "repeats=2"]
+
+
+def test_live_run_through_papermill_on_cpu_records_and_publishes(live_env, runs_root):
+    r = _live(TINY_ARGS, live_env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "[1/1] kernels-in-one-token: published run" in r.stdout
+    run = runs.load_run("kernels-in-one-token", root=runs_root)
+    assert run.provenance["device"] == "cpu" and run.parameters["preset"] == "tiny"
+    assert "labsupport live" in run.provenance["command"]
+
+
+def test_failing_notebook_leaves_the_published_run_untouched(copied_runs, live_env):
+    before = tree_bytes(copied_runs)
+    live_env["LABSUPPORT_RUNS"] = str(copied_runs)
+    r = _live(TINY_ARGS + ["--param", 'preset="no-such-model"'], live_env)
+    assert r.returncode == 1
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "unknown model preset 'no-such-model'" in err[0]
+    assert "published run is unchanged" in err[0]
+    assert tree_bytes(copied_runs) == before
+
+
+def test_live_without_gpu_stops_with_a_clear_message(live_env):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = _live([], live_env)
+    assert r.returncode != 0
+    assert "live mode needs a CUDA GPU" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_unknown_chapter(live_env):
+    r = _live(["--allow-cpu", "no-such-chapter"], live_env)
+    assert r.returncode != 0 and "unknown chapter(s) no-such-chapter" in r.stderr

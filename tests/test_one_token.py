@@ -1,0 +1,114 @@
+"""The chapter's analysis on the recorded run, and its live path on a CPU (tiny model)."""
+import statistics
+
+import pandas as pd
+import pytest
+import torch
+
+from labsupport import decode, kernels, one_token, runs, trace
+
+from .conftest import tree_bytes
+
+TINY = dict(preset="tiny", prompt_len=16, contexts=[8, 32], repeats=2, context_repeats=1, device="cpu")
+
+
+def test_summary_is_consistent_with_the_tables(published, published_kernels):
+    s = one_token.summary(published)
+    census = published.table("census").set_index("kind")
+    assert s.kernels == census.loc["total", "kernels"] == len(published_kernels)
+    assert s.matmul_kernels == census.loc["matrix multiply", "kernels"]
+    assert s.matmul_ms == pytest.approx(census.loc["matrix multiply", "gpu_ns"] / 1e6)
+    assert s.matmul_tbs == pytest.approx(s.matmul_gb / s.matmul_ms)
+    assert s.gpu_busy_ms <= s.kernel_ms + 1e-9
+    assert s.gpu_busy_ms < s.wall_ms
+    assert s.wall_ms == statistics.median(published.table("step_times").wall_ms)
+    assert s.wall_min_ms <= s.wall_ms <= s.wall_max_ms
+    assert s.idle_ms == pytest.approx(s.wall_ms - s.gpu_busy_ms)
+    assert s.kernel_interval_us == pytest.approx(s.wall_ms * 1e3 / s.kernels)
+    assert s.datasheet_name == "H200 SXM" and s.datasheet_tbs == 4.8
+    assert s.best_case_ms == pytest.approx(15.1368 / 4.8, rel=1e-4)
+    assert s.math_ms_datasheet == pytest.approx(2 * 7_568_097_280 / 989e12 * 1e3)
+    assert s.attention_kernels == s.layers == 36
+
+
+def test_census_beside_published_keeps_them_apart(published):
+    t = one_token.census_beside_published(published)
+    assert [c[0] for c in t.columns].count("H100 (published)") == 3
+    assert t.loc["total", ("H100 (published)", "kernels")] == 2398
+    assert t.loc["total", ("H200 (this run)", "kernels")] == published.table("census").kernels.iloc[-1]
+
+
+def test_layer_views(published):
+    s = one_token.summary(published)
+    layer = one_token.layer_kernels(published, one_token.middle_layer(published))
+    assert len(layer) == s.kernels_per_layer
+    assert layer["start µs"].iloc[0] == 0 and layer["start µs"].is_monotonic_increasing
+    assert {"self_attn.q_proj", "mlp.down_proj", "input_layernorm"} <= set(layer.module)
+    per_layer = one_token.per_layer(published)
+    assert (per_layer["all kernels"] == s.kernels_per_layer).all()
+    outside = one_token.outside_layers(published)
+    assert per_layer["all kernels"].sum() + outside.kernels.sum() == s.kernels
+
+
+def test_context_sweep_table(published):
+    sweep = one_token.context_sweep(published)
+    assert list(sweep.context) == published.parameters["contexts"]
+    assert ((sweep["attention share"] > 0) & (sweep["attention share"] < 1)).all()
+    assert (sweep.attention_kernels == 36).all()
+
+
+def test_live_path_on_cpu_writes_a_valid_run(runs_root):
+    run = one_token.record(one_token.Params(**TINY), allow_cpu=True, progress=lambda m: None)
+    assert run.path.parent.parent == runs_root
+    assert run.provenance["device"] == "cpu"
+    assert {"kernels.csv", "census.csv", "step_times.csv", "context_sweep.csv", "trace.json.gz"} <= set(run.meta["files"])
+    pd.testing.assert_frame_equal(one_token.recompute_census(run), run.table("census"), check_dtype=False)
+    k = one_token.kernel_table(run)
+    assert {"matrix multiply", "attention", "reduction"} <= set(k.kind)
+    assert sorted(k.layer.dropna().unique()) == [0, 1]
+    assert len(run.table("step_times")) == 2
+    assert list(run.table("context_sweep").status) == ["ok", "ok"]
+    assert not list(runs_root.rglob(".incomplete-*"))
+
+
+def test_live_mode_without_a_gpu_is_refused(runs_root):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(decode.NoGPUError, match="live mode needs a CUDA GPU"):
+        one_token.record(one_token.Params(preset="qwen3-8b"))
+    with pytest.raises(decode.NoGPUError, match="only allowed for tests"):
+        one_token.record(one_token.Params(preset="qwen3-8b", device="cpu"), allow_cpu=True)
+    assert list(runs_root.iterdir()) == []
+
+
+def test_unknown_preset_fails_before_any_work(runs_root):
+    with pytest.raises(ValueError, match="unknown model preset 'qwen9'"):
+        one_token.record(one_token.Params(preset="qwen9", device="cpu"), allow_cpu=True)
+    assert list(runs_root.iterdir()) == []
+
+
+def test_interrupted_live_run_leaves_published_run_untouched(copied_runs, monkeypatch):
+    before = tree_bytes(copied_runs)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(decode, "time_decode_steps", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        one_token.record(one_token.Params(**TINY), allow_cpu=True, progress=lambda m: None)
+    assert tree_bytes(copied_runs) == before
+
+
+def test_out_of_memory_at_a_long_context_is_recorded(runs_root, monkeypatch):
+    real = decode.profile_decode_step
+
+    def oom_at_long_context(model, prompt, *a, **k):
+        if prompt.ids.shape[1] >= 32:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, prompt, *a, **k)
+
+    monkeypatch.setattr(decode, "profile_decode_step", oom_at_long_context)
+    run = one_token.record(one_token.Params(**TINY), allow_cpu=True, progress=lambda m: None)
+    sweep = run.table("context_sweep")
+    assert list(sweep.status) == ["ok", "out of memory"]
+    assert list(one_token.context_sweep(run).context) == [8]

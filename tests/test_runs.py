@@ -1,0 +1,103 @@
+"""Recording runs atomically, publishing them, and clear errors for bad runs."""
+import json
+
+import pandas as pd
+import pytest
+
+from labsupport import provenance, runs
+
+from .conftest import tree_bytes
+
+PROV = {k: "x" for k in provenance.REQUIRED_FIELDS}
+
+
+def write_run(root, run_id="20260101T000000Z-test", chapter="ch"):
+    with runs.RunWriter(chapter, {"a": 1}, run_id, root=root, meta={"provenance": PROV}) as w:
+        w.write_table("t", pd.DataFrame({"x": [1, 2]}))
+        w.extra["answer"] = 42
+    return run_id
+
+
+def test_a_written_run_loads_back(tmp_path):
+    rid = write_run(tmp_path)
+    run = runs.load_run("ch", rid, root=tmp_path)
+    assert run.table("t")["x"].tolist() == [1, 2]
+    assert run.parameters == {"a": 1} and run.results == {"answer": 42}
+    assert set(run.meta["files"]) == {"t.csv"}
+    assert runs.list_runs("ch", root=tmp_path) == [rid]
+
+
+def test_a_failed_run_leaves_nothing_and_the_published_one_untouched(tmp_path):
+    rid = write_run(tmp_path)
+    runs.publish("ch", rid, root=tmp_path)
+    before = tree_bytes(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        with runs.RunWriter("ch", {}, "20260102T000000Z-x", root=tmp_path, meta={"provenance": PROV}) as w:
+            w.write_table("t", pd.DataFrame({"x": [3]}))
+            raise KeyboardInterrupt
+    assert tree_bytes(tmp_path) == before
+    assert runs.published_run_id("ch", root=tmp_path) == rid
+
+
+def test_missing_run_and_missing_pointer(tmp_path):
+    with pytest.raises(runs.RunError, match="no published run for chapter 'ch'"):
+        runs.load_run("ch", root=tmp_path)
+    write_run(tmp_path)
+    with pytest.raises(runs.RunError, match="not found"):
+        runs.load_run("ch", "20990101T000000Z", root=tmp_path)
+
+
+def test_corrupt_runs_are_refused(tmp_path):
+    rid = write_run(tmp_path)
+    d = tmp_path / "ch" / rid
+    (d / "t.csv").write_text("x\n1\n999\n")
+    with pytest.raises(runs.RunError, match="t.csv does not match its checksum"):
+        runs.load_run("ch", rid, root=tmp_path)
+    (d / "t.csv").unlink()
+    with pytest.raises(runs.RunError, match="t.csv is missing"):
+        runs.load_run("ch", rid, root=tmp_path)
+    (d / "meta.json").write_text("{not json")
+    with pytest.raises(runs.RunError, match="meta.json"):
+        runs.load_run("ch", rid, root=tmp_path)
+    (d / "meta.json").unlink()
+    with pytest.raises(runs.RunError, match="incomplete: no meta.json"):
+        runs.load_run("ch", rid, root=tmp_path)
+
+
+def test_publishing_a_bad_run_keeps_the_pointer(tmp_path):
+    good = write_run(tmp_path)
+    runs.publish("ch", good, root=tmp_path)
+    bad = write_run(tmp_path, "20260103T000000Z-bad")
+    (tmp_path / "ch" / bad / "t.csv").write_text("changed\n")
+    with pytest.raises(runs.RunError):
+        runs.publish("ch", bad, root=tmp_path)
+    assert runs.published_run_id("ch", root=tmp_path) == good
+
+
+def test_existing_run_is_never_overwritten(tmp_path):
+    rid = write_run(tmp_path)
+    with pytest.raises(runs.RunError, match="already exists"):
+        write_run(tmp_path, rid)
+
+
+def test_run_ids_are_checked():
+    assert runs.RUN_ID_PATTERN.match(runs.new_run_id(" H200 SXM "))
+    assert runs.new_run_id("H200").endswith("-h200")
+    with pytest.raises(runs.RunError, match="bad run id"):
+        runs.RunWriter("ch", {}, "../escape")
+
+
+def test_published_run_has_complete_provenance(published):
+    prov = published.provenance
+    for field in provenance.REQUIRED_FIELDS:
+        assert prov.get(field) not in (None, "", "unknown"), field
+    assert prov["device"] == "cuda" and "H200" in prov["gpu"]
+    assert len(prov["git_commit"]) >= 40
+    assert prov["utc_time"].endswith("Z")
+    meta = json.loads((published.path / "meta.json").read_text())
+    assert meta["parameters"]["preset"] == "qwen3-8b"
+
+
+def test_published_run_is_small(published):
+    size = sum(p.stat().st_size for p in published.path.iterdir())
+    assert size < 5 * 2**20
