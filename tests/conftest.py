@@ -43,3 +43,21 @@ def copied_runs(tmp_path, monkeypatch):
 def tree_bytes(root: Path) -> dict:
     """Every file under root with its bytes, to check that nothing changed."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def built_book(tmp_path_factory):
+    """The book built once per test session from the recorded runs, warnings as errors.
+
+    Returns the HTML folder. Every test that looks at the rendered book shares this build.
+    """
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("book")
+    jb = Path(sys.executable).with_name("jupyter-book")
+    r = subprocess.run([str(jb), "build", str(REPO), "--all", "--warningiserror", "--keep-going",
+                        "--builder", "html", "--path-output", str(out)],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return out / "_build" / "html"
