@@ -18,7 +18,12 @@ class Chapter:
 
 
 CHAPTERS = [
+    Chapter("why-a-gpu", "notebooks/why_a_gpu.ipynb"),
+    Chapter("what-a-kernel", "notebooks/what_a_kernel.ipynb"),
+    Chapter("model-code-to-kernels", "notebooks/model_code_to_kernels.ipynb"),
+    Chapter("where-kernels-come-from", "notebooks/where_kernels_come_from.ipynb"),
     Chapter("kernels-in-one-token", "notebooks/kernels_in_one_token.ipynb"),
+    Chapter("launch-overhead", "notebooks/launch_overhead.ipynb"),
 ]
 
 

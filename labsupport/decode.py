@@ -132,10 +132,12 @@ def time_decode_steps(model, prompt: Prompt, device: str, repeats: int = 20, war
 
 
 def profile_decode_step(model, prompt: Prompt, device: str, trace_path, warmup: int = 2) -> None:
-    """Write a Chrome trace of one steady-state decode step to `trace_path` (.json.gz ok).
+    """Write a Chrome trace of one steady-state decode step to `trace_path` (.json.gz ok),
+    each kernel labelled with the module that launched it.
 
-    The profiler runs once untraced first, so its own start-up (CUPTI) stays out of
-    the recorded step.
+    Every step, warm-up or recorded, starts from a fresh prefill of `prompt`, which runs
+    outside the recorded region. The profiler runs once untraced first, so its own
+    start-up (CUPTI) stays out of the recorded step.
     """
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -143,7 +145,7 @@ def profile_decode_step(model, prompt: Prompt, device: str, trace_path, warmup: 
     for _ in range(warmup):
         cache, tok = prefill(model, prompt)
         decode_step(model, cache, tok)
-    for attempt in ("warm-up", "recorded"):
+    for _ in range(2):  # the first profile warms the profiler up; the second is kept
         cache, tok = prefill(model, prompt)
         sync(device)
         with annotated_modules(model), profile(activities=activities) as prof:

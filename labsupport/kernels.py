@@ -89,3 +89,28 @@ def census(kernels: pd.DataFrame) -> pd.DataFrame:
     g["gpu_ms"] = (g["gpu_ns"] / 1e6).round(4)
     g["share"] = (g["gpu_ns"] / total_ns).round(4) if total_ns else 0.0
     return g
+
+
+# Where a kernel's code comes from, judged by its name. Order matters as for kinds.
+SOURCES = ("cuBLAS/cuBLASLt", "cuDNN", "FlashAttention", "Triton (torch.compile)", "Triton (ours)",
+           "PyTorch (ATen)", "other")
+
+SOURCE_RULES: list[tuple[str, re.Pattern]] = [
+    ("cuDNN", re.compile(r"^cudnn|cudnn_generated|\bcudnn::", re.I)),
+    ("FlashAttention", re.compile(r"flash_fwd|pytorch_flash::|\bflash::", re.I)),
+    ("Triton (torch.compile)", re.compile(r"^triton_(poi|red|per|tem|for|unk)_")),
+    ("Triton (ours)", re.compile(r"^(add_kernel|rmsnorm_kernel)$")),
+    # cuBLAS ships its own kernels (nvjet on Hopper, gemv, and CUTLASS-built sgemm for fp32).
+    ("cuBLAS/cuBLASLt", re.compile(r"nvjet|cublas|gemv|sm90_xmma|xmma_gemm|splitKreduce|cutlass_80_simt_sgemm"
+                                   r"|ampere_\w*gemm|sm80_\w*gemm|s16816gemm", re.I)),
+    ("PyTorch (ATen)", re.compile(r"at::native::|\bat::|^void \(anonymous namespace\)::|fmha_cutlass"
+                                  r"|indexSelect|CatArrayBatchedCopy|elementwise_kernel|reduce_kernel")),
+]
+
+
+def source(name: str) -> str:
+    """The library or tool that a kernel called `name` comes from."""
+    for src, pattern in SOURCE_RULES:
+        if pattern.search(name):
+            return src
+    return "other"

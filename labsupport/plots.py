@@ -127,3 +127,86 @@ def bandwidth_bars(values: dict[str, float], label: str):
     ax.set_title("Memory bandwidth: reached by the matrix multiplies vs the limits")
     ax.grid(axis="y", visible=False)
     return _finish(fig, label)
+
+
+def hbars(labels, values, label: str, title: str, xlabel: str, colors=None, fmt="{:.2f}", log=False,
+          width: float = 8, annotate: bool = True):
+    """Horizontal bars with their values written at the end."""
+    fig, ax = plt.subplots(figsize=(width, 0.45 * len(labels) + 1.3))
+    ax.barh(list(labels), list(values), color=colors or OURS)
+    if annotate:
+        for i, v in enumerate(values):
+            if v == v:  # not NaN
+                ax.text(v, i, " " + fmt.format(v), va="center", fontsize=8.5)
+    ax.invert_yaxis()
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.grid(axis="y", visible=False)
+    return _finish(fig, label)
+
+
+def batch_sweep(sweep: pd.DataFrame, floor_ms: float, ms_per_seq: float, ridge_batch: float,
+                datasheet_batch: float | None, label: str):
+    """Matmul time per step against batch size (log-log) with the two roofline lines, and
+    tokens per second."""
+    fig, ax = plt.subplots(1, 2, figsize=(10.5, 3.9))
+    b = sweep.batch
+    ax[0].plot(b, sweep["matmul ms"], "o-", color=OURS, label="matrix multiplies (measured)")
+    ax[0].plot(b, sweep["GPU ms"], "s--", color="#999", ms=4, label="whole step, GPU busy (measured)")
+    ax[0].axhline(floor_ms, color=KIND_COLORS["copy/convert/concat"], lw=1, ls=":", label="memory-bound floor")
+    ax[0].plot(b, b * ms_per_seq, color=KIND_COLORS["reduction"], lw=1, ls=":", label="compute-bound line")
+    ax[0].axvline(ridge_batch, color="#555", lw=1)
+    ax[0].text(ridge_batch, ax[0].get_ylim()[1] if False else floor_ms * 0.6, f" ridge ≈ {ridge_batch:.0f}", fontsize=8)
+    if datasheet_batch:
+        ax[0].axvline(datasheet_batch, color="#bbb", lw=1, ls="--")
+        ax[0].text(datasheet_batch, floor_ms * 0.45, f" datasheet {datasheet_batch:.0f}", fontsize=8, color="#777")
+    ax[0].set_xscale("log", base=2)
+    ax[0].set_yscale("log")
+    ax[0].set_xlabel("batch (sequences decoded together)")
+    ax[0].set_ylabel("ms per decode step")
+    ax[0].set_title("Flat while memory-bound, then rising")
+    ax[0].legend(fontsize=7.5, frameon=False, loc="upper left")
+    ax[1].plot(b, sweep["GPU tokens/s"], "o-", color=OURS, label="if the GPU never waited (GPU busy)")
+    ax[1].plot(b, sweep["tokens/s"], "s--", color="#999", ms=4, label="measured wall time (eager)")
+    ax[1].set_xscale("log", base=2)
+    ax[1].set_yscale("log")
+    ax[1].set_xlabel("batch")
+    ax[1].set_ylabel("tokens per second")
+    ax[1].set_title("Throughput grows with the batch")
+    ax[1].legend(fontsize=7.5, frameon=False)
+    return _finish(fig, label)
+
+
+def queue(q: pd.DataFrame, label: str):
+    """Per launch: when the CPU's launch call returned, and when the GPU finished that kernel."""
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    ax.plot(q.launch, q.call_return_us / 1e3, color="#444", label="CPU: launch call returned")
+    ax.plot(q.launch, q.gpu_done_us / 1e3, color=OURS, label="GPU: kernel finished")
+    ax.fill_between(q.launch, q.call_return_us / 1e3, q.gpu_done_us / 1e3, color=OURS, alpha=0.12,
+                    label="waiting in the queue")
+    ax.set_xlabel("launch number")
+    ax.set_ylabel("ms since the first launch")
+    ax.set_title("The CPU runs ahead; the GPU works through the queue")
+    ax.legend(fontsize=8, frameon=False)
+    return _finish(fig, label)
+
+
+def stacked_breakdown(df: pd.DataFrame, label: str):
+    """Where each variant's profiled step went (stacked horizontal bars)."""
+    parts = [("before first kernel ms", "#c9c9c9"), ("kernels running ms", OURS),
+             ("gaps between kernels ms", "#f2b880"), ("after last kernel ms", "#8c8c8c")]
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(df) + 1.6))
+    left = pd.Series(0.0, index=df.index)
+    for col, color in parts:
+        ax.barh(df.variant, df[col], left=left, color=color, label=col.replace(" ms", ""))
+        left = left + df[col]
+    ax.invert_yaxis()
+    ax.set_xlabel("ms (profiled step)")
+    ax.set_title("Where the time of one decode step goes")
+    ax.legend(ncol=4, fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.grid(axis="y", visible=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    footer(fig, label)
+    return fig

@@ -40,3 +40,36 @@ QWEN3_8B_H100_HEADLINE = {
     "best_case_ms": 4.5,
     "attention_kernels": 36,
 }
+
+HYBRID_27B_VLLM_SOURCE = (
+    "Published profile of a 27B hybrid model (64 layers: 16 full attention, 48 Gated DeltaNet), "
+    "one H100 SXM, vLLM 0.31 defaults (CUDA graphs on), batch 1, 512-token prompt"
+)
+
+# Kernels of one decode step, by what they do, as published.
+HYBRID_27B_VLLM_DECODE = pd.DataFrame(
+    [
+        ("GEMMs", 305, "92.6% of GPU time"),
+        ("split-K reduce", 112, "1.0% of GPU time"),
+        ("norms", 177, ""),
+        ("linear-attention recurrence and conv", 96, ""),
+        ("activations", 64, ""),
+        ("full attention", 32, ""),
+        ("RoPE / QK-norm", 17, ""),
+        ("KV-cache writes", 16, ""),
+        ("sampling", 5, ""),
+    ],
+    columns=["kernels doing", "kernels", "note"],
+)
+
+HYBRID_27B_VLLM_HEADLINE = {
+    "decode_kernels": 902,
+    "decode_ms": 20.55,
+    "tokens_per_s": 48.7,
+    "eager_kernels": 2464,
+    "launch_calls_with_graphs": 21,
+    "lm_head_ms": 0.88,
+    "lm_head_rows": 248_320,
+    "prefill_ms": 54.3,
+    "prefill_tokens": 512,
+}
