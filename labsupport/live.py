@@ -58,6 +58,8 @@ def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: b
         import torch
         tag = torch.cuda.get_device_name(0).replace("NVIDIA", "") if torch.cuda.is_available() else "cpu"
     run_id = runs.new_run_id(tag)
+    # The notebook kernels must import this checkout's labsupport, whatever the caller's path.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     os.environ.setdefault("LABSUPPORT_COMMAND", " ".join(shlex.quote(a) for a in ["python", "-m", "labsupport", *sys.argv[1:]]))
     log_dir = LOG_DIR / run_id
     total = time.perf_counter()
