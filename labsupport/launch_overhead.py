@@ -67,6 +67,8 @@ class StaticStep:
 
     Every step writes the new token's keys and values into the same slot and attends over
     the same prompt, so repeated steps do identical work and can be captured in a CUDA graph.
+    transformers (5.17) keeps each layer's write position in a device counter that every
+    step advances; `prepare()` puts it back, outside any timing, before each step.
     """
 
     def __init__(self, model, prompt_ids):
@@ -74,13 +76,19 @@ class StaticStep:
         from transformers import StaticCache
 
         n = prompt_ids.shape[1]
-        self.model = model
+        self.model, self.n = model, n
         self.cache = StaticCache(config=model.config, max_cache_len=n + 16)
         with torch.no_grad():
             out = model(input_ids=prompt_ids, past_key_values=self.cache, use_cache=True,
                         cache_position=torch.arange(n, device=prompt_ids.device), logits_to_keep=1)
         self.tok = out.logits[:, -1].argmax(-1, keepdim=True)
         self.pos = torch.tensor([n], device=prompt_ids.device)
+
+    def prepare(self):
+        for layer in self.cache.layers:
+            counter = getattr(layer, "cumulative_length", None)
+            if hasattr(counter, "fill_"):
+                counter.fill_(self.n)
 
     def forward(self, tok, pos):
         out = self.model(input_ids=tok, past_key_values=self.cache, use_cache=True, cache_position=pos)
@@ -104,11 +112,17 @@ class GraphStep:
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s), torch.no_grad():
             for _ in range(3):
+                static.prepare()
                 static.forward(static.tok, static.pos)
         torch.cuda.current_stream().wait_stream(s)
+        static.prepare()
+        torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph), torch.no_grad():
             self.out = static.forward(static.tok, static.pos)
+
+    def prepare(self):
+        self.static.prepare()
 
     def __call__(self):
         self.graph.replay()
@@ -126,9 +140,13 @@ class CompiledStep:
         t = time.perf_counter()
         with torch.no_grad():
             for _ in range(4):  # compile, then let CUDA graph trees record
+                static.prepare()
                 self.fn(static.tok, static.pos)
         torch.cuda.synchronize()
         self.compile_s = time.perf_counter() - t
+
+    def prepare(self):
+        self.static.prepare()
 
     def __call__(self):
         import torch

@@ -47,6 +47,19 @@ def nvidia_driver() -> str:
         return "unknown"
 
 
+def cpu_model() -> str:
+    """The host CPU's model name and logical core count (the CPU launches every kernel)."""
+    name = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} ({os.cpu_count()} logical cores)"
+
+
 def collect(command: str | None = None) -> dict:
     """Provenance of a run made now, on this machine."""
     import torch
@@ -68,6 +81,7 @@ def collect(command: str | None = None) -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "cpu": cpu_model(),
         "git_commit": git_commit(),
         "utc_time": utc_now(),
         "command": command or os.environ.get("LABSUPPORT_COMMAND") or " ".join(sys.argv),
