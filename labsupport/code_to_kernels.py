@@ -167,3 +167,21 @@ def op_to_kernels(decode_run: runs.Run, layer: int) -> pd.DataFrame:
               us=("dur_ns", lambda s: s.sum() / 1e3))
          .reset_index())
     return g.rename(columns={"op": "operator", "names": "kernel(s)", "us": "GPU µs"})
+
+
+def headline(run: runs.Run) -> dict:
+    t = run.table("rmsnorm_times").set_index("variant")
+    mlp = mlp_table(run)
+    return {"MLP kernels": int(mlp.kernels.sum()), "RMSNorm kernels": int(t.kernels.iloc[0]),
+            "RMSNorm µs": float(t.us_median.iloc[0]), "fused RMSNorm µs": float(t.us_median.iloc[-1])}
+
+
+def rmsnorm_table(run: runs.Run) -> pd.DataFrame:
+    """Each RMSNorm variant: kernels, their GPU time (profiler), time per call from Python
+    (CUDA events around the call), and its largest difference from transformers' output."""
+    k = run.table("rmsnorm_kernels")
+    gpu = k.groupby("variant").dur_ns.sum() / 1e3
+    t = run.table("rmsnorm_times")
+    return pd.DataFrame({"variant": t.variant, "kernels": t.kernels, "GPU µs (profiler)": t.variant.map(gpu).values,
+                         "per call µs (CUDA events)": t.us_median,
+                         "max |difference|": t.max_abs_diff_vs_transformers})

@@ -150,3 +150,19 @@ def attention_backends(run: runs.Run) -> pd.DataFrame:
     a["kernel"] = a.kernel_names.fillna("").map(lambda s: "; ".join(kernels.short_name(n, 50) for n in s.split(";") if n))
     a["source"] = a.kernel_names.fillna("").map(lambda s: "; ".join(dict.fromkeys(kernels.source(n) for n in s.split(";") if n)))
     return a
+
+
+def headline(run: runs.Run) -> dict:
+    t = run.table("fusion_times")
+    a = run.table("attention_backends")
+    return {"RMSNorm kernels eager": int(t.kernels.iloc[0]), "RMSNorm kernels compiled": int(t.kernels.iloc[1]),
+            "attention backends available": int(a.loc[a.status == "ok", "backend"].nunique())}
+
+
+def fusion_table(run: runs.Run) -> pd.DataFrame:
+    """RMSNorm eager vs compiled: kernels, GPU time (profiler) and time per call."""
+    k = run.table("fusion_kernels")
+    gpu = k.groupby("variant").dur_ns.sum() / 1e3
+    t = run.table("fusion_times")
+    return pd.DataFrame({"variant": t.variant, "kernels": t.kernels, "GPU µs (profiler)": t.variant.map(gpu).values,
+                         "per call µs (CUDA events)": t.us_median})

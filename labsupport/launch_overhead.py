@@ -155,16 +155,23 @@ class CompiledStep:
             return self.fn(self.static.tok, self.static.pos)
 
 
-def _profile(step, path) -> None:
+def _profile(step, path, model=None) -> None:
+    """Trace one step; with `model` (eager variants only: hooks would break compiled and
+    captured code) each kernel is labelled with the module that launched it."""
+    import contextlib
+
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
+
+    from .decode import annotated_modules
 
     for _ in range(2):
         _prepare(step)
         step()
         _prepare(step)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        labels = annotated_modules(model) if model is not None else contextlib.nullcontext()
+        with labels, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             with record_function("decode_step"):
                 step()
             torch.cuda.synchronize()
@@ -210,7 +217,7 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
         rows, times = [], []
 
         def measure(variant, step, extra=None):
-            _profile(step, w.path / trace_file(variant))
+            _profile(step, w.path / trace_file(variant), model if variant.startswith("eager") else None)
             k = trace.read_kernels(w.path / trace_file(variant))
             wall, issue = _time(step, params.repeats)
             for i, (a, b) in enumerate(zip(wall, issue)):
@@ -262,6 +269,17 @@ def kernel_table(run: runs.Run, variant: str) -> pd.DataFrame:
     from .one_token import annotate_kernels
 
     return annotate_kernels(trace.read_kernels(run.file(trace_file(variant))))
+
+
+def one_layer(k: pd.DataFrame, layers: int) -> tuple[pd.DataFrame, str]:
+    """The kernels of the middle decoder layer, and a title for them. Runs recorded without
+    module labels get the same number of consecutive kernels from the middle of the step."""
+    if k.layer.notna().any():
+        layer = int(k.layer.max()) // 2
+        return k[k.layer == layer], f"decoder layer {layer}"
+    n = len(k) // layers
+    start = (len(k) - n) // 2
+    return k.iloc[start:start + n], f"{n} consecutive kernels from the middle of the step (one layer's worth)"
 
 
 def variants(run: runs.Run) -> pd.DataFrame:
@@ -331,3 +349,13 @@ def eager_summary(run: runs.Run) -> EagerSummary:
         launch_call_us=float(k.launch_dur_ns.median() / 1e3),
         cpu_per_kernel_us=issue * 1e3 / len(k),
     )
+
+
+def headline(run: runs.Run) -> dict:
+    v = variants(run)
+    ok = v[v.status == "ok"]
+    out = {"eager wall ms": float(ok["wall ms"].iloc[0]), "best wall ms": float(ok["wall ms"].min())}
+    graph = v[v.variant == VARIANTS["cuda-graph"]]
+    if len(graph) and graph.status.iloc[0] == "ok":
+        out["CUDA graph wall ms"] = float(graph["wall ms"].iloc[0])
+    return out

@@ -71,7 +71,11 @@ def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: b
         except LiveRunError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
+        seconds = time.perf_counter() - t
+        if publish:
+            from . import history
+            history.append(history.rows_for(f"live {run_id}", ch, runs.load_run(ch.slug, run_id), seconds))
         verb = "published" if publish else "recorded"
-        print(f"[{i}/{len(selected)}] {ch.slug}: {verb} run {run_id} in {time.perf_counter() - t:.0f} s", flush=True)
+        print(f"[{i}/{len(selected)}] {ch.slug}: {verb} run {run_id} in {seconds:.0f} s", flush=True)
     print(f"live run done in {time.perf_counter() - total:.0f} s; executed notebooks in {log_dir}", flush=True)
     return 0

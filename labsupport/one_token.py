@@ -300,3 +300,8 @@ def kernel_names(run: runs.Run) -> list[str]:
 def middle_layer(run: runs.Run) -> int:
     return int(run.results["model"]["layers"]) // 2
 
+
+
+def headline(run: runs.Run) -> dict:
+    s = summary(run)
+    return {"kernels": s.kernels, "GPU busy ms": s.gpu_busy_ms, "wall ms": s.wall_ms, "matmul TB/s": s.matmul_tbs}

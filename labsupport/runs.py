@@ -2,11 +2,12 @@
 
 Layout: runs/<chapter>/<run_id>/ holds CSV tables, a compressed raw profiler
 trace and meta.json (provenance, parameters, and a SHA-256 of every file);
-runs/<chapter>/PUBLISHED names the run the book replays.
+runs/published.json maps each chapter to the run the book replays.
 
 A run is first written to a hidden `.incomplete-<run_id>` folder and renamed into
-place only when it is whole; the PUBLISHED pointer is replaced atomically too.
-So a failed or interrupted run never changes what the book shows.
+place only when it is whole; published.json is replaced atomically (one rename),
+so several chapters are promoted together or not at all. A failed or interrupted
+run never changes what the book shows.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pandas as pd
 from . import provenance
 from .provenance import REPO_ROOT
 
-POINTER = "PUBLISHED"
+MANIFEST = "published.json"
 RUN_ID_PATTERN = re.compile(r"^[0-9]{8}T[0-9]{6}Z[-A-Za-z0-9_.]*$")
 
 
@@ -162,12 +163,26 @@ class Run:
         return f"{p['gpu']} · run {self.run_id} · {p['utc_time'][:10]} · torch {p['torch']}"
 
 
+def published(root: Path | None = None) -> dict[str, str]:
+    """The manifest of published runs: {chapter: run_id} (empty if none yet)."""
+    path = (root or runs_root()) / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RunError(f"{path} is corrupt: {e}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise RunError(f"{path} is corrupt: expected an object mapping chapters to run ids")
+    return data
+
+
 def published_run_id(chapter: str, root: Path | None = None) -> str:
-    pointer = (root or runs_root()) / chapter / POINTER
-    if not pointer.is_file():
-        raise RunError(f"no published run for chapter {chapter!r} ({pointer} is missing); "
+    run_id = published(root).get(chapter)
+    if not run_id:
+        raise RunError(f"no published run for chapter {chapter!r} in {(root or runs_root()) / MANIFEST}; "
                        f"record one with `python -m labsupport live {chapter}` on a GPU box")
-    return pointer.read_text().strip()
+    return run_id
 
 
 def load_run(chapter: str, run_id: str | None = None, root: Path | None = None,
@@ -199,17 +214,25 @@ def load_run(chapter: str, run_id: str | None = None, root: Path | None = None,
     return Run(chapter=chapter, run_id=run_id, path=path, meta=meta)
 
 
-def publish(chapter: str, run_id: str, root: Path | None = None) -> None:
-    """Point the book at `run_id` (after checking the run loads), atomically."""
+def publish_many(runs_by_chapter: dict[str, str], root: Path | None = None) -> None:
+    """Point the book at these runs, all at once: every run is checked first, then the
+    manifest is replaced with one atomic rename."""
     root = root or runs_root()
-    load_run(chapter, run_id, root)
-    pointer = root / chapter / POINTER
-    tmp = pointer.with_name(f".{POINTER}.tmp")
-    tmp.write_text(run_id + "\n")
+    for chapter, run_id in runs_by_chapter.items():
+        load_run(chapter, run_id, root)
+    manifest = {**published(root), **runs_by_chapter}
+    path = root / MANIFEST
+    tmp = path.with_name(f".{MANIFEST}.tmp")
+    tmp.write_text(json.dumps(dict(sorted(manifest.items())), indent=2) + "\n")
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
-    os.replace(tmp, pointer)
-    _fsync_dir(pointer.parent)
+    os.replace(tmp, path)
+    _fsync_dir(root)
+
+
+def publish(chapter: str, run_id: str, root: Path | None = None) -> None:
+    """Point the book at `run_id` for `chapter` (after checking the run loads), atomically."""
+    publish_many({chapter: run_id}, root)
 
 
 def list_runs(chapter: str, root: Path | None = None) -> list[str]:

@@ -174,3 +174,23 @@ def queue_summary(run: runs.Run) -> dict:
         "queue_depth_at_last_launch": int((q.gpu_done_us > q.call_return_us.iloc[-1]).sum()),
         "add_tbs": s["bytes_per_add"] / (float(gpu_each.median()) * 1e-6) / 1e12,
     }
+
+
+def headline(run: runs.Run) -> dict:
+    q = queue_summary(run)
+    t = run.table("add_times").set_index("implementation").ms_median * 1e3
+    return {"launch call µs": q["launch_call_us"], "torch add µs": float(t.iloc[0]), "Triton add µs": float(t.iloc[1])}
+
+
+def add_table(run: runs.Run) -> pd.DataFrame:
+    """Each implementation's kernel time on the GPU (profiler) beside its time per call
+    from Python (CUDA events around the call, which include getting the launch out)."""
+    k = add_kernels(run)
+    t = run.table("add_times").set_index("implementation")
+    rows = []
+    for impl, sub in k.groupby("implementation", sort=False):
+        kernel_us = sub.dur_ns.sum() / 1e3
+        rows.append({"implementation": impl, "kernel µs (profiler)": kernel_us,
+                     "per call µs (CUDA events)": t.loc[impl, "ms_median"] * 1e3,
+                     "GB/s during the kernel": t.loc[impl, "bytes"] / (kernel_us * 1e-6) / 1e9})
+    return pd.DataFrame(rows)

@@ -215,6 +215,7 @@ class Ridge:
     measured_batch: float    # the batch where the two lines cross
     datasheet_batch: float | None
     ceilings_batch: float    # measured GEMM rate / measured copy rate
+    flat_until: int          # largest batch whose matmul time is within 25% of the floor
 
 
 def ridge(run: runs.Run) -> Ridge:
@@ -231,9 +232,10 @@ def ridge(run: runs.Run) -> Ridge:
     per_seq = float(big["matmul ms"] / big.batch)
     sheet = hardware.datasheet_or_none(run.provenance["gpu"])
     c = ceilings(run)
+    flat = s[s["matmul ms"] <= 1.25 * floor].batch
     return Ridge(floor_ms=floor, ms_per_sequence=per_seq, measured_batch=floor / per_seq,
                  datasheet_batch=sheet.ridge_flop_per_byte if sheet else None,
-                 ceilings_batch=c.gemm_tflops / c.copy_tbs)
+                 ceilings_batch=c.gemm_tflops / c.copy_tbs, flat_until=int(flat.max()))
 
 
 def bound_at(run: runs.Run, batch: int) -> str:
@@ -258,3 +260,8 @@ def explorer(run: runs.Run):
     out = widgets.HTML(show(s.index[0]))
     slider.observe(lambda ch: setattr(out, "value", show(ch["new"])), names="value")
     return widgets.VBox([slider, out])
+
+
+def headline(run: runs.Run) -> dict:
+    c, r = ceilings(run), ridge(run)
+    return {"copy TB/s": c.copy_tbs, "GEMM TFLOP/s": c.gemm_tflops, "ridge batch": r.measured_batch}
