@@ -157,6 +157,11 @@ def main(names: list[str], params: dict, allow_cpu: bool = False, build_book: bo
                        root)
         if html is not None:
             _swap_book(html)
+        # Keep the repository small: the new runs and the ones they replaced (the drift
+        # report's two sides); older runs live on in git history and runs/history.csv.
+        for slug in recorded:
+            old = baseline.get(slug)
+            runs.prune(slug, {recorded[slug]} | ({old.run_id} if old else set()), root)
     except (NightlyFailure, KeyboardInterrupt, Exception) as e:
         reason = str(e) if isinstance(e, NightlyFailure) else f"{type(e).__name__}: {e}".strip(": ")
         if isinstance(e, KeyboardInterrupt):

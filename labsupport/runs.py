@@ -242,3 +242,14 @@ def list_runs(chapter: str, root: Path | None = None) -> list[str]:
         return []
     return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")
                   and (p / "meta.json").is_file())
+
+
+def prune(chapter: str, keep: set[str], root: Path | None = None) -> list[str]:
+    """Delete the complete runs of `chapter` not in `keep` (never the published one); their
+    headline numbers stay in runs/history.csv. Returns the ids removed."""
+    root = root or runs_root()
+    keep = set(keep) | {published(root).get(chapter)}
+    removed = [r for r in list_runs(chapter, root) if r not in keep]
+    for r in removed:
+        shutil.rmtree(root / chapter / r)
+    return removed

@@ -1,0 +1,78 @@
+"""The book's status page: what is published, where it came from, and how the headline
+numbers moved from run to run."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from . import chapters, history, plots, runs
+
+
+def published_table() -> pd.DataFrame:
+    """One row per chapter: its published run and that run's provenance."""
+    h = history.read()
+    secs = h[h.metric == "notebook seconds"].drop_duplicates(["chapter", "run_id"], keep="last")
+    secs = secs.set_index(["chapter", "run_id"]).value
+    rows = []
+    for ch in chapters.CHAPTERS:
+        try:
+            run = runs.load_run(ch.slug)
+        except runs.RunError as e:
+            rows.append({"chapter": ch.slug, "run": f"none ({e})"})
+            continue
+        p = run.provenance
+        rows.append({"chapter": ch.slug, "run": run.run_id, "recorded (UTC)": p["utc_time"].replace("T", " "),
+                     "GPU": p["gpu"], "driver": p["driver"], "CUDA": p["cuda"], "torch": p["torch"],
+                     "transformers": p["transformers"], "git commit": p["git_commit"][:12],
+                     "notebook s": secs.get((ch.slug, run.run_id), float("nan"))})
+    return pd.DataFrame(rows)
+
+
+def history_figure(label: str):
+    """Each chapter's headline numbers across the published runs (one panel per number)."""
+    h = history.read()
+    h = h[h.metric != "notebook seconds"]
+    order = list(dict.fromkeys(h.published_as))
+    series = list(h.groupby(["chapter", "metric"], sort=False))
+    cols = 4
+    rows = -(-len(series) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(12, 2.2 * rows), squeeze=False)
+    for ax, ((chapter, metric), g) in zip(axes.flat, series):
+        x = [order.index(p) for p in g.published_as]
+        ax.plot(x, g.value, "o-", color=plots.OURS, ms=4)
+        ax.set_title(f"{chapter}\n{metric}", fontsize=8.5)
+        ax.set_xticks(range(len(order)), [str(i + 1) for i in range(len(order))], fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+        lo, hi = g.value.min(), g.value.max()
+        pad = (hi - lo) * 0.5 or abs(hi) * 0.05 or 1
+        ax.set_ylim(lo - pad, hi + pad)
+    for ax in list(axes.flat)[len(series):]:
+        ax.set_visible(False)
+    fig.supxlabel("publication (1 = oldest in runs/history.csv)", fontsize=8)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    plots.footer(fig, label)
+    return fig
+
+
+def publications() -> pd.DataFrame:
+    """The publications the history holds, numbered as on the figure's axis."""
+    h = history.read()
+    first = h.drop_duplicates("published_as")
+    return pd.DataFrame({"#": range(1, len(first) + 1), "published as": first.published_as.values,
+                         "GPU": first.gpu.values, "chapters": h.groupby("published_as", sort=False).chapter.nunique().values})
+
+
+def latest_drift() -> str:
+    """The most recent drift report (markdown), or a sentence saying there is none."""
+    d = runs.runs_root() / "nightly"
+    reports = sorted(d.glob("*-drift.md")) if d.is_dir() else []
+    if not reports:
+        return "No nightly drift report has been recorded yet."
+    text = reports[-1].read_text()
+    return text.replace("\n# ", "\n### ").replace("\n## ", "\n#### ").lstrip("# ").split("\n", 1)[1]
+
+
+def latest_drift_name() -> str:
+    d = runs.runs_root() / "nightly"
+    reports = sorted(d.glob("*-drift.md")) if d.is_dir() else []
+    return reports[-1].stem.removesuffix("-drift") if reports else "none"
