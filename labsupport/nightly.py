@@ -60,15 +60,24 @@ def _run_notebook(ch: chapters.Chapter, run_id: str, params: dict, out_dir: Path
     return time.perf_counter() - t
 
 
-def _staging_root(out_dir: Path, new_runs: dict[str, str]) -> Path:
-    """A runs folder that shows the new runs as published, without touching the real one."""
+def _staging_root(out_dir: Path, new_runs: dict[str, str], new_history: list[dict]) -> Path:
+    """A runs folder that looks as runs/ will after promotion (new runs published, this
+    night's history and drift report added), without touching the real one."""
     root = runs.runs_root()
     stage = out_dir / "staging-runs"
     stage.mkdir()
     for d in root.iterdir():
-        if d.is_dir() and not d.name.startswith("."):
+        if d.is_dir() and not d.name.startswith(".") and d.name != "nightly":
             (stage / d.name).symlink_to(d.resolve(), target_is_directory=True)
     (stage / runs.MANIFEST).write_text(json.dumps({**runs.published(root), **new_runs}, indent=2))
+    if (root / "history.csv").is_file():
+        shutil.copy(root / "history.csv", stage / "history.csv")
+    history.append(new_history, stage)
+    (stage / "nightly").mkdir()
+    for f in list((root / "nightly").glob("*")) if (root / "nightly").is_dir() else []:
+        shutil.copy(f, stage / "nightly" / f.name)
+    for f in ("drift.md", "drift.json"):
+        shutil.copy(out_dir / f, stage / "nightly" / f"{out_dir.name}-{f}")
     return stage
 
 
@@ -141,20 +150,20 @@ def main(names: list[str], params: dict, allow_cpu: bool = False, build_book: bo
         n_moved = sum(len(d.moved) for d in drifts)
         print(f"drift: {n_struct} structural changes, {n_moved} headline numbers moved beyond "
               f"{timing_threshold:.0%} ({out_dir / 'drift.md'})", flush=True)
+        new_history = [row for slug, run in new.items()
+                       for row in history.rows_for(f"nightly {run_id}", chapters.by_slug(slug), run, seconds[slug])]
         # 5. The book, from the new runs, staged.
         html = None
         if build_book:
             print("building the book from the new runs", flush=True)
-            html = _build_book(out_dir, _staging_root(out_dir, recorded))
+            html = _build_book(out_dir, _staging_root(out_dir, recorded, new_history))
         # 6. Promote everything at once, then record the night.
         nightly_dir = root / "nightly"
         nightly_dir.mkdir(exist_ok=True)
         shutil.copy(out_dir / "drift.md", nightly_dir / f"{run_id}-drift.md")
         shutil.copy(out_dir / "drift.json", nightly_dir / f"{run_id}-drift.json")
         runs.publish_many(recorded, root)
-        history.append([row for slug, run in new.items()
-                        for row in history.rows_for(f"nightly {run_id}", chapters.by_slug(slug), run, seconds[slug])],
-                       root)
+        history.append(new_history, root)
         if html is not None:
             _swap_book(html)
         # Keep the repository small: the new runs and the ones they replaced (the drift

@@ -34,6 +34,11 @@ def history_figure(label: str):
     h = h[h.metric != "notebook seconds"]
     order = list(dict.fromkeys(h.published_as))
     series = list(h.groupby(["chapter", "metric"], sort=False))
+    if not series:
+        fig, ax = plt.subplots(figsize=(6, 1.2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "No published runs are in runs/history.csv yet.", ha="center", va="center")
+        return fig
     cols = 4
     rows = -(-len(series) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(12, 2.2 * rows), squeeze=False)

@@ -106,7 +106,7 @@ def _shot_name(page: str) -> str:
 
 
 def _is_chapter(page: str) -> bool:
-    return page.startswith("notebooks/")
+    return page in {_page_name(c.notebook) for c in chapters.CHAPTERS}
 
 
 def _chapter_of(page: str) -> chapters.Chapter:

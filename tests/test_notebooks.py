@@ -46,7 +46,7 @@ def live_env(runs_root, monkeypatch):
     return {**os.environ, "LABSUPPORT_RUNS": str(runs_root), "PYTHONPATH": str(REPO)}
 
 
-TINY_ARGS = ["--allow-cpu", "--param", 'preset="tiny"', "--param", "prompt_len=16",
+TINY_ARGS = ["kernels-in-one-token", "--allow-cpu", "--param", 'preset="tiny"', "--param", "prompt_len=16",
              "--param", "contexts=[8, 32]", "--param", "repeats=2"]
 
 
