@@ -29,3 +29,29 @@ def glue_text(name: str, text: str) -> None:
     from IPython.display import Markdown
 
     glue(name, Markdown(text))
+
+
+def run_file_link(run, name: str, text: str | None = None):
+    """A download link, from a chapter page, to a file of the run it shows.
+
+    The book serves runs/ at its root (html_extra_path in _config.yml), so chapter pages
+    (under notebooks/) reach a run's files at ../runs/<chapter>/<run id>/<file>.
+    """
+    from IPython.display import HTML
+
+    run.file(name)  # a clear error if the run has no such file
+    href = f"../runs/{run.chapter}/{run.run_id}/{name}"
+    return HTML(f'<p><a href="{href}" download>{text or name}</a></p>')
+
+
+def trace_download(run, name: str):
+    """The download link for a raw profiler trace, with how to open it."""
+    from IPython.display import HTML
+
+    run.file(name)
+    href = f"../runs/{run.chapter}/{run.run_id}/{name}"
+    size = run.file(name).stat().st_size / 1e6
+    return HTML(f'<p class="trace-download">Raw profiler trace behind this figure: '
+                f'<a href="{href}" download><code>{name}</code></a> ({size:.1f} MB, run {run.run_id}). '
+                f'Open it in <a href="https://ui.perfetto.dev">Perfetto</a> (Open trace file) or in Chrome at '
+                f'<code>chrome://tracing</code> (Load); both read the compressed file as it is.</p>')

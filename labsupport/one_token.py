@@ -270,7 +270,7 @@ def layer_kernels(run: runs.Run, layer: int) -> pd.DataFrame:
         "start µs": ((k.start_ns - t0) / 1e3).round(2),
         "module": k.module.str.replace(rf"^layers\.{layer}\.?", "", regex=True).replace("", "(layer)"),
         "operator": k.op,
-        "kernel": k.short_name,
+        "kernel": k.name.map(lambda n: kernels.short_name(n, width=48)),
         "kind": k.kind,
         "µs": (k.dur_ns / 1e3).round(2),
     }).reset_index(drop=True)
@@ -289,7 +289,7 @@ def context_sweep(run: runs.Run) -> pd.DataFrame:
 def attention_kernel_names(run: runs.Run) -> list[str]:
     """Distinct (short) names of the attention kernels in the profiled step."""
     k = kernel_table(run)
-    return sorted(set(k.loc[k.kind == "attention", "name"].map(lambda n: kernels.short_name(n, width=200))))
+    return sorted(set(k.loc[k.kind == "attention", "name"].map(lambda n: kernels.short_name(n, width=44))))
 
 
 def kernel_names(run: runs.Run) -> list[str]:
@@ -305,3 +305,14 @@ def middle_layer(run: runs.Run) -> int:
 def headline(run: runs.Run) -> dict:
     s = summary(run)
     return {"kernels": s.kernels, "GPU busy ms": s.gpu_busy_ms, "wall ms": s.wall_ms, "matmul TB/s": s.matmul_tbs}
+
+
+def layer_parts(run: runs.Run, layer: int) -> pd.DataFrame:
+    """Kernels and GPU time of each part (norms, projections, attention, MLP) of one layer,
+    in the order the parts run."""
+    k = kernel_table(run)
+    k = k[k.layer == layer]
+    part = k.module.str.replace(rf"^layers\.{layer}\.?", "", regex=True).replace("", "(residual add)")
+    g = k.assign(part=part).groupby("part", sort=False).agg(kernels=("dur_ns", "size"), gpu_us=("dur_ns", "sum"))
+    g["gpu_us"] = g.gpu_us / 1e3
+    return g.rename(columns={"gpu_us": "GPU µs"})

@@ -31,7 +31,7 @@ plt.rcParams.update({
 
 def footer(fig, label: str) -> None:
     """Stamp the run's provenance under the figure."""
-    fig.text(0.01, 0.005, f"Measured: {label}", fontsize=7.5, color="#555", ha="left", va="bottom")
+    fig.text(0.01, 0.005, f"Measured: {label}", fontsize=8.5, color="#444", ha="left", va="bottom")
 
 
 def _finish(fig, label: str):
@@ -105,13 +105,17 @@ def attention_share(sweep: pd.DataFrame, label: str):
     return _finish(fig, label)
 
 
-def per_layer_bars(table: pd.DataFrame, label: str):
-    """Kernels per decoder layer: the same count in every layer."""
-    fig, ax = plt.subplots(figsize=(10, 2.8))
-    ax.bar(table.index.astype(int), table["all kernels"], color=OURS)
-    ax.set_xlabel("decoder layer")
-    ax.set_ylabel("kernels")
-    ax.set_title("Kernels launched by each decoder layer")
+def layer_parts(table: pd.DataFrame, label: str):
+    """Kernels (bars) and GPU time (labels) of each part of one decoder layer, in order."""
+    fig, ax = plt.subplots(figsize=(9, 0.36 * len(table) + 1.4))
+    ax.barh(list(table.index), table.kernels, color=OURS)
+    for i, (n, us) in enumerate(zip(table.kernels, table["GPU µs"])):
+        ax.text(n, i, f" {n} kernels, {us:.1f} µs", va="center", fontsize=8.5)
+    ax.invert_yaxis()
+    ax.set_xlabel("kernels")
+    ax.set_xlim(0, table.kernels.max() * 1.6)
+    ax.set_title("One decoder layer: kernels launched by each part")
+    ax.grid(axis="y", visible=False)
     return _finish(fig, label)
 
 

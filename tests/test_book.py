@@ -19,3 +19,16 @@ def test_book_shows_the_recorded_numbers(built_book, published):
     assert not [c for c in cells if c in ("nan", "None", "NaN", "<NA>")]
     assert "{glue" not in text and "glue:" not in text
     assert (built_book / "book" / "methodology.html").is_file()
+
+
+def test_timeline_traces_are_downloadable(built_book):
+    """Each chapter with a timeline figure links to the raw trace behind it, served with the book."""
+    pages = {"kernels_in_one_token": "trace.json.gz", "what_a_kernel": "burst_trace.json.gz",
+             "launch_overhead": "trace-eager.json.gz"}
+    for page, name in pages.items():
+        html = (built_book / "notebooks" / f"{page}.html").read_text()
+        links = re.findall(r'href="(\.\./runs/[^"]+)"', html)
+        assert any(link.endswith("/" + name) for link in links), page
+        for link in links:
+            assert (built_book / "notebooks" / link).resolve().is_file(), link
+        assert "Perfetto" in html and "chrome://tracing" in html
