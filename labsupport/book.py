@@ -50,8 +50,9 @@ def trace_download(run, name: str):
 
     run.file(name)
     href = f"../runs/{run.chapter}/{run.run_id}/{name}"
-    size = run.file(name).stat().st_size / 1e6
+    size = run.file(name).stat().st_size
+    size = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
     return HTML(f'<p class="trace-download">Raw profiler trace behind this figure: '
-                f'<a href="{href}" download><code>{name}</code></a> ({size:.1f} MB, run {run.run_id}). '
+                f'<a href="{href}" download><code>{name}</code></a> ({size}, run {run.run_id}). '
                 f'Open it in <a href="https://ui.perfetto.dev">Perfetto</a> (Open trace file) or in Chrome at '
                 f'<code>chrome://tracing</code> (Load); both read the compressed file as it is.</p>')

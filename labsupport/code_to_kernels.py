@@ -135,23 +135,27 @@ def mlp_kernels(run: runs.Run) -> pd.DataFrame:
 
 
 def rmsnorm_kernels(run: runs.Run, variant: str = "transformers (as written)") -> pd.DataFrame:
+    """The kernels of one RMSNorm variant, in order, with the step of the math each does."""
     k = run.table("rmsnorm_kernels")
     k = k[k.variant == variant]
-    return pd.DataFrame({"operator": k.op, "kernel": k.name.map(kernels.short_name),
-                         "kind": k.kind, "µs": (k.dur_ns / 1e3).round(2)}).reset_index(drop=True)
+    out = pd.DataFrame({"operator": k.op, "kernel": k.name.map(lambda n: kernels.short_name(n, 46)),
+                        "kind": k.kind, "µs": (k.dur_ns / 1e3).round(2)}).reset_index(drop=True)
+    if list(out.operator) == [op for op, _ in RMSNORM_AS_WRITTEN]:
+        out["step"] = [step for _, step in RMSNORM_AS_WRITTEN]
+    return out
 
 
-# What each operator of transformers' RMSNorm computes (its source, in order).
-RMSNORM_STEPS = {
-    "aten::to": "convert (bf16 → float32, and back at the end)",
-    "aten::_to_copy": "convert (bf16 → float32, and back at the end)",
-    "aten::copy_": "convert (bf16 → float32, and back at the end)",
-    "aten::pow": "square",
-    "aten::mean": "mean",
-    "aten::add": "add epsilon",
-    "aten::rsqrt": "reciprocal square root",
-    "aten::mul": "multiply (by the scale, then by the weight)",
-}
+# transformers' Qwen3RMSNorm.forward, operator by operator, and what each step computes.
+RMSNORM_AS_WRITTEN = [
+    ("aten::copy_", "convert BF16 → float32"),
+    ("aten::pow", "square"),
+    ("aten::mean", "mean"),
+    ("aten::add", "add epsilon"),
+    ("aten::rsqrt", "reciprocal square root"),
+    ("aten::mul", "multiply by it"),
+    ("aten::copy_", "convert float32 → BF16"),
+    ("aten::mul", "multiply by the weight"),
+]
 
 
 def op_to_kernels(decode_run: runs.Run, layer: int) -> pd.DataFrame:

@@ -141,13 +141,17 @@ def fused_kernel_excerpt(run: runs.Run, lines: int = 40) -> str:
 
 def fusion_kernels(run: runs.Run) -> pd.DataFrame:
     k = run.table("fusion_kernels")
-    return pd.DataFrame({"variant": k.variant, "operator": k.op, "kernel": k.name.map(kernels.short_name),
+    return pd.DataFrame({"variant": k.variant, "kernel": k.name.map(lambda n: kernels.short_name(n, 46)),
                          "source": k.name.map(kernels.source), "kind": k.kind, "µs": (k.dur_ns / 1e3).round(2)})
 
 
 def attention_backends(run: runs.Run) -> pd.DataFrame:
     a = run.table("attention_backends")
-    a["kernel"] = a.kernel_names.fillna("").map(lambda s: "; ".join(kernels.short_name(n, 50) for n in s.split(";") if n))
+    def names(s):
+        found = [kernels.short_name(n, 40) for n in s.split(";") if n]
+        return "; ".join(found) if len(found) <= 2 else f"{found[0]}; {found[1]}; … ({len(found)} distinct)"
+
+    a["kernel"] = a.kernel_names.fillna("").map(names)
     a["source"] = a.kernel_names.fillna("").map(lambda s: "; ".join(dict.fromkeys(kernels.source(n) for n in s.split(";") if n)))
     return a
 

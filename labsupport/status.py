@@ -21,10 +21,10 @@ def published_table() -> pd.DataFrame:
             rows.append({"chapter": ch.slug, "run": f"none ({e})"})
             continue
         p = run.provenance
-        rows.append({"chapter": ch.slug, "run": run.run_id, "recorded (UTC)": p["utc_time"].replace("T", " "),
-                     "GPU": p["gpu"], "driver": p["driver"], "CUDA": p["cuda"], "torch": p["torch"],
-                     "transformers": p["transformers"], "git commit": p["git_commit"][:12],
-                     "notebook s": secs.get((ch.slug, run.run_id), float("nan"))})
+        rows.append({"chapter": ch.slug, "run": run.run_id, "GPU": p["gpu"].replace("NVIDIA ", ""),
+                     "software": f"torch {p['torch']}, transformers {p['transformers']}, CUDA {p['cuda']}, "
+                                 f"driver {p['driver']}",
+                     "commit": p["git_commit"][:10], "notebook s": secs.get((ch.slug, run.run_id), float("nan"))})
     return pd.DataFrame(rows)
 
 
@@ -49,7 +49,7 @@ def history_figure(label: str):
         ax.set_xticks(range(len(order)), [str(i + 1) for i in range(len(order))], fontsize=7)
         ax.tick_params(axis="y", labelsize=7)
         lo, hi = g.value.min(), g.value.max()
-        pad = (hi - lo) * 0.5 or abs(hi) * 0.05 or 1
+        pad = max((hi - lo) * 0.5, abs(hi) * 0.15) or 1  # noise should look like noise
         ax.set_ylim(lo - pad, hi + pad)
     for ax in list(axes.flat)[len(series):]:
         ax.set_visible(False)

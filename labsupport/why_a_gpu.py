@@ -137,9 +137,6 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
         progress("measuring copy bandwidth and BF16 GEMM rate")
         ceil = hardware.measure_ceilings()
         w.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
-        cfg = models.preset_config(params.preset)
-        progress("one weight matrix times one vector, on the CPU and on the GPU")
-        w.write_table("matvec", measure_matvec(cfg["intermediate_size"], cfg["hidden_size"], params.matvec_repeats))
         progress(f"building {params.preset} with random BF16 weights")
         model = models.build_model(params.preset, device="cuda")
         counts = models.count_model(model, params.preset)
@@ -164,6 +161,11 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
         w.write_table("batch_sweep", pd.DataFrame(rows))
         del model
         torch.cuda.empty_cache()
+        # Last: the CPU product wakes a pool of CPU threads, which would then compete with
+        # the Python thread that launches the decode steps' kernels and slow them down.
+        cfg = models.preset_config(params.preset)
+        progress("one weight matrix times one vector, on the CPU and on the GPU")
+        w.write_table("matvec", measure_matvec(cfg["intermediate_size"], cfg["hidden_size"], params.matvec_repeats))
     return runs.load_run(CHAPTER, run_id)
 
 
