@@ -14,7 +14,7 @@ WHEELHOUSE ?= wheelhouse
 
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: book test live venv wheelhouse clean
+.PHONY: book test live nightly venv wheelhouse clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(BOOTSTRAP) -m venv $(VENV)
@@ -34,6 +34,11 @@ test: $(VENV)/.installed
 
 live:
 	$(PYTHON) -m labsupport live $(CHAPTERS)
+
+# Every chapter live, validated, compared with the published runs, promoted, book rebuilt.
+# NIGHTLY_FLAGS=--no-book on a box without jupyter-book.
+nightly:
+	$(PYTHON) -m labsupport nightly $(CHAPTERS) $(NIGHTLY_FLAGS)
 
 wheelhouse:
 	$(BOOTSTRAP) -m pip download --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementation cp \
