@@ -3,7 +3,7 @@ shapes, profiled line by line, and RMSNorm as one fused kernel."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -68,15 +68,10 @@ def _rmsnorm_variants(hidden: int, eps: float):
 def record(params: Params | None = None, run_id: str | None = None, progress=_progress) -> runs.Run:
     import torch
 
-    from . import decode, provenance
-
     params = params or Params()
     cfg = models.preset_config(params.preset)
-    decode.require_device(params.device)
-    prov = provenance.collect()
-    run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
     hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    with runs.RunWriter(CHAPTER, asdict(params), run_id, meta={"provenance": prov}) as w, torch.inference_mode():
+    with runs.live_writer(CHAPTER, params, run_id) as w, torch.inference_mode():
         x = torch.randn(params.tokens, hidden, device="cuda", dtype=torch.bfloat16)
         w_gate = torch.randn(inter, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
         w_up = torch.randn(inter, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
@@ -106,7 +101,7 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
         kt["kind"] = kt.name.map(kernels.classify)
         w.write_table("rmsnorm_kernels", kt)
         w.write_table("rmsnorm_times", pd.DataFrame(times))
-    return runs.load_run(CHAPTER, run_id)
+    return runs.load_run(CHAPTER, w.run_id)
 
 
 def load(run_id: str | None = None) -> runs.Run:

@@ -3,7 +3,7 @@ from, a fusion made by torch.compile, and the attention backends side by side.""
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -94,14 +94,9 @@ def _attention(heads: int, kv_heads: int, head_dim: int, ctx: int, tmp) -> list[
 
 
 def record(params: Params | None = None, run_id: str | None = None, progress=_progress) -> runs.Run:
-    from . import decode, provenance
-
     params = params or Params()
     cfg = models.preset_config(params.preset)
-    decode.require_device(params.device)
-    prov = provenance.collect()
-    run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
-    with runs.RunWriter(CHAPTER, asdict(params), run_id, meta={"provenance": prov}) as w:
+    with runs.live_writer(CHAPTER, params, run_id) as w:
         tmp = w.path / ".t.json.gz"
         progress("torch.compile fuses RMSNorm")
         k, times, code, err = _fusion(cfg["hidden_size"], cfg["rms_norm_eps"], tmp, progress)
@@ -116,7 +111,7 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
             rows += _attention(cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], ctx, tmp)
         w.write_table("attention_backends", pd.DataFrame(rows))
         tmp.unlink(missing_ok=True)
-    return runs.load_run(CHAPTER, run_id)
+    return runs.load_run(CHAPTER, w.run_id)
 
 
 def load(run_id: str | None = None) -> runs.Run:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from . import hardware, kernels, models, runs, trace
+from . import hardware, models, runs, trace
 
 CHAPTER = "launch-overhead"
 VARIANTS = {
@@ -200,14 +200,10 @@ def _time(step, repeats: int) -> tuple[list[float], list[float]]:
 def record(params: Params | None = None, run_id: str | None = None, progress=_progress) -> runs.Run:
     import torch
 
-    from . import decode, provenance
+    from . import decode
 
     params = params or Params()
-    models.preset_config(params.preset)
-    decode.require_device(params.device)
-    prov = provenance.collect()
-    run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
-    with runs.RunWriter(CHAPTER, asdict(params), run_id, meta={"provenance": prov}) as w:
+    with runs.live_writer(CHAPTER, params, run_id) as w:
         progress("measuring copy bandwidth and BF16 GEMM rate")
         w.write_table("ceilings", pd.DataFrame([hardware.measure_ceilings().as_row()]))
         model = models.build_model(params.preset, device="cuda")
@@ -257,7 +253,7 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
         w.write_table("step_times", pd.DataFrame(times))
         del model, static
         torch.cuda.empty_cache()
-    return runs.load_run(CHAPTER, run_id)
+    return runs.load_run(CHAPTER, w.run_id)
 
 
 def load(run_id: str | None = None) -> runs.Run:

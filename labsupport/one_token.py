@@ -7,7 +7,6 @@ Replay: every table and number of the chapter is computed from the run here.
 """
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -55,14 +54,11 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
     """Measure this GPU now and write a new run (not published). Returns the run."""
     import torch
 
-    from . import decode, models, provenance
+    from . import decode, models
 
     params = params or Params()
-    models.preset_config(params.preset)  # unknown preset: clear error before any work
-    device = decode.require_device(params.device, allow_cpu=allow_cpu and params.preset == "tiny")
-    prov = provenance.collect()
-    run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
-    with runs.RunWriter(CHAPTER, asdict(params), run_id, meta={"provenance": prov}) as w:
+    device = params.device
+    with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
         if device == "cuda":
             progress("measuring copy bandwidth and BF16 GEMM rate")
             ceil = hardware.measure_ceilings()
@@ -117,7 +113,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
         w.write_table("context_sweep", pd.DataFrame(rows))
         w.write_table("context_census", pd.DataFrame(census_rows))
         del model
-    return runs.load_run(CHAPTER, run_id)
+    return runs.load_run(CHAPTER, w.run_id)
 
 
 def load(run_id: str | None = None) -> runs.Run:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from bisect import bisect_right
 from decimal import Decimal
 from pathlib import Path
 

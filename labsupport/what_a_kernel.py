@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -103,13 +103,10 @@ def measure_sync(repeats: int) -> pd.DataFrame:
 def record(params: Params | None = None, run_id: str | None = None, progress=_progress) -> runs.Run:
     import torch
 
-    from . import decode, provenance, triton_kernels
+    from . import triton_kernels
 
     params = params or Params()
-    decode.require_device(params.device)
-    prov = provenance.collect()
-    run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
-    with runs.RunWriter(CHAPTER, asdict(params), run_id, meta={"provenance": prov}) as w:
+    with runs.live_writer(CHAPTER, params, run_id) as w:
         a = torch.randn(params.n, device="cuda")
         b = torch.randn(params.n, device="cuda")
         ours = triton_kernels.add(a, b, block=params.block, num_warps=params.num_warps)
@@ -143,7 +140,7 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
                               w.path / BURST_TRACE, origin="burst")
         progress("what a synchronisation costs")
         w.write_table("sync", measure_sync(params.repeats))
-    return runs.load_run(CHAPTER, run_id)
+    return runs.load_run(CHAPTER, w.run_id)
 
 
 def load(run_id: str | None = None) -> runs.Run:

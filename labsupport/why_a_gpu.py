@@ -126,14 +126,8 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
     """Measure this GPU now and write a new run (not published)."""
     import torch
 
-    from . import decode, provenance
-
     params = params or Params()
-    models.preset_config(params.preset)
-    decode.require_device(params.device)
-    prov = provenance.collect()
-    run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
-    with runs.RunWriter(CHAPTER, asdict(params), run_id, meta={"provenance": prov}) as w:
+    with runs.live_writer(CHAPTER, params, run_id) as w:
         progress("measuring copy bandwidth and BF16 GEMM rate")
         ceil = hardware.measure_ceilings()
         w.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
@@ -166,7 +160,7 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
         cfg = models.preset_config(params.preset)
         progress("one weight matrix times one vector, on the CPU and on the GPU")
         w.write_table("matvec", measure_matvec(cfg["intermediate_size"], cfg["hidden_size"], params.matvec_repeats))
-    return runs.load_run(CHAPTER, run_id)
+    return runs.load_run(CHAPTER, w.run_id)
 
 
 def load(run_id: str | None = None) -> runs.Run:

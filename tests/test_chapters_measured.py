@@ -2,11 +2,10 @@
 import math
 import re
 
-import pandas as pd
 import pytest
 
 from labsupport import (code_to_kernels, hardware, kernel_sources, kernels, launch_overhead, one_token, runs,
-                        status, trace, what_a_kernel, why_a_gpu)
+                        status, what_a_kernel, why_a_gpu)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
-from labsupport import decode, kernels, one_token, runs, trace
+from labsupport import decode, one_token
 
 from .conftest import tree_bytes
 
