@@ -197,3 +197,13 @@ def test_status_page_data():
     assert "No structural change" in status.latest_drift()
     fig = status.history_figure("test")
     assert len([a for a in fig.axes if a.get_visible()]) >= 6
+
+
+def test_batch_explorer_widget_replays_the_sweep(run_of):
+    run = run_of(why_a_gpu)
+    box = why_a_gpu.explorer(run)
+    slider, out = box.children
+    assert list(slider.options) == list(why_a_gpu.sweep(run).batch)
+    assert "batch 1</b>" in out.value and "memory-bound" in out.value
+    slider.value = slider.options[-1]
+    assert f"batch {slider.options[-1]}</b>" in out.value and "compute-bound" in out.value
