@@ -29,7 +29,7 @@ def require_device(device: str, allow_cpu: bool = False) -> str:
     if device == "cpu" and allow_cpu:
         return device
     raise NoGPUError(f"live mode measures a GPU; device {device!r} is only allowed for tests "
-                     "(allow_cpu=True with the 'tiny' preset)")
+                     "(allow_cpu=True with a 'tiny' preset)")
 
 
 def sync(device: str) -> None:

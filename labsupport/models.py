@@ -45,7 +45,51 @@ TINY = dict(
     attention_bias=False,
 )
 
-PRESETS = {"qwen3-8b": QWEN3_8B, "tiny": TINY}
+def _every_fourth_full(layers: int) -> list[str]:
+    return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+
+
+# The 27B hybrid class (Qwen3.5-27B): 48 Gated DeltaNet (linear attention) layers and 16
+# full-attention layers, every fourth (transformers' Qwen3_5TextConfig).
+QWEN3_5_27B = dict(
+    model_type="qwen3_5_text",
+    vocab_size=248_320,
+    hidden_size=5120,
+    intermediate_size=17_408,
+    num_hidden_layers=64,
+    layer_types=_every_fourth_full(64),
+    num_attention_heads=24,
+    num_key_value_heads=4,
+    head_dim=256,
+    partial_rotary_factor=0.25,
+    rope_theta=10_000_000.0,
+    linear_num_key_heads=16,
+    linear_num_value_heads=48,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    tie_word_embeddings=False,
+)
+
+# The same hybrid architecture at toy size, for tests on a CPU.
+TINY_HYBRID = dict(
+    QWEN3_5_27B,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    layer_types=_every_fourth_full(4),
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    max_position_embeddings=4096,
+)
+
+PRESETS = {"qwen3-8b": QWEN3_8B, "tiny": TINY, "qwen3.5-27b": QWEN3_5_27B, "tiny-hybrid": TINY_HYBRID}
 
 
 class UnknownPresetError(ValueError):
@@ -67,13 +111,16 @@ def hf_config(name: str):
 
     cfg = preset_config(name)
     model_type = cfg.pop("model_type")
-    rope_theta = cfg.pop("rope_theta")
+    rope = {"rope_theta": cfg.pop("rope_theta")}
+    if "partial_rotary_factor" in cfg:
+        rope["partial_rotary_factor"] = cfg.pop("partial_rotary_factor")
     config = AutoConfig.for_model(model_type, **cfg)
-    # transformers 5 keeps rope settings in `rope_parameters`; older releases in `rope_theta`.
+    # transformers 5 keeps rope settings in `rope_parameters`; older releases as attributes.
     if hasattr(config, "rope_parameters") and isinstance(config.rope_parameters, dict):
-        config.rope_parameters["rope_theta"] = rope_theta
+        config.rope_parameters.update(rope)
     else:
-        config.rope_theta = rope_theta
+        for key, value in rope.items():
+            setattr(config, key, value)
     return config
 
 

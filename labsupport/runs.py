@@ -265,7 +265,7 @@ def live_writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool
 
     if getattr(params, "preset", None):
         models.preset_config(params.preset)
-    decode.require_device(params.device, allow_cpu=allow_cpu and getattr(params, "preset", "") == "tiny")
+    decode.require_device(params.device, allow_cpu=allow_cpu and getattr(params, "preset", "").startswith("tiny"))
     prov = provenance.collect()
     run_id = run_id or new_run_id(prov["gpu"].replace("NVIDIA", ""))
     return RunWriter(chapter, asdict(params), run_id, meta={"provenance": prov})
