@@ -29,7 +29,7 @@ QWEN3_8B = dict(
 
 # Same architecture at toy size: used by the tests to run the live path on a CPU.
 TINY = dict(
-    model_type="qwen3",
+    QWEN3_8B,
     vocab_size=512,
     hidden_size=64,
     intermediate_size=128,
@@ -37,13 +37,9 @@ TINY = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=16,
-    hidden_act="silu",
     max_position_embeddings=4096,
-    rms_norm_eps=1e-6,
-    rope_theta=1_000_000.0,
-    tie_word_embeddings=False,
-    attention_bias=False,
 )
+
 
 def _every_fourth_full(layers: int) -> list[str]:
     return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]

@@ -288,11 +288,6 @@ def attention_kernel_names(run: runs.Run) -> list[str]:
     return sorted(set(k.loc[k.kind == "attention", "name"].map(lambda n: kernels.short_name(n, width=44))))
 
 
-def kernel_names(run: runs.Run) -> list[str]:
-    """Distinct kernel names of the run (for classification tests)."""
-    return sorted(set(kernel_table(run)["name"]))
-
-
 def middle_layer(run: runs.Run) -> int:
     return int(run.results["model"]["layers"]) // 2
 

@@ -8,13 +8,6 @@ import pandas as pd
 from . import trace
 
 
-def sync(device: str) -> None:
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def record_trace(fn, path: Path, device: str = "cuda", warmup: int = 2, origin: str = "region") -> None:
     """Run fn() `warmup` times, then once under torch.profiler, inside an annotation named
     `origin`; write the Chrome trace to `path` (.json.gz is compressed).
@@ -22,8 +15,9 @@ def record_trace(fn, path: Path, device: str = "cuda", warmup: int = 2, origin: 
     The profiler itself is started once untraced first, so CUPTI's start-up cost stays
     out of the recorded region.
     """
-    import torch
     from torch.profiler import ProfilerActivity, profile, record_function
+
+    from .decode import sync
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     for _ in range(warmup):
@@ -35,17 +29,9 @@ def record_trace(fn, path: Path, device: str = "cuda", warmup: int = 2, origin: 
                 fn()
             sync(device)
     prof.export_chrome_trace(str(path))
-    del torch
 
 
 def kernels_of(fn, path: Path, device: str = "cuda", warmup: int = 2, origin: str = "region") -> pd.DataFrame:
     """record_trace(), then the kernel table of the recorded region."""
     record_trace(fn, path, device=device, warmup=warmup, origin=origin)
     return trace.read_kernels(path, device=device, origin=origin)
-
-
-def cuda_times_ms(fn, repeats: int = 100, warmup: int = 10) -> list[float]:
-    """Time fn() with CUDA events, each run separately (ms)."""
-    from .hardware import time_cuda_ms
-
-    return time_cuda_ms(fn, repeats=repeats, warmup=warmup)
