@@ -15,9 +15,15 @@ import re
 
 import pandas as pd
 
+# flash-linear-attention's Triton kernels (the Gated DeltaNet recurrence and its chunked
+# form for prompts). They mix information across tokens, so they count as attention.
+FLA = re.compile(r"gated_delta_rule|fused_recurrent|chunk_(fwd|local|global|scaled)_|solve_tril|merge_16x16"
+                 r"|recompute_w_u|l2norm_fwd|gdn_gate|wy_repr")
+
 KINDS = ("matrix multiply", "elementwise", "copy/convert/concat", "reduction", "attention", "other")
 
 RULES: list[tuple[str, re.Pattern]] = [
+    ("attention", FLA),
     ("attention", re.compile(
         r"flash|fmha|sdpa|attention|attn|cudnn_generated_fort_native_sdpa|_efficient_attention"
         r"|aten::_scaled_dot_product", re.I)),
@@ -92,12 +98,14 @@ def census(kernels: pd.DataFrame) -> pd.DataFrame:
 
 
 # Where a kernel's code comes from, judged by its name. Order matters as for kinds.
-SOURCES = ("cuBLAS/cuBLASLt", "cuDNN", "FlashAttention", "Triton (torch.compile)", "Triton (ours)",
+SOURCES = ("cuBLAS/cuBLASLt", "cuDNN", "FlashAttention", "flash-linear-attention (Triton)",
+           "Triton (torch.compile)", "Triton (ours)",
            "PyTorch (ATen)", "other")
 
 SOURCE_RULES: list[tuple[str, re.Pattern]] = [
     ("cuDNN", re.compile(r"^cudnn|cudnn_generated|\bcudnn::", re.I)),
     ("FlashAttention", re.compile(r"flash_fwd|pytorch_flash::|\bflash::", re.I)),
+    ("flash-linear-attention (Triton)", FLA),
     ("Triton (torch.compile)", re.compile(r"^triton_(poi|red|per|tem|for|unk)_")),
     ("Triton (ours)", re.compile(r"^(add_kernel|rmsnorm_kernel)$")),
     # cuBLAS ships its own kernels (nvjet on Hopper, gemv, and CUTLASS-built sgemm for fp32).

@@ -132,11 +132,11 @@ class GraphStep:
 class CompiledStep:
     """The static-cache step through torch.compile (which adds CUDA graphs in these modes)."""
 
-    def __init__(self, static: StaticStep, mode: str):
+    def __init__(self, static: StaticStep, mode: str, fullgraph: bool = True):
         import torch
 
         self.static = static
-        self.fn = torch.compile(static.forward, mode=mode, fullgraph=True)
+        self.fn = torch.compile(static.forward, mode=mode, fullgraph=fullgraph)
         t = time.perf_counter()
         with torch.no_grad():
             for _ in range(4):  # compile, then let CUDA graph trees record
@@ -155,31 +155,31 @@ class CompiledStep:
             return self.fn(self.static.tok, self.static.pos)
 
 
-def _profile(step, path, model=None) -> None:
+def _profile(step, path, model=None, device: str = "cuda") -> None:
     """Trace one step; with `model` (eager variants only: hooks would break compiled and
     captured code) each kernel is labelled with the module that launched it."""
     import contextlib
 
-    import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from .decode import annotated_modules
+    from .decode import annotated_modules, sync
 
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     for _ in range(2):
         _prepare(step)
         step()
         _prepare(step)
-        torch.cuda.synchronize()
+        sync(device)
         labels = annotated_modules(model) if model is not None else contextlib.nullcontext()
-        with labels, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with labels, profile(activities=activities) as prof:
             with record_function("decode_step"):
                 step()
-                torch.cuda.synchronize()  # the step ends when the GPU has finished it
+                sync(device)  # the step ends when the GPU has finished it
     prof.export_chrome_trace(str(path))
 
 
-def _time(step, repeats: int) -> tuple[list[float], list[float]]:
-    import torch
+def _time(step, repeats: int, device: str = "cuda") -> tuple[list[float], list[float]]:
+    from .decode import sync
 
     wall, issue = [], []
     for _ in range(3):
@@ -187,11 +187,11 @@ def _time(step, repeats: int) -> tuple[list[float], list[float]]:
         step()
     for _ in range(repeats):
         _prepare(step)
-        torch.cuda.synchronize()
+        sync(device)
         t0 = time.perf_counter()
         step()
         t1 = time.perf_counter()
-        torch.cuda.synchronize()
+        sync(device)
         wall.append((time.perf_counter() - t0) * 1e3)
         issue.append((t1 - t0) * 1e3)
     return wall, issue

@@ -31,3 +31,110 @@ def test_tiny_hybrid_decode_step_profiles_by_layer_type(tmp_path):
     linear = {per_layer[i] for i, t in types.items() if t == "linear_attention"}
     assert len(linear) == 1, "every linear-attention layer runs the same operators"
     assert os.path.getsize(path) > 0
+
+
+# The chapter "A hybrid model's token" -----------------------------------------------------
+
+import pytest  # noqa: E402
+
+from labsupport import gated_deltanet, hybrid, runs  # noqa: E402
+
+
+def test_backend_switch_restores_transformers_choice():
+    import transformers.models.qwen3_5.modeling_qwen3_5 as m
+
+    before = m.torch_recurrent_gated_delta_rule
+    with gated_deltanet.use("reference", "cpu"):
+        f = m.torch_recurrent_gated_delta_rule
+        assert f is not before and f.__code__.co_filename == m.__file__
+    assert m.torch_recurrent_gated_delta_rule is before
+    with pytest.raises(gated_deltanet.UnknownBackendError, match="unknown Gated DeltaNet backend 'triton'"):
+        gated_deltanet.unavailable_reason("triton", "cuda")
+    assert "need a CUDA GPU" in gated_deltanet.unavailable_reason("fla", "cpu")
+    with pytest.raises(RuntimeError, match="cannot run"):
+        with gated_deltanet.use("fla", "cpu"):
+            pass
+
+
+def test_reference_backend_is_what_transformers_runs_without_fla():
+    import torch
+
+    m = models.build_model("tiny-hybrid")
+    ids = decode.Prompt.random(m.config.vocab_size, 1, 12, "cpu").ids
+    with torch.no_grad():
+        plain = m(input_ids=ids).logits
+        with gated_deltanet.use("reference", "cpu"):
+            switched = m(input_ids=ids).logits
+    assert torch.equal(plain, switched)
+
+
+@pytest.fixture(scope="module")
+def tiny_hybrid_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LABSUPPORT_RUNS", str(root))
+    try:
+        params = hybrid.Params(preset="tiny-hybrid", prompt_len=16, repeats=2, contexts=[8, 64, 256], device="cpu")
+        yield hybrid.record(params, allow_cpu=True, progress=lambda msg: None)
+    finally:
+        mp.undo()
+
+
+def test_tiny_hybrid_run_records_every_variant_with_a_status(tiny_hybrid_run):
+    run = tiny_hybrid_run
+    assert set(hybrid.ARTIFACTS) <= set(run.meta["files"])
+    v = hybrid.variants(run)
+    assert len(v) == len(hybrid.MODES) * 2
+    ok = v[v.status == "ok"]
+    assert list(zip(ok.backend, ok["mode"])) == [("reference", hybrid.MODES["eager"])]
+    assert v[v.backend == "fla"].status.str.contains("need a CUDA GPU").all()
+    assert v[(v.backend == "reference") & (v.status != "ok")].status.str.contains("needs a CUDA GPU").all()
+    k = hybrid.kernel_table(run, "reference", "eager")
+    assert ok.kernels.iloc[0] == len(k)
+    groups = hybrid.census_by_group(k)
+    assert groups.kernels.sum() == len(k) and groups.share.sum() == pytest.approx(1.0)
+    assert {"linear attention (Gated DeltaNet)", "full attention", "MLP", "LM head"} <= set(groups.index)
+
+
+def test_tiny_hybrid_layer_types(tiny_hybrid_run):
+    k = hybrid.kernel_table(tiny_hybrid_run, "reference", "eager")
+    t = hybrid.per_layer_type(k).set_index("layer type")
+    assert t.loc["linear attention", "layers"] == 3 and t.loc["full attention", "layers"] == 1
+    for _, r in t.iterrows():
+        parts = r["mixer kernels"] + r["MLP kernels"] + r["norms and residual kernels"]
+        assert parts == pytest.approx(r["kernels per layer"])
+    mix = hybrid.mixer_kernels(k)
+    assert len(mix) == t.loc["linear attention", "mixer kernels"]
+    assert {"in_proj_qkv", "in_proj_z", "out_proj"} <= set(mix.module)
+
+
+def test_tiny_hybrid_cache_growth_matches_the_configuration(tiny_hybrid_run):
+    cfg = models.hf_config("tiny-hybrid")
+    g = hybrid.cache_growth(tiny_hybrid_run)
+    full = cfg.layer_types.count("full_attention")
+    kv_per_token = full * 2 * cfg.num_key_value_heads * cfg.head_dim * 2          # keys and values, BF16
+    assert (g["KV bytes per token"] == kv_per_token).all()
+    conv = (2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
+            + cfg.linear_num_value_heads * cfg.linear_value_head_dim) * cfg.linear_conv_kernel_dim * 2
+    state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4  # float32
+    linear = cfg.layer_types.count("linear_attention")
+    assert (g["linear-attention state MB"] * 1e6).tolist() == pytest.approx([linear * (conv + state)] * len(g))
+    assert list(g.context) == [8, 64, 256]
+
+
+def test_tiny_hybrid_prefill_and_lm_head(tiny_hybrid_run):
+    p = hybrid.prefill(tiny_hybrid_run)
+    assert list(p.backend) == ["reference"] and p.tokens.iloc[0] == 16 and p.kernels.iloc[0] > 0
+    head = hybrid.lm_head(tiny_hybrid_run)
+    assert head.rows == 512 and head.gb == pytest.approx(512 * 64 * 2 / 1e9) and head.ms > 0
+    side = hybrid.beside_published(tiny_hybrid_run)
+    assert side.source.str.contains("published").sum() == 2
+    assert side.loc[side.source.str.contains("published"), "kernels"].tolist() == [2464, 902]
+
+
+def test_unknown_backend_is_refused_before_measuring(runs_root):
+    with pytest.raises(gated_deltanet.UnknownBackendError):
+        hybrid.record(hybrid.Params(preset="tiny-hybrid", backends=["nope"], device="cpu"), allow_cpu=True)
+    assert not any(runs_root.rglob("meta.json"))
+    with pytest.raises(runs.RunError):
+        hybrid.load("no-such-run")

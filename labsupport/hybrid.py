@@ -1,0 +1,421 @@
+"""Chapter "A hybrid model's token": one decode step of the 27B Gated DeltaNet hybrid
+(48 linear-attention layers, 16 full-attention layers).
+
+Live: build the model from its configuration with random BF16 weights; for each Gated
+DeltaNet backend (transformers' reference PyTorch code, flash-linear-attention's Triton
+kernels) time and profile the 512-token prompt and one decode step in eager mode, as a
+CUDA graph, and through torch.compile; then measure how the cache grows with the context.
+A variant that cannot run is recorded with the reason, never left out silently.
+Replay: every table of the chapter is computed from the run here.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from . import gated_deltanet, hardware, runs, trace
+
+CHAPTER = "hybrid-model-token"
+ARTIFACTS = ("variants.csv", "step_times.csv", "prefill.csv", "cache_growth.csv", "trace-reference-eager.json.gz")
+MODES = {
+    "eager": "eager, dynamic cache (as written)",
+    "cuda-graph": "CUDA graph (static cache)",
+    "compile": 'torch.compile "reduce-overhead" (static cache)',
+}
+# What each part of a decoder layer is, for the census by layer type.
+GROUPS = {"linear_attn": "linear attention (Gated DeltaNet)", "self_attn": "full attention", "mlp": "MLP"}
+# ... and the kernels outside the decoder layers.
+OUTSIDE = {"lm_head": "LM head", "norm": "final norm", "embed_tokens": "embedding lookup",
+           "rotary_emb": "rotary position tables", "sample": "sampling (argmax)",
+           "model": "model glue (masks, positions)"}
+
+
+@dataclass
+class Params:
+    """What one run of the chapter measures."""
+
+    preset: str = "qwen3.5-27b"
+    prompt_len: int = 512
+    repeats: int = 10
+    backends: list[str] = field(default_factory=lambda: ["reference", "fla"])
+    cuda_graphs: bool = True
+    compile_backends: list[str] = field(default_factory=lambda: ["reference", "fla"])
+    contexts: list[int] = field(default_factory=lambda: [512, 4096, 32768])
+    device: str = "cuda"
+
+
+def _progress(msg: str) -> None:
+    print(f"[{CHAPTER}] {msg}", flush=True)
+
+
+def trace_file(backend: str, mode: str) -> str:
+    return f"trace-{backend}-{mode}.json.gz"
+
+
+def _first_line(e: BaseException) -> str:
+    msg = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+    return f"{type(e).__name__}: {msg[:200]}"
+
+
+def cache_bytes(cache, layer_types: list[str]) -> dict[str, int]:
+    """Bytes the cache holds, by layer type: keys and values of the full-attention layers,
+    convolution and recurrent states of the linear-attention layers."""
+    import torch
+
+    out = dict.fromkeys(sorted(set(layer_types)), 0)
+    for layer, kind in zip(cache.layers, layer_types):
+        tensors = [getattr(layer, "keys", None), getattr(layer, "values", None)]
+        for states in ("conv_states", "recurrent_states"):
+            tensors += list(getattr(layer, states, {}).values())
+        out[kind] += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    return out
+
+
+def _time_prefill(model, prompt, device: str, repeats: int) -> list[float]:
+    from .decode import prefill, sync
+
+    prefill(model, prompt)  # warm-up (and Triton autotuning, for flash-linear-attention)
+    wall = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        cache, _ = prefill(model, prompt)
+        sync(device)
+        wall.append((time.perf_counter() - t0) * 1e3)
+        del cache
+    return wall
+
+
+def _profile_prefill(model, prompt, device: str, path) -> pd.DataFrame:
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from .decode import prefill, sync
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    for _ in range(2):  # the first warms the profiler up
+        sync(device)
+        with profile(activities=activities) as prof:
+            with record_function("decode_step"):  # the origin trace.read_kernels looks for
+                prefill(model, prompt)
+                sync(device)
+    prof.export_chrome_trace(str(path))
+    k = trace.read_kernels(path, device=device)
+    path.unlink()
+    return k
+
+
+def record(params: Params | None = None, run_id: str | None = None, allow_cpu: bool = False,
+           progress=_progress) -> runs.Run:
+    """Measure this GPU now and write a new run (not published). Returns the run."""
+    import torch
+
+    from . import decode, models
+    from .launch_overhead import CompiledStep, EagerStep, GraphStep, StaticStep, _profile, _time
+
+    params = params or Params()
+    device = params.device
+    for b in params.backends:
+        gated_deltanet.unavailable_reason(b, device)  # an unknown backend name stops here
+    with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
+        if device == "cuda":
+            progress("measuring copy bandwidth and BF16 GEMM rate")
+            ceil = hardware.measure_ceilings()
+            w.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
+        progress(f"building {params.preset} with random BF16 weights on {device}")
+        t0 = time.perf_counter()
+        model = models.build_model(params.preset, device=device)
+        counts = models.count_model(model, params.preset)
+        lm_head = model.get_output_embeddings().weight
+        layer_types = list(model.config.layer_types)
+        w.extra["model"] = {**asdict(counts), "decode_bytes": counts.decode_bytes,
+                            "matmul_bytes": counts.matmul_bytes, "layer_types": layer_types,
+                            "lm_head_rows": int(lm_head.shape[0]),
+                            "lm_head_bytes": lm_head.numel() * lm_head.element_size(),
+                            "build_s": round(time.perf_counter() - t0, 1)}
+        w.extra["backend_versions"] = {b: gated_deltanet.version(b) for b in params.backends}
+        progress(f"  {counts.parameters / 1e9:.2f} B parameters, {layer_types.count('linear_attention')} "
+                 f"linear-attention and {layer_types.count('full_attention')} full-attention layers")
+        prompt = decode.Prompt.random(model.config.vocab_size, 1, params.prompt_len, device)
+        rows, times, prefills = [], [], []
+
+        def failed(backend, mode, why):
+            rows.append({"backend": backend, "mode": mode, "status": why})
+            progress(f"  {backend} / {MODES[mode]}: {why}")
+
+        def attempt(backend, mode, make, labelled_model=None, extra=lambda s: None):
+            progress(f"{backend}: {MODES[mode]}")
+            try:
+                step = make()
+                path = w.path / trace_file(backend, mode)
+                _profile(step, path, labelled_model, device)
+                k = trace.read_kernels(path, device=device)
+                wall, issue = _time(step, params.repeats, device)
+            except Exception as e:  # recorded, not hidden: the chapter shows why
+                if isinstance(e, torch.OutOfMemoryError):
+                    torch.cuda.empty_cache()
+                (w.path / trace_file(backend, mode)).unlink(missing_ok=True)
+                return failed(backend, mode, f"failed: {_first_line(e)}")
+            times.extend({"backend": backend, "mode": mode, "repeat": i, "wall_ms": a, "issue_ms": b}
+                         for i, (a, b) in enumerate(zip(wall, issue)))
+            rows.append({"backend": backend, "mode": mode, "status": "ok", "kernels": len(k),
+                         "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns), "kernel_ns": int(k.dur_ns.sum()),
+                         "launch_calls": int((k.launch_api != "").groupby(k.correlation).ngroups)
+                         if device == "cuda" else len(k),
+                         "wall_ms_median": statistics.median(wall), "issue_ms_median": statistics.median(issue),
+                         **(extra(step) or {})})
+            progress(f"  {len(k)} kernels, wall {statistics.median(wall):.2f} ms")
+
+        for backend in params.backends:
+            reason = gated_deltanet.unavailable_reason(backend, device)
+            if reason:
+                prefills.append({"backend": backend, "status": f"not run: {reason}"})
+                for mode in MODES:
+                    failed(backend, mode, f"not run: {reason}")
+                continue
+            with gated_deltanet.use(backend, device):
+                progress(f"{backend}: the {params.prompt_len}-token prompt (prefill)")
+                try:
+                    wall = _time_prefill(model, prompt, device, params.repeats)
+                    k = _profile_prefill(model, prompt, device, w.path / f".prefill-{backend}.json.gz")
+                    prefills.append({"backend": backend, "status": "ok", "tokens": params.prompt_len,
+                                     "kernels": len(k), "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
+                                     "wall_ms_median": statistics.median(wall),
+                                     "wall_ms_min": min(wall), "wall_ms_max": max(wall)})
+                    progress(f"  {len(k)} kernels, {statistics.median(wall):.1f} ms")
+                except Exception as e:
+                    prefills.append({"backend": backend, "status": f"failed: {_first_line(e)}"})
+                    progress(f"  failed: {_first_line(e)}")
+                attempt(backend, "eager", lambda: EagerStep(model, prompt), labelled_model=model)
+                if device != "cuda":
+                    failed(backend, "cuda-graph", "not run: needs a CUDA GPU")
+                    failed(backend, "compile", "not run: needs a CUDA GPU")
+                    continue
+                if params.cuda_graphs:
+                    attempt(backend, "cuda-graph", lambda: GraphStep(StaticStep(model, prompt.ids)))
+                else:
+                    failed(backend, "cuda-graph", "not run: switched off in this run's parameters")
+                if backend in params.compile_backends:
+                    torch._dynamo.reset()
+                    # flash-linear-attention's kernels may break the graph; the rest still compiles.
+                    attempt(backend, "compile",
+                            lambda: CompiledStep(StaticStep(model, prompt.ids), "reduce-overhead",
+                                                 fullgraph=backend == "reference"),
+                            extra=lambda s: {"compile_s": s.compile_s})
+                else:
+                    failed(backend, "compile", "not run: switched off in this run's parameters")
+                torch._dynamo.reset()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+
+        progress("cache size after prompts of " + ", ".join(map(str, params.contexts)) + " tokens")
+        growth = []
+        usable = [b for b in params.backends if not gated_deltanet.unavailable_reason(b, device)]
+        with gated_deltanet.use(usable[-1], device):  # the sizes do not depend on the backend
+            for ctx in params.contexts:
+                try:
+                    cache, _ = decode.prefill(model, decode.Prompt.random(model.config.vocab_size, 1, ctx, device))
+                except torch.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    growth.append({"context": ctx, "status": "out of memory"})
+                    continue
+                for kind, nbytes in cache_bytes(cache, layer_types).items():
+                    growth.append({"context": ctx, "status": "ok", "layer_type": kind,
+                                   "layers": layer_types.count(kind), "bytes": nbytes})
+                del cache
+        w.write_table("variants", pd.DataFrame(rows))
+        w.write_table("step_times", pd.DataFrame(times, columns=["backend", "mode", "repeat", "wall_ms", "issue_ms"]))
+        w.write_table("prefill", pd.DataFrame(prefills))
+        w.write_table("cache_growth", pd.DataFrame(growth))
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return runs.load_run(CHAPTER, w.run_id)
+
+
+def load(run_id: str | None = None) -> runs.Run:
+    """The published run (or `run_id`) of this chapter."""
+    return runs.load_run(CHAPTER, run_id)
+
+
+# Replay --------------------------------------------------------------------------------
+
+def _label(backend: str, mode: str) -> str:
+    return f"{gated_deltanet.BACKENDS[backend]}; {MODES[mode]}"
+
+
+def variants(run: runs.Run) -> pd.DataFrame:
+    """Every backend and mode side by side: status, kernels, launch calls, GPU-busy and wall
+    time, tokens/s, and how close the wall time gets to the bandwidth limit (weights / bandwidth)."""
+    v = run.table("variants")
+    nbytes = run.results["model"]["decode_bytes"]
+    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    has_ceil = "ceilings.csv" in run.meta["files"]
+    out = pd.DataFrame({"backend": v.backend, "mode": v["mode"].map(MODES), "status": v.status})
+    for col in ("kernels", "launch_calls", "gpu_busy_ns", "wall_ms_median", "compile_s"):
+        if col not in v:
+            v[col] = float("nan")
+    out["kernels"] = v.kernels
+    out["launch calls"] = v.launch_calls
+    out["GPU busy ms"] = v.gpu_busy_ns / 1e6
+    out["wall ms"] = v.wall_ms_median
+    out["tokens/s"] = 1e3 / out["wall ms"]
+    limit_s = out["wall ms"] / 1e3
+    out["of datasheet limit"] = nbytes / limit_s / (sheet.bandwidth_tbs * 1e12) if sheet else float("nan")
+    copy = float(run.table("ceilings").copy_tbs.iloc[0]) if has_ceil else float("nan")
+    out["of measured copy"] = nbytes / limit_s / (copy * 1e12)
+    out["compile s"] = v.compile_s
+    return out
+
+
+def ok_variants(run: runs.Run) -> pd.DataFrame:
+    v = variants(run)
+    return v[v.status == "ok"].reset_index(drop=True)
+
+
+def kernel_table(run: runs.Run, backend: str, mode: str) -> pd.DataFrame:
+    """Kernels of one variant's profiled step, with kind, layer, part, layer type and group."""
+    from .one_token import annotate_kernels
+
+    device = run.provenance.get("device", "cuda")
+    k = annotate_kernels(trace.read_kernels(run.file(trace_file(backend, mode)), device=device))
+    types = run.results["model"]["layer_types"]
+    k["layer_type"] = k.layer.map(lambda i: types[int(i)] if pd.notna(i) else None)
+    in_layer = k.layer.notna()
+    k["group"] = k.part.map(OUTSIDE).fillna(k.part).where(~in_layer, k.part.map(GROUPS).fillna("norms and residual adds"))
+    return k
+
+
+def census_by_group(k: pd.DataFrame) -> pd.DataFrame:
+    """Kernels and GPU time of the step by what they belong to (linear attention, full
+    attention, MLP, norms, LM head, ...), largest first."""
+    g = k.groupby("group").agg(kernels=("dur_ns", "size"), gpu_ns=("dur_ns", "sum"))
+    g = g.sort_values("gpu_ns", ascending=False)
+    g["GPU ms"] = g.gpu_ns / 1e6
+    g["share"] = g.gpu_ns / g.gpu_ns.sum()
+    return g.drop(columns="gpu_ns")
+
+
+def per_layer_type(k: pd.DataFrame) -> pd.DataFrame:
+    """One layer of each type: how many there are, kernels per layer and GPU µs per layer,
+    split into the token mixer (linear or full attention), the MLP, and norms/residuals."""
+    k = k.dropna(subset=["layer"])
+    rows = []
+    for kind, part in (("linear_attention", "linear_attn"), ("full_attention", "self_attn")):
+        sel = k[k.layer_type == kind]
+        n = sel.layer.nunique()
+        if not n:
+            continue
+        mixer, mlp = sel[sel.part == part], sel[sel.part == "mlp"]
+        rest = sel[(sel.part != part) & (sel.part != "mlp")]
+        rows.append({"layer type": kind.replace("_", " "), "layers": n,
+                     "kernels per layer": len(sel) / n, "GPU µs per layer": sel.dur_ns.sum() / n / 1e3,
+                     "mixer kernels": len(mixer) / n, "mixer µs": mixer.dur_ns.sum() / n / 1e3,
+                     "MLP kernels": len(mlp) / n, "MLP µs": mlp.dur_ns.sum() / n / 1e3,
+                     "norms and residual kernels": len(rest) / n, "norms and residual µs": rest.dur_ns.sum() / n / 1e3})
+    return pd.DataFrame(rows)
+
+
+def mixer_kernels(k: pd.DataFrame, part: str = "linear_attn") -> pd.DataFrame:
+    """The kernels of one layer's token mixer in launch order (the middle layer of its type)."""
+    from . import kernels
+
+    sel = k[k.part == part]
+    if sel.empty:
+        return pd.DataFrame(columns=["module", "operator", "kernel", "kind", "µs"])
+    layers = sorted(sel.layer.dropna().unique())
+    layer = layers[len(layers) // 2]
+    sel = sel[sel.layer == layer]
+    return pd.DataFrame({
+        "module": sel.module.str.replace(rf"^layers\.{layer}\.{part}\.?", "", regex=True).replace("", f"({part})"),
+        "operator": sel.op,
+        "kernel": sel.name.map(lambda n: kernels.short_name(n, width=48)),
+        "kind": sel.kind,
+        "µs": sel.dur_ns / 1e3,
+    }).reset_index(drop=True)
+
+
+def largest_kernels(k: pd.DataFrame, n: int = 5) -> pd.DataFrame:
+    """The longest single kernels of the step, with the module that launched them."""
+    from . import kernels
+
+    top = k.nlargest(n, "dur_ns")
+    return pd.DataFrame({"kernel": top.name.map(lambda s: kernels.short_name(s, width=48)),
+                         "module": top.module.replace("", "(unlabelled)"), "kind": top.kind,
+                         "µs": top.dur_ns / 1e3}).reset_index(drop=True)
+
+
+@dataclass
+class LMHead:
+    rows: int
+    gb: float
+    ms: float                       # the LM head's kernel, measured (eager, module-labelled)
+    tbs: float
+    floor_ms_datasheet: float | None  # its bytes at the datasheet bandwidth
+    is_largest: bool
+
+
+def lm_head(run: runs.Run, backend: str = "reference") -> LMHead:
+    """The LM head's one matrix-vector product: its bytes, its measured time, and whether it
+    is the longest kernel of the step."""
+    k = kernel_table(run, backend, "eager")
+    head = k[k.part == "lm_head"]
+    head = head[head.kind == "matrix multiply"]
+    m = run.results["model"]
+    ms = head.dur_ns.sum() / 1e6
+    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    gb = m["lm_head_bytes"] / 1e9
+    return LMHead(rows=m["lm_head_rows"], gb=gb, ms=ms, tbs=gb / ms if ms else float("nan"),
+                  floor_ms_datasheet=gb / sheet.bandwidth_tbs if sheet else None,
+                  is_largest=bool(len(head)) and k.dur_ns.idxmax() in set(head.index))
+
+
+def prefill(run: runs.Run) -> pd.DataFrame:
+    """The prompt phase per backend: kernels, GPU-busy and wall time, tokens per second."""
+    p = run.table("prefill")
+    p = p[p.status == "ok"].copy()
+    p["backend"] = p.backend
+    p["GPU busy ms"] = p.gpu_busy_ns / 1e6
+    p["wall ms"] = p.wall_ms_median
+    p["prompt tokens/s"] = p.tokens / (p.wall_ms_median / 1e3)
+    return p[["backend", "tokens", "kernels", "GPU busy ms", "wall ms", "prompt tokens/s"]].reset_index(drop=True)
+
+
+def cache_growth(run: runs.Run) -> pd.DataFrame:
+    """Cache bytes by layer type at each context length (MB), and per token of context."""
+    g = run.table("cache_growth")
+    g = g[g.status == "ok"]
+    t = g.pivot_table(index="context", columns="layer_type", values="bytes", aggfunc="sum")
+    out = pd.DataFrame({"context": t.index})
+    out["full-attention KV cache MB"] = t.get("full_attention", 0).values / 1e6
+    out["linear-attention state MB"] = t.get("linear_attention", 0).values / 1e6
+    out["KV bytes per token"] = t.get("full_attention", 0).values / t.index.values
+    return out.reset_index(drop=True)
+
+
+def beside_published(run: runs.Run) -> pd.DataFrame:
+    """Our decode steps (this GPU, transformers) and the published vLLM ones (H100), each
+    row labelled with where it comes from; nothing is computed across the two."""
+    from .published import HYBRID_27B_VLLM_HEADLINE as pub
+
+    gpu = run.provenance["gpu"].replace("NVIDIA ", "")
+    ours = ok_variants(run)
+    rows = [{"source": f"{gpu}, this run", "backend and mode": f"{r['backend']}; {r['mode']}", "kernels": r.kernels,
+             "launch calls": r["launch calls"], "ms per token": r["wall ms"],
+             "tokens/s": r["tokens/s"]} for _, r in ours.iterrows()]
+    rows.append({"source": "H100, published (vLLM)", "backend and mode": "vLLM defaults, eager",
+                 "kernels": pub["eager_kernels"], "launch calls": float("nan"), "ms per token": float("nan"),
+                 "tokens/s": float("nan")})
+    rows.append({"source": "H100, published (vLLM)", "backend and mode": "vLLM defaults (CUDA graphs)",
+                 "kernels": pub["decode_kernels"], "launch calls": pub["launch_calls_with_graphs"],
+                 "ms per token": pub["decode_ms"], "tokens/s": pub["tokens_per_s"]})
+    return pd.DataFrame(rows)
+
+
+def headline(run: runs.Run) -> dict:
+    ok = ok_variants(run)
+    first = ok.iloc[0]
+    return {"eager kernels": int(first.kernels), "eager wall ms": float(first["wall ms"]),
+            "best wall ms": float(ok["wall ms"].min())}
