@@ -216,3 +216,20 @@ def stacked_breakdown(df: pd.DataFrame, label: str):
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     footer(fig, label)
     return fig
+
+
+def cache_growth(growth: pd.DataFrame, label: str):
+    """Cache bytes against context length: the full-attention layers' KV cache grows, the
+    linear-attention layers' state stays flat."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    x = growth["context"]
+    ax.plot(x, growth["full-attention KV cache MB"], "o-", color=OURS, label="full-attention layers: KV cache")
+    ax.plot(x, growth["linear-attention state MB"], "s-", color=KIND_COLORS["attention"],
+            label="linear-attention layers: fixed state")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("MB held by the cache")
+    ax.set_title("Cache size as the context grows")
+    ax.legend(frameon=False)
+    return _finish(fig, label)
