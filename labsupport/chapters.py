@@ -38,6 +38,9 @@ CHAPTERS = [
             ("kernels.csv", "census.csv", "step_times.csv", "context_sweep.csv", "trace.json.gz")),
     Chapter("launch-overhead", "notebooks/launch_overhead.ipynb", "launch_overhead",
             ("ceilings.csv", "variants.csv", "step_times.csv", "trace-eager.json.gz")),
+    Chapter("prefill-vs-decode", "notebooks/prefill_vs_decode.ipynb", "prefill_decode",
+            ("phase_times.csv", "kernels-prefill.csv", "kernels-decode.csv", "census.csv", "prompt_sweep.csv",
+             "trace-prefill.json.gz", "trace-decode.json.gz")),
     Chapter("hybrid-model-token", "notebooks/hybrid_model_token.ipynb", "hybrid",
             ("variants.csv", "step_times.csv", "prefill.csv", "cache_growth.csv", "trace-reference-eager.json.gz")),
 ]

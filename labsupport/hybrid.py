@@ -337,6 +337,14 @@ def mixer_kernels(k: pd.DataFrame, part: str = "linear_attn") -> pd.DataFrame:
     }).reset_index(drop=True)
 
 
+def op_cpu_us(run: runs.Run, backend: str, op: str, mode: str = "eager") -> float:
+    """Median CPU time (µs) of operator `op` in a variant's profiled step: how long the CPU
+    spent in that call, launches included (the profiler itself adds to it)."""
+    events = trace.load_events(run.file(trace_file(backend, mode)))
+    durs = [float(e["dur"]) for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e.get("name") == op]
+    return statistics.median(durs) if durs else float("nan")
+
+
 def largest_kernels(k: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     """The longest single kernels of the step, with the module that launched them."""
     from . import kernels
@@ -370,6 +378,25 @@ def lm_head(run: runs.Run, backend: str = "reference") -> LMHead:
     return LMHead(rows=m["lm_head_rows"], gb=gb, ms=ms, tbs=gb / ms if ms else float("nan"),
                   floor_ms_datasheet=gb / sheet.bandwidth_tbs if sheet else None,
                   is_largest=bool(len(head)) and k.dur_ns.idxmax() in set(head.index))
+
+
+def time_budget(run: runs.Run) -> pd.DataFrame:
+    """Each variant's wall time split three ways: matrix multiplies running, every other
+    kernel running, and the GPU idle (waiting for the CPU or between kernels); with the
+    bandwidth the matrix multiplies reached reading the weights."""
+    rows = []
+    mm_bytes = run.results["model"]["matmul_bytes"]
+    for _, v in run.table("variants").query("status == 'ok'").iterrows():
+        k = kernel_table(run, v.backend, v["mode"])
+        mm = k[k.kind == "matrix multiply"]
+        mm_ms = mm.dur_ns.sum() / 1e6
+        name = mm.name.str.contains("splitKreduce", case=False)
+        rows.append({"backend": v.backend, "mode": MODES[v["mode"]],
+                     "matrix multiplies ms": mm_ms, "other kernels ms": (k.dur_ns.sum() - mm.dur_ns.sum()) / 1e6,
+                     "GPU idle ms": max(v.wall_ms_median - v.gpu_busy_ns / 1e6, 0.0), "wall ms": v.wall_ms_median,
+                     "GEMM kernels": int((~name).sum()), "split-K reduce kernels": int(name.sum()),
+                     "matmul TB/s": mm_bytes / 1e12 / (mm_ms / 1e3) if mm_ms else float("nan")})
+    return pd.DataFrame(rows)
 
 
 def prefill(run: runs.Run) -> pd.DataFrame:

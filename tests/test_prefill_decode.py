@@ -1,0 +1,257 @@
+"""Chapter "Prompt phase vs decode phase": the FLOP and byte arithmetic against hand counts
+for Qwen3-8B, the live path on a CPU with the tiny model and the analysis of its run, and
+the chapter notebook executed live through papermill."""
+import json
+import re
+import statistics
+
+import nbformat
+import papermill as pm
+import pytest
+import torch
+
+from labsupport import chapters, decode, hardware, kernels, models, trace, validate
+from labsupport import prefill_decode as ch
+
+from .conftest import REPO
+
+NOTEBOOK = REPO / "notebooks" / "prefill_vs_decode.ipynb"
+TINY = dict(preset="tiny", prompt_len=16, prompt_lens=[1, 8, 32], repeats=2, sweep_repeats=1, device="cpu")
+
+# Qwen3-8B, counted by hand from its configuration.
+HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 12288, 36, 32, 8, 128, 151_936
+LAYER_MATMUL = LAYERS * (2 * HIDDEN * HEADS * HEAD_DIM      # q_proj, o_proj
+                         + 2 * HIDDEN * KV_HEADS * HEAD_DIM  # k_proj, v_proj
+                         + 3 * HIDDEN * INTER)               # gate, up, down
+LM_HEAD = VOCAB * HIDDEN
+NORMS = LAYERS * (2 * HIDDEN + 2 * HEAD_DIM) + HIDDEN      # two RMSNorms a layer, q/k norms, final norm
+KV_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2       # K and V, every layer, BF16
+PER_PAIR = 4 * LAYERS * HEADS * HEAD_DIM                  # QK^T and PV, one query-key pair
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return ch.preset_shape("qwen3-8b")
+
+
+def test_qwen3_8b_shape_matches_hand_counts(qwen):
+    assert LAYER_MATMUL == 6_945_767_424 and LAYER_MATMUL + LM_HEAD == 7_568_097_280
+    assert (qwen.layers, qwen.heads, qwen.kv_heads, qwen.head_dim) == (LAYERS, HEADS, KV_HEADS, HEAD_DIM)
+    assert qwen.lm_head_parameters == LM_HEAD
+    assert qwen.layer_matmul_parameters == LAYER_MATMUL
+    assert qwen.weight_bytes == 2 * (LAYER_MATMUL + LM_HEAD + NORMS) == 15_136_811_008
+    assert qwen.kv_bytes_per_token == KV_PER_TOKEN == 147_456
+
+
+def test_prefill_and_decode_work_of_qwen3_8b(qwen):
+    pre = ch.forward_work(qwen, 512)
+    assert pre.matmul_flops == 2 * 512 * LAYER_MATMUL + 2 * LM_HEAD == 7_113_710_501_888
+    assert pre.attention_flops == PER_PAIR * (512 * 513 // 2) == 77_460_406_272
+    assert pre.flops == pre.matmul_flops + pre.attention_flops
+    assert pre.bytes == qwen.weight_bytes + 512 * KV_PER_TOKEN
+    dec = ch.forward_work(qwen, 1, 512)
+    assert dec.matmul_flops == 2 * (LAYER_MATMUL + LM_HEAD) == models.preset_counts("qwen3-8b").decode_flops
+    assert dec.attention_flops == PER_PAIR * 513
+    assert dec.bytes == qwen.weight_bytes + 513 * KV_PER_TOKEN
+    assert dec.flop_per_byte == pytest.approx(dec.flops / dec.bytes) and dec.flop_per_byte < 1.1
+    assert ch.phase_work(qwen, "prefill", 512) == pre and ch.phase_work(qwen, "decode", 512) == dec
+    with pytest.raises(ValueError, match="unknown phase 'sample'"):
+        ch.phase_work(qwen, "sample", 512)
+
+
+def test_intensity_and_the_ridge_in_tokens(qwen):
+    assert ch.matmul_intensity(qwen, 1) == 1.0  # each 2-byte weight does 2 operations
+    assert ch.matmul_intensity(qwen, 512) == pytest.approx((512 * LAYER_MATMUL + LM_HEAD) / (LAYER_MATMUL + LM_HEAD))
+    for n in (1, 206, 4096):
+        assert ch.tokens_at_intensity(qwen, ch.matmul_intensity(qwen, n)) == pytest.approx(n)
+    sheet = hardware.datasheet("NVIDIA H200")
+    lim = ch.Limits(sheet.name, sheet.bf16_tflops, sheet.bandwidth_tbs, 780.0, 4.25)
+    assert lim.datasheet_ridge == pytest.approx(206.04, abs=0.01)
+    assert lim.measured_ridge == pytest.approx(780 / 4.25)
+    # The LM head, run for the last token only, lowers the intensity: the ridge needs more tokens.
+    assert 206 < ch.tokens_at_intensity(qwen, lim.datasheet_ridge) < 230
+
+
+# --- the live path on a CPU ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LABSUPPORT_RUNS", str(root))
+        run = ch.record(ch.Params(**TINY), allow_cpu=True, progress=lambda m: None)
+    assert run.path.parent.parent == root
+    return run
+
+
+def test_live_run_on_cpu_has_every_artifact(tiny_run):
+    files = set(tiny_run.meta["files"])
+    assert set(ch.ARTIFACTS) <= files
+    assert "ceilings.csv" not in files, "no ceilings without a GPU"
+    assert not any(f.startswith(".") for f in files), "the sweep's scratch trace is not kept"
+    assert tiny_run.provenance["device"] == "cpu"
+    assert tiny_run.parameters == {**TINY}
+    assert not list(tiny_run.path.parent.glob(".incomplete-*"))
+    chapter = chapters.Chapter(ch.CHAPTER, "notebooks/prefill_vs_decode.ipynb", "prefill_decode", ch.ARTIFACTS)
+    assert validate.check_run(chapter, tiny_run) == []
+
+
+def test_phases_are_consistent_with_the_run_files(tiny_run):
+    p = ch.phases(tiny_run)
+    sh = ch.shape(tiny_run)
+    n = TINY["prompt_len"]
+    per_pair = 4 * sh.layers * sh.heads * sh.head_dim
+    pre, dec = p["prefill"], p["decode"]
+    assert pre.flops == n * 2 * sh.layer_matmul_parameters + 2 * sh.lm_head_parameters + per_pair * n * (n + 1) // 2
+    assert dec.flops == 2 * sh.matmul_parameters + per_pair * (n + 1)
+    assert pre.bytes == sh.weight_bytes + n * sh.kv_bytes_per_token
+    assert dec.bytes == sh.weight_bytes + (n + 1) * sh.kv_bytes_per_token
+    assert (pre.new_tokens, pre.cached_tokens, dec.new_tokens, dec.cached_tokens) == (n, 0, 1, n)
+    times = tiny_run.table("phase_times")
+    census = tiny_run.table("census")
+    for ph, x in p.items():
+        k = trace.read_kernels(tiny_run.file(ch.trace_file(ph)), device="cpu", origin=ch.ORIGIN[ph])
+        assert x.kernels == len(k) == len(ch.kernel_table(tiny_run, ph)) > 0
+        c = census[census.phase == ph].set_index("kind")
+        assert c.loc["total", "kernels"] == x.kernels
+        assert c.loc["matrix multiply", "kernels"] == x.matmul_kernels > 0
+        assert x.matmul_ms == pytest.approx(c.loc["matrix multiply", "gpu_ns"] / 1e6)
+        walls = times.loc[times.phase == ph, "wall_ms"]
+        assert len(walls) == TINY["repeats"] and x.wall_ms == statistics.median(walls)
+        assert x.wall_min_ms <= x.wall_ms <= x.wall_max_ms
+        assert x.gpu_busy_ms <= x.kernel_ms + 1e-9
+        assert x.tflops == pytest.approx(x.flops / (x.wall_ms * 1e-3) / 1e12)
+        assert x.tbs == pytest.approx(x.bytes / (x.wall_ms * 1e-3) / 1e12)
+        assert x.mfu_datasheet is None and x.mbu_copy is None, "no limits known on a CPU"
+    assert pre.flop_per_byte > dec.flop_per_byte
+    table = ch.phase_table(tiny_run)
+    assert list(table.columns) == list(ch.PHASES) and table.loc["kernels", "decode"] == dec.kernels
+    u = ch.utilisation(tiny_run)
+    assert len(u) == 4 and u.drop(columns=["phase", "time"]).isna().all().all()
+
+
+def test_kernel_tables_recompute_from_the_traces(tiny_run):
+    for ph in ch.PHASES:
+        stored, fresh = ch.kernel_table(tiny_run, ph), ch.recompute_kernels(tiny_run, ph)
+        assert list(stored.name) == list(fresh.name) and list(stored.dur_ns) == list(fresh.dur_ns)
+        assert list(stored.kind) == list(fresh.name.map(kernels.classify))
+        assert sorted(stored.layer.dropna().unique()) == [0, 1]
+    c = ch.census(tiny_run)
+    assert c.loc["total", ("prefill", "kernels")] == len(ch.kernel_table(tiny_run, "prefill"))
+    assert c.loc["total", ("decode", "share")] == 1.0
+
+
+def test_the_same_matrices_in_both_phases(tiny_run):
+    g = ch.layer_gemms(tiny_run)
+    cfg = models.preset_config("tiny")
+    assert tiny_run.results["gemm_layer"] == cfg["num_hidden_layers"] // 2
+    assert list(g.module) == list(ch.GEMM_MODULES) * 2 and list(g.phase) == ["prefill"] * 7 + ["decode"] * 7
+    assert (g.rows == g.phase.map({"prefill": TINY["prompt_len"], "decode": 1})).all()
+    gate = g[g.module == "mlp.gate_proj"].iloc[0]
+    assert (gate["in"], gate["out"]) == (cfg["hidden_size"], cfg["intermediate_size"])
+    k_proj = g[g.module == "self_attn.k_proj"].iloc[0]
+    assert k_proj["out"] == cfg["num_key_value_heads"] * cfg["head_dim"]
+    assert (g.flops == 2 * g.rows * g["in"] * g["out"]).all()
+    assert (g.bytes == 2 * (g["in"] * g["out"] + g.rows * (g["in"] + g["out"]))).all()
+    assert (g.kernels >= 1).all() and (g.dur_ns > 0).all()
+    assert (g.tflops == g.flops / g.dur_ns / 1e3).all()
+    t = ch.layer_gemm_table(tiny_run)
+    assert list(t.index) == list(ch.GEMM_MODULES)
+    assert t.loc["mlp.gate_proj", ("weight", "in × out")] == f"{cfg['hidden_size']} × {cfg['intermediate_size']}"
+
+
+def test_prompt_sweep_rows_follow_the_parameters(tiny_run):
+    raw = tiny_run.table("prompt_sweep")
+    assert list(raw.prompt_len) == TINY["prompt_lens"] and set(raw.status) == {"ok"}
+    kinds = raw[list(ch.KIND_COLUMNS.values())].sum(axis=1)
+    assert (kinds == raw.kernel_ns).all(), "every kernel's time is in one kind's column"
+    s = ch.prompt_sweep(tiny_run)
+    sh = ch.shape(tiny_run)
+    assert s["FLOP/byte"].iloc[0] == 1.0
+    assert list(s["matmul flops"]) == [ch.forward_work(sh, n).matmul_flops for n in TINY["prompt_lens"]]
+    assert (s["ms per token"] == s["wall ms"] / s.prompt_len).all()
+    c = ch.crossover(tiny_run)
+    assert c.measured_tokens == pytest.approx(c.floor_ms / c.ms_per_token)
+    assert c.flat_until in TINY["prompt_lens"] and c.saturates_at in TINY["prompt_lens"]
+    assert c.datasheet_ridge is None and c.measured_ridge_tokens is None
+    roof = ch.roofline(tiny_run)
+    assert roof.prompt_len.min() == 1 and roof.prompt_len.max() == 32
+    assert roof["datasheet TFLOP/s"].isna().all()
+    h = ch.headline(tiny_run)
+    assert set(h) == {"prefill ms", "decode ms", "prefill GPU ms", "decode GPU ms", "prefill TFLOP/s (GPU busy)",
+                      "crossover tokens"}
+    assert all(isinstance(float(v), float) and v == v for v in h.values())
+
+
+def test_out_of_memory_rows_are_kept_and_skipped(tiny_run, tmp_path):
+    import shutil
+
+    from labsupport import runs
+
+    root = tmp_path / "runs"
+    shutil.copytree(tiny_run.path, root / ch.CHAPTER / tiny_run.run_id)
+    run = runs.load_run(ch.CHAPTER, tiny_run.run_id, root=root, verify=False)
+    s = run.table("prompt_sweep")
+    s.loc[s.prompt_len == 32, list(s.columns[2:])] = float("nan")
+    s.loc[s.prompt_len == 32, "status"] = "out of memory"
+    s.to_csv(run.path / "prompt_sweep.csv", index=False)
+    assert list(ch.prompt_sweep(run).prompt_len) == [1, 8]
+    assert ch.roofline(run).prompt_len.max() == 32
+
+
+def test_unknown_preset_is_a_clear_error(runs_root):
+    with pytest.raises(models.UnknownPresetError, match="unknown model preset 'no-such-model'"):
+        ch.record(ch.Params(preset="no-such-model", device="cpu"), allow_cpu=True)
+    assert not list(runs_root.rglob("*.csv"))
+
+
+def test_live_mode_without_a_gpu_is_refused(runs_root):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(decode.NoGPUError, match="live mode needs a CUDA GPU"):
+        ch.record(ch.Params())
+    with pytest.raises(decode.NoGPUError, match="only allowed for tests"):
+        ch.record(ch.Params(device="cpu"))
+    with pytest.raises(decode.NoGPUError, match="only allowed for tests"):
+        ch.record(ch.Params(preset="qwen3-8b", device="cpu"), allow_cpu=True)
+    assert not list(runs_root.rglob("*.csv"))
+
+
+# --- the notebook ----------------------------------------------------------------------------
+
+def test_notebook_is_committed_clean():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1
+    for line in ('mode = "replay"', "run_id = None", 'preset = "qwen3-8b"', "allow_cpu = False"):
+        assert line in params[0].source
+    assert "ch.record(" in "".join(c.source for c in code)
+
+
+def _glued(nb) -> set[str]:
+    return {o["metadata"]["scrapbook"]["name"] for c in nb.cells if c.cell_type == "code"
+            for o in c.get("outputs", []) if "scrapbook" in o.get("metadata", {})}
+
+
+def test_notebook_runs_live_on_cpu_through_papermill(runs_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    out = tmp_path / NOTEBOOK.name
+    params = {"mode": "live", "preset": "tiny", "prompt_len": 16, "prompt_lens": [1, 8, 32],
+              "repeats": 2, "sweep_repeats": 1, "allow_cpu": True}
+    pm.execute_notebook(str(NOTEBOOK), str(out), parameters=params, cwd=str(NOTEBOOK.parent),
+                        kernel_name="python3", progress_bar=False)
+    nb = nbformat.read(out, as_version=4)
+    text = json.dumps([c.get("outputs", []) for c in nb.cells])
+    assert "Traceback" not in text
+    assert text.count("image/png") >= 4
+    (run_dir,) = (runs_root / ch.CHAPTER).iterdir()
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["parameters"]["preset"] == "tiny" and meta["parameters"]["prompt_lens"] == [1, 8, 32]
+    # Every number the prose shows is glued by the notebook (none typed in by hand).
+    prose = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    used = set(re.findall(r"\{glue:(?:text|md)\}`([^`:]+)", prose))
+    assert used and used <= _glued(nb), used - _glued(nb)
