@@ -28,12 +28,19 @@ class ChapterDrift:
 
 
 def _kernel_tables(run: runs.Run) -> dict[str, pd.DataFrame]:
+    """Every kernel table of a run: its CSV kernel tables, and the kernels of each raw
+    profiler trace (chapters such as the hybrid one keep their kernels in traces only)."""
+    from . import trace
+
     out = {}
-    for name in run.meta.get("files", {}):
+    device = run.provenance.get("device", "cuda")
+    for name in sorted(run.meta.get("files", {})):
         if name.endswith(".csv"):
             df = pd.read_csv(run.path / name)
             if {"name", "dur_ns"} <= set(df.columns):
                 out[name] = df
+        elif name.endswith(".json.gz"):
+            out[name] = trace.read_kernels(run.path / name, device=device)
     return out
 
 

@@ -2,7 +2,7 @@
 profiled on a CPU at toy size with the existing pipeline."""
 import os
 
-from labsupport import decode, models, one_token, trace
+from labsupport import decode, kernels, models, one_token, trace
 
 
 def test_27b_hybrid_preset_counts():
@@ -138,3 +138,68 @@ def test_unknown_backend_is_refused_before_measuring(runs_root):
     assert not any(runs_root.rglob("meta.json"))
     with pytest.raises(runs.RunError):
         hybrid.load("no-such-run")
+
+
+# The recorded H200 run of the 27B hybrid -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def h200_run():
+    from .conftest import RUNS
+
+    return runs.load_run(hybrid.CHAPTER, root=RUNS)
+
+
+def test_recorded_run_has_every_backend_and_mode(h200_run):
+    v = hybrid.variants(h200_run)
+    assert (v.status == "ok").all(), v[v.status != "ok"]
+    assert set(zip(v.backend, v["mode"])) == {(b, m) for b in ("reference", "fla") for m in hybrid.MODES.values()}
+    assert h200_run.results["backend_versions"]["fla"] == "0.6.0"
+    graphs = v[v["mode"] == hybrid.MODES["cuda-graph"]]
+    assert (graphs["launch calls"] == 1).all(), "one replay call launches the whole graph"
+    eager = v[v["mode"] == hybrid.MODES["eager"]]
+    assert (eager["launch calls"] == eager.kernels).all()
+
+
+def test_recorded_cache_growth_matches_the_27b_configuration(h200_run):
+    cfg = models.hf_config("qwen3.5-27b")
+    g = hybrid.cache_growth(h200_run)
+    assert (g["KV bytes per token"] == 16 * 2 * cfg.num_key_value_heads * cfg.head_dim * 2).all()  # 65,536
+    conv = (2 * 16 * 128 + 48 * 128) * 4 * 2
+    state = 48 * 128 * 128 * 4
+    assert (g["linear-attention state MB"] * 1e6).tolist() == pytest.approx([48 * (conv + state)] * len(g))
+
+
+def test_recorded_layers_by_type(h200_run):
+    for backend in ("reference", "fla"):
+        k = hybrid.kernel_table(h200_run, backend, "eager")
+        per_layer = k.dropna(subset=["layer"]).groupby("layer").size()
+        types = h200_run.results["model"]["layer_types"]
+        for kind in ("linear_attention", "full_attention"):
+            counts = {per_layer[i] for i, t in enumerate(types) if t == kind}
+            assert len(counts) == 1, f"{backend}: every {kind} layer runs the same kernels"
+        t = hybrid.per_layer_type(k).set_index("layer type")
+        assert t.loc["linear attention", "layers"] == 48 and t.loc["full attention", "layers"] == 16
+    fla = hybrid.kernel_table(h200_run, "fla", "eager")
+    rec = fla[fla.name == "fused_recurrent_gated_delta_rule_fwd_kernel"]
+    assert len(rec) == 48 and set(rec.part) == {"linear_attn"}
+    assert set(rec.name.map(kernels.source)) == {"flash-linear-attention (Triton)"}
+    ref = hybrid.kernel_table(h200_run, "reference", "eager")
+    assert not ref.name.map(kernels.source).eq("flash-linear-attention (Triton)").any()
+
+
+def test_recorded_lm_head_is_the_largest_kernel(h200_run):
+    head = hybrid.lm_head(h200_run)
+    assert head.rows == 248_320 and head.gb == pytest.approx(248_320 * 5120 * 2 / 1e9)
+    assert head.is_largest and head.ms > head.floor_ms_datasheet
+
+
+def test_recorded_time_budget_adds_up(h200_run):
+    tb = hybrid.time_budget(h200_run)
+    v = h200_run.table("variants")
+    busy = (v.gpu_busy_ns / 1e6).values
+    parts = (tb["matrix multiplies ms"] + tb["other kernels ms"]).values
+    assert parts == pytest.approx(v.kernel_ns.values / 1e6)
+    assert parts == pytest.approx(busy, rel=0.01)   # one stream: kernels hardly overlap
+    assert ((tb["GPU idle ms"] - (tb["wall ms"] - busy)).abs() < 1e-9).all()
+    gb = h200_run.results["model"]["matmul_bytes"] / 1e9
+    assert tb["matmul TB/s"].tolist() == pytest.approx((gb / tb["matrix multiplies ms"]).tolist())
