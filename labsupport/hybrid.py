@@ -288,6 +288,23 @@ def kernel_table(run: runs.Run, backend: str, mode: str) -> pd.DataFrame:
     return k
 
 
+def census_by_kind(run: runs.Run, mode: str = "eager") -> pd.DataFrame:
+    """Kernels and GPU time by kind (matrix multiply, elementwise, ...) for each backend's
+    step in `mode`, side by side."""
+    from . import kernels
+
+    v = run.table("variants")
+    out = {}
+    for backend in v[(v["mode"] == mode) & (v.status == "ok")].backend:
+        c = kernels.census(kernel_table(run, backend, mode)).set_index("kind")
+        out[(backend, "kernels")] = c.kernels
+        out[(backend, "GPU ms")] = c.gpu_ns / 1e6
+        out[(backend, "share")] = c.share
+    df = pd.DataFrame(out)
+    df.columns = pd.MultiIndex.from_tuples(df.columns)
+    return df
+
+
 def census_by_group(k: pd.DataFrame) -> pd.DataFrame:
     """Kernels and GPU time of the step by what they belong to (linear attention, full
     attention, MLP, norms, LM head, ...), largest first."""

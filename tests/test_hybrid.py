@@ -203,3 +203,14 @@ def test_recorded_time_budget_adds_up(h200_run):
     assert ((tb["GPU idle ms"] - (tb["wall ms"] - busy)).abs() < 1e-9).all()
     gb = h200_run.results["model"]["matmul_bytes"] / 1e9
     assert tb["matmul TB/s"].tolist() == pytest.approx((gb / tb["matrix multiplies ms"]).tolist())
+
+
+def test_recorded_census_by_kind(h200_run):
+    c = hybrid.census_by_kind(h200_run)
+    v = h200_run.table("variants").set_index(["backend", "mode"])
+    for backend in ("reference", "fla"):
+        assert c.loc["total", (backend, "kernels")] == v.loc[(backend, "eager"), "kernels"]
+        assert c.loc["total", (backend, "GPU ms")] * 1e6 == pytest.approx(v.loc[(backend, "eager"), "kernel_ns"])
+    # flash-linear-attention replaces the reference recurrence by one attention-kind kernel per layer
+    assert c.loc["attention", ("fla", "kernels")] - c.loc["attention", ("reference", "kernels")] == 48
+    assert c.loc["matrix multiply", ("fla", "kernels")] == c.loc["matrix multiply", ("reference", "kernels")]
