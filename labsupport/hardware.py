@@ -135,3 +135,14 @@ def measure_ceilings(copy_gib: float = 2.0, gemm_n: int = 8192, repeats: int = 2
         gemm_ms_max=max(gemm_times),
         repeats=repeats,
     )
+
+
+def record_ceilings(writer, progress=print) -> Ceilings:
+    """Measure the ceilings on this GPU and write them as the run's `ceilings` table."""
+    import pandas as pd
+
+    progress("measuring copy bandwidth and BF16 GEMM rate")
+    ceil = measure_ceilings()
+    writer.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
+    progress(f"  copy {ceil.copy_tbs:.2f} TB/s, GEMM {ceil.gemm_tflops:.0f} TFLOP/s")
+    return ceil

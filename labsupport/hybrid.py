@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -121,17 +121,14 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
         gated_deltanet.unavailable_reason(b, device)  # an unknown backend name stops here
     with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
         if device == "cuda":
-            progress("measuring copy bandwidth and BF16 GEMM rate")
-            ceil = hardware.measure_ceilings()
-            w.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
+            hardware.record_ceilings(w, progress)
         progress(f"building {params.preset} with random BF16 weights on {device}")
         t0 = time.perf_counter()
         model = models.build_model(params.preset, device=device)
         counts = models.count_model(model, params.preset)
         lm_head = model.get_output_embeddings().weight
         layer_types = list(model.config.layer_types)
-        w.extra["model"] = {**asdict(counts), "decode_bytes": counts.decode_bytes,
-                            "matmul_bytes": counts.matmul_bytes, "layer_types": layer_types,
+        w.extra["model"] = {**counts.as_record(), "layer_types": layer_types,
                             "lm_head_rows": int(lm_head.shape[0]),
                             "lm_head_bytes": lm_head.numel() * lm_head.element_size(),
                             "build_s": round(time.perf_counter() - t0, 1)}

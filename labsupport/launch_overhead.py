@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -204,11 +204,10 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
 
     params = params or Params()
     with runs.live_writer(CHAPTER, params, run_id) as w:
-        progress("measuring copy bandwidth and BF16 GEMM rate")
-        w.write_table("ceilings", pd.DataFrame([hardware.measure_ceilings().as_row()]))
+        hardware.record_ceilings(w, progress)
         model = models.build_model(params.preset, device="cuda")
         counts = models.count_model(model, params.preset)
-        w.extra["model"] = {**asdict(counts), "decode_bytes": counts.decode_bytes}
+        w.extra["model"] = counts.as_record()
         prompt = decode.Prompt.random(model.config.vocab_size, 1, params.prompt_len, "cuda")
         rows, times = [], []
 

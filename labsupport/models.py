@@ -163,6 +163,13 @@ class ModelCounts:
         """Operations of one token's matrix-vector products: a multiply and an add per weight."""
         return 2 * self.matmul_weight_parameters
 
+    def as_record(self) -> dict:
+        """The counts and the byte and operation totals derived from them, as a run records them."""
+        from dataclasses import asdict
+
+        return {**asdict(self), "decode_bytes": self.decode_bytes, "matmul_bytes": self.matmul_bytes,
+                "decode_flops": self.decode_flops}
+
 
 def count_model(model, preset: str = "") -> ModelCounts:
     """Counts of a built model (works on a model on the `meta` device, too)."""

@@ -8,7 +8,7 @@ Replay: every table and number of the chapter is computed from the run here.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -60,15 +60,11 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
     device = params.device
     with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
         if device == "cuda":
-            progress("measuring copy bandwidth and BF16 GEMM rate")
-            ceil = hardware.measure_ceilings()
-            w.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
-            progress(f"  copy {ceil.copy_tbs:.2f} TB/s, GEMM {ceil.gemm_tflops:.0f} TFLOP/s")
+            hardware.record_ceilings(w, progress)
         progress(f"building {params.preset} with random BF16 weights on {device}")
         model = models.build_model(params.preset, device=device)
         counts = models.count_model(model, params.preset)
-        w.extra["model"] = {**asdict(counts), "decode_bytes": counts.decode_bytes,
-                            "matmul_bytes": counts.matmul_bytes, "decode_flops": counts.decode_flops}
+        w.extra["model"] = counts.as_record()
         prompt = decode.Prompt.random(model.config.vocab_size, params.batch, params.prompt_len, device)
 
         progress(f"profiling one decode step (batch {params.batch}, prompt {params.prompt_len})")

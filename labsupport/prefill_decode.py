@@ -271,16 +271,12 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
 
     with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
         if device == "cuda":
-            progress("measuring copy bandwidth and BF16 GEMM rate")
-            ceil = hardware.measure_ceilings()
-            w.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
-            progress(f"  copy {ceil.copy_tbs:.2f} TB/s, GEMM {ceil.gemm_tflops:.0f} TFLOP/s")
+            hardware.record_ceilings(w, progress)
         progress(f"building {params.preset} with random BF16 weights on {device}")
         model = models.build_model(params.preset, device=device)
         counts = models.count_model(model, params.preset)
         sh = model_shape(model)
-        w.extra["model"] = {**asdict(counts), "decode_bytes": counts.decode_bytes,
-                            "matmul_bytes": counts.matmul_bytes, "decode_flops": counts.decode_flops}
+        w.extra["model"] = counts.as_record()
         w.extra["shape"] = asdict(sh)
         layer = sh.layers // 2
         block = getattr(model, model.base_model_prefix).layers[layer]

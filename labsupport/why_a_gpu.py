@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -128,14 +128,11 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
 
     params = params or Params()
     with runs.live_writer(CHAPTER, params, run_id) as w:
-        progress("measuring copy bandwidth and BF16 GEMM rate")
-        ceil = hardware.measure_ceilings()
-        w.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
+        hardware.record_ceilings(w, progress)
         progress(f"building {params.preset} with random BF16 weights")
         model = models.build_model(params.preset, device="cuda")
         counts = models.count_model(model, params.preset)
-        w.extra["model"] = {**asdict(counts), "decode_bytes": counts.decode_bytes,
-                            "matmul_bytes": counts.matmul_bytes, "decode_flops": counts.decode_flops}
+        w.extra["model"] = counts.as_record()
         w.extra["kv_bytes_per_token"] = (2 * model.config.num_hidden_layers * model.config.num_key_value_heads
                                          * model.config.head_dim * 2)
         rows = []
