@@ -86,4 +86,5 @@ def collect(command: str | None = None) -> dict:
         "utc_time": utc_now(),
         "command": command or os.environ.get("LABSUPPORT_COMMAND") or " ".join(sys.argv),
         "device": "cuda" if on_gpu else "cpu",
+        "teardown_cupti": os.environ.get("TEARDOWN_CUPTI", "unset"),
     }

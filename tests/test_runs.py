@@ -1,5 +1,6 @@
 """Recording runs atomically, publishing them, and clear errors for bad runs."""
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -101,3 +102,20 @@ def test_published_run_has_complete_provenance(published):
 def test_published_run_is_small(published):
     size = sum(p.stat().st_size for p in published.path.iterdir())
     assert size < 5 * 2**20
+
+
+def test_profiler_teardown_is_requested_and_recorded(monkeypatch):
+    """labsupport asks Kineto to detach CUPTI after each profile (so later timings in the same
+    process do not pay for it), leaves a user's own setting alone, and records the value."""
+    import subprocess
+    import sys
+
+    code = "import os, labsupport; print(os.environ['TEARDOWN_CUPTI'])"
+    env = {k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "TEARDOWN_CUPTI": "0"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
+    assert provenance.collect()["teardown_cupti"] == "1"
