@@ -146,3 +146,42 @@ def record_ceilings(writer, progress=print) -> Ceilings:
     writer.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
     progress(f"  copy {ceil.copy_tbs:.2f} TB/s, GEMM {ceil.gemm_tflops:.0f} TFLOP/s")
     return ceil
+
+
+@dataclass
+class Limits:
+    """The ceilings a run is compared against: the datasheet's and those measured in the run."""
+
+    datasheet_name: str | None
+    datasheet_tflops: float | None
+    datasheet_tbs: float | None
+    gemm_tflops: float | None   # measured: a large BF16 GEMM
+    copy_tbs: float | None      # measured: a large device-to-device copy (bytes read + written)
+
+    @property
+    def datasheet_ridge(self) -> float | None:
+        """FLOP per byte above which the datasheet's math, not its bandwidth, is the limit."""
+        return self.datasheet_tflops / self.datasheet_tbs if self.datasheet_tflops else None
+
+    @property
+    def measured_ridge(self) -> float | None:
+        return self.gemm_tflops / self.copy_tbs if self.gemm_tflops else None
+
+
+def run_limits(run) -> Limits:
+    """The ceilings of a recorded run: its GPU's datasheet (if known) and its `ceilings` table
+    (if it measured one)."""
+    sheet = datasheet_or_none(run.provenance["gpu"])
+    has_ceil = "ceilings.csv" in run.meta["files"]
+    ceil = run.table("ceilings").iloc[0] if has_ceil else None
+    return Limits(datasheet_name=sheet.name if sheet else None,
+                  datasheet_tflops=sheet.bf16_tflops if sheet else None,
+                  datasheet_tbs=sheet.bandwidth_tbs if sheet else None,
+                  gemm_tflops=float(ceil.gemm_tflops) if has_ceil else None,
+                  copy_tbs=float(ceil.copy_tbs) if has_ceil else None)
+
+
+def of_bandwidth(nbytes: float, ms, tbs: float | None):
+    """The fraction of bandwidth `tbs` that moving `nbytes` in `ms` milliseconds reaches
+    (NaN when the bandwidth is unknown)."""
+    return nbytes / (ms / 1e3) / (tbs * 1e12) if tbs else float("nan")

@@ -248,8 +248,7 @@ def variants(run: runs.Run) -> pd.DataFrame:
     time, tokens/s, and how close the wall time gets to the bandwidth limit (weights / bandwidth)."""
     v = run.table("variants")
     nbytes = run.results["model"]["decode_bytes"]
-    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
-    has_ceil = "ceilings.csv" in run.meta["files"]
+    lim = hardware.run_limits(run)
     out = pd.DataFrame({"backend": v.backend, "mode": v["mode"].map(MODES), "status": v.status})
     for col in ("kernels", "launch_calls", "gpu_busy_ns", "wall_ms_median", "compile_s"):
         if col not in v:
@@ -259,10 +258,8 @@ def variants(run: runs.Run) -> pd.DataFrame:
     out["GPU busy ms"] = v.gpu_busy_ns / 1e6
     out["wall ms"] = v.wall_ms_median
     out["tokens/s"] = 1e3 / out["wall ms"]
-    limit_s = out["wall ms"] / 1e3
-    out["of datasheet limit"] = nbytes / limit_s / (sheet.bandwidth_tbs * 1e12) if sheet else float("nan")
-    copy = float(run.table("ceilings").copy_tbs.iloc[0]) if has_ceil else float("nan")
-    out["of measured copy"] = nbytes / limit_s / (copy * 1e12)
+    out["of datasheet limit"] = hardware.of_bandwidth(nbytes, out["wall ms"], lim.datasheet_tbs)
+    out["of measured copy"] = hardware.of_bandwidth(nbytes, out["wall ms"], lim.copy_tbs)
     out["compile s"] = v.compile_s
     return out
 
@@ -387,10 +384,10 @@ def lm_head(run: runs.Run, backend: str = "reference") -> LMHead:
     head = head[head.kind == "matrix multiply"]
     m = run.results["model"]
     ms = head.dur_ns.sum() / 1e6
-    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    sheet_tbs = hardware.run_limits(run).datasheet_tbs
     gb = m["lm_head_bytes"] / 1e9
     return LMHead(rows=m["lm_head_rows"], gb=gb, ms=ms, tbs=gb / ms if ms else float("nan"),
-                  floor_ms_datasheet=gb / sheet.bandwidth_tbs if sheet else None,
+                  floor_ms_datasheet=gb / sheet_tbs if sheet_tbs else None,
                   is_largest=bool(len(head)) and k.dur_ns.idxmax() in set(head.index))
 
 

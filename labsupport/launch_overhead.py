@@ -281,8 +281,7 @@ def variants(run: runs.Run) -> pd.DataFrame:
     """The fixes side by side: kernels, launch calls, GPU-busy, wall, tokens/s, and the
     fraction of the memory-bandwidth limit each reaches (weights read / wall time)."""
     v = run.table("variants")
-    ceil = run.table("ceilings").iloc[0]
-    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    lim = hardware.run_limits(run)
     nbytes = run.results["model"]["decode_bytes"]
     ok = v.status == "ok"
     out = pd.DataFrame({"variant": v.variant.map(VARIANTS), "status": v.status})
@@ -291,8 +290,8 @@ def variants(run: runs.Run) -> pd.DataFrame:
     out["GPU busy ms"] = v.get("gpu_busy_ns") / 1e6
     out["wall ms"] = v.get("wall_ms_median")
     out["tokens/s"] = 1e3 / out["wall ms"]
-    out["of datasheet limit"] = nbytes / (out["wall ms"] / 1e3) / (sheet.bandwidth_tbs * 1e12) if sheet else float("nan")
-    out["of measured copy"] = nbytes / (out["wall ms"] / 1e3) / (float(ceil.copy_tbs) * 1e12)
+    out["of datasheet limit"] = hardware.of_bandwidth(nbytes, out["wall ms"], lim.datasheet_tbs)
+    out["of measured copy"] = hardware.of_bandwidth(nbytes, out["wall ms"], lim.copy_tbs)
     out["compile s"] = v.get("compile_s") if "compile_s" in v else float("nan")
     out.loc[~ok, ["kernels", "launch calls", "GPU busy ms", "wall ms", "tokens/s"]] = float("nan")
     return out

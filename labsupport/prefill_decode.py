@@ -390,35 +390,9 @@ def recompute_kernels(run: runs.Run, phase: str) -> pd.DataFrame:
     return annotated_kernels(run.file(trace_file(phase)), device, phase)
 
 
-@dataclass
-class Limits:
-    """The ceilings to compare against: the datasheet's and those measured in the run."""
-
-    datasheet_name: str | None
-    datasheet_tflops: float | None
-    datasheet_tbs: float | None
-    gemm_tflops: float | None   # measured: a large BF16 GEMM
-    copy_tbs: float | None      # measured: a large device-to-device copy (bytes read + written)
-
-    @property
-    def datasheet_ridge(self) -> float | None:
-        """FLOP per byte above which the datasheet's math, not its bandwidth, is the limit."""
-        return self.datasheet_tflops / self.datasheet_tbs if self.datasheet_tflops else None
-
-    @property
-    def measured_ridge(self) -> float | None:
-        return self.gemm_tflops / self.copy_tbs if self.gemm_tflops else None
-
-
-def limits(run: runs.Run) -> Limits:
-    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
-    has_ceil = "ceilings.csv" in run.meta["files"]
-    ceil = run.table("ceilings").iloc[0] if has_ceil else None
-    return Limits(datasheet_name=sheet.name if sheet else None,
-                  datasheet_tflops=sheet.bf16_tflops if sheet else None,
-                  datasheet_tbs=sheet.bandwidth_tbs if sheet else None,
-                  gemm_tflops=float(ceil.gemm_tflops) if has_ceil else None,
-                  copy_tbs=float(ceil.copy_tbs) if has_ceil else None)
+# The ceilings of a run (datasheet and measured) live in hardware; the chapter's names for them:
+Limits = hardware.Limits
+limits = hardware.run_limits
 
 
 def _ratio(value: float, limit: float | None) -> float | None:
