@@ -9,9 +9,9 @@ import os
 
 __version__ = "0.1.0"
 
-# After a torch.profiler session, NVIDIA's profiling interface (CUPTI) stays attached to the
-# process unless PyTorch's profiler library (Kineto) is told to tear it down, and every later
-# kernel launch pays for it (pytorch/pytorch#146604; pytorch/kineto#1264 makes teardown the
-# default from CUDA 12.6 in newer releases). The chapters time steps in the same process in
-# which they profile them, so they ask for the teardown. A value set by the user wins.
-os.environ.setdefault("TEARDOWN_CUPTI", "1")
+# After a torch.profiler session, Kineto leaves NVIDIA's profiling interface (CUPTI) attached
+# to the process unless told to tear it down (TEARDOWN_CUPTI=1), and later kernel launches pay
+# for it (pytorch/pytorch#146604). With the lent box's torch 2.11, tearing it down makes every
+# later profile in the process record no kernels, so it stays attached and the harness takes
+# every wall time before the first profile (labsupport.harness). A value set by the user wins.
+os.environ.setdefault("TEARDOWN_CUPTI", "0")

@@ -8,11 +8,11 @@ exactly `prompt_len` cached tokens.
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
+
+from . import harness
 
 
 class NoGPUError(RuntimeError):
@@ -32,9 +32,7 @@ def require_device(device: str, allow_cpu: bool = False) -> str:
                      "(allow_cpu=True with a 'tiny' preset)")
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+sync = harness.sync
 
 
 @dataclass
@@ -96,61 +94,20 @@ def annotated_modules(model):
             h.remove()
 
 
-@dataclass
-class StepTimes:
-    """Host-side timings of repeated decode steps, in ms: `issue` is when the Python call
-    returned (the CPU has queued every kernel), `wall` when the GPU had finished."""
-
-    wall_ms: list[float]
-    issue_ms: list[float]
-
-    @property
-    def wall_median(self) -> float:
-        return statistics.median(self.wall_ms)
-
-    @property
-    def issue_median(self) -> float:
-        return statistics.median(self.issue_ms)
+def time_decode_steps(model, prompt: Prompt, device: str, repeats: int = 20, warmup: int = 3,
+                      allow_after_profile: bool = False) -> harness.Timing:
+    """Wall time of `repeats` decode steps, each after a fresh prefill (outside the timed span)."""
+    return harness.time_region(lambda cache, tok: decode_step(model, cache, tok),
+                               setup=lambda: prefill(model, prompt), what=f"decode step, {prompt.ids.shape[1]} tokens",
+                               device=device, repeats=repeats, warmup=warmup, allow_after_profile=allow_after_profile)
 
 
-def time_decode_steps(model, prompt: Prompt, device: str, repeats: int = 20, warmup: int = 3) -> StepTimes:
-    """Wall time of `repeats` decode steps, each after a fresh prefill, synchronised."""
-    wall, issue = [], []
-    for i in range(warmup + repeats):
-        cache, tok = prefill(model, prompt)
-        sync(device)
-        t0 = time.perf_counter()
-        decode_step(model, cache, tok)
-        t1 = time.perf_counter()
-        sync(device)
-        t2 = time.perf_counter()
-        if i >= warmup:
-            issue.append((t1 - t0) * 1e3)
-            wall.append((t2 - t0) * 1e3)
-        del cache
-    return StepTimes(wall_ms=wall, issue_ms=issue)
+def profile_decode_step(model, prompt: Prompt, device: str, trace_path, warmup: int = 2):
+    """Profile one steady-state decode step; write its Chrome trace to `trace_path` (.json.gz
+    ok), each kernel labelled with the module that launched it; return its kernel table.
 
-
-def profile_decode_step(model, prompt: Prompt, device: str, trace_path, warmup: int = 2) -> None:
-    """Write a Chrome trace of one steady-state decode step to `trace_path` (.json.gz ok),
-    each kernel labelled with the module that launched it.
-
-    Every step, warm-up or recorded, starts from a fresh prefill of `prompt`, which runs
-    outside the recorded region. The profiler runs once untraced first, so its own
-    start-up (CUPTI) stays out of the recorded step.
-    """
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    for _ in range(warmup):
-        cache, tok = prefill(model, prompt)
-        decode_step(model, cache, tok)
-    for _ in range(2):  # the first profile warms the profiler up; the second is kept
-        cache, tok = prefill(model, prompt)
-        sync(device)
-        with annotated_modules(model), profile(activities=activities) as prof:
-            with record_function("decode_step"):
-                decode_step(model, cache, tok)
-            sync(device)
-        del cache
-    prof.export_chrome_trace(str(trace_path))
+    Every step, warm-up or kept, starts from a fresh prefill of `prompt`, outside the
+    `decode_step` region."""
+    return harness.profile_region(lambda cache, tok: decode_step(model, cache, tok), trace_path,
+                                  region="decode_step", device=device, warmup=warmup,
+                                  setup=lambda: prefill(model, prompt), labels=lambda: annotated_modules(model))

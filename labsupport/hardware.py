@@ -63,7 +63,9 @@ def datasheet_or_none(gpu_name: str) -> Datasheet | None:
 
 @dataclass
 class Ceilings:
-    """Ceilings measured on this GPU: copy bandwidth and BF16 GEMM rate (medians)."""
+    """Ceilings measured on this GPU (medians): a device-to-device copy (bytes read and
+    written), a read stream (bytes read; the ceiling for kernels that only read, such as a
+    decode step's weight reads) and a BF16 GEMM rate."""
 
     copy_bytes: int
     copy_ms_median: float
@@ -74,6 +76,12 @@ class Ceilings:
     gemm_ms_min: float
     gemm_ms_max: float
     repeats: int
+    # Read stream: the faster of two readers over the same bytes (absent in older runs).
+    read_bytes: int | None = None
+    read_ms_median: float | None = None
+    read_ms_min: float | None = None
+    read_ms_max: float | None = None
+    read_by: str | None = None
 
     @property
     def copy_tbs(self) -> float:
@@ -81,11 +89,27 @@ class Ceilings:
         return 2 * self.copy_bytes / (self.copy_ms_median * 1e-3) / 1e12
 
     @property
+    def read_tbs(self) -> float | None:
+        """Bytes read per second, in TB/s (None when the run did not measure it)."""
+        if not self.read_bytes or not self.read_ms_median or self.read_ms_median != self.read_ms_median:
+            return None
+        return self.read_bytes / (self.read_ms_median * 1e-3) / 1e12
+
+    @property
     def gemm_tflops(self) -> float:
         return 2 * self.gemm_n**3 / (self.gemm_ms_median * 1e-3) / 1e12
 
     def as_row(self) -> dict:
-        return {**asdict(self), "copy_tbs": self.copy_tbs, "gemm_tflops": self.gemm_tflops}
+        return {**asdict(self), "copy_tbs": self.copy_tbs, "read_tbs": self.read_tbs,
+                "gemm_tflops": self.gemm_tflops}
+
+    @classmethod
+    def from_row(cls, row) -> "Ceilings":
+        """From a row of a run's `ceilings` table (older runs lack the read stream)."""
+        def plain(v):
+            v = v.item() if hasattr(v, "item") else v
+            return None if isinstance(v, float) and v != v else v
+        return cls(**{k: plain(row[k]) for k in cls.__dataclass_fields__ if k in row.index})
 
 
 def time_cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
@@ -106,10 +130,13 @@ def time_cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
     return times
 
 
-def measure_ceilings(copy_gib: float = 2.0, gemm_n: int = 8192, repeats: int = 20) -> Ceilings:
-    """Measure copy bandwidth and BF16 GEMM rate on the current CUDA device.
+def measure_ceilings(copy_gib: float = 2.0, read_gib: float = 4.0, gemm_n: int = 8192,
+                     repeats: int = 20) -> Ceilings:
+    """Measure copy bandwidth, read bandwidth and BF16 GEMM rate on the current CUDA device.
 
-    The copy is far larger than the 50-60 MB L2 of current GPUs, so it measures DRAM.
+    Every working set is far larger than the 50-60 MB L2 of current GPUs, so these measure
+    DRAM. The read stream is timed with two readers of the same BF16 bytes, a sum and a
+    matrix-vector product (what a decode step's weight reads are), and the faster counts.
     The GEMM runs on random data (zeros run faster and would flatter the rate).
     """
     import torch
@@ -119,6 +146,16 @@ def measure_ceilings(copy_gib: float = 2.0, gemm_n: int = 8192, repeats: int = 2
     dst = torch.empty_like(src)
     copy_times = time_cuda_ms(lambda: dst.copy_(src), repeats)
     del src, dst
+    cols = 8192
+    rows_ = int(read_gib * 2**30) // (2 * cols)
+    w = torch.randn(rows_, cols, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
+    readers = {"sum": time_cuda_ms(lambda: w.sum(dtype=torch.float32), repeats),
+               "matrix-vector product": time_cuda_ms(lambda: torch.mv(w, x), repeats)}
+    read_by = min(readers, key=lambda r: statistics.median(readers[r]))
+    read_times = readers[read_by]
+    read_bytes = w.numel() * w.element_size()
+    del w, x
     a = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
     gemm_times = time_cuda_ms(lambda: a @ b, repeats)
@@ -134,6 +171,11 @@ def measure_ceilings(copy_gib: float = 2.0, gemm_n: int = 8192, repeats: int = 2
         gemm_ms_min=min(gemm_times),
         gemm_ms_max=max(gemm_times),
         repeats=repeats,
+        read_bytes=read_bytes,
+        read_ms_median=statistics.median(read_times),
+        read_ms_min=min(read_times),
+        read_ms_max=max(read_times),
+        read_by=read_by,
     )
 
 
@@ -141,10 +183,11 @@ def record_ceilings(writer, progress=print) -> Ceilings:
     """Measure the ceilings on this GPU and write them as the run's `ceilings` table."""
     import pandas as pd
 
-    progress("measuring copy bandwidth and BF16 GEMM rate")
+    progress("measuring copy and read bandwidth and BF16 GEMM rate")
     ceil = measure_ceilings()
     writer.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
-    progress(f"  copy {ceil.copy_tbs:.2f} TB/s, GEMM {ceil.gemm_tflops:.0f} TFLOP/s")
+    progress(f"  copy {ceil.copy_tbs:.2f} TB/s, read {ceil.read_tbs:.2f} TB/s ({ceil.read_by}), "
+             f"GEMM {ceil.gemm_tflops:.0f} TFLOP/s")
     return ceil
 
 
@@ -157,6 +200,13 @@ class Limits:
     datasheet_tbs: float | None
     gemm_tflops: float | None   # measured: a large BF16 GEMM
     copy_tbs: float | None      # measured: a large device-to-device copy (bytes read + written)
+    read_tbs: float | None = None  # measured: a large read stream (bytes read); older runs lack it
+
+    @property
+    def read_or_copy_tbs(self) -> float | None:
+        """The measured ceiling for kernels that read weights: the read stream where the run
+        measured one, else the copy."""
+        return self.read_tbs or self.copy_tbs
 
     @property
     def datasheet_ridge(self) -> float | None:
@@ -173,12 +223,13 @@ def run_limits(run) -> Limits:
     (if it measured one)."""
     sheet = datasheet_or_none(run.provenance["gpu"])
     has_ceil = "ceilings.csv" in run.meta["files"]
-    ceil = run.table("ceilings").iloc[0] if has_ceil else None
+    ceil = Ceilings.from_row(run.table("ceilings").iloc[0]) if has_ceil else None
     return Limits(datasheet_name=sheet.name if sheet else None,
                   datasheet_tflops=sheet.bf16_tflops if sheet else None,
                   datasheet_tbs=sheet.bandwidth_tbs if sheet else None,
-                  gemm_tflops=float(ceil.gemm_tflops) if has_ceil else None,
-                  copy_tbs=float(ceil.copy_tbs) if has_ceil else None)
+                  gemm_tflops=ceil.gemm_tflops if has_ceil else None,
+                  copy_tbs=ceil.copy_tbs if has_ceil else None,
+                  read_tbs=ceil.read_tbs if has_ceil else None)
 
 
 def of_bandwidth(nbytes: float, ms, tbs: float | None):

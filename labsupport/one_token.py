@@ -8,7 +8,7 @@ Replay: every table and number of the chapter is computed from the run here.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
@@ -28,6 +28,7 @@ class Params:
     contexts: list[int] = field(default_factory=lambda: [256, 1024, 4096, 8192, 16384, 32768])
     repeats: int = 20
     context_repeats: int = 5
+    fresh_processes: int = 3   # fresh processes that time the eager step (none of them profiles)
     device: str = "cuda"
 
 
@@ -51,65 +52,103 @@ def annotate_kernels(df: pd.DataFrame) -> pd.DataFrame:
 
 def record(params: Params | None = None, run_id: str | None = None, allow_cpu: bool = False,
            progress=_progress) -> runs.Run:
-    """Measure this GPU now and write a new run (not published). Returns the run."""
+    """Measure this GPU now and write a new run (not published). Returns the run.
+
+    Every wall time is taken before the first profile of the process (labsupport.harness),
+    or in fresh processes; then the steps are profiled; then the step is timed once more,
+    with CUPTI attached, to show what the profiler does to the measurement."""
     import torch
 
-    from . import decode, models
+    from . import decode, fresh, harness, models
 
     params = params or Params()
     device = params.device
+    harness.for_chapter(CHAPTER)
     with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
+        w.extra["method"] = harness.method()
         if device == "cuda":
             hardware.record_ceilings(w, progress)
+        progress(f"timing the eager step in {params.fresh_processes} fresh processes")
+        procs = fresh.in_fresh_processes(params.fresh_processes, params.preset, params.prompt_len,
+                                         params.repeats, params.batch, device, progress)
+        w.write_table("fresh_processes", pd.DataFrame([asdict(p) for p in procs]))
+
         progress(f"building {params.preset} with random BF16 weights on {device}")
         model = models.build_model(params.preset, device=device)
         counts = models.count_model(model, params.preset)
         w.extra["model"] = counts.as_record()
         prompt = decode.Prompt.random(model.config.vocab_size, params.batch, params.prompt_len, device)
 
+        progress(f"timing {params.repeats} decode steps (no profile yet in this process)")
+        times = decode.time_decode_steps(model, prompt, device, repeats=params.repeats)
+        w.write_table("step_times", pd.DataFrame(times.rows()))
+        progress(f"  median {times.median:.2f} ms")
+
+        prompts, ctx_times, rows = {}, {}, {}
+        for ctx in params.contexts:
+            progress(f"context {ctx}: timing")
+            try:
+                prompts[ctx] = decode.Prompt.random(model.config.vocab_size, params.batch, ctx, device, seed=ctx)
+                ctx_times[ctx] = decode.time_decode_steps(model, prompts[ctx], device,
+                                                          repeats=params.context_repeats, warmup=1)
+            except torch.OutOfMemoryError:
+                prompts.pop(ctx, None)
+                rows[ctx] = {"context": ctx, "status": "out of memory"}
+                progress(f"  context {ctx}: out of GPU memory, recorded as such")
+                torch.cuda.empty_cache()
+
         progress(f"profiling one decode step (batch {params.batch}, prompt {params.prompt_len})")
         trace_path = w.path / TRACE_FILE
-        decode.profile_decode_step(model, prompt, device, trace_path)
-        table = annotate_kernels(trace.read_kernels(trace_path, device=device))
+        table = annotate_kernels(decode.profile_decode_step(model, prompt, device, trace_path))
         w.write_table("kernels", table)
         w.write_table("census", kernels.census(table))
         progress(f"  {len(table)} kernels")
 
-        progress(f"timing {params.repeats} decode steps without the profiler")
-        times = decode.time_decode_steps(model, prompt, device, repeats=params.repeats)
-        w.write_table("step_times", pd.DataFrame({"repeat": range(len(times.wall_ms)),
-                                                  "wall_ms": times.wall_ms, "issue_ms": times.issue_ms}))
-        progress(f"  median {times.wall_median:.2f} ms")
+        progress("timing the same step again, now that the process has profiled")
+        after = decode.time_decode_steps(model, prompt, device, repeats=params.repeats, allow_after_profile=True)
+        span_ms = trace.origin_span_ns(trace.load_events(trace_path), "decode_step") / 1e6
+        w.write_table("profiler_effect", profiler_effect_table(procs, times, after, span_ms))
 
-        rows, census_rows = [], []
-        for ctx in params.contexts:
-            progress(f"context {ctx}: profiling and timing")
+        census_rows = []
+        for ctx, p in prompts.items():
+            progress(f"context {ctx}: profiling")
             try:
-                p = decode.Prompt.random(model.config.vocab_size, params.batch, ctx, device, seed=ctx)
                 tmp = w.path / f".ctx-{ctx}.json.gz"
-                decode.profile_decode_step(model, p, device, tmp, warmup=1)
-                kt = annotate_kernels(trace.read_kernels(tmp, device=device))
+                kt = annotate_kernels(decode.profile_decode_step(model, p, device, tmp, warmup=1))
                 tmp.unlink()
-                t = decode.time_decode_steps(model, p, device, repeats=params.context_repeats, warmup=1)
             except torch.OutOfMemoryError:
-                rows.append({"context": ctx, "status": "out of memory"})
-                progress(f"  context {ctx}: out of GPU memory, recorded as such")
+                rows[ctx] = {"context": ctx, "status": "out of memory"}
                 torch.cuda.empty_cache()
                 continue
             c = kernels.census(kt)
             for r in c.itertuples():
                 census_rows.append({"context": ctx, "kind": r.kind, "kernels": r.kernels, "gpu_ns": r.gpu_ns})
             att = c.set_index("kind").loc["attention"]
-            rows.append({"context": ctx, "status": "ok", "kernels": len(kt),
+            t = ctx_times[ctx]
+            rows[ctx] = {"context": ctx, "status": "ok", "kernels": len(kt),
                          "gpu_busy_ns": trace.busy_ns(kt.start_ns, kt.end_ns),
                          "kernel_ns": int(kt.dur_ns.sum()), "attention_ns": int(att.gpu_ns),
                          "attention_kernels": int(att.kernels),
                          "attention_names": ";".join(sorted(set(kt.loc[kt.kind == "attention", "short_name"]))),
-                         "wall_ms_median": t.wall_median})
-        w.write_table("context_sweep", pd.DataFrame(rows))
+                         "wall_ms_median": t.median, "wall_ms_min": t.low, "wall_ms_max": t.high,
+                         "wall_clean": t.clean}
+        w.write_table("context_sweep", pd.DataFrame([rows[c] for c in params.contexts if c in rows]))
         w.write_table("context_census", pd.DataFrame(census_rows))
         del model
     return runs.load_run(CHAPTER, w.run_id)
+
+
+def profiler_effect_table(procs, clean, after, span_ms: float) -> pd.DataFrame:
+    """The same eager step measured four ways: in fresh processes, in this process before its
+    first profile, in this process after it, and as the span of the profiled step itself."""
+    rows = [{"condition": "fresh process", "process": p.process, "wall_ms_median": p.wall_ms_median,
+             "wall_ms_min": p.wall_ms_min, "wall_ms_max": p.wall_ms_max, "repeats": p.repeats} for p in procs]
+    for cond, t in (("before profiling", clean), ("after profiling", after)):
+        rows.append({"condition": cond, "process": -1, "wall_ms_median": t.median, "wall_ms_min": t.low,
+                     "wall_ms_max": t.high, "repeats": len(t.wall_ms)})
+    rows.append({"condition": "inside the profiler", "process": -1, "wall_ms_median": span_ms,
+                 "wall_ms_min": span_ms, "wall_ms_max": span_ms, "repeats": 1})
+    return pd.DataFrame(rows)
 
 
 def load(run_id: str | None = None) -> runs.Run:

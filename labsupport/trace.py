@@ -170,8 +170,22 @@ def kernel_table(events: list[dict], device: str = "cuda", origin: str = "decode
 
 
 def read_kernels(path: Path, device: str = "cuda", origin: str = "decode_step") -> pd.DataFrame:
-    """kernel_table() of a trace file."""
-    return kernel_table(load_events(path), device=device, origin=origin)
+    """kernel_table() of a trace file: when the trace holds the `origin` annotation, only the
+    kernels launched inside it (see `inside_region`)."""
+    events = load_events(path)
+    k = kernel_table(events, device=device, origin=origin)
+    spans = [e for e in _complete(events, {"user_annotation"}) if e["name"] == origin]
+    return inside_region(k, _ns(spans[0]["dur"])) if spans else k
+
+
+def inside_region(k: pd.DataFrame, span_ns: int) -> pd.DataFrame:
+    """The rows of a kernel table (times relative to a region's start) launched inside the
+    region, which lasted `span_ns`: a profile also holds what ran around the region (a
+    prefill before a decode step, say). A kernel whose launch call is not in the trace is
+    kept when it starts inside the region."""
+    known = k.launch_api != ""
+    start = k.launch_ns.where(known, k.start_ns)
+    return k[(start >= 0) & (start <= span_ns)].reset_index(drop=True)
 
 
 def busy_ns(starts, ends) -> int:
@@ -195,3 +209,11 @@ def origin_span_ns(events: list[dict], origin: str = "decode_step") -> int:
         if e["name"] == origin:
             return _ns(e["dur"])
     raise TraceError(f"no {origin!r} annotation in the trace")
+
+
+
+def region_kernels(path: Path, device: str = "cuda", region: str = "decode_step") -> pd.DataFrame:
+    """read_kernels() for a trace that must hold the `region` annotation."""
+    events = load_events(path)
+    span = origin_span_ns(events, region)
+    return inside_region(kernel_table(events, device=device, origin=region), span)

@@ -9,7 +9,8 @@ from labsupport import decode, one_token
 
 from .conftest import tree_bytes
 
-TINY = dict(preset="tiny", prompt_len=16, contexts=[8, 32], repeats=2, context_repeats=1, device="cpu")
+TINY = dict(preset="tiny", prompt_len=16, contexts=[8, 32], repeats=2, context_repeats=1, fresh_processes=1,
+            device="cpu")
 
 
 def test_summary_is_consistent_with_the_tables(published, published_kernels):
@@ -66,7 +67,10 @@ def test_live_path_on_cpu_writes_a_valid_run(runs_root):
     k = one_token.kernel_table(run)
     assert {"matrix multiply", "attention", "reduction"} <= set(k.kind)
     assert sorted(k.layer.dropna().unique()) == [0, 1]
-    assert len(run.table("step_times")) == 2
+    assert len(run.table("step_times")) == 2 and run.table("step_times").clean.all()
+    effect = run.table("profiler_effect").set_index("condition")
+    assert list(effect.index) == ["fresh process", "before profiling", "after profiling", "inside the profiler"]
+    assert effect.loc["before profiling", "wall_ms_median"] == pytest.approx(one_token.summary(run).wall_ms)
     assert list(run.table("context_sweep").status) == ["ok", "ok"]
     assert not list(runs_root.rglob(".incomplete-*"))
 
@@ -102,7 +106,7 @@ def test_interrupted_live_run_leaves_published_run_untouched(copied_runs, monkey
 def test_out_of_memory_at_a_long_context_is_recorded(runs_root, monkeypatch):
     real = decode.profile_decode_step
 
-    def oom_at_long_context(model, prompt, *a, **k):
+    def oom_at_long_context(model, prompt, *a, **k):  # when the long context is profiled
         if prompt.ids.shape[1] >= 32:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(model, prompt, *a, **k)
