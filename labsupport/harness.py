@@ -22,6 +22,7 @@ import gc
 import os
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,6 +158,8 @@ def profile_region(fn, path: Path, *, region: str, device: str, warmup: int = 2,
     path = Path(path)
     path.unlink(missing_ok=True)
     plan = schedule(wait=0, warmup=warmup, active=1, repeat=1)
+    # torch warns that a schedule drops the warm-up steps' events: that is the point here.
+    warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
     with profile(activities=activities, schedule=plan,
                  on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
         for _ in range(warmup + 1):

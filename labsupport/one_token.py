@@ -200,6 +200,9 @@ class Summary:
     gemm_tflops: float | None
     matmul_fraction_copy: float | None
     best_case_copy_ms: float | None
+    read_tbs: float | None     # read stream measured in the run (the ceiling for weight reads)
+    matmul_fraction_read: float | None
+    best_case_read_ms: float | None
     decode_gb: float
     math_ms_datasheet: float | None
     layers: int
@@ -218,8 +221,7 @@ def summary(run: runs.Run) -> Summary:
     gb = model["matmul_bytes"] / 1e9
     tbs = gb / mm_ms if mm_ms else float("nan")  # GB/ms == TB/s
     sheet = hardware.datasheet_or_none(run.provenance["gpu"])
-    has_ceil = "ceilings.csv" in run.meta["files"]
-    ceil = run.table("ceilings").iloc[0] if has_ceil else None
+    lim = hardware.run_limits(run)
     per_layer = k.dropna(subset=["layer"]).groupby("layer").size()
     return Summary(
         gpu=run.provenance["gpu"],
@@ -242,16 +244,34 @@ def summary(run: runs.Run) -> Summary:
         datasheet_name=sheet.name if sheet else None,
         matmul_fraction_datasheet=tbs / sheet.bandwidth_tbs if sheet else None,
         best_case_ms=model["decode_bytes"] / 1e9 / sheet.bandwidth_tbs if sheet else None,
-        copy_tbs=float(ceil.copy_tbs) if has_ceil else None,
-        gemm_tflops=float(ceil.gemm_tflops) if has_ceil else None,
-        matmul_fraction_copy=tbs / float(ceil.copy_tbs) if has_ceil else None,
-        best_case_copy_ms=model["decode_bytes"] / 1e9 / float(ceil.copy_tbs) if has_ceil else None,
+        copy_tbs=lim.copy_tbs,
+        gemm_tflops=lim.gemm_tflops,
+        matmul_fraction_copy=tbs / lim.copy_tbs if lim.copy_tbs else None,
+        best_case_copy_ms=model["decode_bytes"] / 1e9 / lim.copy_tbs if lim.copy_tbs else None,
+        read_tbs=lim.read_tbs,
+        matmul_fraction_read=tbs / lim.read_tbs if lim.read_tbs else None,
+        best_case_read_ms=model["decode_bytes"] / 1e9 / lim.read_tbs if lim.read_tbs else None,
         decode_gb=model["decode_bytes"] / 1e9,
         math_ms_datasheet=model["decode_flops"] / (sheet.bf16_tflops * 1e12) * 1e3 if sheet else None,
         layers=model["layers"],
         kernels_per_layer=int(per_layer.mode().iloc[0]) if len(per_layer) else 0,
         attention_kernels=int((k.kind == "attention").sum()),
     )
+
+
+def fresh_processes(run: runs.Run) -> pd.DataFrame | None:
+    """The eager step timed in fresh processes, one row each (None for older runs)."""
+    if "fresh_processes.csv" not in run.meta["files"]:
+        return None
+    return run.table("fresh_processes")
+
+
+def profiler_effect(run: runs.Run) -> pd.DataFrame | None:
+    """The same step: in fresh processes, before and after this process profiled, and the
+    span of the profiled step (None for runs recorded before this was measured)."""
+    if "profiler_effect.csv" not in run.meta["files"]:
+        return None
+    return run.table("profiler_effect")
 
 
 def census_beside_published(run: runs.Run) -> pd.DataFrame:

@@ -12,6 +12,7 @@ KIND_COLORS = {
     "copy/convert/concat": "#5aa469",
     "reduction": "#b94a48",
     "attention": "#8361a8",
+    "convolution": "#2a9d8f",
     "other": "#8c8c8c",
 }
 OURS, THEIRS = "#3b6ea8", "#bdbdbd"
