@@ -40,7 +40,88 @@ def test_cpu_operator_names():
     assert kernels.classify("aten::to") == "copy/convert/concat"
     assert kernels.classify("aten::mean") == "reduction"
     assert kernels.classify("aten::mul") == "elementwise"
+    assert kernels.classify("aten::conv1d") == "convolution"
+    assert kernels.classify("aten::_convolution") == "convolution"
+    assert kernels.classify("aten::convolution") == "convolution"
+    assert kernels.classify("aten::_convert_indices_from_coo_to_csr") != "convolution"
+    assert kernels.classify("aten::softplus") == "elementwise"
+    assert kernels.classify("aten::linalg_solve_triangular") == "matrix multiply"
+    assert kernels.source("aten::linear") == "PyTorch (ATen)"
     assert kernels.classify("some_unknown_kernel") == "other"
+    assert kernels.source("some_unknown_kernel") == "other"
+
+
+@pytest.fixture(scope="module")
+def tiny_cpu_operators():
+    """The top-level ATen operators of one decode step of each tiny model on the CPU (the
+    tests' path through the chapters), as trace.read_kernels lists them."""
+    import tempfile
+    from pathlib import Path
+
+    from labsupport import decode, models, trace
+
+    names = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for preset in ("tiny", "tiny-hybrid"):
+            m = models.build_model(preset)
+            prompt = decode.Prompt.random(m.config.vocab_size, 1, 16, "cpu")
+            path = Path(tmp) / f"{preset}.json.gz"
+            decode.profile_decode_step(m, prompt, "cpu", path, warmup=1)
+            names[preset] = set(trace.read_kernels(path, device="cpu").name)
+    return names
+
+
+def test_tiny_models_cpu_operators_have_a_kind_and_a_source(tiny_cpu_operators):
+    for preset, names in tiny_cpu_operators.items():
+        assert names, preset
+        assert [n for n in sorted(names) if kernels.classify(n) == "other"] == [], preset
+        assert {kernels.source(n) for n in names} == {"PyTorch (ATen)"}, preset
+    assert kernels.classify("aten::conv1d") == "convolution" and "aten::conv1d" in tiny_cpu_operators["tiny-hybrid"]
+    for preset in tiny_cpu_operators:
+        kinds = {kernels.classify(n) for n in tiny_cpu_operators[preset]}
+        assert {"matrix multiply", "attention", "reduction", "elementwise", "copy/convert/concat"} <= kinds
+
+
+# Rules for the kernels of torch.compile, our Triton kernels, cuDNN's SDPA and convolutions.
+@pytest.mark.parametrize("name, kind, src", [
+    # torch.compile: the prefix decides, whatever ops are fused (RMSNorm fuses `_to_copy`).
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "reduction", "Triton (torch.compile)"),
+    ("triton_per_fused__to_copy__unsafe_view_mean_pow_view_18", "reduction", "Triton (torch.compile)"),
+    ("triton_poi_fused_copy__11", "elementwise", "Triton (torch.compile)"),
+    ("triton_poi_fused__scaled_dot_product_cudnn_attention__unsafe_view_add_arange_clone_expand_le_scalar_tensor"
+     "_unsqueeze_where_2", "elementwise", "Triton (torch.compile)"),   # the causal mask, not attention
+    ("triton_tem_fused_mm_0", "matrix multiply", "Triton (torch.compile)"),
+    ("triton_for_fused_0", "elementwise", "Triton (torch.compile)"),
+    # ... except a reduction with a fused mm: a GEMV that Inductor wrote as a reduction
+    ("triton_red_fused_mm_t_view_9", "matrix multiply", "Triton (torch.compile)"),
+    ("triton_red_fused__to_copy_add_mean_mm_mul_pow_rsqrt_t_view_16", "matrix multiply", "Triton (torch.compile)"),
+    ("triton_red_fused__to_copy_addmm_3", "matrix multiply", "Triton (torch.compile)"),
+    # ... but not the rotary embedding's one-column bmm
+    ("triton_per_fused__to_copy__unsafe_view_add_arange_bmm_cat_cos_index_copy_mean_mul_neg_pow_rsqrt_sin_slice"
+     "_transpose_unsqueeze_view_3", "reduction", "Triton (torch.compile)"),
+    # our own Triton kernels
+    ("add_kernel", "elementwise", "Triton (ours)"),
+    ("rmsnorm_kernel", "reduction", "Triton (ours)"),
+    # cuDNN's SDPA: the attention kernel and the reduction of its split-KV partial results
+    ("void cudnn::fusion::lean_reduction_kernel<false, false, false>(void*, float*, float*)", "attention", "cuDNN"),
+    # convolutions: PyTorch's depthwise kernel, cuDNN's implicit-GEMM kernels
+    ("void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel_generic<c10::BFloat16, int>(int)",
+     "convolution", "PyTorch (ATen)"),
+    ("sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x32", "convolution", "cuDNN"),
+    ("void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5>(int)", "convolution", "cuDNN"),
+])
+def test_rules(name, kind, src):
+    assert kernels.classify(name) == kind
+    assert kernels.source(name) == src
+
+
+def test_only_cudnn_lean_reduction_is_attention():
+    """The rule for cuDNN's SDPA helper names it exactly: other reductions stay reductions."""
+    assert kernels.classify("lean_reduction_kernel") == "reduction"
+    assert kernels.classify("void cudnn::fusion::some_other_kernel<false>(float*)") == "other"
+    assert kernels.classify("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, "
+                            "at::native::MeanOps<float, float, float, float>, unsigned int, float, 4, 4> >()") \
+        == "reduction"
 
 
 def test_short_names_keep_the_functor(published_kernels):
@@ -61,4 +142,58 @@ def test_census_arithmetic():
     assert c.loc["total", "kernels"] == 4 and c.loc["total", "gpu_ns"] == 500
     assert c.loc["matrix multiply", "share"] == 0.6
     assert c.loc["other", "kernels"] == 0
+    assert c.loc["convolution", "kernels"] == 0 and c.loc["convolution", "gpu_ns"] == 0
     assert c.drop("total")["share"].sum() == pytest.approx(1.0)
+
+
+def test_kinds_in_order():
+    assert kernels.KINDS[-1] == "other" and kernels.KINDS.index("convolution") == len(kernels.KINDS) - 2
+    assert len(set(kernels.KINDS)) == len(kernels.KINDS)
+    assert {kind for kind, _ in kernels.RULES} == set(kernels.KINDS) - {"other"}
+
+
+# The example kernel of a kind or source: its most time-consuming one ----------------------
+
+def _slowest_by_hand(k, column):
+    per_name = {}
+    for value, name, dur in zip(k[column], k["name"], k["dur_ns"]):
+        per_name[(value, name)] = per_name.get((value, name), 0) + int(dur)
+    best = {}
+    for (value, name), ns in per_name.items():
+        if value not in best or (-ns, name) < (-best[value][1], best[value][0]):
+            best[value] = (name, ns)
+    return {v: n for v, (n, _) in best.items()}
+
+
+@pytest.mark.parametrize("by", ["kind", "source"])
+def test_top_kernels_on_the_recorded_step(published_kernels, by):
+    k = published_kernels[["name", "dur_ns"]]
+    top = kernels.top_kernels(k, by)
+    column = k["name"].map(kernels.classify if by == "kind" else kernels.source)
+    assert top.to_dict() == _slowest_by_hand(k.assign(**{by: column}), by)
+    order = kernels.KINDS if by == "kind" else kernels.SOURCES
+    assert list(top.index) == [v for v in order if v in set(column)]
+    for value, name in top.items():
+        assert kernels.example_kernel(k, by, value) == name
+
+
+def test_cublas_example_is_the_step_s_big_gemv_not_the_rotary_sgemm(published_kernels):
+    k = published_kernels
+    ex = kernels.example_kernel(k, "source", "cuBLAS/cuBLASLt")
+    assert ex.startswith("nvjet_sm90_")
+    cublas = k[k.name.map(kernels.source) == "cuBLAS/cuBLASLt"]
+    per_name = cublas.groupby("name").dur_ns.sum()
+    assert per_name[ex] == per_name.max()
+    sgemm = [n for n in per_name.index if "cutlass_80_simt_sgemm" in n]
+    assert sgemm and per_name[sgemm].max() < per_name[ex]
+    assert kernels.example_kernel(k, "kind", "matrix multiply") == ex
+    assert "lean_reduction" not in kernels.example_kernel(k, "kind", "attention")
+
+
+def test_top_kernels_ties_and_missing_values():
+    k = pd.DataFrame({"name": ["b_gemm", "a_gemm", "b_gemm", "silu_kernel"], "dur_ns": [5, 10, 5, 1]})
+    assert kernels.top_kernels(k, "kind").to_dict() == {"matrix multiply": "a_gemm", "elementwise": "silu_kernel"}
+    with pytest.raises(KeyError):
+        kernels.example_kernel(k, "kind", "attention")
+    with pytest.raises(KeyError):
+        kernels.top_kernels(k, "layer")
