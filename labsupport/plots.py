@@ -243,14 +243,16 @@ PHASE_COLORS = {"prefill": "#2a7f62", "decode": "#c0504d"}
 
 def utilisation_bars(df: pd.DataFrame, label: str):
     """MFU and MBU of prefill and decode (wall time and GPU busy), against the datasheet and
-    the measured ceilings. `df` is prefill_decode.utilisation()."""
+    the measured ceilings. `df` is prefill_decode.utilisation(), whose last MBU column names
+    the measured bandwidth ("MBU vs measured read", or copy in older runs)."""
+    mbu_measured = next(c for c in df.columns if c.startswith("MBU vs measured"))
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6), sharey=True)
     names = [f"{r.phase}, {r.time}" for r in df.itertuples()]
     y = list(range(len(df)))
     h = 0.38
     for ax, (sheet_col, meas_col, title) in zip(axes, (
             ("MFU vs datasheet", "MFU vs measured GEMM", "Share of peak math (MFU)"),
-            ("MBU vs datasheet", "MBU vs measured copy", "Share of peak memory bandwidth (MBU)"))):
+            ("MBU vs datasheet", mbu_measured, "Share of peak memory bandwidth (MBU)"))):
         for off, col, color, name in ((-h / 2, meas_col, OURS, meas_col.split(" vs ")[1]),
                                       (h / 2, sheet_col, THEIRS, "datasheet")):
             vals = (df[col] * 100).tolist()
@@ -299,9 +301,10 @@ def _length_ticks(ax, lengths) -> None:
 
 
 def gemm_rates(g: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=None, datasheet_tbs=None,
-               copy_tbs=None, title_layer: str = ""):
+               measured_tbs=None, title_layer: str = "", bandwidth_label: str = "measured copy"):
     """The matrix multiplies of one decoder layer: TFLOP/s (log scale) and TB/s reached in
-    prefill and in decode, against the peaks. `g` is prefill_decode.layer_gemms()."""
+    prefill and in decode, against the peaks (`measured_tbs`, called `bandwidth_label`: the
+    measured read stream, or the copy in older runs). `g` is prefill_decode.layer_gemms()."""
     mods = list(dict.fromkeys(g.module))
     y = list(range(len(mods)))
     h = 0.38
@@ -310,7 +313,7 @@ def gemm_rates(g: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=N
             (axes[0], "tflops", "Math reached (TFLOP/s, log scale)", "TFLOP/s",
              ((gemm_tflops, "measured GEMM", OURS), (datasheet_tflops, "datasheet", "#888"))),
             (axes[1], "tbs", "Memory bandwidth reached (TB/s)", "TB/s",
-             ((copy_tbs, "measured copy", OURS), (datasheet_tbs, "datasheet", "#888")))):
+             ((measured_tbs, bandwidth_label, OURS), (datasheet_tbs, "datasheet", "#888")))):
         for off, ph in ((-h / 2, "prefill"), (h / 2, "decode")):
             x = g[g.phase == ph].set_index("module").reindex(mods)[col]
             ax.barh([i + off for i in y], x.fillna(0), h, color=PHASE_COLORS[ph], label=ph)
@@ -325,7 +328,7 @@ def gemm_rates(g: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=N
             ax.set_xscale("log")
             ax.set_xlim(max(g[col].min(), 1e-12) / 2, max(g[col].max(), datasheet_tflops or 0) * 4)
         else:
-            ax.set_xlim(0, max(g[col].max(), datasheet_tbs or 0, copy_tbs or 0) * 1.2)
+            ax.set_xlim(0, max(g[col].max(), datasheet_tbs or 0, measured_tbs or 0) * 1.2)
         ax.set_title(title)
         ax.grid(axis="y", visible=False)
         ax.legend(fontsize=7.5, frameon=False, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))

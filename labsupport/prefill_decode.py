@@ -1,17 +1,24 @@
 """Chapter "Prompt phase vs decode phase": record a run live, and analyse a run.
 
-Live: on one model, one prefill of a `prompt_len`-token prompt and one decode step at the
-same context are timed (no profiler, synchronised, `repeats` each) and profiled (one
-trace each, every kernel labelled with the module that launched it); then a sweep of
-prompt lengths times and profiles the prefill alone. The GPU's copy bandwidth and BF16
-GEMM rate are measured first, so every rate can be set against a measured ceiling as
-well as against the datasheet. The timings come before any profiling, so the profiler
-never runs ahead of a timed pass.
+Live, in this order (labsupport.harness: every wall time before the first profile):
+
+1. the GPU's ceilings (copy and read bandwidth, BF16 GEMM rate), so that every rate can be
+   set against a measured ceiling as well as against the datasheet;
+2. timings, no profiler yet: `repeats` decode steps at `prompt_len` tokens of context (each
+   after a fresh prefill, outside the timed span), then the prefill of every prompt length
+   of the sweep and of `prompt_len`, round-robin (one prefill of each length per round);
+3. profiles: one prefill of `prompt_len` tokens and one decode step after it (every kernel
+   labelled with the module that launched it), then one prefill of each other length of
+   the sweep.
+
+One number per configuration: the prefill of `prompt_len` tokens is timed and profiled
+once; the phase table and the sweep's row for that length are the same measurement.
 
 Replay: every table and number of the chapter is computed here from the run's files:
 
-    ceilings.csv            copy bandwidth and BF16 GEMM rate (CUDA runs only)
-    phase_times.csv         wall time of every timed prefill and decode step
+    ceilings.csv            copy (and, in newer runs, read) bandwidth and BF16 GEMM rate (CUDA runs only)
+    phase_times.csv         every timed prefill of `prompt_len` tokens and every timed decode step
+                            (newer runs: CPU issue time, CUDA-event time on a GPU, and `clean`)
     kernels-prefill.csv     every kernel of the profiled prefill (kind, module, layer)
     kernels-decode.csv      every kernel of the profiled decode step
     census.csv              kernels and GPU time by kind, for both phases
@@ -19,18 +26,20 @@ Replay: every table and number of the chapter is computed here from the run's fi
     trace-prefill.json.gz   raw profiler trace of the prefill
     trace-decode.json.gz    raw profiler trace of the decode step
 
-and, in meta.json's results, the model's shape (for FLOP and byte counts) and the weight
-shapes of the decoder layer whose matrix multiplies are compared.
+and, in meta.json's results, the model's shape (for FLOP and byte counts), the weight
+shapes of the decoder layer whose matrix multiplies are compared, and how each kind of
+number was taken (`method`; newer runs).
 """
 from __future__ import annotations
 
+import math
+import re
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from . import hardware, kernels, models, runs, trace
+from . import hardware, harness, kernels, models, runs, trace
 
 CHAPTER = "prefill-vs-decode"
 # Files every run of the chapter contains (ceilings.csv too, on a GPU).
@@ -53,7 +62,7 @@ class Params:
     prompt_len: int = 512
     prompt_lens: list[int] = field(default_factory=lambda: [1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
     repeats: int = 20          # timed prefills and timed decode steps at prompt_len
-    sweep_repeats: int = 5     # timed prefills at each length of the sweep (round-robin)
+    sweep_repeats: int = 5     # timed prefills at each other length of the sweep (round-robin)
     device: str = "cuda"
 
 
@@ -185,49 +194,51 @@ def tokens_at_intensity(shape: ModelShape, flop_per_byte: float) -> float:
 
 # --- measuring ----------------------------------------------------------------------------
 
-def time_prefill(model, prompt, device: str, repeats: int, warmup: int = 2) -> list[float]:
-    """Wall time (ms) of `repeats` prefills of `prompt`, each with a fresh cache, synchronised."""
-    from . import decode
-
-    out = []
-    for i in range(warmup + repeats):
-        decode.sync(device)
-        t0 = time.perf_counter()
-        cache, tok = decode.prefill(model, prompt)
-        decode.sync(device)
-        t1 = time.perf_counter()
-        del cache, tok
-        if i >= warmup:
-            out.append((t1 - t0) * 1e3)
-    return out
+def _merge(what: str, timings: list[harness.Timing]) -> harness.Timing:
+    """Several timings of one region, as one (their repeats in order)."""
+    return harness.Timing(what=what, wall_ms=[x for t in timings for x in t.wall_ms],
+                          issue_ms=[x for t in timings for x in t.issue_ms],
+                          gpu_ms=[x for t in timings for x in t.gpu_ms], clean=all(t.clean for t in timings))
 
 
-def profile_prefill(model, prompt, device: str, trace_path, warmup: int = 2, label_modules: bool = True,
-                    rounds: int = 2) -> None:
-    """Write a Chrome trace of one prefill to `trace_path`, timed from a "prefill" annotation.
+def time_prefills(model, prompts: dict, repeats: dict[int, int], device: str, warmup: int = 2,
+                  progress=print) -> dict[int, harness.Timing | str]:
+    """Wall time of `repeats[n]` prefills of each prompt `prompts[n]`, each into a fresh cache.
 
-    With `label_modules` each kernel is labelled with the module that launched it. Of
-    `rounds` profiled prefills the last is kept (the first warms the profiler up).
-    """
-    import contextlib
-
-    from torch.profiler import ProfilerActivity, profile, record_function
+    Round-robin: each round times one prefill of every length that still needs one, so that
+    a passing disturbance of the host touches one sample of many lengths, not all of one. The
+    first round warms each length up (`warmup` untimed prefills). A length that runs out of
+    GPU memory is given the status "out of memory" instead of a timing."""
+    import torch
 
     from . import decode
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    for _ in range(warmup):
-        cache, _ = decode.prefill(model, prompt)
-        del cache
-    for _ in range(rounds):
-        decode.sync(device)
-        labels = decode.annotated_modules(model) if label_modules else contextlib.nullcontext()
-        with labels, profile(activities=activities) as prof:
-            with record_function(ORIGIN["prefill"]):
-                cache, _ = decode.prefill(model, prompt)
-            decode.sync(device)
-        del cache
-    prof.export_chrome_trace(str(trace_path))
+    samples: dict[int, list | str] = {n: [] for n in prompts}
+    for rnd in range(max(repeats.values(), default=0)):
+        for n, p in prompts.items():
+            if isinstance(samples[n], str) or rnd >= repeats[n]:
+                continue
+            try:
+                samples[n].append(harness.time_region(
+                    lambda: decode.prefill(model, p), what=f"prefill, {n} tokens", device=device,
+                    repeats=1, warmup=warmup if rnd == 0 else 0))
+            except torch.OutOfMemoryError:
+                samples[n] = "out of memory"
+                progress(f"prompt {n}: out of GPU memory, recorded as such")
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+    return {n: s if isinstance(s, str) else _merge(f"prefill, {n} tokens", s) for n, s in samples.items()}
+
+
+def profile_prefill(model, prompt, device: str, trace_path, warmup: int = 2, label_modules: bool = True) -> pd.DataFrame:
+    """Profile one prefill (after `warmup` profiled-and-discarded ones in the same session),
+    timed from a "prefill" annotation; write its trace to `trace_path`; return its kernels.
+    With `label_modules` each kernel is labelled with the module that launched it."""
+    from . import decode
+
+    return harness.profile_region(lambda: decode.prefill(model, prompt), trace_path, region=ORIGIN["prefill"],
+                                  device=device, warmup=warmup,
+                                  labels=(lambda: decode.annotated_modules(model)) if label_modules else None)
 
 
 _KEEP = ["name", "start_ns", "end_ns", "dur_ns", "stream", "grid", "block", "op", "module",
@@ -235,41 +246,58 @@ _KEEP = ["name", "start_ns", "end_ns", "dur_ns", "stream", "grid", "block", "op"
 _TEXT_COLUMNS = ["name", "stream", "grid", "block", "op", "module", "kind", "short_name", "part"]
 
 
-def annotated_kernels(path, device: str, phase: str) -> pd.DataFrame:
-    """The kernels of a phase's trace, with kind, short name, decoder layer and part."""
+def _annotate(k: pd.DataFrame) -> pd.DataFrame:
     from .one_token import annotate_kernels
 
-    return annotate_kernels(trace.read_kernels(path, device=device, origin=ORIGIN[phase]))[_KEEP]
+    return annotate_kernels(k)[_KEEP]
 
 
-# The prompt sweep's column of GPU time for each kind of kernel.
-KIND_COLUMNS = {MATMUL: "matmul_ns", "attention": "attention_ns", "elementwise": "elementwise_ns",
-                "copy/convert/concat": "copy_ns", "reduction": "reduction_ns", "other": "other_ns"}
+def annotated_kernels(path, device: str, phase: str) -> pd.DataFrame:
+    """The kernels of a phase's trace, with kind, short name, decoder layer and part."""
+    return _annotate(trace.read_kernels(path, device=device, origin=ORIGIN[phase]))
 
 
-def _sweep_row(n: int, k: pd.DataFrame, walls: list[float]) -> dict:
+def kind_column(kind: str) -> str:
+    """The prompt sweep's column of GPU time for kernels of `kind` (e.g. "attention_ns")."""
+    legacy = {MATMUL: "matmul_ns", "copy/convert/concat": "copy_ns"}
+    return legacy.get(kind) or re.sub(r"\W+", "_", kind).strip("_") + "_ns"
+
+
+# The prompt sweep's column of GPU time for each kind of kernel (kernels.KINDS decides the kinds).
+KIND_COLUMNS = {kind: kind_column(kind) for kind in kernels.KINDS}
+
+
+def _sweep_row(n: int, k: pd.DataFrame, t: harness.Timing) -> dict:
     kind = k["name"].map(kernels.classify)
     by_kind = {col: int(k.loc[kind == name, "dur_ns"].sum()) for name, col in KIND_COLUMNS.items()}
     return {"prompt_len": n, "status": "ok", "kernels": len(k),
             "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns), "kernel_ns": int(k.dur_ns.sum()), **by_kind,
-            "wall_ms_median": statistics.median(walls), "wall_ms_min": min(walls), "wall_ms_max": max(walls)}
+            "wall_ms_median": t.median, "wall_ms_min": t.low, "wall_ms_max": t.high,
+            "wall_repeats": len(t.wall_ms), "issue_ms_median": statistics.median(t.issue_ms),
+            "wall_clean": t.clean}
 
 
 def record(params: Params | None = None, run_id: str | None = None, allow_cpu: bool = False,
            progress=_progress) -> runs.Run:
-    """Measure this GPU now and write a new run (not published). Returns the run."""
+    """Measure this GPU now and write a new run (not published). Returns the run.
+
+    Every wall time is taken before the first profile in the process (see the module's
+    docstring for the order); the prefill of `prompt_len` tokens is timed and profiled once,
+    and both the phase table and the sweep's row for that length use that measurement."""
     import torch
 
     from . import decode
 
     params = params or Params()
     device = params.device
+    harness.for_chapter(CHAPTER)
 
     def free():
         if device == "cuda":
             torch.cuda.empty_cache()
 
     with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
+        w.extra["method"] = harness.method()
         if device == "cuda":
             hardware.record_ceilings(w, progress)
         progress(f"building {params.preset} with random BF16 weights on {device}")
@@ -284,73 +312,58 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
         w.extra["gemm_shapes"] = {name: [m.in_features, m.out_features] for name, m in block.named_modules()
                                   if isinstance(m, torch.nn.Linear)}
         vocab = model.config.vocab_size
-        prompt = decode.Prompt.random(vocab, 1, params.prompt_len, device)
+        n0 = params.prompt_len
+        lengths = list(dict.fromkeys([n0, *params.prompt_lens]))
+        prompts = {n: decode.Prompt.random(vocab, 1, n, device, seed=n) for n in lengths}
+        prompt = prompts[n0]
 
-        # Timings first, with no profiler having run before them.
-        progress(f"timing {params.repeats} prefills of {params.prompt_len} tokens")
-        times = []
-        walls = time_prefill(model, prompt, device, params.repeats)
-        times += [{"phase": "prefill", "repeat": i, "wall_ms": t} for i, t in enumerate(walls)]
-        progress(f"  median {statistics.median(walls):.2f} ms")
-        progress(f"timing {params.repeats} decode steps after it")
-        walls = decode.time_decode_steps(model, prompt, device, repeats=params.repeats).wall_ms
-        times += [{"phase": "decode", "repeat": i, "wall_ms": t} for i, t in enumerate(walls)]
-        progress(f"  median {statistics.median(walls):.2f} ms")
-        w.write_table("phase_times", pd.DataFrame(times))
+        # 1. Every timing, before the first profile in this process.
+        progress(f"timing {params.repeats} decode steps after a {n0}-token prefill (nothing profiled yet)")
+        step = decode.time_decode_steps(model, prompt, device, repeats=params.repeats)
+        progress(f"  median {step.median:.2f} ms")
+        free()
+        want = {n: params.repeats if n == n0 else params.sweep_repeats for n in lengths}
+        progress(f"timing prefills of {len(lengths)} prompt lengths, round-robin "
+                 f"({params.repeats} of {n0} tokens, {params.sweep_repeats} of each other length)")
+        pre = time_prefills(model, prompts, want, device, progress=progress)
+        for n, t in pre.items():
+            if not isinstance(t, str):
+                progress(f"  prompt {n}: prefill {t.median:.2f} ms (median of {len(t.wall_ms)})")
+        if isinstance(pre[n0], str):
+            raise RuntimeError(f"{CHAPTER}: the prefill of {n0} tokens ran {pre[n0]}; try a shorter prompt_len")
+        times = pd.DataFrame(pre[n0].rows(phase="prefill") + step.rows(phase="decode"))
+        w.write_table("phase_times", times.dropna(axis=1, how="all"))  # no CUDA-event times on a CPU
         free()
 
-        # The sweep is timed round-robin (one prefill of each length per round), so that a
-        # passing disturbance of the host touches one sample of every length, not all of one.
-        sweep_walls: dict[int, list[float] | str] = {n: [] for n in params.prompt_lens}
-        prompts = {n: decode.Prompt.random(vocab, 1, n, device, seed=n) for n in params.prompt_lens}
-        progress(f"timing prefills of {len(prompts)} prompt lengths, {params.sweep_repeats} rounds")
-        for rnd in range(1 + params.sweep_repeats):  # round 0 warms up
-            for n in params.prompt_lens:
-                if isinstance(sweep_walls[n], str):
-                    continue
-                try:
-                    t = time_prefill(model, prompts[n], device, repeats=1, warmup=0)
-                except torch.OutOfMemoryError:
-                    sweep_walls[n] = "out of memory"
-                    progress(f"prompt {n}: out of GPU memory, recorded as such")
-                    free()
-                    continue
-                if rnd:
-                    sweep_walls[n] += t
-        for n in params.prompt_lens:
-            if not isinstance(sweep_walls[n], str):
-                progress(f"prompt {n}: prefill {statistics.median(sweep_walls[n]):.2f} ms (median)")
+        # 2. Then the profiles.
+        progress(f"profiling one prefill of {n0} tokens")
+        k = {"prefill": _annotate(profile_prefill(model, prompt, device, w.path / trace_file("prefill")))}
         free()
-
-        # Then the profiles.
-        progress(f"profiling one prefill of {params.prompt_len} tokens")
+        progress("profiling one decode step after it")
+        k["decode"] = _annotate(decode.profile_decode_step(model, prompt, device, w.path / trace_file("decode")))
         census = []
         for phase in PHASES:
-            path = w.path / trace_file(phase)
-            if phase == "prefill":
-                profile_prefill(model, prompt, device, path)
-            else:
-                progress("profiling one decode step after it")
-                decode.profile_decode_step(model, prompt, device, path)
-            k = annotated_kernels(path, device, phase)
-            w.write_table(kernels_table_name(phase), k)
-            c = kernels.census(k)
+            w.write_table(kernels_table_name(phase), k[phase])
+            c = kernels.census(k[phase])
             c.insert(0, "phase", phase)
             census.append(c)
-            progress(f"  {phase}: {len(k)} kernels, GPU busy {trace.busy_ns(k.start_ns, k.end_ns) / 1e6:.2f} ms")
-            free()
+            progress(f"  {phase}: {len(k[phase])} kernels, "
+                     f"GPU busy {trace.busy_ns(k[phase].start_ns, k[phase].end_ns) / 1e6:.2f} ms")
         w.write_table("census", pd.concat(census, ignore_index=True))
+        free()
 
         rows = []
         tmp = w.path / ".sweep-trace.json.gz"
         for n in params.prompt_lens:
-            if isinstance(sweep_walls[n], str):
-                rows.append({"prompt_len": n, "status": sweep_walls[n]})
+            if isinstance(pre[n], str):
+                rows.append({"prompt_len": n, "status": pre[n]})
+                continue
+            if n == n0:  # one measurement per configuration: the phase's own profile
+                rows.append(_sweep_row(n, k["prefill"], pre[n]))
                 continue
             try:
-                profile_prefill(model, prompts[n], device, tmp, warmup=1, label_modules=False, rounds=1)
-                k = trace.read_kernels(tmp, device=device, origin=ORIGIN["prefill"])
-                rows.append(_sweep_row(n, k, sweep_walls[n]))
+                rows.append(_sweep_row(n, profile_prefill(model, prompts[n], device, tmp, warmup=1,
+                                                          label_modules=False), pre[n]))
                 r = rows[-1]
                 progress(f"prompt {n}: GPU busy {r['gpu_busy_ns'] / 1e6:.2f} ms, "
                          f"matrix multiplies {r['matmul_ns'] / 1e6:.2f} ms")
@@ -378,9 +391,13 @@ def shape(run: runs.Run) -> ModelShape:
 
 
 def kernel_table(run: runs.Run, phase: str) -> pd.DataFrame:
-    """The kernels of one phase's profiled pass, with the column types they were written with."""
+    """The kernels of one phase's profiled pass, with the column types they were written with.
+
+    `kind` is today's classification of each recorded name (kernels.classify), so that a run
+    recorded under older rules is counted by the rules the book describes."""
     k = run.table(kernels_table_name(phase), dtype={c: str for c in _TEXT_COLUMNS})
     k[_TEXT_COLUMNS] = k[_TEXT_COLUMNS].fillna("")
+    k["kind"] = k["name"].map(kernels.classify)
     return k.astype({"layer": "Int64"})
 
 
@@ -395,6 +412,32 @@ Limits = hardware.Limits
 limits = hardware.run_limits
 
 
+@dataclass(frozen=True)
+class Bandwidth:
+    """The measured bandwidth that a pass reading weights is set against: the read stream
+    where the run measured one, else the copy (which counts bytes read plus written, so a
+    kernel that mostly reads can beat it)."""
+
+    tbs: float | None
+    name: str     # for prose: "measured read stream", ...
+    short: str    # for labels: "measured read", "measured copy"
+
+
+def bandwidth(lim: Limits) -> Bandwidth:
+    if lim.read_tbs:
+        return Bandwidth(lim.read_tbs, "measured read stream", "measured read")
+    if lim.copy_tbs:
+        return Bandwidth(lim.copy_tbs, "measured copy (bytes read + written)", "measured copy")
+    return Bandwidth(None, "no measured bandwidth", "measured bandwidth")
+
+
+def measured_ridge(lim: Limits) -> float | None:
+    """FLOP per byte of weights above which the measured GEMM rate, not the measured
+    bandwidth for reading weights, is the limit."""
+    bw = bandwidth(lim).tbs
+    return lim.gemm_tflops / bw if lim.gemm_tflops and bw else None
+
+
 def _ratio(value: float, limit: float | None) -> float | None:
     return value / limit if limit else None
 
@@ -405,7 +448,8 @@ class Phase:
 
     Rates use the wall time (what a user waits for) and, marked `busy`, the time the GPU
     was busy in the profiled pass (what the kernels alone reached). MFU: FLOP/s reached
-    over the peak FLOP/s; MBU: bytes per second reached over the peak bandwidth.
+    over the peak FLOP/s; MBU: bytes per second reached over the peak bandwidth, against
+    the datasheet and against the measured bandwidth() (read stream, or copy in older runs).
     """
 
     phase: str
@@ -415,6 +459,7 @@ class Phase:
     wall_ms: float            # median of the timed passes (no profiler)
     wall_min_ms: float
     wall_max_ms: float
+    wall_repeats: int
     gpu_busy_ms: float        # union of kernel intervals in the profiled pass
     kernel_ms: float          # sum of kernel durations
     matmul_kernels: int
@@ -435,21 +480,22 @@ class Phase:
     mfu_busy_datasheet: float | None
     mfu_busy_gemm: float | None
     mbu_datasheet: float | None
-    mbu_copy: float | None
+    mbu_measured: float | None
     mbu_busy_datasheet: float | None
-    mbu_busy_copy: float | None
+    mbu_busy_measured: float | None
     ms_per_token: float       # wall time / new tokens
 
 
 def phases(run: runs.Run) -> dict[str, Phase]:
     """Both phases of the run, measured and set against the limits."""
     sh, lim = shape(run), limits(run)
+    bw = bandwidth(lim).tbs
     n = int(run.parameters["prompt_len"])
     times = run.table("phase_times")
     out = {}
     for ph in PHASES:
         k = kernel_table(run, ph)
-        walls = times.loc[times.phase == ph, "wall_ms"]
+        walls = times.loc[times["phase"] == ph, "wall_ms"]
         wall = float(statistics.median(walls))
         busy = trace.busy_ns(k.start_ns, k.end_ns) / 1e6
         mm = k[k.kind == MATMUL]
@@ -461,6 +507,7 @@ def phases(run: runs.Run) -> dict[str, Phase]:
         out[ph] = Phase(
             phase=ph, new_tokens=new, cached_tokens=0 if ph == "prefill" else n,
             kernels=len(k), wall_ms=wall, wall_min_ms=float(walls.min()), wall_max_ms=float(walls.max()),
+            wall_repeats=len(walls),
             gpu_busy_ms=busy, kernel_ms=k.dur_ns.sum() / 1e6, matmul_kernels=len(mm), matmul_ms=mm_ms,
             attention_ms=k.loc[k.kind == "attention", "dur_ns"].sum() / 1e6,
             matmul_flops=work.matmul_flops, attention_flops=work.attention_flops, flops=work.flops,
@@ -470,8 +517,8 @@ def phases(run: runs.Run) -> dict[str, Phase]:
             mfu_datasheet=_ratio(tflops, lim.datasheet_tflops), mfu_gemm=_ratio(tflops, lim.gemm_tflops),
             mfu_busy_datasheet=_ratio(tflops_busy, lim.datasheet_tflops),
             mfu_busy_gemm=_ratio(tflops_busy, lim.gemm_tflops),
-            mbu_datasheet=_ratio(tbs, lim.datasheet_tbs), mbu_copy=_ratio(tbs, lim.copy_tbs),
-            mbu_busy_datasheet=_ratio(tbs_busy, lim.datasheet_tbs), mbu_busy_copy=_ratio(tbs_busy, lim.copy_tbs),
+            mbu_datasheet=_ratio(tbs, lim.datasheet_tbs), mbu_measured=_ratio(tbs, bw),
+            mbu_busy_datasheet=_ratio(tbs_busy, lim.datasheet_tbs), mbu_busy_measured=_ratio(tbs_busy, bw),
             ms_per_token=wall / new,
         )
     return out
@@ -483,10 +530,42 @@ def phase_table(run: runs.Run) -> pd.DataFrame:
     return pd.DataFrame({ph: asdict(v) for ph, v in p.items()}).drop(index="phase")
 
 
+@dataclass
+class PrefillTiming:
+    """The wall time of the prefill of `prompt_len` tokens, as the phase table and the
+    prompt-length sweep show it: one measurement (`shared`) in runs recorded since the
+    chapter times each configuration once; older runs timed it twice."""
+
+    prompt_len: int
+    phase_ms: float
+    phase_repeats: int
+    sweep_ms: float | None    # None when the sweep has no row (that ran) for prompt_len
+    sweep_repeats: int | None
+    shared: bool
+
+
+def prefill_timing(run: runs.Run) -> PrefillTiming:
+    n = int(run.parameters["prompt_len"])
+    t = run.table("phase_times")
+    walls = t.loc[t["phase"] == "prefill", "wall_ms"]
+    s = run.table("prompt_sweep")
+    row = s[(s["prompt_len"] == n) & (s["status"] == "ok")]
+    same = lambda a, b: math.isclose(float(a), float(b), rel_tol=1e-12)  # noqa: E731 (CSV round trip)
+    if row.empty:
+        return PrefillTiming(n, float(statistics.median(walls)), len(walls), None, None, False)
+    r = row.iloc[0]
+    reps = int(r["wall_repeats"]) if "wall_repeats" in row.columns else None
+    shared = (reps == len(walls) and same(r["wall_ms_median"], statistics.median(walls))
+              and same(r["wall_ms_min"], walls.min()) and same(r["wall_ms_max"], walls.max()))
+    return PrefillTiming(n, float(statistics.median(walls)), len(walls), float(r["wall_ms_median"]), reps, shared)
+
+
 def utilisation(run: runs.Run) -> pd.DataFrame:
     """MFU and MBU of both phases, on wall time and on GPU-busy time, against the datasheet
-    and against the ceilings measured in the run (NaN where a limit is unknown)."""
+    and against the ceilings measured in the run (NaN where a limit is unknown). The last
+    column is named after the measured bandwidth used ("MBU vs measured read", or copy)."""
     nan = float("nan")
+    mbu_col = f"MBU vs {bandwidth(limits(run)).short}"
     rows = []
     for ph, p in phases(run).items():
         for time_name, sfx in (("wall time", ""), ("GPU busy", "_busy")):
@@ -494,16 +573,16 @@ def utilisation(run: runs.Run) -> pd.DataFrame:
                          "MFU vs datasheet": getattr(p, f"mfu{sfx}_datasheet") or nan,
                          "MFU vs measured GEMM": getattr(p, f"mfu{sfx}_gemm") or nan,
                          "MBU vs datasheet": getattr(p, f"mbu{sfx}_datasheet") or nan,
-                         "MBU vs measured copy": getattr(p, f"mbu{sfx}_copy") or nan})
+                         mbu_col: getattr(p, f"mbu{sfx}_measured") or nan})
     return pd.DataFrame(rows)
 
 
 def census(run: runs.Run) -> pd.DataFrame:
-    """Kernels and GPU time by kind, prefill beside decode (from census.csv)."""
-    c = run.table("census")
+    """Kernels and GPU time by kind, prefill beside decode (the kinds by today's rules, from
+    the recorded kernel tables; census.csv holds those of the rules at recording time)."""
     parts = {}
     for ph in PHASES:
-        x = c[c.phase == ph].set_index("kind")
+        x = kernels.census(kernel_table(run, ph)).set_index("kind")
         parts[(ph, "kernels")] = x["kernels"]
         parts[(ph, "GPU ms")] = x["gpu_ns"] / 1e6
         parts[(ph, "share")] = x["share"]
@@ -614,7 +693,7 @@ class Crossover:
     best_matmul_tflops: float
     saturates_at: int             # shortest prompt whose matmul FLOP/s reach 90% of the best
     datasheet_ridge: float | None     # FLOP/byte
-    measured_ridge: float | None
+    measured_ridge: float | None      # measured GEMM rate over measured bandwidth() for reading weights
     datasheet_tokens: float | None    # the prompt length at the datasheet ridge
     measured_ridge_tokens: float | None
 
@@ -627,21 +706,23 @@ def crossover(run: runs.Run) -> Crossover:
     big = s.iloc[-1]
     per_token = float(big["matmul ms"] / big.prompt_len)
     best = float(s["matmul TFLOP/s"].max())
+    ridge = measured_ridge(lim)
     return Crossover(
         floor_ms=floor, ms_per_token=per_token, measured_tokens=floor / per_token,
         flat_until=int(s.loc[s["matmul ms"] <= 1.25 * floor, "prompt_len"].max()),
         best_matmul_tflops=best,
         saturates_at=int(s.loc[s["matmul TFLOP/s"] >= 0.9 * best, "prompt_len"].min()),
-        datasheet_ridge=lim.datasheet_ridge, measured_ridge=lim.measured_ridge,
+        datasheet_ridge=lim.datasheet_ridge, measured_ridge=ridge,
         datasheet_tokens=tokens_at_intensity(sh, lim.datasheet_ridge) if lim.datasheet_ridge else None,
-        measured_ridge_tokens=tokens_at_intensity(sh, lim.measured_ridge) if lim.measured_ridge else None,
+        measured_ridge_tokens=tokens_at_intensity(sh, ridge) if ridge else None,
     )
 
 
 def roofline(run: runs.Run, points: int = 200) -> pd.DataFrame:
     """The most TFLOP/s a prefill's matrix multiplies could reach at each prompt length, by
-    the datasheet and by the measured ceilings: the lesser of the peak FLOP/s and the
-    bandwidth times the FLOP per byte (NaN where a limit is unknown)."""
+    the datasheet and by the measured ceilings (GEMM rate, and bandwidth() for reading the
+    weights): the lesser of the peak FLOP/s and the bandwidth times the FLOP per byte (NaN
+    where a limit is unknown)."""
     import numpy as np
 
     sh, lim = shape(run), limits(run)
@@ -650,9 +731,93 @@ def roofline(run: runs.Run, points: int = 200) -> pd.DataFrame:
     out = pd.DataFrame({"prompt_len": grid, "FLOP/byte": [matmul_intensity(sh, int(t)) for t in grid]})
     nan = float("nan")
     for col, tflops, tbs in (("datasheet TFLOP/s", lim.datasheet_tflops, lim.datasheet_tbs),
-                             ("measured TFLOP/s", lim.gemm_tflops, lim.copy_tbs)):
+                             ("measured TFLOP/s", lim.gemm_tflops, bandwidth(lim).tbs)):
         out[col] = np.minimum(tflops, tbs * out["FLOP/byte"]) if tflops and tbs else nan
     return out
+
+
+def _ceilings_row(run: runs.Run):
+    return run.table("ceilings").iloc[0] if "ceilings.csv" in run.meta["files"] else None
+
+
+def achieved_rates(run: runs.Run) -> pd.DataFrame:
+    """Every rate the chapter shows, next to the ceilings it is compared with: one row per
+    figure (the fastest, where a table shows several), `value` in `unit` (TFLOP/s or TB/s),
+    `measured` (the measured GEMM rate, or bandwidth()) and `datasheet`, and whether the
+    value is above each (False where the ceiling is unknown)."""
+    lim = limits(run)
+    bw = bandwidth(lim).tbs
+    layer = int(run.results["gemm_layer"])
+    g, s = layer_gemms(run), prompt_sweep(run)
+    rows = []
+
+    def add(figure: str, unit: str, value: float) -> None:
+        measured, sheet = (lim.gemm_tflops, lim.datasheet_tflops) if unit == "TFLOP/s" else (bw, lim.datasheet_tbs)
+        rows.append({"figure": figure, "unit": unit, "value": float(value), "measured": measured,
+                     "datasheet": sheet, "above measured": bool(measured) and value > measured,
+                     "above datasheet": bool(sheet) and value > sheet})
+
+    for ph, x in phases(run).items():
+        add(f"the whole {ph} on GPU-busy time", "TFLOP/s", x.tflops_busy)
+        add(f"the whole {ph} on GPU-busy time", "TB/s", x.tbs_busy)
+        add(f"the matrix multiplies of the {ph}", "TFLOP/s", x.matmul_tflops)
+        gp = g[(g.phase == ph) & g.dur_ns.gt(0)]
+        for unit, col in (("TFLOP/s", "tflops"), ("TB/s", "tbs")):
+            if len(gp):
+                best = gp.loc[gp[col].idxmax()]
+                add(f"the {best.module} matrix multiply of layer {layer} in {ph}", unit, best[col])
+    if len(s):
+        best = s.loc[s["matmul TFLOP/s"].idxmax()]
+        add(f"the matrix multiplies of the {int(best.prompt_len):,}-token prefill", "TFLOP/s", best["matmul TFLOP/s"])
+    return pd.DataFrame(rows)
+
+
+def ceiling_notes(run: runs.Run) -> dict[str, str]:
+    """For each measured ceiling (`gemm`, `bandwidth`), the sentence the chapter shows: why a
+    figure above it can be there, or that none is."""
+    lim, bw = limits(run), bandwidth(limits(run))
+    a, ceil = achieved_rates(run), _ceilings_row(run)
+    notes = {}
+    t = a[a.unit == "TFLOP/s"]
+    top = t.loc[t.value.idxmax()]
+    if not lim.gemm_tflops or ceil is None:
+        notes["gemm"] = "This run measured no GEMM rate."
+    elif top["above measured"]:
+        n = int(ceil["gemm_n"])
+        notes["gemm"] = (
+            f"Some matrix multiplies here ran faster than the measured GEMM rate: {top.figure} reached "
+            f"{top.value:.0f} TFLOP/s, against {lim.gemm_tflops:.0f}. That rate is one shape, the product of two "
+            f"{n:,} × {n:,} matrices of random numbers timed in this run: a reference point, not a limit of the "
+            "hardware. The "
+            "library picks a kernel for each shape, and some shapes run a little faster.")
+        if lim.datasheet_tflops:
+            notes["gemm"] += (f" The hardware's limit is the datasheet's {lim.datasheet_tflops:.0f} TFLOP/s, "
+                              + ("which none of them reaches." if not top["above datasheet"] else
+                                 f"and {top.value:.0f} TFLOP/s is above even that: a measurement to distrust."))
+    else:
+        notes["gemm"] = (f"No matrix multiply here ran faster than the measured GEMM rate "
+                         f"({lim.gemm_tflops:.0f} TFLOP/s).")
+    b = a[a.unit == "TB/s"]
+    top = b.loc[b.value.idxmax()]
+    if not bw.tbs:
+        notes["bandwidth"] = "This run measured no bandwidth."
+    elif top["above measured"]:
+        if lim.read_tbs:
+            why = (f"The read stream is one measurement, {ceil['read_by']} over "
+                   f"{int(ceil['read_bytes']) / 2**30:.0f} GiB timed in this run, not a limit of the hardware.")
+        else:
+            why = ("A copy's rate counts the bytes it reads plus those it writes, over one memory bus; a kernel "
+                   "that only reads its weights can go faster. This run measured no read stream, the ceiling "
+                   "that applies to reading weights.")
+        notes["bandwidth"] = (f"{top.figure[0].upper()}{top.figure[1:]} moved {top.value:.2f} TB/s, more than the "
+                              f"{bw.name}, {bw.tbs:.2f} TB/s. {why}")
+        if lim.datasheet_tbs:
+            notes["bandwidth"] += (f" The hardware's limit is the datasheet's {lim.datasheet_tbs:.2f} TB/s"
+                                   + ("." if not top["above datasheet"] else
+                                      f", and {top.value:.2f} TB/s is above even that: a measurement to distrust."))
+    else:
+        notes["bandwidth"] = f"No figure here is above the {bw.name}, {bw.tbs:.2f} TB/s."
+    return notes
 
 
 def headline(run: runs.Run) -> dict:

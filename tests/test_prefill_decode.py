@@ -1,22 +1,26 @@
 """Chapter "Prompt phase vs decode phase": the FLOP and byte arithmetic against hand counts
-for Qwen3-8B, the live path on a CPU with the tiny model and the analysis of its run, and
-the chapter notebook executed live through papermill."""
+for Qwen3-8B, the live path on a CPU with the tiny model and the analysis of its run (every
+wall time before the first profile, one measurement per configuration), the analysis of the
+published run, and the chapter notebook executed live through papermill."""
 import json
 import re
 import statistics
 
 import nbformat
+import pandas as pd
 import papermill as pm
 import pytest
 import torch
 
-from labsupport import chapters, decode, hardware, kernels, models, trace, validate
+from labsupport import chapters, decode, hardware, harness, kernels, models, runs, trace, validate
 from labsupport import prefill_decode as ch
 
 from .conftest import REPO
 
 NOTEBOOK = REPO / "notebooks" / "prefill_vs_decode.ipynb"
-TINY = dict(preset="tiny", prompt_len=16, prompt_lens=[1, 8, 32], repeats=2, sweep_repeats=1, device="cpu")
+# The sweep contains prompt_len, so the phase table and the sweep share one measurement; the
+# notebook test below runs the other case (prompt_len outside the sweep).
+TINY = dict(preset="tiny", prompt_len=16, prompt_lens=[1, 8, 16, 32], repeats=3, sweep_repeats=1, device="cpu")
 
 # Qwen3-8B, counted by hand from its configuration.
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 12288, 36, 32, 8, 128, 151_936
@@ -72,14 +76,35 @@ def test_intensity_and_the_ridge_in_tokens(qwen):
     assert 206 < ch.tokens_at_intensity(qwen, lim.datasheet_ridge) < 230
 
 
+def test_weights_are_set_against_the_read_stream_where_measured():
+    copy_only = ch.Limits("H200 SXM", 989.0, 4.8, 780.0, 4.2)
+    with_read = ch.Limits("H200 SXM", 989.0, 4.8, 780.0, 4.2, read_tbs=4.4)
+    assert ch.bandwidth(copy_only) == ch.Bandwidth(4.2, "measured copy (bytes read + written)", "measured copy")
+    assert ch.bandwidth(with_read) == ch.Bandwidth(4.4, "measured read stream", "measured read")
+    assert ch.measured_ridge(with_read) == 780.0 / 4.4 and ch.measured_ridge(copy_only) == 780.0 / 4.2
+    assert ch.bandwidth(ch.Limits(None, None, None, None, None)).tbs is None
+
+
 # --- the live path on a CPU ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
+    """A run of the tiny model on the CPU, recorded as on a GPU: every profile counts as one
+    that leaves CUPTI attached, so a wall time taken after it raises harness.TimingError."""
     root = tmp_path_factory.mktemp("runs")
+    profile = harness.profile_region
+
+    def profile_as_on_a_gpu(*args, **kwargs):
+        k = profile(*args, **kwargs)
+        harness._profiles_in_process += 1
+        return k
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LABSUPPORT_RUNS", str(root))
+        mp.setattr(harness, "_profiles_in_process", 0)
+        mp.setattr(harness, "profile_region", profile_as_on_a_gpu)
         run = ch.record(ch.Params(**TINY), allow_cpu=True, progress=lambda m: None)
+        assert harness.profiled(), "the run profiled"
     assert run.path.parent.parent == root
     return run
 
@@ -122,12 +147,53 @@ def test_phases_are_consistent_with_the_run_files(tiny_run):
         assert x.gpu_busy_ms <= x.kernel_ms + 1e-9
         assert x.tflops == pytest.approx(x.flops / (x.wall_ms * 1e-3) / 1e12)
         assert x.tbs == pytest.approx(x.bytes / (x.wall_ms * 1e-3) / 1e12)
-        assert x.mfu_datasheet is None and x.mbu_copy is None, "no limits known on a CPU"
+        assert x.mfu_datasheet is None and x.mbu_measured is None, "no limits known on a CPU"
     assert pre.flop_per_byte > dec.flop_per_byte
     table = ch.phase_table(tiny_run)
     assert list(table.columns) == list(ch.PHASES) and table.loc["kernels", "decode"] == dec.kernels
     u = ch.utilisation(tiny_run)
     assert len(u) == 4 and u.drop(columns=["phase", "time"]).isna().all().all()
+
+
+def test_every_wall_time_is_clean_and_recorded_with_its_method(tiny_run):
+    times = tiny_run.table("phase_times")
+    assert set(times.phase) == set(ch.PHASES) and times.clean.all()
+    assert "issue_ms" in times and (times.issue_ms <= times.wall_ms).all()
+    sweep = tiny_run.table("prompt_sweep")
+    assert sweep.wall_clean.all()
+    assert list(sweep.wall_repeats) == [TINY["repeats"] if n == TINY["prompt_len"] else TINY["sweep_repeats"]
+                                        for n in TINY["prompt_lens"]]
+    assert set(tiny_run.results["method"]) >= {"wall_times", "gpu_times", "teardown_cupti", "host"}
+
+
+def test_one_measurement_of_the_prefill_in_both_tables(tiny_run):
+    """The phase table's prefill and the sweep's row for the same prompt length are one timing
+    and one profile."""
+    pt = ch.prefill_timing(tiny_run)
+    assert pt.shared and pt.sweep_ms == pt.phase_ms == ch.phases(tiny_run)["prefill"].wall_ms
+    assert pt.phase_repeats == pt.sweep_repeats == TINY["repeats"]
+    times = tiny_run.table("phase_times")
+    walls = times.loc[times.phase == "prefill", "wall_ms"]
+    row = tiny_run.table("prompt_sweep").set_index("prompt_len").loc[TINY["prompt_len"]]
+    assert (row.wall_ms_min, row.wall_ms_max) == (walls.min(), walls.max())
+    k = ch.kernel_table(tiny_run, "prefill")
+    assert row.kernels == len(k) and row.gpu_busy_ns == trace.busy_ns(k.start_ns, k.end_ns)
+    assert row.kernel_ns == k.dur_ns.sum()
+    s = ch.prompt_sweep(tiny_run).set_index("prompt_len")
+    assert s.loc[TINY["prompt_len"], "wall ms"] == ch.phases(tiny_run)["prefill"].wall_ms
+
+
+def test_a_different_sweep_timing_is_not_called_the_same_measurement(tiny_run, tmp_path):
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(tiny_run.path, root / ch.CHAPTER / tiny_run.run_id)
+    run = runs.load_run(ch.CHAPTER, tiny_run.run_id, root=root, verify=False)
+    s = run.table("prompt_sweep")
+    s.loc[s.prompt_len == TINY["prompt_len"], "wall_ms_median"] *= 1.5
+    s.to_csv(run.path / "prompt_sweep.csv", index=False)
+    pt = ch.prefill_timing(run)
+    assert not pt.shared and pt.sweep_ms == pytest.approx(1.5 * pt.phase_ms)
 
 
 def test_kernel_tables_recompute_from_the_traces(tiny_run):
@@ -163,6 +229,7 @@ def test_the_same_matrices_in_both_phases(tiny_run):
 def test_prompt_sweep_rows_follow_the_parameters(tiny_run):
     raw = tiny_run.table("prompt_sweep")
     assert list(raw.prompt_len) == TINY["prompt_lens"] and set(raw.status) == {"ok"}
+    assert list(ch.KIND_COLUMNS) == list(kernels.KINDS), "one column per kind, whatever the kinds are"
     kinds = raw[list(ch.KIND_COLUMNS.values())].sum(axis=1)
     assert (kinds == raw.kernel_ns).all(), "every kernel's time is in one kind's column"
     s = ch.prompt_sweep(tiny_run)
@@ -174,6 +241,8 @@ def test_prompt_sweep_rows_follow_the_parameters(tiny_run):
     assert c.measured_tokens == pytest.approx(c.floor_ms / c.ms_per_token)
     assert c.flat_until in TINY["prompt_lens"] and c.saturates_at in TINY["prompt_lens"]
     assert c.datasheet_ridge is None and c.measured_ridge_tokens is None
+    assert ch.ceiling_notes(tiny_run) == {"gemm": "This run measured no GEMM rate.",
+                                          "bandwidth": "This run measured no bandwidth."}
     roof = ch.roofline(tiny_run)
     assert roof.prompt_len.min() == 1 and roof.prompt_len.max() == 32
     assert roof["datasheet TFLOP/s"].isna().all()
@@ -186,16 +255,14 @@ def test_prompt_sweep_rows_follow_the_parameters(tiny_run):
 def test_out_of_memory_rows_are_kept_and_skipped(tiny_run, tmp_path):
     import shutil
 
-    from labsupport import runs
-
     root = tmp_path / "runs"
     shutil.copytree(tiny_run.path, root / ch.CHAPTER / tiny_run.run_id)
     run = runs.load_run(ch.CHAPTER, tiny_run.run_id, root=root, verify=False)
     s = run.table("prompt_sweep")
-    s.loc[s.prompt_len == 32, list(s.columns[2:])] = float("nan")
-    s.loc[s.prompt_len == 32, "status"] = "out of memory"
+    oom = pd.DataFrame([{"prompt_len": 32, "status": "out of memory"}])  # as record() writes it
+    s = pd.concat([s[s.prompt_len != 32], oom], ignore_index=True)
     s.to_csv(run.path / "prompt_sweep.csv", index=False)
-    assert list(ch.prompt_sweep(run).prompt_len) == [1, 8]
+    assert list(ch.prompt_sweep(run).prompt_len) == [1, 8, 16]
     assert ch.roofline(run).prompt_len.max() == 32
 
 
@@ -255,3 +322,58 @@ def test_notebook_runs_live_on_cpu_through_papermill(runs_root, tmp_path, monkey
     prose = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
     used = set(re.findall(r"\{glue:(?:text|md)\}`([^`:]+)", prose))
     assert used and used <= _glued(nb), used - _glued(nb)
+
+
+# --- the published run -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def published_run():
+    return ch.load()
+
+
+def test_published_run_shows_one_prefill_timing_where_it_was_recorded_so(published_run):
+    """Runs recorded with the harness (their meta.json says how numbers were taken) time the
+    prefill of prompt_len once; an older run says in the prose that it timed it twice."""
+    pt = ch.prefill_timing(published_run)
+    assert pt.prompt_len == published_run.parameters["prompt_len"]
+    assert pt.phase_ms == ch.phases(published_run)["prefill"].wall_ms
+    if "method" in published_run.results:
+        assert pt.shared, "a run recorded with the harness shows one measurement of the prefill"
+        s = ch.prompt_sweep(published_run).set_index("prompt_len")
+        assert s.loc[pt.prompt_len, "wall ms"] == pytest.approx(pt.phase_ms, rel=1e-12)
+    elif pt.sweep_ms is not None:
+        assert not pt.shared
+
+
+def test_published_census_counts_every_kernel_by_todays_kinds(published_run):
+    c = ch.census(published_run)
+    assert [k for k in c.index if k != "total"] == list(kernels.KINDS)
+    for ph in ch.PHASES:
+        k = ch.kernel_table(published_run, ph)
+        assert c.loc["total", (ph, "kernels")] == len(k) == ch.phases(published_run)[ph].kernels
+        assert list(k.kind) == list(k.name.map(kernels.classify))
+
+
+def test_published_rates_stay_under_the_datasheet_and_every_excess_is_explained(published_run):
+    lim = ch.limits(published_run)
+    a = ch.achieved_rates(published_run)
+    assert set(a.unit) == {"TFLOP/s", "TB/s"} and (a.value > 0).all()
+    assert not a["above datasheet"].any(), a[a["above datasheet"]]
+    notes = ch.ceiling_notes(published_run)
+    bw = ch.bandwidth(lim)
+    assert bw.tbs == (lim.read_tbs or lim.copy_tbs)
+    for unit, key, measured in (("TFLOP/s", "gemm", lim.gemm_tflops), ("TB/s", "bandwidth", bw.tbs)):
+        rows = a[a.unit == unit]
+        top = rows.loc[rows.value.idxmax()]
+        assert top.measured == measured
+        if top["above measured"]:
+            shown = f"{top.value:.0f}" if unit == "TFLOP/s" else f"{top.value:.2f}"
+            assert top.figure in notes[key] and shown in notes[key] and "not a limit of the hardware" in notes[key] \
+                or "counts the bytes it reads plus those it writes" in notes[key]
+            assert "datasheet" in notes[key]
+        else:
+            assert notes[key].startswith("No ")
+    # The phase table's MBU is against the read stream where the run measured one.
+    d = ch.phases(published_run)["decode"]
+    assert d.mbu_busy_measured == pytest.approx(d.tbs_busy / bw.tbs)
+    assert list(ch.utilisation(published_run).columns)[-1] == f"MBU vs {bw.short}"
