@@ -1,13 +1,15 @@
 """Chapter "From model code to kernels": the three-line MLP and RMSNorm at Qwen3-8B
-shapes, profiled line by line, and RMSNorm as one fused kernel."""
+shapes, profiled line by line, and RMSNorm as one fused kernel.
+
+Live, every time is taken before the first profile of the process (labsupport.harness),
+then the profiles."""
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 import pandas as pd
 
-from . import hardware, kernels, models, profiler, runs
+from . import harness, kernels, models, profiler, runs
 
 CHAPTER = "model-code-to-kernels"
 MLP_LINES = ("gate = x @ W_gate", "up = x @ W_up", "h = silu(gate) * up")
@@ -48,14 +50,14 @@ def mlp_bytes(hidden: int, inter: int, tokens: int, elem: int = 2) -> dict:
     }
 
 
-def _rmsnorm_variants(hidden: int, eps: float):
+def _rmsnorm_variants(hidden: int, eps: float, device: str = "cuda"):
     import torch
     import torch.nn.functional as F
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
     from . import triton_kernels
 
-    norm = Qwen3RMSNorm(hidden, eps=eps).to(device="cuda", dtype=torch.bfloat16)
+    norm = Qwen3RMSNorm(hidden, eps=eps).to(device=device, dtype=torch.bfloat16)
     with torch.no_grad():
         norm.weight.normal_(1.0, 0.1)
     return {
@@ -65,42 +67,67 @@ def _rmsnorm_variants(hidden: int, eps: float):
     }
 
 
-def record(params: Params | None = None, run_id: str | None = None, progress=_progress) -> runs.Run:
+def _per_call(t: harness.Timing) -> pd.Series:
+    """Times per call in ms: CUDA events around each call (the host clock on a CPU)."""
+    return pd.Series(t.gpu_ms or t.wall_ms, dtype=float)
+
+
+def record(params: Params | None = None, run_id: str | None = None, allow_cpu: bool = False,
+           progress=_progress) -> runs.Run:
+    """Measure this GPU now and write a new run (not published).
+
+    Order: the MLP and each RMSNorm per call (CUDA events), before any profile; then (the
+    process's first profiles) the MLP line by line and each RMSNorm's kernels."""
     import torch
 
     params = params or Params()
+    device = params.device
     cfg = models.preset_config(params.preset)
     hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    with runs.live_writer(CHAPTER, params, run_id) as w, torch.inference_mode():
-        x = torch.randn(params.tokens, hidden, device="cuda", dtype=torch.bfloat16)
-        w_gate = torch.randn(inter, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
-        w_up = torch.randn(inter, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
+    harness.for_chapter(CHAPTER)
+    with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w, torch.inference_mode():
+        w.extra["method"] = harness.method()
+        x = torch.randn(params.tokens, hidden, device=device, dtype=torch.bfloat16)
+        w_gate = torch.randn(inter, hidden, device=device, dtype=torch.bfloat16) * hidden**-0.5
+        w_up = torch.randn(inter, hidden, device=device, dtype=torch.bfloat16) * hidden**-0.5
+        x_norm = torch.randn(params.tokens, hidden, device=device, dtype=torch.bfloat16)
+        variants = _rmsnorm_variants(hidden, cfg["rms_norm_eps"], device)
+        ref = variants["transformers (as written)"](x_norm).float()
+
+        # 1. Every time first, before any profile.
+        progress("timing the three-line MLP per call")
+        t = _per_call(harness.time_region(lambda: _annotated_mlp(x, w_gate, w_up), what="the MLP, per call",
+                                          device=device, repeats=params.repeats, warmup=10))
+        w.extra["mlp"] = {"ms_median": float(t.median()), "ms_min": float(t.min()), "ms_max": float(t.max()),
+                          "bytes": mlp_bytes(hidden, inter, params.tokens)}
+        progress("timing RMSNorm three ways per call")
+        times = []
+        for name, fn in variants.items():
+            tt = _per_call(harness.time_region(lambda fn=fn: fn(x_norm), what=f"RMSNorm, {name}", device=device,
+                                               repeats=params.repeats, warmup=10)) * 1e3
+            err = (fn(x_norm).float() - ref).abs().max().item()
+            times.append({"variant": name, "us_median": float(tt.median()), "us_min": float(tt.min()),
+                          "us_max": float(tt.max()), "max_abs_diff_vs_transformers": err})
+
+        # 2. Then the profiles.
         progress("profiling the three-line MLP")
         tmp = w.path / ".t.json.gz"
-        k = profiler.kernels_of(lambda: _annotated_mlp(x, w_gate, w_up), tmp, origin="mlp")
+        k = profiler.kernels_of(lambda: _annotated_mlp(x, w_gate, w_up), tmp, device=device, origin="mlp")
         k["kind"] = k.name.map(kernels.classify)
         w.write_table("mlp_kernels", k)
-        t = hardware.time_cuda_ms(lambda: _annotated_mlp(x, w_gate, w_up), repeats=params.repeats, warmup=10)
-        w.extra["mlp"] = {"ms_median": statistics.median(t), "bytes": mlp_bytes(hidden, inter, params.tokens)}
-
         progress("profiling RMSNorm three ways")
-        x_norm = torch.randn(params.tokens, hidden, device="cuda", dtype=torch.bfloat16)
-        variants = _rmsnorm_variants(hidden, cfg["rms_norm_eps"])
-        ref = variants["transformers (as written)"](x_norm).float()
-        tables, times = [], []
-        for name, fn in variants.items():
-            kt = profiler.kernels_of(lambda: fn(x_norm), tmp, origin="rmsnorm")
+        tables = []
+        for row, (name, fn) in zip(times, variants.items()):
+            kt = profiler.kernels_of(lambda fn=fn: fn(x_norm), tmp, device=device, origin="rmsnorm")
             kt["variant"] = name
             tables.append(kt)
-            tt = hardware.time_cuda_ms(lambda: fn(x_norm), repeats=params.repeats, warmup=10)
-            err = (fn(x_norm).float() - ref).abs().max().item()
-            times.append({"variant": name, "kernels": len(kt), "us_median": statistics.median(tt) * 1e3,
-                          "max_abs_diff_vs_transformers": err})
+            row["kernels"] = len(kt)
         tmp.unlink()
         kt = pd.concat(tables, ignore_index=True)
         kt["kind"] = kt.name.map(kernels.classify)
         w.write_table("rmsnorm_kernels", kt)
-        w.write_table("rmsnorm_times", pd.DataFrame(times))
+        cols = ["variant", "kernels", "us_median", "us_min", "us_max", "max_abs_diff_vs_transformers"]
+        w.write_table("rmsnorm_times", pd.DataFrame(times)[cols])
     return runs.load_run(CHAPTER, w.run_id)
 
 
@@ -110,7 +137,7 @@ def load(run_id: str | None = None) -> runs.Run:
 
 def mlp_table(run: runs.Run) -> pd.DataFrame:
     """Each line of the MLP: its kernels, their time, and the bytes the line must move."""
-    k = run.table("mlp_kernels")
+    k = _kernels(run, "mlp_kernels")
     nbytes = run.results["mlp"]["bytes"]
     rows = []
     for line in MLP_LINES:
@@ -123,15 +150,22 @@ def mlp_table(run: runs.Run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _kernels(run: runs.Run, table: str) -> pd.DataFrame:
+    """A kernel table of the run, kinds by today's rules."""
+    k = run.table(table)
+    k["kind"] = k.name.map(kernels.classify)
+    return k
+
+
 def mlp_kernels(run: runs.Run) -> pd.DataFrame:
-    k = run.table("mlp_kernels")
+    k = _kernels(run, "mlp_kernels")
     return pd.DataFrame({"line": k.module, "operator": k.op, "kernel": k.name.map(kernels.short_name),
                          "kind": k.kind, "µs": k.dur_ns / 1e3})
 
 
 def rmsnorm_kernels(run: runs.Run, variant: str = "transformers (as written)") -> pd.DataFrame:
     """The kernels of one RMSNorm variant, in order, with the step of the math each does."""
-    k = run.table("rmsnorm_kernels")
+    k = _kernels(run, "rmsnorm_kernels")
     k = k[k.variant == variant]
     out = pd.DataFrame({"operator": k.op, "kernel": k.name.map(lambda n: kernels.short_name(n, 46)),
                         "kind": k.kind, "µs": (k.dur_ns / 1e3).round(2)}).reset_index(drop=True)
