@@ -163,6 +163,7 @@ def kernel_table(run: runs.Run) -> pd.DataFrame:
     """The run's kernel table, with the column types it was written with."""
     k = run.table("kernels", dtype={c: str for c in _TEXT_COLUMNS})
     k[_TEXT_COLUMNS] = k[_TEXT_COLUMNS].fillna("")
+    k["kind"] = k["name"].map(kernels.classify)  # today's rules, also for runs recorded before them
     return k.astype({"layer": "Int64"})
 
 
@@ -291,7 +292,9 @@ def census_beside_published(run: runs.Run) -> pd.DataFrame:
     })
     out.index.name = "kind"
     out.columns = pd.MultiIndex.from_tuples(out.columns)
-    return out
+    # A kind neither profile has (convolution, in a model without one) is left out.
+    empty = (out[(f"{gpu} (this run)", "kernels")].fillna(0) == 0) & out[("H100 (published)", "kernels")].isna()
+    return out[~empty]
 
 
 def per_layer(run: runs.Run) -> pd.DataFrame:

@@ -43,9 +43,11 @@ def _finish(fig, label: str):
 
 def census_bars(ours: pd.DataFrame, published: pd.DataFrame, label: str, gpu: str):
     """Kernel count and GPU time by kind: this run beside the published H100 profile."""
-    kinds = list(KINDS)
-    o = ours.set_index("kind").reindex(kinds)
-    p = published.set_index("kind").reindex(kinds)
+    o_all, p_all = ours.set_index("kind"), published.set_index("kind")
+    # Kinds that neither profile has (convolution, in a model without one) are left out.
+    kinds = [k for k in KINDS if o_all["kernels"].get(k, 0) or k in p_all.index]
+    o = o_all.reindex(kinds)
+    p = p_all.reindex(kinds)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     y = range(len(kinds))
     h = 0.38

@@ -33,6 +33,7 @@ _CPU_NON_KERNELS = {
     "aten::empty_like", "aten::result_type", "aten::_has_compatible_shallow_copy_type",
     "aten::is_same_size", "aten::set_", "aten::contiguous", "aten::expand_as", "aten::view_as",
     "aten::unflatten", "aten::movedim", "aten::numpy_T", "aten::matrix_H", "aten::dim",
+    "aten::detach_", "aten::split_with_sizes",
 }
 
 KERNEL_COLUMNS = [
