@@ -1,0 +1,163 @@
+"""Chapter "Where kernels come from": the analysis on the recorded runs' tables (the decode
+step by source, with each source's most time-consuming kernel as its example; the fusion;
+the attention backends; how the per-call times were taken), and the notebook committed with
+the parameters a smoke run sets; and record() on the CPU with its two GPU-only parts replaced
+by CPU stand-ins, profiling as on a GPU, to check that every time is taken before a profile."""
+import functools
+import shutil
+
+import nbformat
+import pandas as pd
+import pytest
+
+from labsupport import kernel_sources as ch
+from labsupport import harness, kernels, one_token, profiler, runs
+
+from .conftest import REPO
+
+NOTEBOOK = REPO / "notebooks" / "where_kernels_come_from.ipynb"
+
+
+@pytest.fixture(scope="module")
+def run():
+    return ch.load()
+
+
+@pytest.fixture(scope="module")
+def decode_kernels():
+    return one_token.kernel_table(one_token.load())
+
+
+def test_example_kernel_is_the_sum_of_launches_not_the_first_or_the_longest():
+    k = pd.DataFrame({"name": ["cutlass_80_simt_sgemm_first"] + ["nvjet_small"] * 10 + ["gemv_big"],
+                      "dur_ns": [1] + [3] * 10 + [20]})
+    src = ch.by_source(k)
+    assert list(src.index) == ["cuBLAS/cuBLASLt"] and src.loc["cuBLAS/cuBLASLt", "kernels"] == 12
+    assert src.loc["cuBLAS/cuBLASLt", "example kernel"] == "nvjet_small", "30 ns in all beats one 20 ns launch"
+
+
+def test_decode_step_by_source(decode_kernels):
+    k = decode_kernels
+    src = ch.by_source(k)
+    assert src.kernels.sum() == len(k)
+    assert src["GPU ms"].sum() == pytest.approx(k.dur_ns.sum() / 1e6)
+    assert src["share of GPU time"].sum() == pytest.approx(1.0)
+    assert list(src.index) == [s for s in kernels.SOURCES if s in set(src.index)]
+    source = k.name.map(kernels.source)
+    for s, row in src.iterrows():
+        by_name = k[source == s].groupby("name").dur_ns.sum()
+        assert row["example kernel"] == kernels.short_name(by_name.idxmax()), s
+        assert by_name.max() >= k[source == s].dur_ns.max() - 1, "the example takes at least the longest launch's time"
+
+
+def test_fusion_kernels_and_table(run):
+    f = ch.fusion_kernels(run)
+    assert set(f.variant) == {"eager (as written)", "torch.compile"}
+    assert list(f.kind) == list(run.table("fusion_kernels").name.map(kernels.classify)), "today's kinds"
+    assert set(f.kind) <= set(kernels.KINDS) and "other" not in set(f.kind)
+    t = ch.fusion_table(run).set_index("variant")
+    counts = f.variant.value_counts()
+    assert (t.kernels == counts.reindex(t.index)).all()
+    raw = run.table("fusion_kernels")
+    assert (t["GPU µs (profiler)"] == raw.groupby("variant").dur_ns.sum().reindex(t.index) / 1e3).all()
+    assert t.loc["torch.compile", "kernels"] < t.loc["eager (as written)", "kernels"]
+    h = ch.headline(run)
+    assert (h["RMSNorm kernels eager"], h["RMSNorm kernels compiled"]) == tuple(t.kernels)
+
+
+def test_attention_backends_table(run):
+    a = ch.attention_backends(run)
+    assert set(a.backend) == set(ch.BACKENDS)
+    assert set(a.context) == set(run.parameters["contexts"])
+    ok = a[a.status == "ok"]
+    distinct = ok.kernel_names.map(lambda s: len([n for n in s.split(";") if n]))
+    assert (distinct >= 1).all() and (ok.kernels >= distinct).all()
+    assert ok.source.map(lambda s: s != "" and "other" not in s).all()
+    assert a.loc[a.status != "ok", "status"].str.startswith("not available").all()
+
+
+def _copy(run, tmp_path):
+    root = tmp_path / "runs"
+    shutil.copytree(run.path, root / ch.CHAPTER / run.run_id)
+    return runs.load_run(ch.CHAPTER, run.run_id, root=root, verify=False)
+
+
+def test_timing_note_says_how_the_times_were_taken(run, tmp_path):
+    note = ch.timing_note(run)
+    if "clean" not in run.table("fusion_times").columns:
+        assert note.startswith("This run was recorded before the chapter timed everything ahead of its profiles")
+    # A run recorded with the harness: every time clean, the repeats named.
+    new = _copy(run, tmp_path)
+    t, a = new.table("fusion_times"), new.table("attention_backends")
+    t["repeats"], t["clean"] = 100, True
+    a["repeats"], a["clean"] = 100, True
+    t.to_csv(new.path / "fusion_times.csv", index=False)
+    a.to_csv(new.path / "attention_backends.csv", index=False)
+    assert ch.timing_note(new) == ("Every per-call time is the median of 100 timed calls, with CUDA events around "
+                                   "each, taken before anything was profiled in the process.")
+    t.loc[0, "clean"] = False
+    t.to_csv(new.path / "fusion_times.csv", index=False)
+    assert "after a profile" in ch.timing_note(new)
+
+
+def test_notebook_has_the_parameters_a_smoke_run_sets():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    (params,) = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert params is code[0]
+    for name in ("mode", "run_id", "preset", "contexts", "repeats"):
+        assert f"\n{name} = " in "\n" + params.source, name
+    assert "ch.Params(preset=preset, contexts=contexts, repeats=repeats)" in "".join(c.source for c in code)
+
+
+def test_record_times_everything_before_it_profiles(runs_root, monkeypatch):
+    """record() with CPU stand-ins for the GPU-only parts (the compiled RMSNorm, the SDPA
+    backends other than MATH), and every profile counted as one that leaves CUPTI attached:
+    a time taken after a profile would raise harness.TimingError."""
+    import torch
+    import torch.nn.functional as F
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    def fusion(hidden, eps):
+        norm = Qwen3RMSNorm(hidden, eps=eps).to(dtype=torch.bfloat16)
+        x = torch.randn(1, hidden, dtype=torch.bfloat16)
+        return {"eager (as written)": lambda: norm(x), "torch.compile": lambda: norm(x)}, "@triton.jit\n", 0.0
+
+    def attention(heads, kv_heads, head_dim, ctx):
+        q, k = torch.randn(1, heads, 1, head_dim), torch.randn(1, heads, ctx, head_dim)
+        out = {b: (None, "not available: no GPU here") for b in ch.BACKENDS}
+        out["MATH"] = (lambda: F.scaled_dot_product_attention(q, k, k), 0.0)
+        return out
+
+    time_region, kernels_of = harness.time_region, profiler.kernels_of
+
+    def time_on_cpu(fn, **kw):
+        t = time_region(fn, **{**kw, "device": "cpu"})
+        t.gpu_ms = list(t.wall_ms)  # no CUDA events on a CPU
+        return t
+
+    def profile_as_on_a_gpu(fn, path, **kw):
+        k = kernels_of(fn, path, **{**kw, "device": "cpu"})
+        harness._profiles_in_process += 1
+        return k
+
+    monkeypatch.setattr(ch, "_fusion", fusion)
+    monkeypatch.setattr(ch, "_attention", attention)
+    monkeypatch.setattr(harness, "_profiles_in_process", 0)
+    monkeypatch.setattr(harness, "time_region", time_on_cpu)
+    monkeypatch.setattr(profiler, "kernels_of", profile_as_on_a_gpu)
+    monkeypatch.setattr(runs, "live_writer", functools.partial(runs.live_writer, allow_cpu=True))
+    run = ch.record(ch.Params(preset="tiny", contexts=[8, 32], repeats=2, device="cpu"), progress=lambda m: None)
+    assert harness.profiled()
+    assert set(run.meta["files"]) == {"fusion_kernels.csv", "fusion_times.csv", "fused_rmsnorm_source.py",
+                                      "attention_backends.csv"}
+    assert set(run.results["method"]) >= {"wall_times", "gpu_times", "host"}
+    t = run.table("fusion_times")
+    assert list(t.variant) == ["eager (as written)", "torch.compile"] and t.clean.all() and (t.repeats == 2).all()
+    assert (t.kernels == run.table("fusion_kernels").groupby("variant").size().reindex(t.variant).values).all()
+    a = run.table("attention_backends")
+    assert list(zip(a.context, a.backend)) == [(c, b) for c in (8, 32) for b in ch.BACKENDS]
+    ok = a[a.status == "ok"]
+    assert list(ok.backend) == ["MATH", "MATH"] and ok.clean.all() and (ok.kernels > 0).all()
+    assert ch.timing_note(run).endswith("taken before anything was profiled in the process.")
