@@ -86,6 +86,9 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
 
         prompts, ctx_times, rows = {}, {}, {}
         for ctx in params.contexts:
+            if ctx == params.prompt_len:  # the step measured above: one configuration, one measurement
+                prompts[ctx], ctx_times[ctx] = prompt, times
+                continue
             progress(f"context {ctx}: timing")
             try:
                 prompts[ctx] = decode.Prompt.random(model.config.vocab_size, params.batch, ctx, device, seed=ctx)
@@ -113,9 +116,12 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
         for ctx, p in prompts.items():
             progress(f"context {ctx}: profiling")
             try:
-                tmp = w.path / f".ctx-{ctx}.json.gz"
-                kt = annotate_kernels(decode.profile_decode_step(model, p, device, tmp, warmup=1))
-                tmp.unlink()
+                if ctx == params.prompt_len:
+                    kt = table  # the step profiled above
+                else:
+                    tmp = w.path / f".ctx-{ctx}.json.gz"
+                    kt = annotate_kernels(decode.profile_decode_step(model, p, device, tmp, warmup=1))
+                    tmp.unlink()
             except torch.OutOfMemoryError:
                 rows[ctx] = {"context": ctx, "status": "out of memory"}
                 torch.cuda.empty_cache()

@@ -9,7 +9,7 @@ from labsupport import decode, one_token
 
 from .conftest import tree_bytes
 
-TINY = dict(preset="tiny", prompt_len=16, contexts=[8, 32], repeats=2, context_repeats=1, fresh_processes=1,
+TINY = dict(preset="tiny", prompt_len=16, contexts=[16, 32], repeats=2, context_repeats=1, fresh_processes=1,
             device="cpu")
 
 
@@ -71,6 +71,10 @@ def test_live_path_on_cpu_writes_a_valid_run(runs_root):
     effect = run.table("profiler_effect").set_index("condition")
     assert list(effect.index) == ["fresh process", "before profiling", "after profiling", "inside the profiler"]
     assert effect.loc["before profiling", "wall_ms_median"] == pytest.approx(one_token.summary(run).wall_ms)
+    # The context sweep's row at the prompt length is the step measured above, not a second measurement.
+    sweep = run.table("context_sweep").set_index("context")
+    assert sweep.loc[16, "wall_ms_median"] == one_token.summary(run).wall_ms
+    assert sweep.loc[16, "kernels"] == one_token.summary(run).kernels
     assert list(run.table("context_sweep").status) == ["ok", "ok"]
     assert not list(runs_root.rglob(".incomplete-*"))
 
@@ -115,4 +119,4 @@ def test_out_of_memory_at_a_long_context_is_recorded(runs_root, monkeypatch):
     run = one_token.record(one_token.Params(**TINY), allow_cpu=True, progress=lambda m: None)
     sweep = run.table("context_sweep")
     assert list(sweep.status) == ["ok", "out of memory"]
-    assert list(one_token.context_sweep(run).context) == [8]
+    assert list(one_token.context_sweep(run).context) == [16]
