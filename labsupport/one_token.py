@@ -371,3 +371,71 @@ def layer_parts(run: runs.Run, layer: int) -> pd.DataFrame:
     g = k.assign(part=part).groupby("part", sort=False).agg(kernels=("dur_ns", "size"), gpu_us=("dur_ns", "sum"))
     g["gpu_us"] = g.gpu_us / 1e3
     return g.rename(columns={"gpu_us": "GPU µs"})
+
+
+# The weight matrices of a decoder layer and the LM head, by the name of their module.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+
+
+def projection_shapes(preset: str) -> dict[str, tuple[int, int]]:
+    """(rows, columns) of each weight matrix of a Qwen3-style model, from its configuration."""
+    from . import models
+
+    c = models.preset_config(preset)
+    q, kv, h, i = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"], \
+        c["hidden_size"], c["intermediate_size"]
+    return {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q),
+            "gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i), "lm_head": (c["vocab_size"], h)}
+
+
+def gemv_by_shape(run: runs.Run) -> pd.DataFrame:
+    """Every weight matrix of the step by shape: bytes it holds, its kernels' time per call
+    (the matrix-vector kernel plus cuBLAS's split-K reduction where there is one), the read
+    bandwidth that makes, and which kernel cuBLAS chose."""
+    k = kernel_table(run)
+    mm = k[k.kind == "matrix multiply"].copy()
+    mm["projection"] = mm.module.str.extract(r"(?:^|\.)(\w+)$")[0]
+    mm = mm[mm.projection.isin(PROJECTIONS)]
+    mm["call"] = mm.layer.astype("string").fillna("") + ":" + mm.projection
+    shapes = projection_shapes(run.parameters["preset"])
+    lim = hardware.run_limits(run)
+    rows = []
+    for proj, g in mm.groupby("projection", sort=False):
+        per_call = g.groupby("call").dur_ns.sum()
+        main = g[~g.name.str.contains("splitKreduce")]
+        rows_, cols = shapes[proj]
+        nbytes = rows_ * cols * 2
+        us = float(per_call.median()) / 1e3
+        rows.append({"projection": proj, "shape": f"{rows_:,} x {cols:,}", "bytes": nbytes,
+                     "calls": len(per_call), "us_per_call": us, "tbs": nbytes / (us * 1e-6) / 1e12,
+                     "kernel": kernels.short_name(main.name.mode().iloc[0], width=48),
+                     "split_k": bool(g.name.str.contains("splitKreduce").any()),
+                     "of_datasheet": hardware.of_bandwidth(nbytes, us / 1e3, lim.datasheet_tbs),
+                     "of_measured": hardware.of_bandwidth(nbytes, us / 1e3, lim.read_or_copy_tbs)})
+    order = {p: i for i, p in enumerate(PROJECTIONS)}
+    return pd.DataFrame(rows).sort_values("projection", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def gemv_figure(g: pd.DataFrame, run: runs.Run):
+    """Read bandwidth of each weight matrix's kernels against the ceilings."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    lim = hardware.run_limits(run)
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    labels = [f"{p}  ({s}, {b / 1e6:,.0f} MB)" for p, s, b in zip(g.projection, g["shape"], g.bytes, strict=True)]
+    ax.barh(labels, g.tbs, color=[plots.OURS if not s else "#8fb0d6" for s in g.split_k])
+    for tbs, name, style in ((lim.datasheet_tbs, "datasheet", "-"),
+                             (lim.read_tbs, "read stream (measured)", "--"),
+                             (None if lim.read_tbs else lim.copy_tbs, "copy (measured)", ":")):
+        if tbs:
+            ax.axvline(tbs, color="#555", ls=style, lw=1, label=f"{name}: {tbs:.2f} TB/s")
+    for y, v in enumerate(g.tbs):
+        ax.text(v, y, f" {v:.2f}", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(g.tbs.max(), lim.datasheet_tbs or 0) * 1.25)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel("TB/s read (weights / kernel time per call; light bars: split-K)")
+    ax.set_title("Read bandwidth of each matrix-vector product of the step")
+    return plots._finish(fig, run.label)
