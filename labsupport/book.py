@@ -1,5 +1,62 @@
-"""Putting run data into the book's prose with myst-nb's `glue`."""
+"""Putting run data into the book's prose with myst-nb's `glue`, and into its tables.
+
+Importing this module (every chapter notebook does) makes every pandas Styler escape HTML in
+its cells and headers, whatever `.format(...)` calls follow: a kernel or op name such as
+`<img onerror=...>` recorded in a run shows as text, never as a tag. Markdown glued from run
+data is escaped the same way outside its code spans.
+"""
 from __future__ import annotations
+
+import html
+import re
+
+import pandas as pd
+
+
+def escape_tables() -> None:
+    """Make every pandas Styler escape HTML (cells and index/column labels). Styler only
+    honours the `styler.format.escape` option in its constructor, and a later `.format({...})`
+    would reset the other columns to unescaped text, so format and format_index are wrapped
+    to escape unless told otherwise."""
+    from pandas.io.formats.style import Styler
+
+    pd.set_option("styler.format.escape", "html")
+    if getattr(Styler, "_labsupport_escapes", False):
+        return
+    fmt, fmt_index, init = Styler.format, Styler.format_index, Styler.__init__
+
+    def format(self, formatter=None, subset=None, na_rep=None, precision=None, decimal=".", thousands=None,
+               escape="html", **kw):
+        return fmt(self, formatter, subset, na_rep, precision, decimal, thousands, escape=escape, **kw)
+
+    def format_index(self, formatter=None, axis=0, level=None, na_rep=None, precision=None, decimal=".",
+                     thousands=None, escape="html", **kw):
+        return fmt_index(self, formatter, axis, level, na_rep, precision, decimal, thousands, escape=escape, **kw)
+
+    def __init__(self, data, *args, **kw):
+        init(self, data, *args, **kw)
+        fmt_index(self, axis=0, escape="html")
+        fmt_index(self, axis=1, escape="html")
+
+    format.__doc__, format_index.__doc__ = fmt.__doc__, fmt_index.__doc__
+    Styler.format, Styler.format_index, Styler.__init__ = format, format_index, __init__
+    Styler._labsupport_escapes = True
+
+
+escape_tables()
+
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+
+
+def md_safe(text: str) -> str:
+    """Markdown with `<`, `>` and `&` escaped outside code spans (inside them markdown shows
+    HTML as text already): markdown formatting stays, HTML from run data does not render."""
+    out, pos = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        out += [html.escape(text[pos:m.start()], quote=False), m.group(0)]
+        pos = m.end()
+    out.append(html.escape(text[pos:], quote=False))
+    return "".join(out)
 
 
 def glue(name: str, value, display: bool = False) -> None:
@@ -25,23 +82,24 @@ def glue_all(values: dict, prefix: str = "") -> None:
 
 
 def glue_text(name: str, text: str) -> None:
-    """Glue a string for `{glue:md}` (plain `{glue}` would show it with quotes)."""
+    """Glue a string for `{glue:md}` (plain `{glue}` would show it with quotes); HTML in it is
+    escaped (md_safe)."""
     from IPython.display import Markdown
 
-    glue(name, Markdown(text))
+    glue(name, Markdown(md_safe(text)))
 
 
 def run_file_link(run, name: str, text: str | None = None):
     """A download link, from a chapter page, to a file of the run it shows.
 
-    The book serves runs/ at its root (html_extra_path in _config.yml), so chapter pages
+    The book serves the published runs at its root (book/_ext/serve_runs.py), so chapter pages
     (under notebooks/) reach a run's files at ../runs/<chapter>/<run id>/<file>.
     """
     from IPython.display import HTML
 
     run.file(name)  # a clear error if the run has no such file
-    href = f"../runs/{run.chapter}/{run.run_id}/{name}"
-    return HTML(f'<p><a href="{href}" download>{text or name}</a></p>')
+    href = html.escape(f"../runs/{run.chapter}/{run.run_id}/{name}")
+    return HTML(f'<p><a href="{href}" download>{html.escape(text or name)}</a></p>')
 
 
 def trace_download(run, name: str):
@@ -49,10 +107,10 @@ def trace_download(run, name: str):
     from IPython.display import HTML
 
     run.file(name)
-    href = f"../runs/{run.chapter}/{run.run_id}/{name}"
+    href = html.escape(f"../runs/{run.chapter}/{run.run_id}/{name}")
     size = run.file(name).stat().st_size
     size = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
     return HTML(f'<p class="trace-download">Raw profiler trace behind this figure: '
-                f'<a href="{href}" download><code>{name}</code></a> ({size}, run {run.run_id}). '
+                f'<a href="{href}" download><code>{html.escape(name)}</code></a> ({size}, run {html.escape(run.run_id)}). '
                 f'Open it in <a href="https://ui.perfetto.dev">Perfetto</a> (Open trace file) or in Chrome at '
                 f'<code>chrome://tracing</code> (Load); both read the compressed file as it is.</p>')

@@ -1,9 +1,14 @@
 """Compare a new run of a chapter with the published one: structural changes (kernel
 counts and names, by kind and by source) apart from timing noise (headline numbers that
-moved by more than a threshold)."""
+moved by more than a threshold).
+
+The markdown report escapes everything that comes from run data (kernel names above all), so
+the status page renders it as text, never as HTML."""
 from __future__ import annotations
 
+import html
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
@@ -36,11 +41,11 @@ def _kernel_tables(run: runs.Run) -> dict[str, pd.DataFrame]:
     device = run.provenance.get("device", "cuda")
     for name in sorted(run.meta.get("files", {})):
         if name.endswith(".csv"):
-            df = pd.read_csv(run.path / name)
+            df = run.table(name[:-4])
             if {"name", "dur_ns"} <= set(df.columns):
                 out[name] = df
         elif name.endswith(".json.gz"):
-            out[name] = trace.read_kernels(run.path / name, device=device)
+            out[name] = trace.read_kernels(run.file(name), device=device)
     return out
 
 
@@ -84,6 +89,25 @@ def compare(chapter: Chapter, new: runs.Run, old: runs.Run | None,
     return d
 
 
+def from_json(text: str) -> tuple[list[ChapterDrift], float]:
+    """The drifts and threshold of a report written by to_json."""
+    data = json.loads(text)
+    return [ChapterDrift(**d) for d in data["chapters"]], float(data["timing_threshold"])
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+
+
+def md_text(value) -> str:
+    """`value` as literal markdown text: HTML escaped, markdown punctuation backslashed."""
+    return _MD_SPECIAL.sub(r"\\\1", html.escape(str(value), quote=False)).replace("\n", " ")
+
+
+def md_code(value) -> str:
+    """`value` as a markdown code span (which shows HTML as text)."""
+    return "`" + str(value).replace("`", "'").replace("\n", " ") + "`"
+
+
 def to_json(drifts: list[ChapterDrift], threshold: float) -> str:
     return json.dumps({"timing_threshold": threshold, "chapters": [asdict(d) for d in drifts]}, indent=2,
                       default=float) + "\n"
@@ -94,17 +118,19 @@ def to_markdown(drifts: list[ChapterDrift], threshold: float, title: str) -> str
              f"Structural changes are any change in kernel counts or names; a headline number counts as "
              f"moved when it changed by more than {threshold:.0%}.", ""]
     for d in drifts:
-        lines += [f"## {d.chapter}", "", f"new run `{d.new_run}` against published run `{d.old_run or 'none'}`", ""]
+        lines += [f"## {md_text(d.chapter)}", "",
+                  f"new run {md_code(d.new_run)} against published run {md_code(d.old_run or 'none')}", ""]
         if d.old_run is None:
             lines += ["No published run to compare with.", ""]
             continue
         if d.structural:
             lines += ["| table | change | published | new |", "|---|---|---|---|"]
-            lines += [f"| {s['table']} | {s['what']} | {s['old']} | {s['new']} |" for s in d.structural]
+            lines += [f"| {md_text(s['table'])} | {md_text(s['what'])} | {md_text(s['old'])} | {md_text(s['new'])} |"
+                      for s in d.structural]
         else:
             lines.append("No structural change: the same kernels, by kind and by source.")
         lines += ["", "| headline number | published | new | change | |", "|---|---|---|---|---|"]
-        lines += [f"| {t['metric']} | {t['old']:.4g} | {t['new']:.4g} | {t['change']:+.1%} | "
+        lines += [f"| {md_text(t['metric'])} | {t['old']:.4g} | {t['new']:.4g} | {t['change']:+.1%} | "
                   f"{'**moved**' if t['moved'] else 'noise'} |" for t in d.timing]
         lines.append("")
     return "\n".join(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from . import chapters, history, plots, runs
+from . import chapters, drift, history, plots, runs
 
 
 def published_table() -> pd.DataFrame:
@@ -67,17 +67,31 @@ def publications() -> pd.DataFrame:
                          "GPU": first.gpu.values, "chapters": h.groupby("published_as", sort=False).chapter.nunique().values})
 
 
+def published_night() -> str | None:
+    """The id of the newest nightly whose runs are (at least partly) the published ones and
+    whose drift report is under runs/nightly/; None if there is none. Reports of nights that
+    never published are never chosen, whatever their names."""
+    root = runs.runs_root()
+    ids = set(runs.published(root).values())
+    d = root / "nightly"
+    nights = sorted(n for n in ids if (d / f"{n}-drift.json").is_file() and not (d / f"{n}-drift.json").is_symlink())
+    return nights[-1] if nights else None
+
+
 def latest_drift() -> str:
-    """The most recent drift report (markdown), or a sentence saying there is none."""
-    d = runs.runs_root() / "nightly"
-    reports = sorted(d.glob("*-drift.md")) if d.is_dir() else []
-    if not reports:
-        return "No nightly drift report has been recorded yet."
-    text = reports[-1].read_text()
-    return text.replace("\n# ", "\n### ").replace("\n## ", "\n#### ").lstrip("# ").split("\n", 1)[1]
+    """The drift report of the published runs (markdown, rendered from its JSON with every
+    value from run data escaped), or a sentence saying there is none."""
+    night = published_night()
+    if night is None:
+        return "No nightly drift report belongs to the published runs (they were published by `live`, or before the nightly existed)."
+    path = runs.runs_root() / "nightly" / f"{night}-drift.json"
+    try:
+        drifts, threshold = drift.from_json(path.read_text())
+    except (ValueError, KeyError, TypeError) as e:
+        raise runs.RunError(f"{path} is corrupt: {type(e).__name__}: {e}") from None
+    text = drift.to_markdown(drifts, threshold, "")
+    return text.replace("\n## ", "\n#### ").split("\n", 2)[2].lstrip("\n")
 
 
 def latest_drift_name() -> str:
-    d = runs.runs_root() / "nightly"
-    reports = sorted(d.glob("*-drift.md")) if d.is_dir() else []
-    return reports[-1].stem.removesuffix("-drift") if reports else "none"
+    return published_night() or "none"

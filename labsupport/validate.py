@@ -25,13 +25,19 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
     Every file the chapter declares is present; every table has rows; numbers are not NaN
     (rows with a status other than "ok" excepted, such as a batch that ran out of memory);
     times and counts are not negative; kernel tables hold at least `min_kernels` kernels;
-    the provenance is complete.
+    tables have the columns chapters.py declares; traces parse; the provenance is complete.
     """
     problems = []
     files = run.meta.get("files", {})
     for name in chapter.artifacts:
         if name not in files:
             problems.append(f"{name} is missing")
+    for name in sorted(files):  # traces must parse
+        if not name.endswith(".csv"):
+            try:
+                run.file(name)
+            except runs.RunError as e:
+                problems.append(str(e))
     prov = run.provenance
     for field in provenance.REQUIRED_FIELDS:
         if str(prov.get(field, "")).strip() in ("", "unknown"):
@@ -39,7 +45,11 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
     for name in sorted(files):
         if not name.endswith(".csv"):
             continue
-        df = pd.read_csv(run.path / name)
+        try:
+            df = run.table(name[:-4])  # with the columns chapters.py declares
+        except runs.RunError as e:
+            problems.append(str(e))
+            continue
         if df.empty:
             problems.append(f"{name} has no rows")
             continue
