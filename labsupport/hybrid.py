@@ -17,9 +17,18 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from . import gated_deltanet, hardware, runs, trace
+from .launch_overhead import above_ceiling_note, measured_read  # noqa: F401  (the notebook uses both)
 
 CHAPTER = "hybrid-model-token"
 ARTIFACTS = ("variants.csv", "step_times.csv", "prefill.csv", "cache_growth.csv", "trace-reference-eager.json.gz")
+# The columns of the run's tables, written even when nothing ran.
+VARIANT_COLUMNS = ["backend", "mode", "status", "kernels", "gpu_busy_ns", "kernel_ns", "launch_calls",
+                   "wall_ms_median", "wall_ms_min", "wall_ms_max", "issue_ms_median", "clean",
+                   "graphs_compiled_while_profiling", "compile_s"]
+STEP_TIME_COLUMNS = ["backend", "mode", "repeat", "wall_ms", "issue_ms", "gpu_ms", "clean"]
+PREFILL_COLUMNS = ["backend", "status", "tokens", "kernels", "gpu_busy_ns", "wall_ms_median", "wall_ms_min",
+                   "wall_ms_max", "clean"]
+CACHE_GROWTH_COLUMNS = ["context", "status", "layer_type", "layers", "bytes"]
 MODES = {
     "eager": "eager, dynamic cache (as written)",
     "cuda-graph": "CUDA graph (static cache)",
@@ -74,52 +83,31 @@ def cache_bytes(cache, layer_types: list[str]) -> dict[str, int]:
     return out
 
 
-def _time_prefill(model, prompt, device: str, repeats: int) -> list[float]:
-    from .decode import prefill, sync
-
-    prefill(model, prompt)  # warm-up (and Triton autotuning, for flash-linear-attention)
-    wall = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        cache, _ = prefill(model, prompt)
-        sync(device)
-        wall.append((time.perf_counter() - t0) * 1e3)
-        del cache
-    return wall
-
-
-def _profile_prefill(model, prompt, device: str, path) -> pd.DataFrame:
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    from .decode import prefill, sync
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    for _ in range(2):  # the first warms the profiler up
-        sync(device)
-        with profile(activities=activities) as prof:
-            with record_function("decode_step"):  # the origin trace.read_kernels looks for
-                prefill(model, prompt)
-                sync(device)
-    prof.export_chrome_trace(str(path))
-    k = trace.read_kernels(path, device=device)
-    path.unlink()
-    return k
+def _setup(step):
+    def setup():
+        step.prepare()
+        return ()
+    return setup
 
 
 def record(params: Params | None = None, run_id: str | None = None, allow_cpu: bool = False,
            progress=_progress) -> runs.Run:
-    """Measure this GPU now and write a new run (not published). Returns the run."""
+    """Measure this GPU now and write a new run (not published). Returns the run.
+
+    Every wall time (the prompt and every decode variant, of every backend) is taken before the
+    first profile in the process; then everything is profiled (labsupport.harness)."""
     import torch
 
-    from . import decode, models
-    from .launch_overhead import CompiledStep, EagerStep, GraphStep, StaticStep, _profile, _time
+    from . import decode, harness, models
+    from .launch_overhead import CompiledStep, EagerStep, GraphStep, StaticStep, graphs_compiled
 
     params = params or Params()
     device = params.device
+    harness.for_chapter(CHAPTER)
     for b in params.backends:
         gated_deltanet.unavailable_reason(b, device)  # an unknown backend name stops here
     with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
+        w.extra["method"] = harness.method()
         if device == "cuda":
             hardware.record_ceilings(w, progress)
         progress(f"building {params.preset} with random BF16 weights on {device}")
@@ -136,81 +124,149 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
         progress(f"  {counts.parameters / 1e9:.2f} B parameters, {layer_types.count('linear_attention')} "
                  f"linear-attention and {layer_types.count('full_attention')} full-attention layers")
         prompt = decode.Prompt.random(model.config.vocab_size, 1, params.prompt_len, device)
-        rows, times, prefills = [], [], []
+        rows: dict[tuple, dict] = {}      # (backend, mode) -> its row of variants.csv, once complete
+        prefills: dict[str, dict] = {}    # backend -> its row of prefill.csv, once complete
+        timed: dict[tuple, tuple] = {}    # (backend, mode) -> (step, Timing, extra columns)
+        prefill_timed: dict[str, object] = {}  # backend -> Timing of the prompt
 
         def failed(backend, mode, why):
-            rows.append({"backend": backend, "mode": mode, "status": why})
+            rows[(backend, mode)] = {"backend": backend, "mode": mode, "status": why}
             progress(f"  {backend} / {MODES[mode]}: {why}")
 
-        def attempt(backend, mode, make, labelled_model=None, extra=lambda s: None):
-            progress(f"{backend}: {MODES[mode]}")
+        def oom(e):
+            if isinstance(e, torch.OutOfMemoryError):
+                torch.cuda.empty_cache()
+
+        def build_and_time(backend, mode, make, extra=lambda s: None):
+            progress(f"{backend}: {MODES[mode]}: build and time")
             try:
                 step = make()
-                path = w.path / trace_file(backend, mode)
-                _profile(step, path, labelled_model, device)
-                k = trace.read_kernels(path, device=device)
-                wall, issue = _time(step, params.repeats, device)
+                t = harness.time_region(step, what=f"{backend}, {MODES[mode]}", device=device,
+                                        repeats=params.repeats, setup=_setup(step))
+            except harness.TimingError:
+                raise
             except Exception as e:  # recorded, not hidden: the chapter shows why
-                if isinstance(e, torch.OutOfMemoryError):
-                    torch.cuda.empty_cache()
-                (w.path / trace_file(backend, mode)).unlink(missing_ok=True)
+                oom(e)
                 return failed(backend, mode, f"failed: {_first_line(e)}")
-            times.extend({"backend": backend, "mode": mode, "repeat": i, "wall_ms": a, "issue_ms": b}
-                         for i, (a, b) in enumerate(zip(wall, issue)))
-            rows.append({"backend": backend, "mode": mode, "status": "ok", "kernels": len(k),
-                         "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns), "kernel_ns": int(k.dur_ns.sum()),
-                         "launch_calls": int((k.launch_api != "").groupby(k.correlation).ngroups)
-                         if device == "cuda" else len(k),
-                         "wall_ms_median": statistics.median(wall), "issue_ms_median": statistics.median(issue),
-                         **(extra(step) or {})})
-            progress(f"  {len(k)} kernels, wall {statistics.median(wall):.2f} ms")
+            timed[(backend, mode)] = (step, t, extra(step) or {})
+            progress(f"  wall {t.median:.2f} ms (median of {len(t.wall_ms)}, {t.low:.2f} to {t.high:.2f})")
 
+        usable = []
         for backend in params.backends:
             reason = gated_deltanet.unavailable_reason(backend, device)
             if reason:
-                prefills.append({"backend": backend, "status": f"not run: {reason}"})
+                prefills[backend] = {"backend": backend, "status": f"not run: {reason}"}
                 for mode in MODES:
                     failed(backend, mode, f"not run: {reason}")
-                continue
+            else:
+                usable.append(backend)
+
+        # 1. Time everything, backend by backend; nothing in this process has been profiled yet.
+        #    Every step stays alive for its profile below (the model is shared; each static-cache
+        #    step holds only its own small cache). There is no torch._dynamo.reset() between the
+        #    two backends' compiles (a reset would make the first backend's step recompile inside
+        #    its profile). The backend switch replaces module-level functions that the compiled
+        #    graph inlines, and Dynamo guards on those functions, so the second backend's compile
+        #    adds its own entry and each entry is valid only while its backend is in place. That
+        #    is why each profile below re-enters its backend (so do the eager steps, which look the
+        #    functions up as they run): the compiled step then finds its own entry instead of
+        #    recompiling; the profile records graphs_compiled_while_profiling (0 expected;
+        #    tests/test_hybrid.py checks the guards on a CPU). CUDA graphs replay what they
+        #    captured, whichever backend is in place.
+        for backend in usable:
             with gated_deltanet.use(backend, device):
-                progress(f"{backend}: the {params.prompt_len}-token prompt (prefill)")
+                progress(f"{backend}: the {params.prompt_len}-token prompt (prefill): time")
                 try:
-                    wall = _time_prefill(model, prompt, device, params.repeats)
-                    k = _profile_prefill(model, prompt, device, w.path / f".prefill-{backend}.json.gz")
-                    prefills.append({"backend": backend, "status": "ok", "tokens": params.prompt_len,
-                                     "kernels": len(k), "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
-                                     "wall_ms_median": statistics.median(wall),
-                                     "wall_ms_min": min(wall), "wall_ms_max": max(wall)})
-                    progress(f"  {len(k)} kernels, {statistics.median(wall):.1f} ms")
+                    # warm-up includes flash-linear-attention's Triton autotuning
+                    prefill_timed[backend] = harness.time_region(
+                        lambda: decode.prefill(model, prompt), what=f"{backend}, prefill", device=device,
+                        repeats=params.repeats, warmup=2)
+                except harness.TimingError:
+                    raise
                 except Exception as e:
-                    prefills.append({"backend": backend, "status": f"failed: {_first_line(e)}"})
+                    oom(e)
+                    prefills[backend] = {"backend": backend, "status": f"failed: {_first_line(e)}"}
                     progress(f"  failed: {_first_line(e)}")
-                attempt(backend, "eager", lambda: EagerStep(model, prompt), labelled_model=model)
+                build_and_time(backend, "eager", lambda: EagerStep(model, prompt))
                 if device != "cuda":
                     failed(backend, "cuda-graph", "not run: needs a CUDA GPU")
                     failed(backend, "compile", "not run: needs a CUDA GPU")
                     continue
                 if params.cuda_graphs:
-                    attempt(backend, "cuda-graph", lambda: GraphStep(StaticStep(model, prompt.ids)))
+                    build_and_time(backend, "cuda-graph", lambda: GraphStep(StaticStep(model, prompt.ids)))
                 else:
                     failed(backend, "cuda-graph", "not run: switched off in this run's parameters")
                 if backend in params.compile_backends:
-                    torch._dynamo.reset()
                     # flash-linear-attention's kernels may break the graph; the rest still compiles.
-                    attempt(backend, "compile",
-                            lambda: CompiledStep(StaticStep(model, prompt.ids), "reduce-overhead",
-                                                 fullgraph=backend == "reference"),
-                            extra=lambda s: {"compile_s": s.compile_s})
+                    build_and_time(backend, "compile",
+                                   lambda: CompiledStep(StaticStep(model, prompt.ids), "reduce-overhead",
+                                                        fullgraph=backend == "reference"),
+                                   extra=lambda s: {"compile_s": s.compile_s})
                 else:
                     failed(backend, "compile", "not run: switched off in this run's parameters")
-                torch._dynamo.reset()
-                if device == "cuda":
-                    torch.cuda.empty_cache()
+
+        # 2. Profile everything, each under its own backend. A variant that fails here loses its
+        #    timing too: every row written is complete, and step_times.csv holds only ok variants.
+        times = []
+        for backend in usable:
+            with gated_deltanet.use(backend, device):
+                if backend in prefill_timed:
+                    progress(f"{backend}: the prompt: profile")
+                    t = prefill_timed[backend]
+                    path = w.path / f".prefill-{backend}.json.gz"
+                    try:
+                        k = harness.profile_region(lambda: decode.prefill(model, prompt), path, region="prefill",
+                                                   device=device)
+                    except harness.ProfileError:
+                        raise
+                    except Exception as e:
+                        oom(e)
+                        prefills[backend] = {"backend": backend,
+                                             "status": f"failed while profiling (after it was timed): {_first_line(e)}"}
+                    else:
+                        prefills[backend] = {"backend": backend, "status": "ok", "tokens": params.prompt_len,
+                                             "kernels": len(k), "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
+                                             "wall_ms_median": t.median, "wall_ms_min": t.low, "wall_ms_max": t.high,
+                                             "clean": t.clean}
+                        progress(f"  {len(k)} kernels")
+                    finally:
+                        path.unlink(missing_ok=True)
+                for mode in MODES:
+                    if (backend, mode) not in timed:
+                        continue
+                    step, t, extra = timed.pop((backend, mode))
+                    progress(f"{backend}: {MODES[mode]}: profile")
+                    path = w.path / trace_file(backend, mode)
+                    # Module labels (forward hooks) only for eager code: they would break captured and compiled code.
+                    labels = (lambda: decode.annotated_modules(model)) if mode == "eager" else None
+                    before = graphs_compiled()
+                    try:
+                        k = harness.profile_region(step, path, region="decode_step", device=device,
+                                                   setup=_setup(step), labels=labels)
+                    except harness.ProfileError:
+                        raise
+                    except Exception as e:
+                        oom(e)
+                        path.unlink(missing_ok=True)
+                        failed(backend, mode, f"failed while profiling (after it was timed): {_first_line(e)}")
+                        continue
+                    launches = (int((k.launch_api != "").groupby(k.correlation).ngroups) if device == "cuda"
+                                else len(k))
+                    rows[(backend, mode)] = {
+                        "backend": backend, "mode": mode, "status": "ok", "kernels": len(k),
+                        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns), "kernel_ns": int(k.dur_ns.sum()),
+                        "launch_calls": launches, "wall_ms_median": t.median, "wall_ms_min": t.low,
+                        "wall_ms_max": t.high, "issue_ms_median": statistics.median(t.issue_ms), "clean": t.clean,
+                        "graphs_compiled_while_profiling": graphs_compiled() - before, **extra}
+                    times.extend(t.rows(backend=backend, mode=mode))
+                    progress(f"  {len(k)} kernels")
+        timed.clear()
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
         progress("cache size after prompts of " + ", ".join(map(str, params.contexts)) + " tokens")
         growth = []
-        usable = [b for b in params.backends if not gated_deltanet.unavailable_reason(b, device)]
-        with gated_deltanet.use(usable[-1], device):  # the sizes do not depend on the backend
+        with gated_deltanet.use(usable[-1] if usable else "reference", device):  # sizes do not depend on the backend
             for ctx in params.contexts:
                 try:
                     cache, _ = decode.prefill(model, decode.Prompt.random(model.config.vocab_size, 1, ctx, device))
@@ -222,10 +278,12 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
                     growth.append({"context": ctx, "status": "ok", "layer_type": kind,
                                    "layers": layer_types.count(kind), "bytes": nbytes})
                 del cache
-        w.write_table("variants", pd.DataFrame(rows))
-        w.write_table("step_times", pd.DataFrame(times, columns=["backend", "mode", "repeat", "wall_ms", "issue_ms"]))
-        w.write_table("prefill", pd.DataFrame(prefills))
-        w.write_table("cache_growth", pd.DataFrame(growth))
+        order = [(b, m) for b in params.backends for m in MODES]
+        w.write_table("variants", pd.DataFrame([rows[key] for key in order if key in rows], columns=VARIANT_COLUMNS))
+        w.write_table("step_times", pd.DataFrame(times, columns=STEP_TIME_COLUMNS))
+        w.write_table("prefill", pd.DataFrame([prefills[b] for b in params.backends if b in prefills],
+                                              columns=PREFILL_COLUMNS))
+        w.write_table("cache_growth", pd.DataFrame(growth, columns=CACHE_GROWTH_COLUMNS))
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -243,9 +301,36 @@ def _label(backend: str, mode: str) -> str:
     return f"{gated_deltanet.BACKENDS[backend]}; {MODES[mode]}"
 
 
+def timing_note(run: runs.Run) -> str:
+    """How the run's wall times were taken: all before the first profile (the harness), or, in
+    runs recorded before it, in the same process as the profiles, most after one."""
+    t = run.table("step_times")
+    if "clean" not in t:
+        return ("This run is older than the book's measuring harness: its wall times were taken in the same "
+                "process as its profiles, most of them after one, so they carry the profiler's after-effect "
+                "(CUPTI stays attached and every later launch pays for it; the methodology page measures how "
+                "much). Runs recorded with the current code time every variant of every backend, and each "
+                "backend's prompt, before profiling any.")
+    p = run.table("prefill")
+    clean = list(t.clean) + (list(p.clean.dropna()) if "clean" in p else [])
+    if all(str(c) == "True" for c in clean):
+        return (f"Every wall time (each backend's prompt and every variant) was taken before the first profile in "
+                f"the process, {int(t.groupby(['backend', 'mode']).size().max())} repeats each; the table gives "
+                "the median with the fastest and slowest repeat.")
+    return ("Some wall times in this run were taken after a profile in the same process (see `clean` in "
+            "`step_times.csv`); they carry the profiler's after-effect.")
+
+
+def measured_column(run: runs.Run) -> str:
+    """The name of the variants table's column for the fraction of the measured ceiling."""
+    return f"of measured {measured_read(hardware.run_limits(run))[1]}"
+
+
 def variants(run: runs.Run) -> pd.DataFrame:
     """Every backend and mode side by side: status, kernels, launch calls, GPU-busy and wall
-    time, tokens/s, and how close the wall time gets to the bandwidth limit (weights / bandwidth)."""
+    time (median, fastest and slowest repeat), tokens/s, and how close the wall time gets to the
+    bandwidth limit (weights / bandwidth), by the datasheet and by the run's measured read
+    ceiling (the copy in runs that measured no read stream)."""
     v = run.table("variants")
     nbytes = run.results["model"]["decode_bytes"]
     lim = hardware.run_limits(run)
@@ -253,13 +338,18 @@ def variants(run: runs.Run) -> pd.DataFrame:
     for col in ("kernels", "launch_calls", "gpu_busy_ns", "wall_ms_median", "compile_s"):
         if col not in v:
             v[col] = float("nan")
+    t = run.table("step_times")
+    wall = t.groupby(["backend", "mode"]).wall_ms
+    keys = list(zip(v.backend, v["mode"]))
     out["kernels"] = v.kernels
     out["launch calls"] = v.launch_calls
     out["GPU busy ms"] = v.gpu_busy_ns / 1e6
     out["wall ms"] = v.wall_ms_median
+    out["wall min ms"] = [wall.min().get(k, float("nan")) for k in keys]
+    out["wall max ms"] = [wall.max().get(k, float("nan")) for k in keys]
     out["tokens/s"] = 1e3 / out["wall ms"]
     out["of datasheet limit"] = hardware.of_bandwidth(nbytes, out["wall ms"], lim.datasheet_tbs)
-    out["of measured copy"] = hardware.of_bandwidth(nbytes, out["wall ms"], lim.copy_tbs)
+    out[measured_column(run)] = hardware.of_bandwidth(nbytes, out["wall ms"], measured_read(lim)[0])
     out["compile s"] = v.compile_s
     return out
 

@@ -12,6 +12,11 @@ import pandas as pd
 from . import hardware, models, runs, trace
 
 CHAPTER = "launch-overhead"
+# The columns of the run's tables, written even when no variant ran.
+VARIANT_COLUMNS = ["variant", "status", "kernels", "gpu_busy_ns", "first_kernel_ns", "last_kernel_end_ns",
+                   "profiled_step_ns", "launch_calls", "wall_ms_median", "wall_ms_min", "wall_ms_max",
+                   "issue_ms_median", "clean", "graphs_compiled_while_profiling", "compile_s"]
+STEP_TIME_COLUMNS = ["variant", "repeat", "wall_ms", "issue_ms", "gpu_ms", "clean"]
 VARIANTS = {
     "eager": "eager, dynamic cache (as written)",
     "eager-static": "eager, static cache",
@@ -155,103 +160,135 @@ class CompiledStep:
             return self.fn(self.static.tok, self.static.pos)
 
 
-def _profile(step, path, model=None, device: str = "cuda") -> None:
-    """Trace one step; with `model` (eager variants only: hooks would break compiled and
-    captured code) each kernel is labelled with the module that launched it."""
-    import contextlib
-
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    from .decode import annotated_modules, sync
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    for _ in range(2):
+def _setup(step):
+    """The `setup` of a timed or profiled step: reset its state (a fresh prefill, or the static
+    cache's write position), outside the measured span."""
+    def setup():
         _prepare(step)
-        step()
-        _prepare(step)
-        sync(device)
-        labels = annotated_modules(model) if model is not None else contextlib.nullcontext()
-        with labels, profile(activities=activities) as prof:
-            with record_function("decode_step"):
-                step()
-                sync(device)  # the step ends when the GPU has finished it
-    prof.export_chrome_trace(str(path))
+        return ()
+    return setup
 
 
-def _time(step, repeats: int, device: str = "cuda") -> tuple[list[float], list[float]]:
-    from .decode import sync
-
-    wall, issue = [], []
-    for _ in range(3):
-        _prepare(step)
-        step()
-    for _ in range(repeats):
-        _prepare(step)
-        sync(device)
-        t0 = time.perf_counter()
-        step()
-        t1 = time.perf_counter()
-        sync(device)
-        wall.append((time.perf_counter() - t0) * 1e3)
-        issue.append((t1 - t0) * 1e3)
-    return wall, issue
+def _first_line(e: BaseException) -> str:
+    msg = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+    return f"{type(e).__name__}: {msg[:200]}"
 
 
-def record(params: Params | None = None, run_id: str | None = None, progress=_progress) -> runs.Run:
+def graphs_compiled() -> int:
+    """How many graphs torch.compile (Dynamo) has compiled in this process so far: a profile
+    that changes it recompiled something."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def record(params: Params | None = None, run_id: str | None = None, allow_cpu: bool = False,
+           progress=_progress) -> runs.Run:
+    """Measure this GPU now and write a new run (not published). Returns the run.
+
+    Every variant is built and timed first; only then is each one profiled, because after the
+    first profile in a process CUPTI stays attached and slows every launch (labsupport.harness).
+    On a CPU (tests, tiny preset) only the two eager variants run; the others are recorded as
+    not run."""
     import torch
 
-    from . import decode
+    from . import decode, harness
 
     params = params or Params()
-    with runs.live_writer(CHAPTER, params, run_id) as w:
-        hardware.record_ceilings(w, progress)
-        model = models.build_model(params.preset, device="cuda")
+    device = params.device
+    harness.for_chapter(CHAPTER)
+    with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
+        w.extra["method"] = harness.method()
+        if device == "cuda":
+            hardware.record_ceilings(w, progress)
+        model = models.build_model(params.preset, device=device)
         counts = models.count_model(model, params.preset)
         w.extra["model"] = counts.as_record()
-        prompt = decode.Prompt.random(model.config.vocab_size, 1, params.prompt_len, "cuda")
-        rows, times = [], []
+        prompt = decode.Prompt.random(model.config.vocab_size, 1, params.prompt_len, device)
+        rows: dict[str, dict] = {}      # variant -> its row of variants.csv, written once complete
+        timed: dict[str, tuple] = {}    # variant -> (step, Timing, extra columns), in VARIANTS order
 
-        def measure(variant, step, extra=None):
-            _profile(step, w.path / trace_file(variant), model if variant.startswith("eager") else None)
-            k = trace.read_kernels(w.path / trace_file(variant))
-            wall, issue = _time(step, params.repeats)
-            for i, (a, b) in enumerate(zip(wall, issue)):
-                times.append({"variant": variant, "repeat": i, "wall_ms": a, "issue_ms": b})
-            rows.append({"variant": variant, "status": "ok", "kernels": len(k),
-                         "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
-                         "first_kernel_ns": int(k.start_ns.min()), "last_kernel_end_ns": int(k.end_ns.max()),
-                         "profiled_step_ns": trace.origin_span_ns(trace.load_events(w.path / trace_file(variant))),
-                         "launch_calls": int((k.launch_api != "").groupby(k.correlation).ngroups),
-                         "wall_ms_median": statistics.median(wall), "issue_ms_median": statistics.median(issue),
-                         **(extra or {})})
-            progress(f"  {VARIANTS[variant]}: {len(k)} kernels, wall {statistics.median(wall):.2f} ms")
+        def failed(variant, why):
+            rows[variant] = {"variant": variant, "status": why}
+            progress(f"  {VARIANTS[variant]}: {why}")
 
-        def attempt(variant, make, extra=lambda s: None):
-            progress(VARIANTS[variant])
+        def build_and_time(variant, make, extra=lambda s: None):
+            progress(f"{VARIANTS[variant]}: build and time")
             try:
                 step = make()
-                measure(variant, step, extra(step))
+                t = harness.time_region(step, what=VARIANTS[variant], device=device, repeats=params.repeats,
+                                        setup=_setup(step))
+            except harness.TimingError:
+                raise
             except Exception as e:  # a variant that cannot run here is recorded, not hidden
                 if isinstance(e, torch.OutOfMemoryError):
                     torch.cuda.empty_cache()
-                msg = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-                rows.append({"variant": variant, "status": f"failed: {type(e).__name__}: {msg[:200]}"})
-                progress(f"  failed: {msg[:200]}")
+                return failed(variant, f"failed: {_first_line(e)}")
+            timed[variant] = (step, t, extra(step) or {})
+            progress(f"  wall {t.median:.2f} ms (median of {len(t.wall_ms)}, {t.low:.2f} to {t.high:.2f})")
+            return step
 
-        attempt("eager", lambda: EagerStep(model, prompt))
-        static = StaticStep(model, prompt.ids)
-        attempt("eager-static", lambda: static)
-        attempt("cuda-graph", lambda: GraphStep(static))
-        attempt("compile-reduce-overhead", lambda: CompiledStep(StaticStep(model, prompt.ids), "reduce-overhead"),
-                lambda s: {"compile_s": s.compile_s})
-        if params.max_autotune:
-            torch._dynamo.reset()
-            attempt("compile-max-autotune", lambda: CompiledStep(StaticStep(model, prompt.ids), "max-autotune"),
-                    lambda s: {"compile_s": s.compile_s})
-        w.write_table("variants", pd.DataFrame(rows))
-        w.write_table("step_times", pd.DataFrame(times))
-        del model, static
-        torch.cuda.empty_cache()
+        # 1. Build and time every variant; nothing in this process has been profiled yet.
+        #    torch.compile's two modes compile separate StaticStep instances, and there is no
+        #    torch._dynamo.reset() between them: Dynamo tags each compiled entry with the backend
+        #    that made it (its BACKEND_MATCH check), so the max-autotune compile adds its own
+        #    entry beside the reduce-overhead one, and calling the reduce-overhead step again (to
+        #    profile it, below) finds its own entry instead of recompiling. A reset would throw
+        #    that entry away and the profile would trace a fresh compile. The profile records how
+        #    many graphs Dynamo compiled while it ran (graphs_compiled_while_profiling: 0 expected).
+        build_and_time("eager", lambda: EagerStep(model, prompt))
+        static = build_and_time("eager-static", lambda: StaticStep(model, prompt.ids))
+        if device != "cuda":
+            for variant in ("cuda-graph", "compile-reduce-overhead", "compile-max-autotune"):
+                failed(variant, "not run: needs a CUDA GPU")
+        else:
+            build_and_time("cuda-graph", lambda: GraphStep(static or StaticStep(model, prompt.ids)))
+            compile_s = lambda s: {"compile_s": s.compile_s}  # noqa: E731
+            build_and_time("compile-reduce-overhead",
+                           lambda: CompiledStep(StaticStep(model, prompt.ids), "reduce-overhead"), compile_s)
+            if params.max_autotune:
+                build_and_time("compile-max-autotune",
+                               lambda: CompiledStep(StaticStep(model, prompt.ids), "max-autotune"), compile_s)
+            else:
+                failed("compile-max-autotune", "not run: switched off in this run's parameters")
+
+        # 2. Profile each timed variant. A variant that fails here loses its timing too, so
+        #    that every row of variants.csv is complete and step_times.csv holds only its ok rows.
+        times = []
+        for variant, (step, t, extra) in timed.items():
+            progress(f"{VARIANTS[variant]}: profile")
+            path = w.path / trace_file(variant)
+            # Module labels (forward hooks) only for eager code: they would break captured and compiled code.
+            labels = (lambda: decode.annotated_modules(model)) if variant.startswith("eager") else None
+            before = graphs_compiled()
+            try:
+                k = harness.profile_region(step, path, region="decode_step", device=device, setup=_setup(step),
+                                           labels=labels)
+                span_ns = trace.origin_span_ns(trace.load_events(path))
+            except harness.ProfileError:
+                raise
+            except Exception as e:
+                if isinstance(e, torch.OutOfMemoryError):
+                    torch.cuda.empty_cache()
+                path.unlink(missing_ok=True)
+                failed(variant, f"failed while profiling (after it was timed): {_first_line(e)}")
+                continue
+            launches = (int((k.launch_api != "").groupby(k.correlation).ngroups) if device == "cuda"
+                        else len(k))
+            rows[variant] = {"variant": variant, "status": "ok", "kernels": len(k),
+                             "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
+                             "first_kernel_ns": int(k.start_ns.min()), "last_kernel_end_ns": int(k.end_ns.max()),
+                             "profiled_step_ns": span_ns, "launch_calls": launches,
+                             "wall_ms_median": t.median, "wall_ms_min": t.low, "wall_ms_max": t.high,
+                             "issue_ms_median": statistics.median(t.issue_ms), "clean": t.clean,
+                             "graphs_compiled_while_profiling": graphs_compiled() - before, **extra}
+            times.extend(t.rows(variant=variant))
+            progress(f"  {len(k)} kernels")
+        w.write_table("variants", pd.DataFrame([rows[v] for v in VARIANTS if v in rows], columns=VARIANT_COLUMNS))
+        w.write_table("step_times", pd.DataFrame(times, columns=STEP_TIME_COLUMNS))
+        del model, static, timed
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return runs.load_run(CHAPTER, w.run_id)
 
 
@@ -263,7 +300,8 @@ def kernel_table(run: runs.Run, variant: str) -> pd.DataFrame:
     """Kernels of one variant's profiled step (from its raw trace), with kind and layer."""
     from .one_token import annotate_kernels
 
-    return annotate_kernels(trace.read_kernels(run.file(trace_file(variant))))
+    device = run.provenance.get("device", "cuda")
+    return annotate_kernels(trace.read_kernels(run.file(trace_file(variant)), device=device))
 
 
 def one_layer(k: pd.DataFrame, layers: int) -> tuple[pd.DataFrame, str]:
@@ -277,23 +315,83 @@ def one_layer(k: pd.DataFrame, layers: int) -> tuple[pd.DataFrame, str]:
     return k.iloc[start:start + n], f"{n} consecutive kernels from the middle of the step (one layer's worth)"
 
 
+def measured_read(lim: hardware.Limits) -> tuple[float | None, str]:
+    """The measured ceiling for code that reads weights, and its name: the read stream the run
+    measured, or, in runs that measured none, the copy ("copy": a copy counts the bytes it
+    reads and those it writes, a different and lower ceiling than reading alone)."""
+    return (lim.read_tbs, "read") if lim.read_tbs else (lim.copy_tbs, "copy")
+
+
+def measured_column(run: runs.Run) -> str:
+    """The name of the fixes table's column for the fraction of the measured ceiling."""
+    return f"of measured {measured_read(hardware.run_limits(run))[1]}"
+
+
+def above_ceiling_note(what: str, tbs: float, lim: hardware.Limits) -> str:
+    """The sentences a read rate `tbs` (TB/s) needs when it is above a ceiling measured in its
+    run, or the datasheet's; empty when it is below them all. `what` names it ("The LM head")."""
+    sheet = lim.datasheet_tbs
+    below_sheet = (f" The hardware's limit is the datasheet's {sheet:.1f} TB/s, and {what[0].lower() + what[1:]} "
+                   f"stays below it ({tbs / sheet:.0%})." if sheet else "")
+    if tbs != tbs:
+        return ""
+    if sheet and tbs > sheet:
+        return (f"{what} is above even the datasheet's {sheet:.1f} TB/s, which reading from memory cannot "
+                "exceed: part of what it read came from the L2 cache, or the measurement is wrong; this run "
+                "cannot tell which.")
+    if lim.read_tbs and tbs > lim.read_tbs:
+        return (f"{what} is faster than the read stream measured in this run ({lim.read_tbs:.2f} TB/s). That "
+                "ceiling is the better of two ordinary kernels that only read (a sum and a matrix-vector product "
+                "over a working set far larger than the L2 cache), not a limit of the hardware: a kernel tuned "
+                "for its shape can beat it." + below_sheet)
+    if not lim.read_tbs and lim.copy_tbs and tbs > lim.copy_tbs:
+        return (f"{what} is faster than the copy bandwidth measured in this run ({lim.copy_tbs:.2f} TB/s), and "
+                "can be: a copy's figure counts the bytes it reads and the bytes it writes, and memory that "
+                "switches between reading and writing delivers less than memory that only reads, which is "
+                "all a matrix-vector product does with its weights. This run measured no read stream, the ceiling that applies "
+                "here." + below_sheet)
+    return ""
+
+
+def timing_note(run: runs.Run) -> str:
+    """How the run's wall times were taken: before any profile (the harness), or, in runs
+    recorded before it, each right after its own profile, with CUPTI attached."""
+    t = run.table("step_times")
+    if "clean" not in t:
+        return ("This run is older than the book's measuring harness: each variant was timed right after its "
+                "own profile, in the same process, so its wall times carry the profiler's after-effect (CUPTI "
+                "stays attached and every later launch pays for it; the methodology page measures how much). "
+                "Runs recorded with the current code time every variant before profiling any.")
+    if t.clean.astype(str).eq("True").all():
+        return (f"Every wall time was taken before the first profile in the process, {int(t.groupby('variant').size().max())} "
+                "repeats per variant; the table gives the median with the fastest and slowest repeat.")
+    return ("Some wall times in this run were taken after a profile in the same process (see `clean` in "
+            "`step_times.csv`); they carry the profiler's after-effect.")
+
+
 def variants(run: runs.Run) -> pd.DataFrame:
-    """The fixes side by side: kernels, launch calls, GPU-busy, wall, tokens/s, and the
-    fraction of the memory-bandwidth limit each reaches (weights read / wall time)."""
+    """The fixes side by side: kernels, launch calls, GPU-busy, wall (median, fastest, slowest
+    repeat), tokens/s, and the fraction of the memory-bandwidth limit each reaches (weights
+    read / wall time) by the datasheet and by the run's measured read ceiling."""
     v = run.table("variants")
     lim = hardware.run_limits(run)
+    tbs, _ = measured_read(lim)
     nbytes = run.results["model"]["decode_bytes"]
     ok = v.status == "ok"
+    wall = run.table("step_times").groupby("variant").wall_ms
     out = pd.DataFrame({"variant": v.variant.map(VARIANTS), "status": v.status})
     out["kernels"] = v.get("kernels")
     out["launch calls"] = v.get("launch_calls")
     out["GPU busy ms"] = v.get("gpu_busy_ns") / 1e6
     out["wall ms"] = v.get("wall_ms_median")
+    out["wall min ms"] = v.variant.map(wall.min())
+    out["wall max ms"] = v.variant.map(wall.max())
     out["tokens/s"] = 1e3 / out["wall ms"]
     out["of datasheet limit"] = hardware.of_bandwidth(nbytes, out["wall ms"], lim.datasheet_tbs)
-    out["of measured copy"] = hardware.of_bandwidth(nbytes, out["wall ms"], lim.copy_tbs)
+    out[measured_column(run)] = hardware.of_bandwidth(nbytes, out["wall ms"], tbs)
     out["compile s"] = v.get("compile_s") if "compile_s" in v else float("nan")
-    out.loc[~ok, ["kernels", "launch calls", "GPU busy ms", "wall ms", "tokens/s"]] = float("nan")
+    out.loc[~ok, ["kernels", "launch calls", "GPU busy ms", "wall ms", "wall min ms", "wall max ms",
+                  "tokens/s"]] = float("nan")
     return out
 
 

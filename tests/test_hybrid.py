@@ -68,68 +68,113 @@ def test_reference_backend_is_what_transformers_runs_without_fla():
     assert torch.equal(plain, switched)
 
 
-@pytest.fixture(scope="module")
-def tiny_hybrid_run(tmp_path_factory):
+def _record_tiny(tmp_path_factory, calls: list, fail_profile=None, **params):
+    from .test_launch_overhead import watch_harness
+
     root = tmp_path_factory.mktemp("runs")
     mp = pytest.MonkeyPatch()
     mp.setenv("LABSUPPORT_RUNS", str(root))
+    watch_harness(mp, calls, fail_profile)  # a CPU profile counts as a GPU one: a later timing raises
     try:
-        params = hybrid.Params(preset="tiny-hybrid", prompt_len=16, repeats=2, contexts=[8, 64, 256], device="cpu")
-        yield hybrid.record(params, allow_cpu=True, progress=lambda msg: None)
+        p = hybrid.Params(**{"preset": "tiny-hybrid", "prompt_len": 16, "repeats": 2, "contexts": [8, 64, 256],
+                             "device": "cpu", **params})
+        return hybrid.record(p, allow_cpu=True, progress=lambda msg: None)
     finally:
         mp.undo()
 
 
-def test_tiny_hybrid_run_records_every_variant_with_a_status(tiny_hybrid_run):
-    run = tiny_hybrid_run
-    assert set(hybrid.ARTIFACTS) <= set(run.meta["files"])
-    v = hybrid.variants(run)
-    assert len(v) == len(hybrid.MODES) * 2
-    ok = v[v.status == "ok"]
-    assert list(zip(ok.backend, ok["mode"])) == [("reference", hybrid.MODES["eager"])]
-    assert v[v.backend == "fla"].status.str.contains("need a CUDA GPU").all()
-    assert v[(v.backend == "reference") & (v.status != "ok")].status.str.contains("needs a CUDA GPU").all()
-    k = hybrid.kernel_table(run, "reference", "eager")
-    assert ok.kernels.iloc[0] == len(k)
-    groups = hybrid.census_by_group(k)
-    assert groups.kernels.sum() == len(k) and groups.share.sum() == pytest.approx(1.0)
-    assert {"linear attention (Gated DeltaNet)", "full attention", "MLP", "LM head"} <= set(groups.index)
+@pytest.fixture(scope="module")
+def tiny_hybrid_calls():
+    return []
 
 
-def test_tiny_hybrid_layer_types(tiny_hybrid_run):
-    k = hybrid.kernel_table(tiny_hybrid_run, "reference", "eager")
-    t = hybrid.per_layer_type(k).set_index("layer type")
-    assert t.loc["linear attention", "layers"] == 3 and t.loc["full attention", "layers"] == 1
-    for _, r in t.iterrows():
-        parts = r["mixer kernels"] + r["MLP kernels"] + r["norms and residual kernels"]
-        assert parts == pytest.approx(r["kernels per layer"])
-    mix = hybrid.mixer_kernels(k)
-    assert len(mix) == t.loc["linear attention", "mixer kernels"]
-    assert {"in_proj_qkv", "in_proj_z", "out_proj"} <= set(mix.module)
+@pytest.fixture(scope="module")
+def tiny_hybrid_run(tmp_path_factory, tiny_hybrid_calls):
+    return _record_tiny(tmp_path_factory, tiny_hybrid_calls)
 
 
-def test_tiny_hybrid_cache_growth_matches_the_configuration(tiny_hybrid_run):
-    cfg = models.hf_config("tiny-hybrid")
-    g = hybrid.cache_growth(tiny_hybrid_run)
-    full = cfg.layer_types.count("full_attention")
-    kv_per_token = full * 2 * cfg.num_key_value_heads * cfg.head_dim * 2          # keys and values, BF16
-    assert (g["KV bytes per token"] == kv_per_token).all()
-    conv = (2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
-            + cfg.linear_num_value_heads * cfg.linear_value_head_dim) * cfg.linear_conv_kernel_dim * 2
-    state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4  # float32
-    linear = cfg.layer_types.count("linear_attention")
-    assert (g["linear-attention state MB"] * 1e6).tolist() == pytest.approx([linear * (conv + state)] * len(g))
-    assert list(g.context) == [8, 64, 256]
+def test_tiny_hybrid_times_everything_before_profiling(tiny_hybrid_run, tiny_hybrid_calls):
+    run, calls = tiny_hybrid_run, tiny_hybrid_calls
+    assert [c for c in calls if c[0] == "time"] == [("time", "reference, prefill"),
+                                                    ("time", f"reference, {hybrid.MODES['eager']}")]
+    assert [c[0] for c in calls] == ["time", "time", "profile", "profile"], calls
+    assert [c[1] for c in calls if c[0] == "profile"] == ["prefill", "decode_step"]
+    t = run.table("step_times")
+    assert set(zip(t.backend, t["mode"])) == {("reference", "eager")} and t.clean.all()
+    assert len(t) == run.parameters["repeats"]
+    p = run.table("prefill").set_index("backend")
+    assert bool(p.loc["reference", "clean"]) and p.loc["fla", "status"].startswith("not run")
+    assert p.loc["reference", "wall_ms_min"] <= p.loc["reference", "wall_ms_median"] <= p.loc["reference", "wall_ms_max"]
+    v = run.table("variants")
+    ok = v[v.status == "ok"].iloc[0]
+    assert bool(ok.clean) and ok.graphs_compiled_while_profiling == 0
+    assert (ok.wall_ms_median, ok.wall_ms_min, ok.wall_ms_max) == pytest.approx(
+        (t.wall_ms.median(), t.wall_ms.min(), t.wall_ms.max()))
+    assert run.results["method"]["wall_times"].startswith("host clock")
+    assert "before the first profile" in hybrid.timing_note(run)
+    assert not [f for f in run.meta["files"] if f.startswith(".prefill")], "the prompt's trace is not kept"
 
 
-def test_tiny_hybrid_prefill_and_lm_head(tiny_hybrid_run):
-    p = hybrid.prefill(tiny_hybrid_run)
-    assert list(p.backend) == ["reference"] and p.tokens.iloc[0] == 16 and p.kernels.iloc[0] > 0
-    head = hybrid.lm_head(tiny_hybrid_run)
-    assert head.rows == 512 and head.gb == pytest.approx(512 * 64 * 2 / 1e9) and head.ms > 0
-    side = hybrid.beside_published(tiny_hybrid_run)
-    assert side.source.str.contains("published").sum() == 2
-    assert side.loc[side.source.str.contains("published"), "kernels"].tolist() == [2464, 902]
+def test_tiny_hybrid_variants_table(tiny_hybrid_run):
+    v = hybrid.variants(tiny_hybrid_run)
+    ok = v[v.status == "ok"].iloc[0]
+    assert ok["wall min ms"] <= ok["wall ms"] <= ok["wall max ms"]
+    col = hybrid.measured_column(tiny_hybrid_run)
+    assert col in v and v[col].isna().all(), "a CPU run measures no ceiling"
+    assert v.loc[v.status != "ok", ["wall min ms", "wall max ms"]].isna().all().all()
+
+
+def test_tiny_hybrid_profile_failing_after_timing_leaves_no_half_row(tmp_path_factory):
+    calls = []
+    run = _record_tiny(tmp_path_factory, calls, fail_profile=lambda kw: True, backends=["reference"],
+                       repeats=1, contexts=[8])
+    p = run.table("prefill")
+    assert p.status.iloc[0].startswith("failed while profiling (after it was timed)")
+    assert p[["kernels", "wall_ms_median"]].isna().all().all()
+    v = run.table("variants").set_index("mode")
+    assert v.loc["eager", "status"].startswith("failed while profiling (after it was timed)")
+    assert v[["kernels", "wall_ms_median"]].isna().all().all()
+    assert run.table("step_times").empty
+    assert hybrid.trace_file("reference", "eager") not in run.meta["files"]
+
+
+def test_compiled_steps_survive_the_backend_switch():
+    """The order record() relies on: both backends compile the static step with the same
+    torch.compile settings; Dynamo guards on the rule functions the switch replaces, so the
+    second backend compiles its own entry, and the first backend's compiled step, called again
+    under its own backend (as record() re-enters it for the profile), runs without recompiling."""
+    import torch
+    import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
+
+    from labsupport.launch_overhead import StaticStep, graphs_compiled
+
+    model = models.build_model("tiny-hybrid")
+    ids = decode.Prompt.random(model.config.vocab_size, 1, 8, "cpu").ids
+    # A stand-in for a second backend on a CPU: other function objects running the reference code.
+    other = {n: (lambda f: lambda *a, **k: f(*a, **k))(f) for n, f in gated_deltanet._reference_rules().items()}
+
+    def run_once(step, fn):
+        step.prepare()
+        fn(step.tok, step.pos)
+
+    start = graphs_compiled()
+    with torch.no_grad():
+        with gated_deltanet.use("reference", "cpu"):
+            a = StaticStep(model, ids)
+            fa = torch.compile(a.forward, backend="eager", fullgraph=True)
+            run_once(a, fa)
+        assert graphs_compiled() == start + 1
+        with pytest.MonkeyPatch.context() as mp:
+            for n, f in other.items():
+                mp.setattr(modeling, n, f)
+            b = StaticStep(model, ids)
+            fb = torch.compile(b.forward, backend="eager", fullgraph=True)
+            run_once(b, fb)
+            assert graphs_compiled() == start + 2, "the other rule functions failed the first entry's guards"
+            run_once(b, fb)
+        with gated_deltanet.use("reference", "cpu"):
+            run_once(a, fa)
+    assert graphs_compiled() == start + 2, "each compiled step ran again under its backend without recompiling"
 
 
 def test_unknown_backend_is_refused_before_measuring(runs_root):

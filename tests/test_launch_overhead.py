@@ -1,0 +1,192 @@
+"""The chapter "Launch overhead": its live path on a CPU (tiny model, the two eager variants),
+the order it measures in (every timing before every profile), and its analysis."""
+import pytest
+
+from labsupport import hardware, harness, runs
+from labsupport import launch_overhead as lo
+
+
+def watch_harness(mp: pytest.MonkeyPatch, calls: list, fail_profile=None):
+    """Log every timing and profile the record makes, and make a CPU profile count as a GPU
+    one (CUPTI attached): a timing after it then raises TimingError, as it would on a GPU.
+    `fail_profile(kwargs)` returning True makes that profile fail with a RuntimeError."""
+    real_time, real_profile = harness.time_region, harness.profile_region
+
+    def time_region(fn, **kw):
+        calls.append(("time", kw["what"]))
+        return real_time(fn, **kw)
+
+    def profile_region(fn, path, **kw):
+        calls.append(("profile", kw["region"]))
+        if fail_profile is not None and fail_profile(kw):
+            raise RuntimeError("profile failed on purpose")
+        k = real_profile(fn, path, **kw)
+        mp.setattr(harness, "profiled", lambda: True)
+        return k
+
+    mp.setattr(harness, "time_region", time_region)
+    mp.setattr(harness, "profile_region", profile_region)
+
+
+def _record(tmp_path_factory, fail_profile=None, **params):
+    root = tmp_path_factory.mktemp("runs")
+    calls = []
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LABSUPPORT_RUNS", str(root))
+    watch_harness(mp, calls, fail_profile)
+    try:
+        p = lo.Params(**{"preset": "tiny", "prompt_len": 16, "repeats": 3, "device": "cpu", **params})
+        run = lo.record(p, allow_cpu=True, progress=lambda msg: None)
+    finally:
+        mp.undo()
+    return run, calls
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return _record(tmp_path_factory)
+
+
+def test_every_timing_comes_before_every_profile(tiny_run):
+    run, calls = tiny_run
+    kinds = [c[0] for c in calls]
+    assert kinds == ["time", "time", "profile", "profile"], calls
+    assert {what for kind, what in calls if kind == "profile"} == {"decode_step"}
+    t = run.table("step_times")
+    assert set(t.variant) == {"eager", "eager-static"} and t.clean.all()
+    v = run.table("variants").set_index("variant")
+    assert v.loc[["eager", "eager-static"], "clean"].astype(bool).all()
+    assert run.results["method"]["wall_times"].startswith("host clock")
+    assert "before the first profile" in lo.timing_note(run)
+
+
+def test_every_variant_has_a_row_and_only_ok_rows_have_timings(tiny_run):
+    run, _ = tiny_run
+    v = run.table("variants")
+    assert list(v.variant) == list(lo.VARIANTS)
+    ok = v[v.status == "ok"]
+    assert list(ok.variant) == ["eager", "eager-static"]
+    assert v[v.status != "ok"].status.str.contains("needs a CUDA GPU").all()
+    assert ok[["kernels", "wall_ms_median", "wall_ms_min", "wall_ms_max", "profiled_step_ns"]].notna().all().all()
+    assert (ok.graphs_compiled_while_profiling == 0).all()
+    t = run.table("step_times")
+    for r in ok.itertuples():
+        w = t[t.variant == r.variant].wall_ms
+        assert len(w) == run.parameters["repeats"]
+        assert (r.wall_ms_median, r.wall_ms_min, r.wall_ms_max) == pytest.approx((w.median(), w.min(), w.max()))
+        assert r.wall_ms_min <= r.wall_ms_median <= r.wall_ms_max
+    files = set(run.meta["files"])
+    assert {lo.trace_file(x) for x in lo.VARIANTS} & files == {lo.trace_file("eager"), lo.trace_file("eager-static")}
+
+
+def test_analysis_of_a_cpu_run(tiny_run):
+    run, _ = tiny_run
+    v = lo.variants(run).set_index("variant")
+    eager = v.loc[lo.VARIANTS["eager"]]
+    assert eager["wall min ms"] <= eager["wall ms"] <= eager["wall max ms"]
+    assert eager["tokens/s"] == pytest.approx(1e3 / eager["wall ms"])
+    assert lo.measured_column(run) in v  # no ceilings on a CPU: the column is there, empty
+    assert v[lo.measured_column(run)].isna().all()
+    assert v.loc[lo.VARIANTS["cuda-graph"], ["kernels", "wall ms"]].isna().all()
+    e = lo.eager_summary(run)
+    assert e.kernels == len(lo.kernel_table(run, "eager")) == eager.kernels
+    b = lo.breakdown(run)
+    parts = b[["before first kernel ms", "kernels running ms", "gaps between kernels ms", "after last kernel ms"]]
+    assert (parts.sum(axis=1) - b["profiled step ms"]).abs().max() < 1e-9
+
+
+def test_a_variant_failing_in_its_profile_leaves_no_half_row(tmp_path_factory):
+    seen = []
+
+    def second_profile_fails(kw):
+        seen.append(kw["region"])
+        return len(seen) == 2  # eager-static, after it was timed
+
+    run, calls = _record(tmp_path_factory, fail_profile=second_profile_fails, repeats=1)
+    v = run.table("variants").set_index("variant")
+    assert v.loc["eager", "status"] == "ok"
+    assert v.loc["eager-static", "status"].startswith("failed while profiling (after it was timed)")
+    assert v.loc["eager-static", ["kernels", "wall_ms_median"]].isna().all()
+    assert set(run.table("step_times").variant) == {"eager"}
+    assert lo.trace_file("eager-static") not in run.meta["files"]
+
+
+def test_an_empty_gpu_profile_stops_the_recording(runs_root, monkeypatch):
+    def empty(fn, path, **kw):
+        raise harness.ProfileError("launch-overhead: the profile of 'decode_step' captured no GPU kernels")
+
+    monkeypatch.setattr(harness, "profile_region", empty)
+    with pytest.raises(harness.ProfileError, match="captured no GPU kernels"):
+        lo.record(lo.Params(preset="tiny", prompt_len=8, repeats=1, device="cpu"), allow_cpu=True,
+                  progress=lambda msg: None)
+    assert not any(runs_root.rglob("meta.json"))
+
+
+def test_two_compiled_modes_keep_their_own_entries():
+    """The order record() relies on: a second torch.compile of the static step (another
+    backend, as another mode is) adds its own entry, and the first compiled step, called again
+    for its profile, runs without recompiling (no torch._dynamo.reset() between them)."""
+    import torch
+
+    from labsupport import decode, models
+
+    model = models.build_model("tiny")
+    ids = decode.Prompt.random(model.config.vocab_size, 1, 8, "cpu").ids
+    steps = [lo.StaticStep(model, ids), lo.StaticStep(model, ids)]
+    fns = [torch.compile(steps[0].forward, backend="eager", fullgraph=True),
+           torch.compile(steps[1].forward, backend="aot_eager", fullgraph=True)]
+    before = lo.graphs_compiled()
+    with torch.no_grad():
+        for s, f in zip(steps, fns):
+            s.prepare()
+            f(s.tok, s.pos)
+        assert lo.graphs_compiled() - before == 2, "each backend compiled its own graph"
+        for s, f in zip(steps, fns):
+            s.prepare()
+            f(s.tok, s.pos)
+    assert lo.graphs_compiled() - before == 2, "calling either again recompiled nothing"
+
+
+# Ceilings ------------------------------------------------------------------------------
+
+def _limits(read=None, copy=4.2, sheet=4.8):
+    return hardware.Limits(datasheet_name="H200 SXM" if sheet else None, datasheet_tflops=989.0 if sheet else None,
+                           datasheet_tbs=sheet, gemm_tflops=800.0, copy_tbs=copy, read_tbs=read)
+
+
+def test_weight_reads_are_compared_with_the_read_stream_or_the_copy():
+    assert lo.measured_read(_limits(read=4.3)) == (4.3, "read")
+    assert lo.measured_read(_limits(read=None)) == (4.2, "copy")
+    assert lo.measured_read(_limits(read=None, copy=None)) == (None, "copy")
+
+
+def test_a_rate_above_a_measured_ceiling_gets_its_sentence():
+    assert lo.above_ceiling_note("It", 4.0, _limits(read=4.3)) == ""
+    assert lo.above_ceiling_note("It", 4.0, _limits()) == ""
+    assert lo.above_ceiling_note("It", float("nan"), _limits()) == ""
+    above_read = lo.above_ceiling_note("The LM head's 4.40 TB/s", 4.4, _limits(read=4.3))
+    assert "read stream measured in this run (4.30 TB/s)" in above_read and "not a limit of the hardware" in above_read
+    assert "datasheet's 4.8 TB/s" in above_read and "(92%)" in above_read
+    above_copy = lo.above_ceiling_note("It", 4.4, _limits())
+    assert "copy bandwidth measured in this run (4.20 TB/s)" in above_copy and "no read stream" in above_copy
+    above_sheet = lo.above_ceiling_note("It", 5.0, _limits(read=4.3))
+    assert "above even the datasheet's 4.8 TB/s" in above_sheet
+    assert "datasheet" not in lo.above_ceiling_note("It", 4.4, _limits(sheet=None))
+
+
+# The published run (recorded before the harness) -------------------------------------------
+
+def test_published_run_still_replays():
+    run = lo.load()
+    v = lo.variants(run)
+    col = lo.measured_column(run)
+    assert col == ("of measured read" if hardware.run_limits(run).read_tbs else "of measured copy") and col in v
+    ok = v[v.status == "ok"]
+    assert (ok["wall min ms"] <= ok["wall ms"]).all() and (ok["wall ms"] <= ok["wall max ms"]).all()
+    note = lo.timing_note(run)
+    if "clean" in run.table("step_times"):
+        assert "before the first profile" in note
+    else:
+        assert "older than the book's measuring harness" in note
+    with pytest.raises(runs.RunError):
+        lo.load("no-such-run")
