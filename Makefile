@@ -14,7 +14,7 @@ WHEELHOUSE ?= wheelhouse
 
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: book test live nightly venv wheelhouse clean
+.PHONY: book test live smoke nightly recover venv wheelhouse clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(BOOTSTRAP) -m venv $(VENV)
@@ -25,9 +25,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 venv: $(VENV)/.installed
 
+# Checks the runs first; on failure the last line says why (the full log is build/book.log).
 book: $(VENV)/.installed
-	$(VENV)/bin/jupyter-book build . --all --warningiserror --keep-going --builder html
-	@echo "The book is at $(CURDIR)/_build/html/index.html"
+	@$(PY) -m labsupport book
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
@@ -35,10 +35,18 @@ test: $(VENV)/.installed
 live:
 	$(PYTHON) -m labsupport live $(CHAPTERS)
 
+# Every chapter (or CHAPTERS) live with its smallest parameters into build/smoke/; nothing published.
+smoke:
+	$(PYTHON) -m labsupport live --smoke $(CHAPTERS) $(SMOKE_FLAGS)
+
 # Every chapter live, validated, compared with the published runs, promoted, book rebuilt.
 # NIGHTLY_FLAGS=--no-book on a box without jupyter-book.
 nightly:
 	$(PYTHON) -m labsupport nightly $(CHAPTERS) $(NIGHTLY_FLAGS)
+
+# Finish a publication, or set aside the runs, of a nightly or live command that was killed.
+recover:
+	$(PYTHON) -m labsupport recover
 
 wheelhouse:
 	$(BOOTSTRAP) -m pip download --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementation cp \

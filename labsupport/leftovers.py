@@ -31,11 +31,14 @@ def set_aside(root: Path, run_id: str, aside: Path, complete: bool = True) -> li
     return moved
 
 
-def _published_nights(root: Path) -> set[str]:
+def _published_nights(root: Path) -> set[str] | None:
+    """Nights with rows in the history (None when there is no readable history to tell)."""
+    if not history.path(root).is_file():
+        return None
     try:
         h = history.read(root)
     except runs.RunError:
-        return set()
+        return None
     return {p.split(" ", 1)[1] for p in h.published_as.astype(str) if p.startswith("nightly ")}
 
 
@@ -46,7 +49,7 @@ def orphan_reports(root: Path) -> list[Path]:
     if not d.is_dir():
         return []
     nights = _published_nights(root)
-    if not nights and not (root / "history.csv").exists():
+    if nights is None:
         return []
     return sorted(p for p in d.glob("*-drift.*") if p.name.split("-drift.")[0] not in nights)
 

@@ -35,8 +35,23 @@ def _defaults(path: str) -> tuple:
     out = []
     for node in ast.parse(src).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            out.append((node.targets[0].id, ast.literal_eval(node.value)))
+            out.append((node.targets[0].id, _constant(node.value, path)))
     return tuple(out)
+
+
+_ARITHMETIC = (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.List, ast.Tuple, ast.Load,
+               ast.operator, ast.unaryop)
+
+
+def _constant(node: ast.expr, path: str):
+    """A default: a literal, or arithmetic on literals such as `1 << 28`."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        expr = ast.Expression(node)
+        if not all(isinstance(n, _ARITHMETIC) for n in ast.walk(expr)):
+            raise ParamError(f"{path}: the default of a parameter must be a constant, not {ast.unparse(node)}") from None
+        return eval(compile(expr, path, "eval"), {"__builtins__": {}})
 
 
 def notebook_parameters(chapter: chapters.Chapter) -> dict:

@@ -1,0 +1,92 @@
+"""`--param` is checked against the notebook's own parameters cell and the chapter's checks
+(chapters.py) before anything runs; each problem is one line naming the parameter."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from labsupport import chapters, params
+
+from .conftest import REPO, tree_bytes
+
+TOKEN = chapters.by_slug("kernels-in-one-token")
+
+
+def resolve(*pairs, names=("kernels-in-one-token",)):
+    return params.resolve(chapters.find(list(names)), params.parse_cli(list(pairs)))
+
+
+def test_every_notebook_has_a_parameters_cell_with_mode_and_run_id():
+    for ch in chapters.CHAPTERS:
+        p = params.notebook_parameters(ch)
+        assert p["mode"] == "replay" and "run_id" in p, ch.slug
+
+
+def test_every_check_smoke_and_cpu_value_names_a_real_parameter_and_passes():
+    for ch in chapters.CHAPTERS:
+        nb = params.notebook_parameters(ch)
+        for name in [*ch.checks, *ch.smoke, *ch.cpu]:
+            assert name in nb, f"{ch.slug}: chapters.py names {name!r}, which {ch.notebook} does not define"
+        # The notebook's own defaults, its smoke values and its CPU values all pass its checks.
+        params.for_chapter(ch, {k: v for k, v in nb.items() if k not in params.RESERVED})
+        params.for_chapter(ch, {**ch.smoke, **ch.cpu})
+
+
+def test_good_values():
+    got = resolve("preset=tiny", "repeats=3", "contexts=[8, 32]", "prompt_len=16")["kernels-in-one-token"]
+    assert got == {"preset": "tiny", "repeats": 3, "contexts": [8, 32], "prompt_len": 16}
+    assert resolve('preset="tiny"')["kernels-in-one-token"] == {"preset": "tiny"}
+    assert resolve("max_autotune=false", names=["launch-overhead"])["launch-overhead"] == {"max_autotune": False}
+
+
+@pytest.mark.parametrize("pair,message", [
+    ("repeat=50", "--param repeat: no such parameter in notebooks/kernels_in_one_token.ipynb (parameters: "),
+    ("no_such_param=1", "--param no_such_param: no such parameter"),
+    ("repeats=abc", "--param repeats=abc: not a JSON value"),
+    ("repeats=-5", "--param repeats=-5: must be at least 1"),
+    ("repeats=0", "--param repeats=0: must be at least 1"),
+    ("repeats=2.5", "--param repeats=2.5: must be an integer"),
+    ("repeats=true", "--param repeats=true: must be an integer"),
+    ("repeats=", "--param repeats=: not a JSON value"),
+    ("contexts=[]", "--param contexts=[]: must not be empty"),
+    ("contexts=[8, 0]", "every entry must be at least 1 (0 is not)"),
+    ('contexts=[8, "x"]', "every entry must be an integer"),
+    ("contexts=8", "must be a JSON list"),
+    ("preset=no-such-model", "--param preset=\"no-such-model\": unknown model preset"),
+    ("run_id=20990101T000000Z-x", "--param run_id: not a parameter you may set (the command chooses the run id)"),
+    ("run_id=", "--param run_id: not a parameter you may set"),
+    ("mode=replay", "--param mode: not a parameter you may set"),
+    ("allow_cpu=true", "--param allow_cpu: not a parameter you may set (use --allow-cpu)"),
+    ("repeats", "expected NAME=VALUE"),
+    ("../x=1", "expected NAME=VALUE"),
+])
+def test_bad_values_are_one_line(pair, message):
+    with pytest.raises(params.ParamError) as e:
+        resolve(pair)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_other_chapters_checks():
+    with pytest.raises(params.ParamError, match="must be true or false"):
+        resolve("max_autotune=1", names=["launch-overhead"])
+    with pytest.raises(params.ParamError, match='"gpu" is not one of reference, fla'):
+        resolve('backends=["gpu"]', names=["hybrid-model-token"])
+    with pytest.raises(params.ParamError, match="must be at least 1"):
+        resolve("sweep_repeats=0", names=["prefill-vs-decode"])
+    # A name that some selected chapter has goes to that chapter only.
+    got = resolve("max_autotune=false", names=["launch-overhead", "kernels-in-one-token"])
+    assert got == {"launch-overhead": {"max_autotune": False}, "kernels-in-one-token": {}}
+
+
+@pytest.mark.parametrize("cmd", ["live", "nightly"])
+def test_the_command_stops_before_anything_runs(copied_runs, tmp_path, cmd):
+    before = tree_bytes(copied_runs)
+    env = {**os.environ, "LABSUPPORT_RUNS": str(copied_runs), "PYTHONPATH": str(REPO),
+           "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "logs")}
+    r = subprocess.run([sys.executable, "-m", "labsupport", cmd, "kernels-in-one-token", "--allow-cpu",
+                        "--param", "repeat=50"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert r.stderr.startswith("error: --param repeat: no such parameter")
+    assert "[1/1]" not in r.stdout and not (tmp_path / "logs").exists()
+    assert tree_bytes(copied_runs) == before
