@@ -3,8 +3,9 @@
 
 Live: build the model from its configuration with random BF16 weights; for each Gated
 DeltaNet backend (transformers' reference PyTorch code, flash-linear-attention's Triton
-kernels) time and profile the 512-token prompt and one decode step in eager mode, as a
-CUDA graph, and through torch.compile; then measure how the cache grows with the context.
+kernels) time the 512-token prompt and one decode step in eager mode, as a CUDA graph, and
+through torch.compile; only when everything is timed, profile each of them; then measure how
+the cache grows with the context.
 A variant that cannot run is recorded with the reason, never left out silently.
 Replay: every table of the chapter is computed from the run here.
 """

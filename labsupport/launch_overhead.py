@@ -1,6 +1,9 @@
 """Chapter "Launch overhead": the eager decode step's wall time against its GPU time,
 and the fixes measured side by side on the same model and prompt: a static cache,
-CUDA graphs, and torch.compile."""
+CUDA graphs, and torch.compile.
+
+Live: build and time every variant, then profile each (no wall time after a profile).
+Replay: the fixes table, the eager step's summary and the breakdown of each profiled step."""
 from __future__ import annotations
 
 import statistics
