@@ -89,9 +89,11 @@ class Timing:
 
     def rows(self, **keys) -> list[dict]:
         """One row per repeat, with `keys` (e.g. variant="eager") in every row."""
-        gpu = self.gpu_ms or [float("nan")] * len(self.wall_ms)
-        return [{**keys, "repeat": i, "wall_ms": w, "issue_ms": s, "gpu_ms": g, "clean": self.clean}
-                for i, (w, s, g) in enumerate(zip(self.wall_ms, self.issue_ms, gpu, strict=True))]
+        rows = [{**keys, "repeat": i, "wall_ms": w, "issue_ms": s, "clean": self.clean}
+                for i, (w, s) in enumerate(zip(self.wall_ms, self.issue_ms, strict=True))]
+        for r, g in zip(rows, self.gpu_ms, strict=False):  # no CUDA events on a CPU: no column
+            r["gpu_ms"] = g
+        return rows
 
     def summary(self, prefix: str = "wall_ms") -> dict:
         return {f"{prefix}_median": self.median, f"{prefix}_min": self.low, f"{prefix}_max": self.high,

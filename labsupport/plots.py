@@ -73,7 +73,7 @@ def timeline(kernels: pd.DataFrame, label: str, title: str):
              if (kernels.launch_ns > 0).any() else kernels.start_ns.min())
     fig, ax = plt.subplots(figsize=(11, 2.9))
     for r in kernels.itertuples():
-        ax.broken_barh([((r.start_ns - t0) / 1e3, r.dur_ns / 1e3)], (0, 0.8), color=KIND_COLORS[r.kind])
+        ax.broken_barh([((r.start_ns - t0) / 1e3, r.dur_ns / 1e3)], (0, 0.8), color=KIND_COLORS.get(r.kind, KIND_COLORS["other"]))
         if r.launch_dur_ns > 0:
             ax.broken_barh([((r.launch_ns - t0) / 1e3, r.launch_dur_ns / 1e3)], (1.2, 0.8), color="#444")
     ax.set_yticks([0.4, 1.6], ["GPU kernels", "CPU launches"])
