@@ -71,8 +71,7 @@ def run_chapter(chapter: chapters.Chapter, run_id: str, parameters: dict, log_di
     except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback
         first = str(e).strip().splitlines()
         reason = next((ln for ln in reversed(first) if ln.strip()), type(e).__name__)
-        raise LiveRunError(f"{chapter.slug}: notebook failed ({reason}); executed notebook kept at {out}; "
-                           f"the published run is unchanged") from None
+        raise LiveRunError(f"{chapter.slug}: notebook failed ({reason}); executed notebook kept at {out}") from None
     try:
         runs.load_run(chapter.slug, run_id, root)  # the notebook must have written a whole run
     except runs.RunError as e:
@@ -145,8 +144,11 @@ def _live(lk, root: Path, selected, per_chapter: dict, publish: bool) -> int:
             seconds = time.perf_counter() - t
             if publish:
                 publish_run(root, ch, runs.load_run(ch.slug, run_id, root), seconds)
-        except (LiveRunError, runs.RunError, promotion.PromotionError) as e:
-            print(f"error: {e}", file=sys.stderr)
+        except (LiveRunError, runs.RunError) as e:
+            print(f"error: {e}; the published runs are unchanged", file=sys.stderr)
+            return 1
+        except promotion.PromotionError as e:
+            print(f"error: {ch.slug}: run {run_id} {e}; `python -m labsupport recover` finishes it", file=sys.stderr)
             return 1
         verb = "published" if publish else "recorded"
         print(f"[{i}/{len(selected)}] {ch.slug}: {verb} run {run_id} in {seconds:.0f} s", flush=True)

@@ -1,6 +1,7 @@
 """The nightly rebuild on the CPU with the tiny model: the path that promotes, and every
 path that must leave the published runs byte for byte as they were."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def test_a_good_night_promotes_records_and_builds_the_book(env, copied_runs, tmp
 def test_a_notebook_that_raises(env, copied_runs, tmp_path):
     before = tree_bytes(copied_runs)
     line = one_line_failure(nightly(TINY + ["--no-book", "--param", 'preset="no-such-model"'], env))
-    assert "unknown model preset 'no-such-model'" in line and "published runs and book unchanged" in line
+    assert "unknown model preset 'no-such-model'" in line and "nothing was published" in line
     assert tree_bytes(copied_runs) == before
     logs = list((tmp_path / "nightly-logs").glob("*/kernels-in-one-token.log"))
     assert logs and list((tmp_path / "nightly-logs").glob("*/FAILED.txt"))
@@ -82,7 +83,7 @@ def test_a_corrupt_published_run_stops_the_night_before_it_starts(env, copied_ru
     before = tree_bytes(copied_runs)
     r = nightly(TINY + ["--no-book"], env)
     line = one_line_failure(r)
-    assert "published run is damaged" in line and "census.csv does not match its checksum" in line
+    assert "published state is damaged" in line and "census.csv does not match its checksum" in line
     assert "[1/1]" not in r.stdout, "no chapter may run against a damaged baseline"
     assert tree_bytes(copied_runs) == before
 
@@ -109,3 +110,34 @@ def test_an_interrupted_night(env, copied_runs, tmp_path):
     out, err = p.communicate(timeout=120)
     assert p.returncode == 1 and "nightly failed: interrupted" in err, err[-2000:]
     assert tree_bytes(copied_runs) == before
+
+
+def test_smoke_runs_chapters_small_into_a_scratch_folder_and_publishes_nothing(env, copied_runs, tmp_path):
+    before = tree_bytes(copied_runs)
+    env = {**env, "LABSUPPORT_SMOKE_DIR": str(tmp_path / "smoke")}
+    r = subprocess.run([sys.executable, "-m", "labsupport", "live", "--smoke", "prefill-vs-decode", "why-a-gpu",
+                        "--allow-cpu"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    table = r.stdout[r.stdout.index("\nsmoke "):]
+    assert re.search(r"prefill-vs-decode\s+pass\s+\d+ s", table)
+    assert re.search(r"why-a-gpu\s+skip .*no CPU path", table)
+    assert "smoke: 1 passed, 0 failed, 1 skipped" in table
+    assert "'prompt_lens': [1, 8, 16]" in r.stdout, "the chapter's smoke and CPU parameters were used"
+    scratch = list((tmp_path / "smoke").glob("*/runs/prefill-vs-decode/*-cpu"))
+    assert len(scratch) == 1 and (scratch[0] / "meta.json").is_file()
+    assert tree_bytes(copied_runs) == before
+
+
+def test_a_failed_smoke_chapter_fails_the_command(monkeypatch, copied_runs, tmp_path, capsys):
+    from labsupport import live
+
+    monkeypatch.setattr(live, "SMOKE_DIR", tmp_path / "smoke")
+    monkeypatch.setattr(live, "check_gpu", lambda allow_cpu: None)
+
+    def fail(ch, *a, **k):
+        raise live.LiveRunError(f"{ch.slug}: notebook failed (RuntimeError: boom)")
+
+    monkeypatch.setattr(live, "run_logged", fail)
+    assert live.smoke(["prefill-vs-decode"], {}, allow_cpu=True) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"prefill-vs-decode\s+fail .*boom", out) and "smoke: 0 passed, 1 failed" in out
