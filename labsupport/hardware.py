@@ -236,3 +236,36 @@ def of_bandwidth(nbytes: float, ms, tbs: float | None):
     """The fraction of bandwidth `tbs` that moving `nbytes` in `ms` milliseconds reaches
     (NaN when the bandwidth is unknown)."""
     return nbytes / (ms / 1e3) / (tbs * 1e12) if tbs else float("nan")
+
+
+def measured_read(lim: Limits) -> tuple[float | None, str]:
+    """The measured ceiling for code that reads weights, and its name: the read stream the run
+    measured, or, in runs that measured none, the copy ("copy": a copy counts the bytes it
+    reads and those it writes, a different and lower ceiling than reading alone)."""
+    return (lim.read_tbs, "read") if lim.read_tbs else (lim.copy_tbs, "copy")
+
+
+def above_ceiling_note(what: str, tbs: float, lim: Limits) -> str:
+    """The sentences a read rate `tbs` (TB/s) needs when it is above a ceiling measured in its
+    run, or the datasheet's; empty when it is below them all. `what` names it ("The LM head")."""
+    sheet = lim.datasheet_tbs
+    below_sheet = (f" The hardware's limit is the datasheet's {sheet:.1f} TB/s, and {what[0].lower() + what[1:]} "
+                   f"stays below it ({tbs / sheet:.0%})." if sheet else "")
+    if tbs != tbs:
+        return ""
+    if sheet and tbs > sheet:
+        return (f"{what} is above even the datasheet's {sheet:.1f} TB/s, which reading from memory cannot "
+                "exceed: part of what it read came from the L2 cache, or the measurement is wrong; this run "
+                "cannot tell which.")
+    if lim.read_tbs and tbs > lim.read_tbs:
+        return (f"{what} is faster than the read stream measured in this run ({lim.read_tbs:.2f} TB/s). That "
+                "ceiling is the better of two ordinary kernels that only read (a sum and a matrix-vector product "
+                "over a working set far larger than the L2 cache), not a limit of the hardware: a kernel tuned "
+                "for its shape can beat it." + below_sheet)
+    if not lim.read_tbs and lim.copy_tbs and tbs > lim.copy_tbs:
+        return (f"{what} is faster than the copy bandwidth measured in this run ({lim.copy_tbs:.2f} TB/s), and "
+                "can be: a copy's figure counts the bytes it reads and the bytes it writes, and memory that "
+                "switches between reading and writing delivers less than memory that only reads, which is "
+                "all a matrix-vector product does with its weights. This run measured no read stream, the ceiling that applies "
+                "here." + below_sheet)
+    return ""

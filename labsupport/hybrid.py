@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from . import gated_deltanet, hardware, runs, trace
-from .launch_overhead import above_ceiling_note, measured_read  # noqa: F401  (the notebook uses both)
+from . import gated_deltanet, hardware, runs, steps, trace
 
 CHAPTER = "hybrid-model-token"
 ARTIFACTS = ("variants.csv", "step_times.csv", "prefill.csv", "cache_growth.csv", "trace-reference-eager.json.gz")
@@ -84,13 +83,6 @@ def cache_bytes(cache, layer_types: list[str]) -> dict[str, int]:
     return out
 
 
-def _setup(step):
-    def setup():
-        step.prepare()
-        return ()
-    return setup
-
-
 def record(params: Params | None = None, run_id: str | None = None, allow_cpu: bool = False,
            progress=_progress) -> runs.Run:
     """Measure this GPU now and write a new run (not published). Returns the run.
@@ -100,7 +92,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
     import torch
 
     from . import decode, harness, models
-    from .launch_overhead import CompiledStep, EagerStep, GraphStep, StaticStep, graphs_compiled
+    from .steps import CompiledStep, EagerStep, GraphStep, StaticStep, graphs_compiled
 
     params = params or Params()
     device = params.device
@@ -143,7 +135,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
             try:
                 step = make()
                 t = harness.time_region(step, what=f"{backend}, {MODES[mode]}", device=device,
-                                        repeats=params.repeats, setup=_setup(step))
+                                        repeats=params.repeats, setup=steps.setup(step))
             except harness.TimingError:
                 raise
             except Exception as e:  # recorded, not hidden: the chapter shows why
@@ -243,7 +235,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
                     before = graphs_compiled()
                     try:
                         k = harness.profile_region(step, path, region="decode_step", device=device,
-                                                   setup=_setup(step), labels=labels)
+                                                   setup=steps.setup(step), labels=labels)
                     except harness.ProfileError:
                         raise
                     except Exception as e:
@@ -324,7 +316,7 @@ def timing_note(run: runs.Run) -> str:
 
 def measured_column(run: runs.Run) -> str:
     """The name of the variants table's column for the fraction of the measured ceiling."""
-    return f"of measured {measured_read(hardware.run_limits(run))[1]}"
+    return f"of measured {hardware.measured_read(hardware.run_limits(run))[1]}"
 
 
 def variants(run: runs.Run) -> pd.DataFrame:
@@ -350,7 +342,7 @@ def variants(run: runs.Run) -> pd.DataFrame:
     out["wall max ms"] = [wall.max().get(k, float("nan")) for k in keys]
     out["tokens/s"] = 1e3 / out["wall ms"]
     out["of datasheet limit"] = hardware.of_bandwidth(nbytes, out["wall ms"], lim.datasheet_tbs)
-    out[measured_column(run)] = hardware.of_bandwidth(nbytes, out["wall ms"], measured_read(lim)[0])
+    out[measured_column(run)] = hardware.of_bandwidth(nbytes, out["wall ms"], hardware.measured_read(lim)[0])
     out["compile s"] = v.compile_s
     return out
 

@@ -7,12 +7,12 @@ Replay: the fixes table, the eager step's summary and the breakdown of each prof
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import pandas as pd
 
 from . import hardware, models, runs, trace
+from .steps import CompiledStep, EagerStep, GraphStep, StaticStep, graphs_compiled, setup
 
 CHAPTER = "launch-overhead"
 # The columns of the run's tables, written even when no variant ran.
@@ -46,143 +46,9 @@ def trace_file(variant: str) -> str:
     return f"trace-{variant}.json.gz"
 
 
-def _prepare(step) -> None:
-    if hasattr(step, "prepare"):
-        step.prepare()
-
-
-class EagerStep:
-    """The decode step as written, with transformers' dynamic cache. `prepare()` (outside
-    any timing) prefills a fresh cache, so every step sees the same context."""
-
-    def __init__(self, model, prompt):
-        self.model, self.prompt, self.state = model, prompt, None
-
-    def prepare(self):
-        from . import decode
-
-        self.state = decode.prefill(self.model, self.prompt)
-
-    def __call__(self):
-        from . import decode
-
-        cache, tok = self.state
-        return decode.decode_step(self.model, cache, tok)
-
-
-class StaticStep:
-    """One decode step at a fixed position of a static (fixed-address) KV cache.
-
-    Every step writes the new token's keys and values into the same slot and attends over
-    the same prompt, so repeated steps do identical work and can be captured in a CUDA graph.
-    transformers (5.17) keeps each layer's write position in a device counter that every
-    step advances; `prepare()` puts it back, outside any timing, before each step.
-    """
-
-    def __init__(self, model, prompt_ids):
-        import torch
-        from transformers import StaticCache
-
-        n = prompt_ids.shape[1]
-        self.model, self.n = model, n
-        self.cache = StaticCache(config=model.config, max_cache_len=n + 16)
-        with torch.no_grad():
-            out = model(input_ids=prompt_ids, past_key_values=self.cache, use_cache=True,
-                        cache_position=torch.arange(n, device=prompt_ids.device), logits_to_keep=1)
-        self.tok = out.logits[:, -1].argmax(-1, keepdim=True)
-        self.pos = torch.tensor([n], device=prompt_ids.device)
-
-    def prepare(self):
-        for layer in self.cache.layers:
-            counter = getattr(layer, "cumulative_length", None)
-            if hasattr(counter, "fill_"):
-                counter.fill_(self.n)
-
-    def forward(self, tok, pos):
-        out = self.model(input_ids=tok, past_key_values=self.cache, use_cache=True, cache_position=pos)
-        return out.logits[:, -1].argmax(-1, keepdim=True)
-
-    def __call__(self):
-        import torch
-
-        with torch.no_grad():
-            return self.forward(self.tok, self.pos)
-
-
-class GraphStep:
-    """The static-cache step captured once in a CUDA graph, then replayed."""
-
-    def __init__(self, static: StaticStep):
-        import torch
-
-        self.static = static
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s), torch.no_grad():
-            for _ in range(3):
-                static.prepare()
-                static.forward(static.tok, static.pos)
-        torch.cuda.current_stream().wait_stream(s)
-        static.prepare()
-        torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.no_grad():
-            self.out = static.forward(static.tok, static.pos)
-
-    def prepare(self):
-        self.static.prepare()
-
-    def __call__(self):
-        self.graph.replay()
-        return self.out
-
-
-class CompiledStep:
-    """The static-cache step through torch.compile (which adds CUDA graphs in these modes)."""
-
-    def __init__(self, static: StaticStep, mode: str, fullgraph: bool = True):
-        import torch
-
-        self.static = static
-        self.fn = torch.compile(static.forward, mode=mode, fullgraph=fullgraph)
-        t = time.perf_counter()
-        with torch.no_grad():
-            for _ in range(4):  # compile, then let CUDA graph trees record
-                static.prepare()
-                self.fn(static.tok, static.pos)
-        torch.cuda.synchronize()
-        self.compile_s = time.perf_counter() - t
-
-    def prepare(self):
-        self.static.prepare()
-
-    def __call__(self):
-        import torch
-
-        with torch.no_grad():
-            return self.fn(self.static.tok, self.static.pos)
-
-
-def _setup(step):
-    """The `setup` of a timed or profiled step: reset its state (a fresh prefill, or the static
-    cache's write position), outside the measured span."""
-    def setup():
-        _prepare(step)
-        return ()
-    return setup
-
-
 def _first_line(e: BaseException) -> str:
     msg = next((ln for ln in str(e).splitlines() if ln.strip()), "")
     return f"{type(e).__name__}: {msg[:200]}"
-
-
-def graphs_compiled() -> int:
-    """How many graphs torch.compile (Dynamo) has compiled in this process so far: a profile
-    that changes it recompiled something."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def record(params: Params | None = None, run_id: str | None = None, allow_cpu: bool = False,
@@ -220,7 +86,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
             try:
                 step = make()
                 t = harness.time_region(step, what=VARIANTS[variant], device=device, repeats=params.repeats,
-                                        setup=_setup(step))
+                                        setup=setup(step))
             except harness.TimingError:
                 raise
             except Exception as e:  # a variant that cannot run here is recorded, not hidden
@@ -265,7 +131,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
             labels = (lambda: decode.annotated_modules(model)) if variant.startswith("eager") else None
             before = graphs_compiled()
             try:
-                k = harness.profile_region(step, path, region="decode_step", device=device, setup=_setup(step),
+                k = harness.profile_region(step, path, region="decode_step", device=device, setup=setup(step),
                                            labels=labels)
                 span_ns = trace.origin_span_ns(trace.load_events(path))
             except harness.ProfileError:
@@ -318,42 +184,9 @@ def one_layer(k: pd.DataFrame, layers: int) -> tuple[pd.DataFrame, str]:
     return k.iloc[start:start + n], f"{n} consecutive kernels from the middle of the step (one layer's worth)"
 
 
-def measured_read(lim: hardware.Limits) -> tuple[float | None, str]:
-    """The measured ceiling for code that reads weights, and its name: the read stream the run
-    measured, or, in runs that measured none, the copy ("copy": a copy counts the bytes it
-    reads and those it writes, a different and lower ceiling than reading alone)."""
-    return (lim.read_tbs, "read") if lim.read_tbs else (lim.copy_tbs, "copy")
-
-
 def measured_column(run: runs.Run) -> str:
     """The name of the fixes table's column for the fraction of the measured ceiling."""
-    return f"of measured {measured_read(hardware.run_limits(run))[1]}"
-
-
-def above_ceiling_note(what: str, tbs: float, lim: hardware.Limits) -> str:
-    """The sentences a read rate `tbs` (TB/s) needs when it is above a ceiling measured in its
-    run, or the datasheet's; empty when it is below them all. `what` names it ("The LM head")."""
-    sheet = lim.datasheet_tbs
-    below_sheet = (f" The hardware's limit is the datasheet's {sheet:.1f} TB/s, and {what[0].lower() + what[1:]} "
-                   f"stays below it ({tbs / sheet:.0%})." if sheet else "")
-    if tbs != tbs:
-        return ""
-    if sheet and tbs > sheet:
-        return (f"{what} is above even the datasheet's {sheet:.1f} TB/s, which reading from memory cannot "
-                "exceed: part of what it read came from the L2 cache, or the measurement is wrong; this run "
-                "cannot tell which.")
-    if lim.read_tbs and tbs > lim.read_tbs:
-        return (f"{what} is faster than the read stream measured in this run ({lim.read_tbs:.2f} TB/s). That "
-                "ceiling is the better of two ordinary kernels that only read (a sum and a matrix-vector product "
-                "over a working set far larger than the L2 cache), not a limit of the hardware: a kernel tuned "
-                "for its shape can beat it." + below_sheet)
-    if not lim.read_tbs and lim.copy_tbs and tbs > lim.copy_tbs:
-        return (f"{what} is faster than the copy bandwidth measured in this run ({lim.copy_tbs:.2f} TB/s), and "
-                "can be: a copy's figure counts the bytes it reads and the bytes it writes, and memory that "
-                "switches between reading and writing delivers less than memory that only reads, which is "
-                "all a matrix-vector product does with its weights. This run measured no read stream, the ceiling that applies "
-                "here." + below_sheet)
-    return ""
+    return f"of measured {hardware.measured_read(hardware.run_limits(run))[1]}"
 
 
 def timing_note(run: runs.Run) -> str:
@@ -378,7 +211,7 @@ def variants(run: runs.Run) -> pd.DataFrame:
     read / wall time) by the datasheet and by the run's measured read ceiling."""
     v = run.table("variants")
     lim = hardware.run_limits(run)
-    tbs, _ = measured_read(lim)
+    tbs, _ = hardware.measured_read(lim)
     nbytes = run.results["model"]["decode_bytes"]
     ok = v.status == "ok"
     wall = run.table("step_times").groupby("variant").wall_ms

@@ -2,7 +2,7 @@
 the order it measures in (every timing before every profile), and its analysis."""
 import pytest
 
-from labsupport import hardware, harness, runs
+from labsupport import hardware, harness, runs, steps
 from labsupport import launch_overhead as lo
 
 
@@ -132,19 +132,19 @@ def test_two_compiled_modes_keep_their_own_entries():
 
     model = models.build_model("tiny")
     ids = decode.Prompt.random(model.config.vocab_size, 1, 8, "cpu").ids
-    steps = [lo.StaticStep(model, ids), lo.StaticStep(model, ids)]
-    fns = [torch.compile(steps[0].forward, backend="eager", fullgraph=True),
-           torch.compile(steps[1].forward, backend="aot_eager", fullgraph=True)]
-    before = lo.graphs_compiled()
+    statics = [steps.StaticStep(model, ids), steps.StaticStep(model, ids)]
+    fns = [torch.compile(statics[0].forward, backend="eager", fullgraph=True),
+           torch.compile(statics[1].forward, backend="aot_eager", fullgraph=True)]
+    before = steps.graphs_compiled()
     with torch.no_grad():
-        for s, f in zip(steps, fns):
+        for s, f in zip(statics, fns):
             s.prepare()
             f(s.tok, s.pos)
-        assert lo.graphs_compiled() - before == 2, "each backend compiled its own graph"
-        for s, f in zip(steps, fns):
+        assert steps.graphs_compiled() - before == 2, "each backend compiled its own graph"
+        for s, f in zip(statics, fns):
             s.prepare()
             f(s.tok, s.pos)
-    assert lo.graphs_compiled() - before == 2, "calling either again recompiled nothing"
+    assert steps.graphs_compiled() - before == 2, "calling either again recompiled nothing"
 
 
 # Ceilings ------------------------------------------------------------------------------
@@ -155,23 +155,23 @@ def _limits(read=None, copy=4.2, sheet=4.8):
 
 
 def test_weight_reads_are_compared_with_the_read_stream_or_the_copy():
-    assert lo.measured_read(_limits(read=4.3)) == (4.3, "read")
-    assert lo.measured_read(_limits(read=None)) == (4.2, "copy")
-    assert lo.measured_read(_limits(read=None, copy=None)) == (None, "copy")
+    assert hardware.measured_read(_limits(read=4.3)) == (4.3, "read")
+    assert hardware.measured_read(_limits(read=None)) == (4.2, "copy")
+    assert hardware.measured_read(_limits(read=None, copy=None)) == (None, "copy")
 
 
 def test_a_rate_above_a_measured_ceiling_gets_its_sentence():
-    assert lo.above_ceiling_note("It", 4.0, _limits(read=4.3)) == ""
-    assert lo.above_ceiling_note("It", 4.0, _limits()) == ""
-    assert lo.above_ceiling_note("It", float("nan"), _limits()) == ""
-    above_read = lo.above_ceiling_note("The LM head's 4.40 TB/s", 4.4, _limits(read=4.3))
+    assert hardware.above_ceiling_note("It", 4.0, _limits(read=4.3)) == ""
+    assert hardware.above_ceiling_note("It", 4.0, _limits()) == ""
+    assert hardware.above_ceiling_note("It", float("nan"), _limits()) == ""
+    above_read = hardware.above_ceiling_note("The LM head's 4.40 TB/s", 4.4, _limits(read=4.3))
     assert "read stream measured in this run (4.30 TB/s)" in above_read and "not a limit of the hardware" in above_read
     assert "datasheet's 4.8 TB/s" in above_read and "(92%)" in above_read
-    above_copy = lo.above_ceiling_note("It", 4.4, _limits())
+    above_copy = hardware.above_ceiling_note("It", 4.4, _limits())
     assert "copy bandwidth measured in this run (4.20 TB/s)" in above_copy and "no read stream" in above_copy
-    above_sheet = lo.above_ceiling_note("It", 5.0, _limits(read=4.3))
+    above_sheet = hardware.above_ceiling_note("It", 5.0, _limits(read=4.3))
     assert "above even the datasheet's 4.8 TB/s" in above_sheet
-    assert "datasheet" not in lo.above_ceiling_note("It", 4.4, _limits(sheet=None))
+    assert "datasheet" not in hardware.above_ceiling_note("It", 4.4, _limits(sheet=None))
 
 
 # The published run (recorded before the harness) -------------------------------------------
