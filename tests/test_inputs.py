@@ -209,3 +209,19 @@ def test_run_ids_and_chapter_names():
             runs.check_chapter(bad)
     assert runs.check_run_id("20261130T002417Z-h200") and runs.check_chapter("kernels-in-one-token")
     runs.check_published(RUNS)
+
+
+def test_a_failed_jupyter_book_run_is_a_build_error_with_the_line(monkeypatch, tmp_path):
+    """bookbuild.build never ignores jupyter-book's exit status, and names the cause."""
+    class Failed:
+        def __init__(self, *a, **k):
+            self.stdout = iter(["Executing notebook\n", "\x1b[31mRunError\x1b[0m: /r/trace.json.gz is not a readable trace: x\n",
+                                "RuntimeError: There was an error in building your book\n"])
+
+        def wait(self):
+            return 1
+
+    monkeypatch.setattr(bookbuild.subprocess, "Popen", Failed)
+    with pytest.raises(bookbuild.BuildError) as e:
+        bookbuild.build(runs_root=RUNS, out=tmp_path / "out", log=tmp_path / "book.log", echo=False)
+    assert one_line(e).startswith("RunError: /r/trace.json.gz is not a readable trace: x (full log: ")

@@ -223,3 +223,18 @@ def test_a_failed_nights_report_never_reaches_the_status_page(night, capsys, mon
     assert status.published_night() == pub_night, "not the newest by name"
     recover(night)
     assert not orphan.exists() and (night.logs / "20991231T000000Z-h200" / orphan.name).is_file()
+
+
+def test_a_book_that_does_not_build_stops_the_night(night, capsys, monkeypatch):
+    from labsupport import bookbuild
+
+    def broken(**kw):
+        raise bookbuild.BuildError("RunError: /x/kernels.csv lacks column op (full log: /x/book.log)")
+
+    monkeypatch.setattr(bookbuild, "build", broken)
+    before = night.snapshot()
+    rc, out, err = run_night(capsys)
+    lines = [ln for ln in err.splitlines() if ln.startswith("nightly failed:")]
+    assert rc == 1 and len(lines) == 1, err
+    assert "the book did not build from the new runs: RunError: /x/kernels.csv lacks column op" in lines[0]
+    assert night.snapshot() == before

@@ -104,18 +104,44 @@ def test_published_run_is_small(published):
     assert size < 5 * 2**20
 
 
-def test_profiler_teardown_is_requested_and_recorded(monkeypatch):
-    """labsupport asks Kineto to detach CUPTI after each profile (so later timings in the same
-    process do not pay for it), leaves a user's own setting alone, and records the value."""
+def test_profiler_teardown_setting_is_set_kept_and_recorded(monkeypatch):
+    """labsupport sets Kineto's TEARDOWN_CUPTI (to "0": with the lent box's torch, tearing CUPTI
+    down makes later profiles in the process empty; see labsupport/__init__.py), leaves a
+    user's own setting alone, and records the value."""
     import subprocess
     import sys
 
     code = "import os, labsupport; print(os.environ['TEARDOWN_CUPTI'])"
     env = {k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "1"
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "TEARDOWN_CUPTI": "0"},
-                         capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "TEARDOWN_CUPTI": "1"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
     monkeypatch.setenv("TEARDOWN_CUPTI", "1")
     assert provenance.collect()["teardown_cupti"] == "1"
+
+
+def test_a_run_holds_plain_files_only(tmp_path):
+    with runs.RunWriter("ch", {}, "20260101T000000Z-a", root=tmp_path, meta={"provenance": PROV}) as w:
+        w.write_table("t", pd.DataFrame({"x": [1]}))
+        (w.path / ".scratch.json.gz").write_text("half a trace")  # left behind by a recorder
+    assert set(runs.load_run("ch", "20260101T000000Z-a", root=tmp_path).meta["files"]) == {"t.csv"}
+    assert not (tmp_path / "ch" / "20260101T000000Z-a" / ".scratch.json.gz").exists()
+    with pytest.raises(runs.RunError, match="'sub' is not a plain file name"):
+        with runs.RunWriter("ch", {}, "20260101T000000Z-b", root=tmp_path, meta={"provenance": PROV}) as w:
+            (w.path / "sub").mkdir()
+    assert runs.list_runs("ch", root=tmp_path) == ["20260101T000000Z-a"]
+    with pytest.raises(runs.RunError, match="not a chapter name"):
+        runs.RunWriter("../ch", {}, "20260101T000000Z-c", root=tmp_path)
+
+
+def test_history_rows_are_appended_to_the_bytes_as_they_were(tmp_path):
+    from labsupport import history
+
+    (tmp_path / "history.csv").write_text(",".join(history.COLUMNS) + "\nlive 1,ch,r,t,g,m,0.1000000000000000055511\n")
+    old = (tmp_path / "history.csv").read_bytes()
+    row = dict(zip(history.COLUMNS, ["live 2", "ch", "r2", "t", "g", "m", 2.5]))
+    new = history.with_rows([row], tmp_path)
+    assert new.startswith(old) and new[len(old):] == b"live 2,ch,r2,t,g,m,2.5\n"
+    assert (tmp_path / "history.csv").read_bytes() == old, "with_rows only computes the bytes"
