@@ -41,12 +41,14 @@ def gpu_tag() -> str:
 
 
 def fresh_run_id(log_root: Path) -> str:
-    """A new run id whose log folder does not exist yet (waits out a second if it does)."""
+    """A new run id, its log folder created (waits out the second if the folder exists)."""
     while True:
         run_id = runs.new_run_id(gpu_tag())
-        if not (log_root / run_id).exists():
+        try:
+            (log_root / run_id).mkdir(parents=True)
             return run_id
-        time.sleep(0.5)
+        except FileExistsError:
+            time.sleep(0.5)
 
 
 def set_environment() -> None:
@@ -102,7 +104,12 @@ def publish_run(root: Path, chapter: chapters.Chapter, run: runs.Run, seconds: f
     manifest = {**runs.published(root), chapter.slug: run.run_id}
     rows = history.rows_for(f"live {run.run_id}", chapter, run, seconds)
     p = promotion.stage(root, run.run_id, manifest, {"history.csv": history.with_rows(rows, root)})
-    promotion.commit(p)
+    try:
+        promotion.commit(p)
+    except BaseException:
+        if not promotion.flipped(p):
+            promotion.discard(p, p.stage)
+        raise
 
 
 def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: bool = True) -> int:
@@ -149,6 +156,10 @@ def _live(lk, root: Path, selected, per_chapter: dict, publish: bool) -> int:
             return 1
         except promotion.PromotionError as e:
             print(f"error: {ch.slug}: run {run_id} {e}; `python -m labsupport recover` finishes it", file=sys.stderr)
+            return 1
+        except Exception as e:
+            print(f"error: {ch.slug}: publishing run {run_id} failed ({type(e).__name__}: {e}); "
+                  f"the published runs are unchanged", file=sys.stderr)
             return 1
         verb = "published" if publish else "recorded"
         print(f"[{i}/{len(selected)}] {ch.slug}: {verb} run {run_id} in {seconds:.0f} s", flush=True)

@@ -159,7 +159,6 @@ def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_ker
         return 1
     run_id = live.fresh_run_id(NIGHTLY_DIR)
     out_dir = NIGHTLY_DIR / run_id
-    out_dir.mkdir(parents=True)
     lk.note(run_id=run_id, aside=str(out_dir / "failed-runs"))
     live.set_environment()
     t_all = time.perf_counter()

@@ -146,9 +146,13 @@ def flip(p: Promotion) -> None:
 
 def commit(p: Promotion) -> None:
     """Flip, then complete; a failure during completion is a PromotionError (the flip stands,
-    and `recover` finishes the rest)."""
+    and `recover` finishes the rest). A failure before the flip changed nothing."""
     with signals_held():
-        flip(p)
+        try:
+            flip(p)
+        except BaseException:
+            if not flipped(p):
+                raise
         try:
             complete(p)
         except Exception as e:

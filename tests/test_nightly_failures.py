@@ -238,3 +238,31 @@ def test_a_book_that_does_not_build_stops_the_night(night, capsys, monkeypatch):
     assert rc == 1 and len(lines) == 1, err
     assert "the book did not build from the new runs: RunError: /x/kernels.csv lacks column op" in lines[0]
     assert night.snapshot() == before
+
+
+def test_live_publishes_run_and_history_in_one_step(night, capsys, monkeypatch):
+    from labsupport import live
+
+    def fake_run_chapter(ch, run_id, params, log_dir, root=None):
+        driver.fake_run_chapters([ch], run_id, params, log_dir)
+        return log_dir / "x.ipynb"
+
+    monkeypatch.setattr(live, "run_chapter", fake_run_chapter)
+    monkeypatch.setattr(live, "LOG_DIR", night.logs)
+    assert live.main([CHAPTER], {}, allow_cpu=True) == 0
+    rid = runs.published(night.root)[CHAPTER]
+    assert rid != night.old_run and f"{CHAPTER}: published run {rid}" in capsys.readouterr().out
+    assert (history.read(night.root).published_as == f"live {rid}").sum() > 0
+    assert not list(night.root.glob(".*")), "no lock or staged publication is left"
+    # Killed between its flip and the history: the next command completes it.
+    driver.inject("flip", "after", "raise", monkeypatch.setattr)
+    monkeypatch.setattr(promotion, "complete", lambda p: (_ for _ in ()).throw(OSError("disk full")))
+    assert live.main([CHAPTER], {}, allow_cpu=True) == 1
+    err = capsys.readouterr().err
+    rid2 = runs.published(night.root)[CHAPTER]
+    assert rid2 != rid and f"run {rid2} published" in err and "recover" in err
+    assert not (history.read(night.root).published_as == f"live {rid2}").any()
+    monkeypatch.setattr(promotion, "complete", REAL["complete"])
+    monkeypatch.setattr(promotion, "flip", REAL["flip"])
+    recover(night)
+    assert (history.read(night.root).published_as == f"live {rid2}").sum() > 0
