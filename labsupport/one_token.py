@@ -84,21 +84,8 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
         w.write_table("step_times", pd.DataFrame(times.rows()))
         progress(f"  median {times.median:.2f} ms")
 
-        prompts, ctx_times, rows = {}, {}, {}
-        for ctx in params.contexts:
-            if ctx == params.prompt_len:  # the step measured above: one configuration, one measurement
-                prompts[ctx], ctx_times[ctx] = prompt, times
-                continue
-            progress(f"context {ctx}: timing")
-            try:
-                prompts[ctx] = decode.Prompt.random(model.config.vocab_size, params.batch, ctx, device, seed=ctx)
-                ctx_times[ctx] = decode.time_decode_steps(model, prompts[ctx], device,
-                                                          repeats=params.context_repeats, warmup=1)
-            except torch.OutOfMemoryError:
-                prompts.pop(ctx, None)
-                rows[ctx] = {"context": ctx, "status": "out of memory"}
-                progress(f"  context {ctx}: out of GPU memory, recorded as such")
-                torch.cuda.empty_cache()
+        sweep = ContextSweep(model, params, progress)
+        sweep.time(prompt, times)
 
         progress(f"profiling one decode step (batch {params.batch}, prompt {params.prompt_len})")
         trace_path = w.path / TRACE_FILE
@@ -112,36 +99,103 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
         span_ms = trace.origin_span_ns(trace.load_events(trace_path), "decode_step") / 1e6
         w.write_table("profiler_effect", profiler_effect_table(procs, times, after, span_ms))
 
-        census_rows = []
-        for ctx, p in prompts.items():
-            progress(f"context {ctx}: profiling")
-            try:
-                if ctx == params.prompt_len:
-                    kt = table  # the step profiled above
-                else:
-                    tmp = w.path / f".ctx-{ctx}.json.gz"
-                    kt = annotate_kernels(decode.profile_decode_step(model, p, device, tmp, warmup=1))
-                    tmp.unlink()
-            except torch.OutOfMemoryError:
-                rows[ctx] = {"context": ctx, "status": "out of memory"}
-                torch.cuda.empty_cache()
-                continue
-            c = kernels.census(kt)
-            for r in c.itertuples():
-                census_rows.append({"context": ctx, "kind": r.kind, "kernels": r.kernels, "gpu_ns": r.gpu_ns})
-            att = c.set_index("kind").loc["attention"]
-            t = ctx_times[ctx]
-            rows[ctx] = {"context": ctx, "status": "ok", "kernels": len(kt),
-                         "gpu_busy_ns": trace.busy_ns(kt.start_ns, kt.end_ns),
-                         "kernel_ns": int(kt.dur_ns.sum()), "attention_ns": int(att.gpu_ns),
-                         "attention_kernels": int(att.kernels),
-                         "attention_names": ";".join(sorted(set(kt.loc[kt.kind == "attention", "short_name"]))),
-                         "wall_ms_median": t.median, "wall_ms_min": t.low, "wall_ms_max": t.high,
-                         "wall_clean": t.clean}
-        w.write_table("context_sweep", pd.DataFrame([rows[c] for c in params.contexts if c in rows]))
-        w.write_table("context_census", pd.DataFrame(census_rows))
+        sweep.profile(w.path, table)
+        w.write_table("context_sweep", sweep.table())
+        w.write_table("context_census", pd.DataFrame(sweep.census_rows))
         del model
     return runs.load_run(CHAPTER, w.run_id)
+
+
+class ContextSweep:
+    """The decode step at several context lengths, with transformers' dynamic cache (as written)
+    and with a static cache (preallocated: the new token's keys and values are written in
+    place instead of concatenated). Everything is timed first, then profiled."""
+
+    def __init__(self, model, params: Params, progress):
+        self.model, self.params, self.progress = model, params, progress
+        self.prompts, self.dynamic, self.static, self.static_steps = {}, {}, {}, {}
+        self.rows: dict[int, dict] = {}
+        self.census_rows: list[dict] = []
+
+    def _oom(self, ctx: int, what: str) -> None:
+        import torch
+
+        self.rows.setdefault(ctx, {"context": ctx})["status"] = f"out of memory ({what})"
+        self.progress(f"  context {ctx}: out of GPU memory ({what}), recorded as such")
+        for d in (self.prompts, self.dynamic, self.static, self.static_steps):
+            d.pop(ctx, None)
+        torch.cuda.empty_cache()
+
+    def time(self, prompt, prompt_times) -> None:
+        """Time both caches at every context; the prompt's own dynamic step was timed already."""
+        import torch
+
+        from . import decode, harness, steps
+
+        p, device = self.params, self.params.device
+        for ctx in p.contexts:
+            self.progress(f"context {ctx}: timing (dynamic and static cache)")
+            try:
+                if ctx == p.prompt_len:  # the step measured above: one configuration, one measurement
+                    self.prompts[ctx], self.dynamic[ctx] = prompt, prompt_times
+                else:
+                    self.prompts[ctx] = decode.Prompt.random(self.model.config.vocab_size, p.batch, ctx, device,
+                                                             seed=ctx)
+                    self.dynamic[ctx] = decode.time_decode_steps(self.model, self.prompts[ctx], device,
+                                                                 repeats=p.context_repeats, warmup=1)
+                step = self.static_steps[ctx] = steps.StaticStep(self.model, self.prompts[ctx].ids)
+                self.static[ctx] = harness.time_region(step, setup=steps.setup(step), device=device,
+                                                       what=f"static-cache step, {ctx} tokens",
+                                                       repeats=p.context_repeats, warmup=1)
+            except torch.OutOfMemoryError:
+                self._oom(ctx, "timing")
+
+    def profile(self, folder, prompt_table: pd.DataFrame) -> None:
+        """Profile both caches at every context that was timed."""
+        import torch
+
+        from . import decode, harness, steps
+
+        p, device = self.params, self.params.device
+        for ctx in list(self.prompts):
+            self.progress(f"context {ctx}: profiling (dynamic and static cache)")
+            tmp = folder / f".ctx-{ctx}.json.gz"
+            try:
+                if ctx == p.prompt_len:
+                    dyn = prompt_table  # the step profiled above
+                else:
+                    dyn = annotate_kernels(decode.profile_decode_step(self.model, self.prompts[ctx], device, tmp,
+                                                                      warmup=1))
+                step = self.static_steps.pop(ctx)
+                stat = annotate_kernels(harness.profile_region(step, tmp, region="decode_step", device=device,
+                                                               setup=steps.setup(step), warmup=1))
+                tmp.unlink(missing_ok=True)
+                del step
+            except torch.OutOfMemoryError:
+                self._oom(ctx, "profile")
+                continue
+            for cache, k in (("dynamic", dyn), ("static", stat)):
+                for r in kernels.census(k).itertuples():
+                    self.census_rows.append({"context": ctx, "cache": cache, "kind": r.kind,
+                                             "kernels": r.kernels, "gpu_ns": r.gpu_ns})
+            self.rows[ctx] = {"context": ctx, "status": "ok", **_context_row(dyn, self.dynamic[ctx]),
+                              **{f"static_{k}": v for k, v in _context_row(stat, self.static[ctx]).items()
+                                 if k != "attention_names"}}
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame([self.rows[c] for c in self.params.contexts if c in self.rows])
+
+
+def _context_row(k: pd.DataFrame, t) -> dict:
+    """One cache's step at one context: kernels, GPU time by what matters for the KV cache, wall."""
+    attention = k.kind == "attention"
+    return {"kernels": len(k), "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
+            "kernel_ns": int(k.dur_ns.sum()), "attention_ns": int(k.loc[attention, "dur_ns"].sum()),
+            "attention_kernels": int(attention.sum()),
+            "attention_names": ";".join(sorted(set(k.loc[attention, "short_name"]))),
+            "copy_ns": int(k.loc[k.kind == "copy/convert/concat", "dur_ns"].sum()),
+            "cat_ns": int(k.loc[k.op == "aten::cat", "dur_ns"].sum()),
+            "wall_ms_median": t.median, "wall_ms_min": t.low, "wall_ms_max": t.high, "wall_clean": t.clean}
 
 
 def profiler_effect_table(procs, clean, after, span_ms: float) -> pd.DataFrame:
@@ -439,3 +493,99 @@ def gemv_figure(g: pd.DataFrame, run: runs.Run):
     ax.set_xlabel("TB/s read (weights / kernel time per call; light bars: split-K)")
     ax.set_title("Read bandwidth of each matrix-vector product of the step")
     return plots._finish(fig, run.label)
+
+
+def kv_bytes_per_token(preset: str) -> int:
+    """Bytes of keys and values one token adds to the cache, over all layers (BF16)."""
+    from . import models
+
+    c = models.preset_config(preset)
+    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2
+
+
+def kv_cache_traffic(run: runs.Run) -> pd.DataFrame:
+    """Per context: the KV cache's size; what transformers' dynamic cache does with it every
+    step (concatenate the new token: read the whole cache and write it again, 2x its bytes)
+    and what attention does (read it once); the time and bandwidth of each; and, where the run
+    measured it, the same step with a static cache, which writes the new token in place.
+
+    `cat ms` is every concatenation in the step (aten::cat); at long contexts they are almost
+    all the cache's (the rotary embedding's small ones stay constant)."""
+    s = run.table("context_sweep")
+    s = s[s.status == "ok"].copy()
+    per_token = kv_bytes_per_token(run.parameters["preset"]) * int(run.parameters.get("batch", 1))
+    out = pd.DataFrame({"context": s.context})
+    out["cache GB"] = s.context * per_token / 1e9
+    out["concat GB moved"] = 2 * out["cache GB"]
+    out["copy ms"] = s.copy_ns / 1e6 if "copy_ns" in s else _census_copy_ms(run, s.context)
+    out["cat ms"] = s.cat_ns / 1e6 if "cat_ns" in s else float("nan")
+    out["concat TB/s"] = out["concat GB moved"] / out["cat ms"]
+    out["attention ms"] = s.attention_ns / 1e6
+    out["attention TB/s"] = out["cache GB"] / out["attention ms"]
+    out["GPU ms, dynamic"] = s.kernel_ns / 1e6
+    has_static = "static_kernel_ns" in s
+    out["GPU ms, static"] = s.static_kernel_ns / 1e6 if has_static else float("nan")
+    out["cat ms, static"] = s.static_cat_ns / 1e6 if has_static else float("nan")
+    out["attention ms, static"] = s.static_attention_ns / 1e6 if has_static else float("nan")
+    out["wall ms, dynamic"] = s.wall_ms_median
+    out["wall ms, static"] = s.static_wall_ms_median if has_static else float("nan")
+    return out.reset_index(drop=True)
+
+
+def kv_cache_figure(t: pd.DataFrame, run: runs.Run):
+    """Time per step spent concatenating the cache and in attention, by context, for both caches."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    x = t.context
+    has_cat = t["cat ms"].notna().all()
+    ax.plot(x, t["cat ms"] if has_cat else t["copy ms"], "o-", color=plots.KIND_COLORS["copy/convert/concat"],
+            label="concatenations, dynamic cache" if has_cat else "all copies and concatenations, dynamic cache")
+    ax.plot(x, t["attention ms"], "o-", color=plots.KIND_COLORS["attention"], label="attention, dynamic cache")
+    if t["GPU ms, static"].notna().any():
+        ax.plot(x, t["cat ms, static"], "s--", color=plots.KIND_COLORS["copy/convert/concat"],
+                label="concatenations, static cache")
+        ax.plot(x, t["attention ms, static"], "s--", color=plots.KIND_COLORS["attention"],
+                label="attention, static cache")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(x), [f"{v:,}" for v in x])
+    ax.set_xlabel("tokens of context")
+    ax.set_ylabel("GPU ms per decode step")
+    ax.set_title("The KV cache: copied every step (dynamic cache) vs read once (attention)")
+    ax.legend(fontsize=8)
+    return plots._finish(fig, run.label)
+
+
+def _census_copy_ms(run: runs.Run, contexts) -> list[float]:
+    """Copy/convert/concat time per context from the context census (runs before `copy_ns`)."""
+    c = run.table("context_census")
+    c = c[c.kind == "copy/convert/concat"].set_index("context")
+    return [float(c.gpu_ns.get(x, float("nan"))) / 1e6 for x in contexts]
+
+
+def kv_cache_text(run: runs.Run) -> str:
+    """What the long-context steps say about the KV cache, in two or three sentences."""
+    t = kv_cache_traffic(run).iloc[-1]
+    lim = hardware.run_limits(run)
+    sheet = f" ({t['attention TB/s'] / lim.datasheet_tbs:.0%} of the datasheet's {lim.datasheet_tbs:.1f})" \
+        if lim.datasheet_tbs else ""
+    ctx = f"{int(t.context):,}"
+    if t["cat ms"] == t["cat ms"]:
+        concat = (f"every step it reads the whole cache and writes it again, {t['concat GB moved']:.1f} GB moved, "
+                  f"and its concatenations take {t['cat ms']:.2f} ms ({t['concat TB/s']:.2f} TB/s)")
+    else:
+        concat = (f"every step it reads the whole cache and writes it again, {t['concat GB moved']:.1f} GB moved; "
+                  f"this run recorded the copy kernels' time only as a kind, {t['copy ms']:.2f} ms")
+    text = (f"At {ctx} tokens the cache holds {t['cache GB']:.1f} GB. transformers' dynamic cache appends each new "
+            f"token by concatenation: {concat}. Attention itself reads the cache once, {t['cache GB']:.1f} GB in "
+            f"{t['attention ms']:.2f} ms, {t['attention TB/s']:.2f} TB/s{sheet}.")
+    if t["GPU ms, static"] == t["GPU ms, static"]:
+        text += (f" With a static cache, allocated once at its full length so that the new token's keys and values "
+                 f"are written in place, the concatenations at {ctx} tokens take {t['cat ms, static']:.2f} ms and "
+                 f"the step's GPU time is {t['GPU ms, static']:.2f} ms instead of {t['GPU ms, dynamic']:.2f} ms "
+                 f"(wall {t['wall ms, static']:.1f} ms against {t['wall ms, dynamic']:.1f} ms).")
+    else:
+        text += " This run did not measure the same step with a static cache; runs recorded since do."
+    return text

@@ -75,6 +75,10 @@ def test_live_path_on_cpu_writes_a_valid_run(runs_root):
     sweep = run.table("context_sweep").set_index("context")
     assert sweep.loc[16, "wall_ms_median"] == one_token.summary(run).wall_ms
     assert sweep.loc[16, "kernels"] == one_token.summary(run).kernels
+    # Both caches at every context, timed before any profile.
+    assert sweep.wall_clean.all() and sweep.static_wall_clean.all()
+    assert (sweep.static_kernels > 0).all() and (sweep.cat_ns > 0).all()
+    assert set(run.table("context_census").cache) == {"dynamic", "static"}
     assert list(run.table("context_sweep").status) == ["ok", "ok"]
     assert not list(runs_root.rglob(".incomplete-*"))
 
@@ -118,5 +122,5 @@ def test_out_of_memory_at_a_long_context_is_recorded(runs_root, monkeypatch):
     monkeypatch.setattr(decode, "profile_decode_step", oom_at_long_context)
     run = one_token.record(one_token.Params(**TINY), allow_cpu=True, progress=lambda m: None)
     sweep = run.table("context_sweep")
-    assert list(sweep.status) == ["ok", "out of memory"]
+    assert list(sweep.status) == ["ok", "out of memory (profile)"]
     assert list(one_token.context_sweep(run).context) == [16]
