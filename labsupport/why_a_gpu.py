@@ -27,7 +27,7 @@ HOST_CLOCK = "host clock"
 class Params:
     preset: str = "qwen3-8b"
     prompt_len: int = 256
-    batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512])
+    batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 160, 192, 224, 256, 384, 512])
     steps: int = 5
     matvec_repeats: int = 20
     device: str = "cuda"
@@ -154,6 +154,16 @@ def time_batch(model, batch: int, prompt_len: int, steps: int, device: str) -> t
     return t, cache.get_seq_length()
 
 
+def batch_matmuls(batch: int, k: pd.DataFrame) -> pd.DataFrame:
+    """The matrix-multiply kernels of one batch size's profiled step, grouped by kernel name and
+    launch grid (which cuBLAS kernel ran, how it tiled the work, split-K or not)."""
+    mm = k[k["name"].map(kernels.classify) == "matrix multiply"]
+    g = mm.groupby(["name", "grid", "block"], sort=False).dur_ns.agg(kernels="count", gpu_ns="sum").reset_index()
+    g.insert(0, "batch", batch)
+    g["short_name"] = g["name"].map(kernels.short_name)
+    return g
+
+
 def profile_batch(model, batch: int, prompt_len: int, device: str, trace_path) -> tuple[pd.DataFrame, int]:
     """The kernels of one decode step at one batch size: a fresh prefill, DECODE_WARMUP steps
     traced and discarded in the same profiler session, then the kept step. Returns the kernel
@@ -243,7 +253,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
 
         # 2. Then the profiles.
         tmp = w.path / ".profile.json.gz"
-        rows = []
+        rows, matmul_rows = [], []
         for b, (timing, context_end) in timed.items():
             progress(f"batch {b}: profiling one decode step")
             k = None
@@ -256,8 +266,11 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
             if k is None:
                 break
             rows.append(sweep_row(b, timing, context_end, k, context_profiled))
+            matmul_rows.append(batch_matmuls(b, k))
             progress(f"  GPU {rows[-1]['gpu_busy_ns'] / 1e6:.2f} ms busy, {len(k)} kernels")
         w.write_table("batch_sweep", pd.DataFrame(rows + list(stopped.values())))
+        if matmul_rows:
+            w.write_table("batch_matmuls", pd.concat(matmul_rows, ignore_index=True))
         del model
         _free(device)
 
