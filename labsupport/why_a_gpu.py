@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from . import hardware, harness, kernels, models, runs
+from . import hardware, harness, kernels, models, published, runs
 
 CHAPTER = "why-a-gpu"
 DECODE_WARMUP = 2   # untimed (or traced-and-discarded) steps on each batch's fresh cache
@@ -362,24 +362,60 @@ def matvec_summary(run: runs.Run) -> Matvec:
                   kernels=list(run.results.get("matvec_kernels", [])))
 
 
+def attention_flop_per_context_token(run: runs.Run) -> int:
+    """Attention's operations for one new token, per token of context it attends to: the
+    scores (Q·Kᵀ) and the weighted sum of the values, a multiply and an add each, for every
+    query head of every layer (the model's configuration, from its preset)."""
+    cfg = models.preset_config(run.parameters["preset"])
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 4 * cfg["num_attention_heads"] * head_dim * cfg["num_hidden_layers"]
+
+
 def sweep(run: runs.Run) -> pd.DataFrame:
-    """The batch sweep with the derived rates: per-step times, tokens/s, bandwidth, FLOP/s."""
+    """The batch sweep with the derived rates: per-step times, tokens/s, bytes and operations
+    per step (weights and KV cache), bandwidth, FLOP/s, and the step's limits.
+
+    A step must read every weight once (`weights bytes`) and each sequence's KV cache once
+    (`KV bytes`: batch x context x bytes per cached token, at the context of the profiled step,
+    whose GPU time this is; older runs recorded only the context after all steps, a few tokens
+    more). Its operations are the matrix multiplies' (2 per weight per sequence) plus
+    attention's (grows with the context). `limit ms` is the roofline: the longer of the bytes at
+    the datasheet's bandwidth and the operations at its math rate; `read floor ms` is the bytes
+    at the bandwidth measured in the run (read stream, or copy in older runs)."""
     s = run.table("batch_sweep")
     ok = s[s.status == "ok"].copy()
     c = counts(run)
     kv = run.results["kv_bytes_per_token"]
+    lim = hardware.run_limits(run)
+    read_tbs, _ = hardware.measured_read(lim)
+    nan = float("nan")
     ok["GPU ms"] = ok.gpu_busy_ns / 1e6
     ok["matmul ms"] = ok.matmul_ns / 1e6
+    ok["attention ms"] = ok.attention_ns / 1e6
+    ok["other ms"] = (ok.kernel_ns - ok.matmul_ns - ok.attention_ns) / 1e6
     ok["tokens/s"] = ok.batch / (ok.wall_ms_median / 1e3)
     ok["GPU tokens/s"] = ok.batch / (ok["GPU ms"] / 1e3)
-    # Bytes a step must read: every weight once, plus each sequence's KV cache (at the
-    # context of the profiled step, whose GPU time this is; older runs recorded only the
-    # context after all steps, a few tokens more).
-    context = ok.context_profiled if "context_profiled" in ok else ok.context_end
-    ok["bytes"] = c.decode_bytes + ok.batch * context * kv
+    ok["context"] = ok.context_profiled if "context_profiled" in ok else ok.context_end
+    ok["weights bytes"] = c.decode_bytes
+    ok["KV bytes"] = ok.batch * ok.context * kv
+    ok["bytes"] = ok["weights bytes"] + ok["KV bytes"]
+    ok["FLOP"] = ok.batch * (c.decode_flops + ok.context * attention_flop_per_context_token(run))
+    ok["FLOP/byte"] = ok["FLOP"] / ok["bytes"]
     ok["TB/s"] = ok["bytes"] / (ok["GPU ms"] / 1e3) / 1e12
+    ok["attention TB/s"] = ok["KV bytes"] / (ok["attention ms"] / 1e3) / 1e12
     ok["matmul TFLOP/s"] = c.decode_flops * ok.batch / (ok["matmul ms"] / 1e3) / 1e12
-    ok["FLOP/byte"] = c.decode_flops * ok.batch / c.matmul_bytes
+    # The whole step against its limits.
+    ok["memory limit ms"] = ok["bytes"] / (lim.datasheet_tbs * 1e9) if lim.datasheet_tbs else nan
+    ok["math limit ms"] = ok["FLOP"] / (lim.datasheet_tflops * 1e9) if lim.datasheet_tflops else nan
+    ok["limit ms"] = ok[["memory limit ms", "math limit ms"]].max(axis=1, skipna=False)
+    ok["read floor ms"] = ok["bytes"] / (read_tbs * 1e9) if read_tbs else nan
+    ok["of limit"] = ok["limit ms"] / ok["GPU ms"]
+    # The matrix multiplies against theirs (the weight matrices' bytes; their operations).
+    ok["matmul memory limit ms"] = c.matmul_bytes / (lim.datasheet_tbs * 1e9) if lim.datasheet_tbs else nan
+    ok["matmul math limit ms"] = (ok.batch * c.decode_flops / (lim.datasheet_tflops * 1e9)
+                                  if lim.datasheet_tflops else nan)
+    ok["matmul read floor ms"] = c.matmul_bytes / (read_tbs * 1e9) if read_tbs else nan
+    ok["matmul GEMM floor ms"] = ok.batch * c.decode_flops / (lim.gemm_tflops * 1e9) if lim.gemm_tflops else nan
     return ok
 
 
@@ -393,10 +429,21 @@ def wall_times_clean(run: runs.Run) -> bool:
 def sweep_display(run: runs.Run) -> pd.DataFrame:
     """The sweep as the chapter shows it; the wall times' range where the run recorded it."""
     s = sweep(run)
-    out = s[["batch", "kernels", "matmul ms", "GPU ms", "wall_ms_median"]].rename(columns={"wall_ms_median": "wall ms"})
+    out = s[["batch", "kernels", "matmul ms", "matmul TFLOP/s", "GPU ms", "wall_ms_median"]].rename(
+        columns={"wall_ms_median": "wall ms"})
     if "wall_ms_max" in s:
         out["wall min–max"] = [f"{lo:.1f}–{hi:.1f}" for lo, hi in zip(s.wall_ms_min, s.wall_ms_max)]
-    return pd.concat([out, s[["tokens/s", "TB/s", "matmul TFLOP/s"]]], axis=1)
+    return pd.concat([out, s[["tokens/s"]]], axis=1)
+
+
+def bytes_display(run: runs.Run) -> pd.DataFrame:
+    """What each step of the sweep must read (weights, KV cache), its operations per byte,
+    and its GPU time against its limit."""
+    s = sweep(run)
+    return pd.DataFrame({
+        "batch": s.batch, "weights GB": s["weights bytes"] / 1e9, "KV cache GB": s["KV bytes"] / 1e9,
+        "KV share": s["KV bytes"] / s["bytes"], "FLOP per byte": s["FLOP/byte"], "limit ms": s["limit ms"],
+        "GPU busy ms": s["GPU ms"], "GPU busy / limit": s["GPU ms"] / s["limit ms"]})
 
 
 @dataclass
@@ -523,3 +570,443 @@ def sweep_note(run: runs.Run) -> str:
     return ("In this run the wall times of each batch size were taken right after that batch size was profiled, in "
             "the same process, and a profile slows every later kernel launch (the methodology, under *Two "
             "instruments*): read its wall-time curve as an upper bound. The ridge point uses GPU times only.")
+
+
+# The ridge point with the KV cache, and the published H100 figure -----------------------
+
+# Published (cite as published, never ours): the Qwen3-8B H100 profile's ridge, in requests.
+PUBLISHED_H100_RIDGE_REQUESTS = 295
+PUBLISHED_H100_RIDGE_SOURCE = published.QWEN3_8B_H100_SOURCE
+H100 = hardware.DATASHEETS["NVIDIA H100 80GB HBM3"]
+
+
+@dataclass
+class KVRidge:
+    """Where the whole step (weights and KV cache) reaches a ridge point, at one context.
+
+    With B sequences of `context` tokens the step does B·(F + a·context) operations on
+    W + B·context·kv bytes: its intensity grows with B but never passes `cap`, the KV cache's
+    share alone. `batch` is where the intensity reaches `ridge` (inf when `cap` is below it);
+    `max_context` is the longest context at which any batch still reaches it."""
+
+    gpu: str
+    ridge: float          # FLOP/byte
+    context: int
+    batch: float
+    cap: float            # FLOP/byte at an unlimited batch
+    max_context: float
+
+
+def kv_ridge(run: runs.Run, sheet: hardware.Datasheet, context: int | None = None) -> KVRidge:
+    """The batch where the whole step reaches `sheet`'s ridge point, with this run's model and
+    KV cache, at `context` (default: the context of the sweep's largest batch)."""
+    c, kv, a = counts(run), run.results["kv_bytes_per_token"], attention_flop_per_context_token(run)
+    context = int(context if context is not None else sweep(run).context.iloc[-1])
+    r = sheet.ridge_flop_per_byte
+    room = c.decode_flops + a * context - r * context * kv
+    batch = r * c.decode_bytes / room if room > 0 else float("inf")
+    max_context = c.decode_flops / (r * kv - a) if r * kv > a else float("inf")
+    return KVRidge(gpu=sheet.name, ridge=r, context=context, batch=batch,
+                   cap=(c.decode_flops + a * context) / (context * kv), max_context=max_context)
+
+
+def ridge_comparison(run: runs.Run) -> pd.DataFrame:
+    """The published H100 ridge (in requests) beside this run's, raw and as a share of each GPU's
+    own datasheet ridge; and where the whole step, KV cache included, reaches each ridge."""
+    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    r, lim = ridge(run), hardware.run_limits(run)
+    _, read_name = hardware.measured_read(lim)
+    gpu = sheet.name if sheet else run.provenance["gpu"]
+    own = sheet.ridge_flop_per_byte if sheet else float("nan")
+    rows = [("math becomes the limit (published)", H100.name, PUBLISHED_H100_RIDGE_REQUESTS,
+             H100.ridge_flop_per_byte, "published (source in the text)")]
+    if sheet:
+        rows.append(("datasheet ridge (weights only)", gpu, own, own, f"{sheet.name} datasheet"))
+    rows += [(f"measured ceilings: GEMM rate / {read_name}", gpu, r.ceilings_batch, own, "this run"),
+             ("matrix multiplies' times cross (measured)", gpu, r.measured_batch, own, "this run")]
+    for sh in [H100] + ([sheet] if sheet and sheet != H100 else []):
+        k = kv_ridge(run, sh)
+        rows.append((f"whole step with the KV cache, {k.context}-token context", sh.name, k.batch,
+                     sh.ridge_flop_per_byte, f"computed here: this run's model, {sh.name} datasheet"))
+    df = pd.DataFrame(rows, columns=["where math becomes the limit", "GPU", "batch", "GPU's datasheet ridge",
+                                     "from"])
+    df["batch / ridge"] = df["batch"] / df["GPU's datasheet ridge"]
+    return df[["where math becomes the limit", "GPU", "batch", "GPU's datasheet ridge", "batch / ridge", "from"]]
+
+
+def context_note(run: runs.Run) -> str:
+    """Which context the KV cache is counted at."""
+    s = sweep(run)
+    ctx = int(s.context.iloc[-1])
+    if "context_profiled" in s:
+        return f"at the context of the profiled step, {ctx} tokens"
+    return (f"at the context after the timed steps, {ctx} tokens (this run did not record the profiled step's own, "
+            "a few tokens shorter)")
+
+
+def sweep_numbers(run: runs.Run) -> dict:
+    """The numbers the chapter's sweep sections quote (batch 1 and the largest batch)."""
+    s = sweep(run)
+    lim = hardware.run_limits(run)
+    kv = run.results["kv_bytes_per_token"]
+    one, big = s.iloc[0], s.iloc[-1]
+    nan = float("nan")
+    return {
+        "kv_kb_per_token": kv / 1e3, "context": int(big.context),
+        "kv_b1_mb": one["KV bytes"] / 1e6, "kv_bmax_gb": big["KV bytes"] / 1e9,
+        "kv_share_bmax": big["KV bytes"] / big["bytes"],
+        "bytes_bmax_gb": big["bytes"] / 1e9, "weights_gb": big["weights bytes"] / 1e9,
+        "attn_fpb": attention_flop_per_context_token(run) / kv,
+        "attn_tbs_bmax": big["attention TB/s"], "attn_ms_bmax": big["attention ms"],
+        "attn_of_sheet": big["attention TB/s"] / lim.datasheet_tbs if lim.datasheet_tbs else nan,
+        "fpb_bmax": big["FLOP/byte"], "cap": kv_cap(run),
+        "mm_limit_ms": one["matmul memory limit ms"], "mm_read_ms": one["matmul read floor ms"],
+        "mm_b1_ms": one["matmul ms"], "mm_b1_of_limit": one["matmul memory limit ms"] / one["matmul ms"],
+        "bmax_mfu": big["matmul TFLOP/s"] / lim.datasheet_tflops if lim.datasheet_tflops else nan,
+        "bmax_of_gemm": big["matmul TFLOP/s"] / lim.gemm_tflops if lim.gemm_tflops else nan,
+        "lim_b1": one["limit ms"], "lim_bmax": big["limit ms"],
+        "gpu_b1": one["GPU ms"], "gpu_bmax": big["GPU ms"],
+        "x_b1": one["GPU ms"] / one["limit ms"], "x_bmax": big["GPU ms"] / big["limit ms"],
+        "other_b1": one["other ms"], "other_bmax": big["other ms"],
+        "mm_bmax": big["matmul ms"], "attn_b1_ms": one["attention ms"],
+        "cat_gb_bmax": 2 * big["KV bytes"] / 1e9,
+    }
+
+
+def kv_cap(run: runs.Run) -> float:
+    """The whole step's operations per byte at an unlimited batch, at the sweep's context."""
+    c, kv = counts(run), run.results["kv_bytes_per_token"]
+    ctx = int(sweep(run).context.iloc[-1])
+    return (c.decode_flops + attention_flop_per_context_token(run) * ctx) / (ctx * kv)
+
+
+def ridge_text(run: runs.Run) -> str:
+    """The published H100 ridge beside this run's, raw and normalised, and what else differs."""
+    cmp = ridge_comparison(run).set_index("where math becomes the limit")
+    pub = cmp.iloc[0]
+    r = ridge(run)
+    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    gpu = sheet.name if sheet else run.provenance["gpu"]
+    pub_text = (f"the published {PUBLISHED_H100_RIDGE_REQUESTS} is {pub['batch / ridge']:.0%} of the H100's "
+                f"({H100.bf16_tflops:.0f} TFLOP/s over {H100.bandwidth_tbs:.2f} TB/s = {H100.ridge_flop_per_byte:.0f} "
+                "FLOP per byte; it matches that ratio, so it reads as the datasheet's arithmetic rather than a "
+                "measured crossing, and the book has no published batch sweep to set beside this one)")
+    if sheet:
+        share = r.measured_batch / sheet.ridge_flop_per_byte
+        where = ("close to where its datasheet puts it" if abs(share - 1) <= 0.15 else
+                 "beyond where its datasheet puts it" if share > 1 else "before where its datasheet puts it")
+        first = (f"Raw, {PUBLISHED_H100_RIDGE_REQUESTS} against this run's measured {r.measured_batch:.0f} reads as "
+                 f"if the {gpu} turned compute-bound at a much smaller batch. Normalised to each GPU's own datasheet "
+                 f"ridge: {pub_text}, and this run's measured crossing is {share:.0%} of the {gpu}'s "
+                 f"({sheet.ridge_flop_per_byte:.0f}), {where}.")
+        if sheet.bf16_tflops == H100.bf16_tflops and sheet.bandwidth_tbs != H100.bandwidth_tbs:
+            first += (f" The two GPUs have the same datasheet math rate ({sheet.bf16_tflops:.0f} TFLOP/s) and differ "
+                      f"in bandwidth ({H100.bandwidth_tbs:.2f} against {sheet.bandwidth_tbs:.2f} TB/s): faster "
+                      f"memory, not slower math, brings the {gpu}'s ridge to a smaller batch.")
+    else:
+        first = (f"Normalised to the H100's own datasheet ridge, {pub_text}. This run's GPU ({gpu}) has no datasheet "
+                 f"in the book, so its measured crossing ({r.measured_batch:.0f}) cannot be set against its own ridge.")
+    parts = [first]
+    h100 = kv_ridge(run, H100)
+    own = kv_ridge(run, sheet) if sheet and sheet != H100 else None
+
+    def at(k: KVRidge) -> str:
+        if k.batch == float("inf"):
+            return f"no batch on the {k.gpu}"
+        return f"about {k.batch:,.0f} sequences on the {k.gpu}"
+
+    both = f"{at(own)} and {at(h100)}" if own else at(h100)
+    ctx_max = (f"{own.max_context:.0f} tokens on the {own.gpu} ({h100.max_context:.0f} on the {h100.gpu})" if own
+               else f"{h100.max_context:.0f} tokens on the {h100.gpu}")
+    parts.append(f"What else differs. Neither ridge counts the KV cache. With this run's {h100.context}-token context "
+                 f"the whole step reaches the ridge only at {both} (computed from the datasheets and this run's "
+                 f"model, not measured); at contexts longer than about {ctx_max}, at no batch at all: there, "
+                 "each sequence's own operations per byte of its cache are below the ridge, and adding sequences "
+                 "cannot lift the step above it. "
+                 "The software differs too: the published profile's is named in its source, above; this run "
+                 f"used transformers {run.provenance.get('transformers', '?')} and PyTorch "
+                 f"{run.provenance.get('torch', '?')}, eager, on an {run.provenance['gpu']}. A serving engine batches "
+                 "requests of many "
+                 "different contexts at once, which moves the crossing again.")
+    return "\n\n".join(parts)
+
+
+# Irregular points of the sweep -----------------------------------------------------------
+
+BUMP_TOLERANCE = 0.05        # a batch's matmuls slower than a larger batch's by more than this
+PREFILL_CHAPTER = "prefill-vs-decode"
+SPLIT_K_REDUCE = "splitKreduce"
+
+
+def irregular_batches(run: runs.Run, tol: float = BUMP_TOLERANCE) -> list[int]:
+    """Batch sizes whose matrix multiplies took longer (by more than `tol`) than those of a
+    larger batch, which does more of the same work."""
+    s = sweep(run).reset_index(drop=True)
+    mm = s["matmul ms"]
+    return [int(s.batch[i]) for i in range(len(s) - 1) if mm[i] > (1 + tol) * mm[i + 1:].min()]
+
+
+def kernel_count_groups(run: runs.Run) -> list[tuple[int, list[int]]]:
+    """The sweep's kernel count per step, as runs of consecutive batch sizes with one count."""
+    groups: list[tuple[int, list[int]]] = []
+    for b, n in zip(sweep(run).batch, sweep(run).kernels):
+        if groups and groups[-1][0] == n:
+            groups[-1][1].append(int(b))
+        else:
+            groups.append((int(n), [int(b)]))
+    return groups
+
+
+def _batches(bs: list[int]) -> str:
+    return f"batch {bs[0]}" if len(bs) == 1 else f"batches {bs[0]}–{bs[-1]}"
+
+
+@dataclass
+class SplitK:
+    """cuBLAS's split-K reduce kernels in the matrix multiplies of the chapter *Prompt phase vs
+    decode phase*: its decode step (one token) and its prefill (`tokens_many` tokens)."""
+
+    run_id: str
+    tokens_many: int
+    matmul_few: int           # matrix-multiply kernels (the reduce kernels included)
+    matmul_many: int
+    reduce_few: int
+    reduce_many: int
+    modules: list[str]        # the modules (layer number dropped) whose products ran split-K at one token
+
+    @property
+    def only_reduces_differ(self) -> bool:
+        """Whether the two steps' matrix-multiply kernel counts differ by their reduce kernels alone."""
+        return self.matmul_few - self.reduce_few == self.matmul_many - self.reduce_many
+
+
+def split_k_evidence(run: runs.Run) -> SplitK | None:
+    """The split-K reduce kernels of the *Prompt phase vs decode phase* run published beside
+    `run` (in the same runs folder), or None where that run (or its kernel tables) is not there
+    to read."""
+    try:
+        pr = runs.load_run(PREFILL_CHAPTER, root=run.path.parent.parent)
+        few, many = pr.table("kernels-decode"), pr.table("kernels-prefill")
+        tokens = int(pr.parameters["prompt_len"])
+    except (runs.RunError, OSError, KeyError, ValueError):
+        return None
+
+    def mm(k):
+        k = k[k.kind == "matrix multiply"]
+        names = k.short_name if "short_name" in k else k.name.map(kernels.short_name)
+        return k, names.astype(str).str.contains(SPLIT_K_REDUCE)
+
+    kf, rf = mm(few)
+    km, rm = mm(many)
+    modules = list(dict.fromkeys(kf.module[rf].astype(str).str.replace(r"^.*layers\.\d+\.", "", regex=True)))
+    return SplitK(run_id=pr.run_id, tokens_many=tokens, matmul_few=len(kf), matmul_many=len(km),
+                  reduce_few=int(rf.sum()), reduce_many=int(rm.sum()), modules=modules)
+
+
+def split_k_per_layer(run: runs.Run, ev: SplitK | None) -> pd.Series | None:
+    """Split-K products per layer at each batch size, read from the sweep's kernel counts: where
+    the profiles of one token and of many differ by their split-K reduce kernels alone, the many
+    had none, and the sweep's largest count less its smallest is the one token's reduces, each
+    kernel above the sweep's smallest count is read as one split-K reduce. None where the
+    evidence does not support that reading."""
+    s = sweep(run)
+    extra = s.kernels - s.kernels.min()
+    layers = counts(run).layers
+    if (ev is None or not ev.only_reduces_differ or ev.reduce_many != 0 or s.batch.iloc[0] != 1
+            or int(extra.iloc[0]) != ev.reduce_few - ev.reduce_many or (extra % layers).any()):
+        return None
+    return pd.Series((extra // layers).to_numpy(), index=s.batch.to_numpy())
+
+
+def irregular_text(run: runs.Run, ev: SplitK | None) -> str:
+    """What the data says about the sweep's irregular points (matrix multiplies slower than a
+    larger batch's), and what it cannot say."""
+    s = sweep(run).set_index("batch")
+    layers = counts(run).layers
+    groups = kernel_count_groups(run)
+    count_text = ", ".join(f"{n:,} at {_batches(bs)}" for n, bs in groups)
+    bumps = irregular_batches(run)
+    if not bumps:
+        return (f"No batch size's matrix multiplies took longer than a larger batch's (by more than "
+                f"{BUMP_TOLERANCE:.0%}): this sweep has no irregular point to explain. Kernels per step: {count_text}.")
+    b = bumps[0]
+    later = s.loc[s.index > b]
+    n = int(later["matmul ms"].idxmin())
+    parts = [f"At batch {b} the matrix multiplies took {s.loc[b, 'matmul ms']:.2f} ms, longer than the "
+             f"{s.loc[n, 'matmul ms']:.2f} ms at batch {n}, which does {n / b:.2f} times the work: "
+             f"{s.loc[b, 'matmul TFLOP/s']:.0f} TFLOP/s against {s.loc[n, 'matmul TFLOP/s']:.0f}."
+             + (f" (Also irregular: {', '.join(map(str, bumps[1:]))}.)" if len(bumps) > 1 else "")]
+    steps = len(groups) > 1
+    parts.append(f"The number of kernels per step changes with the batch too: {count_text}."
+                 + (f" Every change is a multiple of {layers}: a whole number of kernels per layer." if steps and not
+                    any((g[0] - groups[0][0]) % layers for g in groups) else ""))
+    per_layer = split_k_per_layer(run, ev)
+    if per_layer is not None:
+        where = ", ".join(f"{n_} at {_batches(bs)}" for n_, bs in _runs_of(per_layer))
+        big = int(s.index.max())
+        fewest = (f"batch {big}" if s.loc[big, "kernels"] == s.kernels.min()
+                  else "the batch sizes with the fewest kernels")
+        mods = ", ".join(f"`{m}`" for m in ev.modules)
+        parts.append(
+            f"The chapter *Prompt phase vs decode phase* profiled the same weight matrices with one token and with "
+            f"{ev.tokens_many} (run `{ev.run_id}`). Their matrix-multiply kernels differ by "
+            f"{ev.reduce_few - ev.reduce_many}, all of them cuBLAS's split-K reduce kernel "
+            f"(`cublasLt::splitKreduce_kernel`): {ev.reduce_few // layers} per "
+            f"layer with one token (after {mods}), none with {ev.tokens_many}. A split-K kernel cuts a product's long "
+            "inner dimension into pieces, so that more thread blocks share a small product, and the reduce kernel adds "
+            f"the pieces up. In this sweep, batch 1 has exactly that many kernels more than {fewest}. "
+            f"Reading every kernel above the fewest as one split-K reduce, the products that ran split-K per layer "
+            f"were: {where}.")
+        if per_layer.get(b, 1) == 0 and per_layer.get(n, 0) > 0:
+            parts[-1] += (f" So at batch {b} cuBLAS's heuristics dropped split-K, as they do for the largest batches, "
+                          f"while at batch {n} they still split {int(per_layer[n])} product"
+                          f"{'s' if per_layer[n] > 1 else ''} per layer; whatever kernels they chose instead ran "
+                          f"slower for {b} sequences than batch {n}'s did for {n}.")
+    else:
+        parts.append("Which kernels were added or dropped, this run cannot say: it kept no kernel names per "
+                     "batch size.")
+    sms = run.provenance.get("gpu_sms")
+    tile = 128
+    computed = -(-b // tile) * tile
+    grid = ("a grid with fewer thread blocks than the GPU's " + (f"{sms} SMs" if sms else "SMs")
+            + ", which leaves some of them idle")
+    unknown = (f"Which matrix-multiply kernels ran at batch {b}, and why they are slower there, the run cannot tell: "
+               "it recorded kernel counts and times per batch size, not the kernels' names or grids. ")
+    if computed != b:
+        tq = (f"tiles of {tile} rows, a common size, compute {computed} rows for {b} sequences, "
+              f"{1 - b / computed:.0%} of the work thrown away")
+        if computed in s.index and s.loc[b, "matmul ms"] > s.loc[computed, "matmul ms"]:
+            why = (f"Tile quantisation alone ({tq}) would make batch {b} cost as much as batch {computed}, not "
+                   f"more: the kernels chosen at {b} lose more than that, for a reason such as {grid}. ")
+        else:
+            why = f"Two usual causes would fit, alone or together: tile quantisation ({tq}), and {grid}. "
+    else:
+        why = f"One usual cause would fit: {grid}. "
+    parts.append(unknown + why
+                 + "**Left for a new measurement:** the matrix multiplies' kernel names and grids at batches "
+                 f"{', '.join(str(int(x)) for x in _around(s.index, b, n))}.")
+    return "\n\n".join(parts)
+
+
+def _runs_of(series: pd.Series) -> list[tuple[int, list[int]]]:
+    out: list[tuple[int, list[int]]] = []
+    for b, v in series.items():
+        if out and out[-1][0] == v:
+            out[-1][1].append(int(b))
+        else:
+            out.append((int(v), [int(b)]))
+    return [(("none" if v == 0 else v), bs) for v, bs in out]
+
+
+def _around(batches, b: int, n: int) -> list[int]:
+    """The batch sizes just before `b`, `b` itself, and up to `n`."""
+    bs = list(batches)
+    i, j = bs.index(b), bs.index(n)
+    return bs[max(i - 1, 0):j + 1]
+
+
+# Figures ---------------------------------------------------------------------------------
+
+def bytes_figure(run: runs.Run):
+    """What one step reads at each batch size: the weights (the same at every batch) and the
+    KV cache (growing with it), stacked."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    s = sweep(run)
+    x = range(len(s))
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    ax.bar(x, s["weights bytes"] / 1e9, color=plots.KIND_COLORS["matrix multiply"], label="weights")
+    ax.bar(x, s["KV bytes"] / 1e9, bottom=s["weights bytes"] / 1e9, color=plots.KIND_COLORS["attention"],
+           label="KV cache (read by attention)")
+    ax.set_xticks(list(x), [str(b) for b in s.batch])
+    ax.set_xlabel("batch (sequences decoded together)")
+    ax.set_ylabel("GB read per decode step")
+    ax.set_title("Bytes one decode step must read: the weights once, each sequence's KV cache once")
+    ax.grid(axis="x", visible=False)
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    return plots._finish(fig, run.label)
+
+
+def _batch_axis(ax, batches) -> None:
+    """A log2 batch axis labelled with plain numbers."""
+    ax.set_xscale("log", base=2)
+    ticks = [b for b in (1, 4, 16, 64, 256, 1024, 4096) if min(batches) <= b <= max(batches)]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("batch (sequences decoded together)")
+
+
+def limits_figure(run: runs.Run):
+    """Measured time per step against the limits drawn at the limits: on the left the matrix
+    multiplies (the weights' bytes; their operations), on the right the whole step (weights and
+    KV cache; all operations). Solid: the datasheet's limits; dashed: the ceilings measured in
+    the run."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    s = sweep(run)
+    r = ridge(run)
+    lim = hardware.run_limits(run)
+    read_tbs, read_name = hardware.measured_read(lim)
+    mem, math = plots.KIND_COLORS["copy/convert/concat"], plots.KIND_COLORS["reduction"]
+    sheet = f"{lim.datasheet_name} datasheet" if lim.datasheet_name else "datasheet"
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    b = s.batch
+    panels = (
+        (ax[0], "matmul ms", "matrix multiplies (measured)", "matmul memory limit ms", "matmul math limit ms",
+         "matmul read floor ms", "matmul GEMM floor ms", "The matrix multiplies: weights only"),
+        (ax[1], "GPU ms", "whole step, GPU busy (measured)", "memory limit ms", "math limit ms",
+         "read floor ms", None, "The whole step: weights and KV cache"),
+    )
+    for a, col, label, mem_col, math_col, read_col, gemm_col, title in panels:
+        a.plot(b, s[col], "o-", color=plots.OURS, label=label, zorder=3)
+        if lim.datasheet_tbs:
+            a.plot(b, s[mem_col], "-", color=mem, lw=1.5,
+                   label=f"memory limit: bytes at {lim.datasheet_tbs:.2f} TB/s ({sheet})")
+        if lim.datasheet_tflops:
+            a.plot(b, s[math_col], "-", color=math, lw=1.5,
+                   label=f"math limit: operations at {lim.datasheet_tflops:.0f} TFLOP/s ({sheet})")
+        if read_tbs:
+            a.plot(b, s[read_col], "--", color=mem, lw=1,
+                   label=f"bytes at the measured {read_name} ({read_tbs:.2f} TB/s, this run)")
+        if gemm_col and lim.gemm_tflops:
+            a.plot(b, s[gemm_col], "--", color=math, lw=1,
+                   label=f"operations at the measured GEMM rate ({lim.gemm_tflops:.0f} TFLOP/s, this run)")
+        _batch_axis(a, b)
+        a.set_yscale("log")
+        a.set_title(title)
+        a.legend(fontsize=7, frameon=False, loc="upper left")
+    ax[0].axvline(r.measured_batch, color="#555", lw=1)
+    ax[0].text(r.measured_batch, s["matmul ms"].min() * 0.5, f"measured crossing ≈ {r.measured_batch:.0f} ",
+               fontsize=8, ha="right")
+    if r.datasheet_batch:
+        ax[0].axvline(r.datasheet_batch, color="#bbb", lw=1, ls=":")
+        ax[0].text(r.datasheet_batch, s["matmul ms"].min() * 0.37, f" datasheet ridge {r.datasheet_batch:.0f}",
+                   fontsize=8, color="#777", ha="left")
+    ax[0].set_ylabel("ms per decode step")
+    lo = s["matmul ms"].min()
+    if lim.datasheet_tbs:
+        lo = min(lo, s["matmul memory limit ms"].min())
+    ax[0].set_ylim(lo * 0.3, s["GPU ms"].max() * 4)
+    return plots._finish(fig, run.label)
+
+
+def throughput_figure(run: runs.Run):
+    """Tokens per second: if the GPU never waited (GPU busy), and as measured (wall time)."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    s = sweep(run)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(s.batch, s["GPU tokens/s"], "o-", color=plots.OURS, label="if the GPU never waited (GPU busy)")
+    ax.plot(s.batch, s["tokens/s"], "s--", color="#999", ms=4, label="measured wall time (eager)")
+    _batch_axis(ax, s.batch)
+    ax.set_yscale("log")
+    ax.set_ylabel("tokens per second")
+    ax.set_title("Throughput grows with the batch")
+    ax.legend(fontsize=8, frameon=False)
+    return plots._finish(fig, run.label)
