@@ -736,6 +736,406 @@ def roofline(run: runs.Run, points: int = 200) -> pd.DataFrame:
     return out
 
 
+# --- the roofline: every matrix multiply of both passes ------------------------------------
+
+LM_HEAD = "lm_head"
+# The points of the roofline figure: each weight matrix of a decoder layer, then the LM head.
+ROOFLINE_MODULES = (*GEMM_MODULES, LM_HEAD)
+SHORT = {"self_attn.q_proj": "q", "self_attn.k_proj": "k", "self_attn.v_proj": "v", "self_attn.o_proj": "o",
+         "mlp.gate_proj": "gate", "mlp.up_proj": "up", "mlp.down_proj": "down", LM_HEAD: "LM head"}
+
+
+def attainable(flop_per_byte, tflops: float | None, tbs: float | None):
+    """The most TFLOP/s work at `flop_per_byte` can reach under a roof of `tflops` (math) and
+    `tbs` (memory): min(tflops, tbs × FLOP per byte). NaN where either limit is unknown."""
+    import numpy as np
+
+    x = np.asarray(flop_per_byte, dtype=float)
+    return np.minimum(tflops, tbs * x) if tflops and tbs else np.full_like(x, float("nan"))
+
+
+def _hidden(run: runs.Run) -> int:
+    shapes = run.results["gemm_shapes"]
+    return int(shapes["mlp.down_proj"][1] if "mlp.down_proj" in shapes else shapes["self_attn.o_proj"][1])
+
+
+def gemm_points(run: runs.Run) -> pd.DataFrame:
+    """The points of the roofline: one row per weight matrix (the seven of a decoder layer,
+    and the LM head) and phase, its kernels summed over every decoder layer.
+
+    rows      = tokens that go through the matrix: the prompt for a decoder layer's matrix in
+                prefill, 1 in decode, and 1 for the LM head in both phases (a prefill asks for
+                the logits of its last token only);
+    instances = decoder layers whose kernels for that matrix the profile holds (1 for the LM head);
+    FLOPs     = instances × 2 × rows × in × out;
+    bytes     = instances × bytes per value × (in × out + rows × in + rows × out): the weight,
+                the input and the output, each moved once (the least traffic; a split-K
+                kernel's partial sums add to it, unseen here);
+    time      = the matrix-multiply kernels launched by that matrix (a split-K reduction included).
+
+    `roof_*` is the most TFLOP/s at that FLOP per byte (attainable()) under the datasheet's
+    ceilings and under those measured in the run (GEMM rate, bandwidth()); `of_*_roof` the
+    share of it reached. Below the ridge the roof is the bandwidth slope, so that share is the
+    share of the bandwidth reached; above it, the share of the peak FLOP/s."""
+    shapes = run.results["gemm_shapes"]
+    sh, lim = shape(run), limits(run)
+    p = sh.bytes_per_value
+    hidden = _hidden(run)
+    n = int(run.parameters["prompt_len"])
+    rows = []
+    for ph in PHASES:
+        k = kernel_table(run, ph)
+        k = k[k.kind == MATMUL]
+        for mod in ROOFLINE_MODULES:
+            if mod == LM_HEAD:
+                fin, fout, m_rows = hidden, sh.lm_head_parameters // hidden, 1
+                g = k[k.module == LM_HEAD]
+                instances = 1 if len(g) else 0
+            elif mod in shapes:
+                (fin, fout), m_rows = shapes[mod], (n if ph == "prefill" else 1)
+                g = k[k.module.str.fullmatch(rf"layers\.\d+\.{re.escape(mod)}")]
+                instances = int(g.layer.nunique())
+            else:
+                continue
+            ns = int(g.dur_ns.sum())
+            flops = instances * 2 * m_rows * fin * fout
+            nbytes = instances * p * (fin * fout + m_rows * (fin + fout))
+            names = g.groupby("short_name").dur_ns.sum().sort_values(ascending=False)
+            rows.append({"phase": ph, "module": mod, "matrix": SHORT[mod], "rows": m_rows, "in": fin, "out": fout,
+                         "instances": instances, "kernels": len(g),
+                         "kernel": names.index[0] if len(names) else "",
+                         "split_k": bool(g.short_name.str.contains("splitK", case=False).any()),
+                         "dur_ns": ns, "flops": flops, "bytes": nbytes,
+                         "flop_per_byte": flops / nbytes if nbytes else float("nan"),
+                         "tflops": flops / ns / 1e3 if ns else float("nan"),
+                         "tbs": nbytes / ns / 1e3 if ns else float("nan")})
+    out = pd.DataFrame(rows)
+    out["roof_datasheet"] = attainable(out.flop_per_byte, lim.datasheet_tflops, lim.datasheet_tbs)
+    out["roof_measured"] = attainable(out.flop_per_byte, lim.gemm_tflops, bandwidth(lim).tbs)
+    out["of_datasheet_roof"] = out.tflops / out.roof_datasheet
+    out["of_measured_roof"] = out.tflops / out.roof_measured
+    return out
+
+
+def pass_points(run: runs.Run) -> pd.DataFrame:
+    """Each whole pass as one point of the roofline: model FLOPs over FLOP per byte (phases()),
+    at the rate reached on GPU-busy time (every kernel, not only the matrix multiplies)."""
+    lim = limits(run)
+    out = pd.DataFrame([{"phase": ph, "flop_per_byte": x.flop_per_byte, "tflops": x.tflops_busy}
+                        for ph, x in phases(run).items()])
+    out["roof_datasheet"] = attainable(out.flop_per_byte, lim.datasheet_tflops, lim.datasheet_tbs)
+    out["roof_measured"] = attainable(out.flop_per_byte, lim.gemm_tflops, bandwidth(lim).tbs)
+    return out
+
+
+@dataclass
+class RooflineCluster:
+    """The points of one phase's matrix multiplies on the roofline, summarised for the prose
+    (the prefill's LM head, one row like decode's, is left out of the prefill's cluster)."""
+
+    phase: str
+    points: int
+    fpb_min: float
+    fpb_max: float
+    tflops_min: float
+    tflops_max: float
+    tbs_min: float
+    tbs_max: float
+    of_datasheet_min: float
+    of_datasheet_max: float
+    of_measured_min: float
+    of_measured_max: float
+    matmul_share: float          # share of the phase's matrix-multiply kernel time in its points (all)
+    bound: str                   # "memory" or "compute": every point below / above the datasheet ridge
+    slowest: str                 # the matrix furthest below its roof (datasheet)
+    fastest: str
+    others: str                  # modules of the phase's other matrix-multiply kernels ("" if none)
+
+
+def roofline_clusters(run: runs.Run) -> dict[str, RooflineCluster]:
+    pts, lim = gemm_points(run), limits(run)
+    ridge = lim.datasheet_ridge or measured_ridge(lim)
+    out = {}
+    for ph in PHASES:
+        allp = pts[pts.phase == ph]
+        x = allp[~((allp.module == LM_HEAD) & (allp.rows < allp.rows.max()))]
+        mm = kernel_table(run, ph)
+        mm = mm[mm.kind == MATMUL]
+        mm_ns = mm.dur_ns.sum()
+        covered = mm.module.str.fullmatch(rf"layers\.\d+\.({'|'.join(map(re.escape, GEMM_MODULES))})") | (mm.module == LM_HEAD)
+        rest = mm[~covered]
+        key = "of_datasheet_roof" if x.of_datasheet_roof.notna().any() else "of_measured_roof"
+        below = bool(ridge) and (x.flop_per_byte < ridge).all()
+        above = bool(ridge) and (x.flop_per_byte > ridge).all()
+        out[ph] = RooflineCluster(
+            phase=ph, points=len(x), fpb_min=x.flop_per_byte.min(), fpb_max=x.flop_per_byte.max(),
+            tflops_min=x.tflops.min(), tflops_max=x.tflops.max(), tbs_min=x.tbs.min(), tbs_max=x.tbs.max(),
+            of_datasheet_min=x.of_datasheet_roof.min(), of_datasheet_max=x.of_datasheet_roof.max(),
+            of_measured_min=x.of_measured_roof.min(), of_measured_max=x.of_measured_roof.max(),
+            matmul_share=allp.dur_ns.sum() / mm_ns if mm_ns else float("nan"),
+            bound="memory" if below else "compute" if above else "mixed",
+            slowest=SHORT[x.loc[x[key].idxmin(), "module"]] if x[key].notna().any() else "",
+            fastest=SHORT[x.loc[x[key].idxmax(), "module"]] if x[key].notna().any() else "",
+            others="; ".join(f"`{m or 'no module'}` ({len(g)} kernel{'s' if len(g) > 1 else ''}, "
+                             f"{g.dur_ns.sum() / 1e3:,.1f} µs)" for m, g in rest.groupby("module", sort=False)))
+    return out
+
+
+def roofline_table(run: runs.Run) -> pd.DataFrame:
+    """gemm_points() laid out for reading: one row per matrix, the phases side by side: rows
+    (the prefill's; decode's are 1), FLOP per byte, the rate that matters for the phase
+    (TFLOP/s in the prefill, TB/s in decode, where one FLOP per byte makes the two the same
+    number) and its share of the datasheet's roof at that intensity."""
+    pts = gemm_points(run)
+    out = {}
+    for ph in PHASES:
+        x = pts[pts.phase == ph].set_index("matrix")
+        if ph == "prefill":
+            out[(ph, "rows")] = x["rows"]
+        out[(ph, "FLOP/byte")] = x["flop_per_byte"]
+        if ph == "prefill":
+            out[(ph, "TFLOP/s")] = x["tflops"]
+        else:
+            out[(ph, "TB/s")] = x["tbs"]
+        out[(ph, "of roof")] = x["of_datasheet_roof"]
+    first = pts[pts.phase == PHASES[0]].set_index("matrix")
+    t = pd.DataFrame(out)
+    t.columns = pd.MultiIndex.from_tuples(t.columns)
+    t.insert(0, ("weight", "in × out"), [f"{a:,} × {b:,}" for a, b in zip(first["in"], first["out"])])
+    t.index.name = "matrix"
+    return t
+
+
+def _spread(ys: list[float], ratio: float) -> list[float]:
+    """Label heights (log scale) near `ys`, at least `ratio` apart, in the same order."""
+    import math as m
+
+    logs = [m.log(y) for y in ys]
+    gap = m.log(ratio)
+    order = sorted(range(len(ys)), key=lambda i: logs[i])
+    out = [logs[i] for i in order]
+    for _ in range(50):
+        moved = False
+        for j in range(1, len(out)):
+            if out[j] - out[j - 1] < gap - 1e-9:
+                push = (gap - (out[j] - out[j - 1])) / 2
+                out[j - 1] -= push
+                out[j] += push
+                moved = True
+        if not moved:
+            break
+    res = [0.0] * len(ys)
+    for k, i in enumerate(order):
+        res[i] = m.exp(out[k])
+    return res
+
+
+def roofline_figure(run: runs.Run):
+    """The roofline: FLOP per byte (log) against TFLOP/s reached (log), every matrix multiply
+    of both passes as a point (gemm_points()), each whole pass as a hollow point
+    (pass_points()), under the datasheet's roof and the roof of the ceilings measured in the
+    run, each labelled with its numbers."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .plots import OURS, PHASE_COLORS, _finish
+
+    pts, whole, lim = gemm_points(run), pass_points(run), limits(run)
+    bw = bandwidth(lim)
+    n = int(run.parameters["prompt_len"])
+    fig, ax = plt.subplots(figsize=(10.5, 6.4))
+    ok = pts[pts.tflops.notna() & (pts.tflops > 0)]
+    lo_x = min(ok.flop_per_byte.min(), whole.flop_per_byte.min()) / 4
+    hi_x = max(ok.flop_per_byte.max(), whole.flop_per_byte.max(), lim.datasheet_ridge or 0) * 8
+    x = np.geomspace(lo_x, hi_x, 400)
+    sheet = f"datasheet ({lim.datasheet_name})" if lim.datasheet_name else "datasheet"
+    sheet_text = f"{sheet}: {lim.datasheet_tflops or 0:.0f} TFLOP/s, {lim.datasheet_tbs or 0:.2f} TB/s"
+    measured_text = (f"measured in this run: GEMM {lim.gemm_tflops or 0:.0f} TFLOP/s, {bw.short} {bw.tbs or 0:.2f} TB/s"
+                     + ("" if lim.read_tbs else " (bytes read + written; this run measured no read stream)"))
+    for tflops, tbs, color, ls, text in ((lim.datasheet_tflops, lim.datasheet_tbs, "#888", "-", sheet_text),
+                                         (lim.gemm_tflops, bw.tbs, OURS, "--", measured_text)):
+        if tflops and tbs:
+            ax.plot(x, attainable(x, tflops, tbs), color=color, ls=ls, lw=1.4,
+                    label=f"roof, {text}; ridge {tflops / tbs:.0f} FLOP/byte")
+            ax.plot([tflops / tbs], [tflops], marker="o", ms=4, color=color)
+    # Points: prefill squares under decode circles (the LM head runs for one row in both).
+    for ph, marker, size in (("prefill", "s", 64), ("decode", "o", 30)):
+        p = ok[ok.phase == ph]
+        rows = f"{n:,} rows, 1 for the LM head" if ph == "prefill" else "1 row"
+        ax.scatter(p.flop_per_byte, p.tflops, s=size, marker=marker, color=PHASE_COLORS[ph], zorder=3,
+                   label=f"{ph}: one weight matrix, its kernels summed over the layers ({rows})")
+    for r in whole.itertuples():
+        ax.scatter([r.flop_per_byte], [r.tflops], s=80, marker="D", facecolors="none",
+                   edgecolors=PHASE_COLORS[r.phase], linewidths=1.3, zorder=3,
+                   label=f"whole {r.phase} pass: model FLOPs over GPU-busy time")
+    # Labels, one per shape, in a column beside each cluster (one row: decode's; more: prefill's).
+    for one_row, color, fx_of in ((True, PHASE_COLORS["decode"], lambda f: f * 2.2),
+                                  (False, PHASE_COLORS["prefill"], lambda f: f * 2.0)):
+        p = ok[(ok.rows == 1) == one_row]
+        if p.empty:
+            continue
+        groups = []
+        for (_, _, _), g in p.groupby(["rows", "in", "out"], sort=False):
+            names = list(dict.fromkeys(g.matrix))
+            text = ", ".join(names)
+            if one_row and set(g.phase) == set(PHASES):
+                text += " (both passes)"
+            groups.append((text, float(np.exp(np.log(g.flop_per_byte).mean())), float(np.exp(np.log(g.tflops).mean()))))
+        ys = _spread([g[2] for g in groups], 1.4)
+        roof = min(v for v in (lim.gemm_tflops, lim.datasheet_tflops, float("inf")) if v)
+        if not one_row and max(ys) > 0.8 * roof:  # keep the labels under the roof lines
+            ys = [y * 0.8 * roof / max(ys) for y in ys]
+        lx = fx_of(max(g[1] for g in groups))
+        for (text, fx, fy), ly in zip(groups, ys):
+            ax.annotate(text, (fx, fy), xytext=(lx, ly), textcoords="data", fontsize=7.5, va="center",
+                        color=color, arrowprops={"arrowstyle": "-", "color": color, "lw": 0.5, "alpha": 0.6})
+    clusters = roofline_clusters(run)
+    for ph in PHASES:
+        c = clusters[ph]
+        if not c.points or c.tflops_max != c.tflops_max:
+            continue
+        where = {"memory": "on the bandwidth slope", "compute": "under the math roof"}.get(c.bound, "")
+        fpb = (f"{c.fpb_min:,.0f}–{c.fpb_max:,.0f}" if c.fpb_max - c.fpb_min >= 1 else f"{c.fpb_max:.1f}")
+        title = f"{ph.upper()} ({n:,} tokens)" if ph == "prefill" else f"{ph.upper()} (1 token)"
+        if ph == "decode":
+            xy, ha = (c.fpb_max * 0.8, c.tflops_min / 1.8), "left"
+        else:
+            xy, ha = ((c.fpb_min * c.fpb_max) ** 0.5, c.tflops_min / 3.5), "center"
+        ax.text(*xy, f"{title}\n{fpb} FLOP/byte" + (f", {where}" if where else ""), ha=ha, va="top", fontsize=9, fontweight="bold",
+                color=PHASE_COLORS[ph])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo_x, hi_x)
+    top = max(lim.datasheet_tflops or 0, lim.gemm_tflops or 0, ok.tflops.max())
+    ax.set_ylim(min(ok.tflops.min(), whole.tflops.min()) / 8, top * 3)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved, log scale)")
+    ax.set_ylabel("rate reached (TFLOP/s on kernel time, log scale)")
+    ax.set_title("Roofline: every matrix multiply of the prefill and of the decode step")
+    ax.legend(fontsize=7.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)
+    return _finish(fig, run.label)
+
+
+# --- the ridge of each GPU --------------------------------------------------------------------
+
+# The GPUs whose ridge the chapter shows beside the run's own: the H100 SXM (the GPU of the
+# published profiles the book quotes) and the H200 SXM (the GPU the book's runs were measured on).
+RIDGE_GPUS = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+
+
+@dataclass
+class Ridge:
+    """One GPU's ridge point, and where this run's prefill of `prompt_len` tokens sits
+    against it. `this_gpu`: the ridge is that of the GPU the run measured (its datasheet or
+    its measured ceilings); only then are `crossover_over_ridge` and the MFU filled: a
+    measurement on one GPU is never set against another GPU's limit."""
+
+    gpu: str
+    source: str                 # "datasheet" or "measured in this run"
+    this_gpu: bool
+    peak_tflops: float | None
+    bandwidth_tbs: float | None
+    ridge: float | None         # FLOP per byte
+    ridge_tokens: float | None  # the prompt whose matrix multiplies reach it (tokens_at_intensity)
+    prefill_over_ridge: float | None    # the prefill's FLOP per byte of weights over the ridge
+    crossover_over_ridge: float | None  # the crossover measured in this run over ridge_tokens
+    mfu: float | None           # the prefill's model FLOPs over wall time, over peak_tflops
+    mfu_busy: float | None      # over GPU-busy time
+    matmul_mfu: float | None    # its matrix multiplies' FLOPs over their kernel time
+
+
+def ridges(run: runs.Run) -> list[Ridge]:
+    """The ridge of each GPU the chapter compares: the run's GPU by its datasheet, the H100
+    SXM and H200 SXM datasheets (where the run's GPU is another), and the run's measured
+    ceilings (GEMM rate over bandwidth()). FLOP per byte counts the weights only, as the
+    ridge's prompt length does (matmul_intensity)."""
+    sh, lim, cr = shape(run), limits(run), crossover(run)
+    n = int(run.parameters["prompt_len"])
+    pre = phases(run)["prefill"]
+    fpb = matmul_intensity(sh, n)
+    own = hardware.datasheet_or_none(run.provenance.get("gpu", ""))
+    sheets = ([own] if own else []) + [hardware.DATASHEETS[k] for k in RIDGE_GPUS
+                                       if not own or hardware.DATASHEETS[k].name != own.name]
+
+    def ridge(name, source, this, tflops, tbs):
+        r = tflops / tbs if tflops and tbs else None
+        tokens = tokens_at_intensity(sh, r) if r else None
+        return Ridge(gpu=name, source=source, this_gpu=this, peak_tflops=tflops, bandwidth_tbs=tbs, ridge=r,
+                     ridge_tokens=tokens, prefill_over_ridge=fpb / r if r else None,
+                     crossover_over_ridge=cr.measured_tokens / tokens if this and tokens else None,
+                     mfu=_ratio(pre.tflops, tflops) if this else None,
+                     mfu_busy=_ratio(pre.tflops_busy, tflops) if this else None,
+                     matmul_mfu=_ratio(pre.matmul_tflops, tflops) if this else None)
+
+    out = [ridge(s.name, "datasheet", s is own, s.bf16_tflops, s.bandwidth_tbs) for s in sheets]
+    if lim.gemm_tflops and bandwidth(lim).tbs:
+        out.append(ridge(own.name if own else run.provenance.get("gpu", "this GPU"),
+                         f"measured in this run (GEMM rate, {bandwidth(lim).short})", True, lim.gemm_tflops,
+                         bandwidth(lim).tbs))
+    return out
+
+
+def ridge_text(run: runs.Run) -> str:
+    """What the ridge table shows, raw and normalised, and what differs between the GPUs."""
+    rs, cr = ridges(run), crossover(run)
+    n = int(run.parameters["prompt_len"])
+    fpb = matmul_intensity(shape(run), n)
+    sheets = [r for r in rs if r.source == "datasheet"]
+    own = next((r for r in sheets if r.this_gpu), None)
+    others = [r for r in sheets if not r.this_gpu]
+    meas = next((r for r in rs if r.source != "datasheet"), None)
+    gpu = run.provenance.get("gpu", "this GPU")
+    raw = "; ".join(f"{r.ridge:.0f} FLOP per byte on {'this' if r.this_gpu else 'an'} {r.gpu} ({r.peak_tflops:.0f} "
+                    f"TFLOP/s over {r.bandwidth_tbs:.2f} TB/s), reached by a prompt of about {r.ridge_tokens:.0f} tokens"
+                    for r in sheets)
+    text = [f"Raw, the ridge belongs to the GPU: {raw}."]
+    over = " and ".join(f"{r.prefill_over_ridge:.2f} times the ridge of {'this' if r.this_gpu else 'an'} {r.gpu}"
+                        for r in sheets)
+    bound = ("so by the datasheets it is compute-bound on each"
+             if all(r.prefill_over_ridge > 1 for r in sheets) else "so the datasheets do not agree on its side")
+    text.append(f"The {n:,}-token prefill's matrix multiplies do {fpb:,.0f} FLOP per byte of weights, whatever the "
+                f"GPU: {over}, {bound}.")
+    ref = own or meas
+    if ref and ref.mfu is not None:
+        text.append(f"Its MFU is set against its own GPU's peak only: {ref.mfu:.1%} of {ref.peak_tflops:.0f} TFLOP/s "
+                    f"on wall time, {ref.mfu_busy:.1%} on GPU-busy time, {ref.matmul_mfu:.1%} for its matrix "
+                    "multiplies on their own kernel time.")
+    crossed = [f"{r.crossover_over_ridge:.2f} times the ridge of {'the ceilings measured in this run' if r is meas else 'this GPU' + chr(39) + 's datasheet'} "
+               f"({r.ridge_tokens:.0f} tokens)" for r in (own, meas) if r and r.crossover_over_ridge]
+    if crossed:
+        text.append(f"The crossover measured in this run, {cr.measured_tokens:.0f} tokens, is " + " and ".join(crossed)
+                    + "; it is a measurement of this GPU alone.")
+    if own:
+        for o in others:
+            same_peak = math.isclose(o.peak_tflops, own.peak_tflops)
+            peak = (f"the same {own.peak_tflops:.0f} TFLOP/s" if same_peak else
+                    f"{own.peak_tflops:.0f} against {o.peak_tflops:.0f} TFLOP/s")
+            lo, hi = sorted((own.ridge_tokens, o.ridge_tokens))
+            text.append(f"Between this {own.gpu} and an {o.gpu}: {peak} of BF16 math, but {own.bandwidth_tbs:.2f} "
+                        f"against {o.bandwidth_tbs:.2f} TB/s of memory bandwidth, so the ridge of the {o.gpu} is "
+                        f"{o.ridge / own.ridge:.2f} times this GPU's, and a prompt of {lo:.0f} to {hi:.0f} tokens "
+                        f"is compute-bound on the {own.gpu if own.ridge < o.ridge else o.gpu} but still "
+                        f"memory-bound on the {o.gpu if own.ridge < o.ridge else own.gpu}. No {o.gpu} was measured "
+                        f"here: its row is the datasheet's arithmetic, and its crossover and MFU are not known.")
+    else:
+        text.append(f"No datasheet is known for the {gpu}: the datasheet rows are other GPUs', shown for scale, "
+                    "not set against this run's measurements.")
+    return " ".join(text)
+
+
+def ridge_table(run: runs.Run) -> pd.DataFrame:
+    """ridges() for reading: one row per GPU and source (NaN: not measured on that GPU)."""
+    nan = float("nan")
+    return pd.DataFrame([{
+        "GPU": r.gpu + (" (this run)" if r.this_gpu else ""), "limits": r.source,
+        "peak TFLOP/s": _n(r.peak_tflops), "TB/s": _n(r.bandwidth_tbs), "ridge FLOP/byte": _n(r.ridge),
+        "ridge, prompt tokens": _n(r.ridge_tokens), "prefill ÷ ridge": _n(r.prefill_over_ridge),
+        "crossover ÷ ridge": _n(r.crossover_over_ridge), "prefill MFU, wall": _n(r.mfu),
+        "prefill MFU, GPU busy": _n(r.mfu_busy)} for r in ridges(run)]).fillna(nan)
+
+
+def _n(v):
+    return float("nan") if v is None else v
+
 def _ceilings_row(run: runs.Run):
     return run.table("ceilings").iloc[0] if "ceilings.csv" in run.meta["files"] else None
 
@@ -748,7 +1148,7 @@ def achieved_rates(run: runs.Run) -> pd.DataFrame:
     lim = limits(run)
     bw = bandwidth(lim).tbs
     layer = int(run.results["gemm_layer"])
-    g, s = layer_gemms(run), prompt_sweep(run)
+    g, s, roof = layer_gemms(run), prompt_sweep(run), gemm_points(run)
     rows = []
 
     def add(figure: str, unit: str, value: float) -> None:
@@ -766,6 +1166,13 @@ def achieved_rates(run: runs.Run) -> pd.DataFrame:
             if len(gp):
                 best = gp.loc[gp[col].idxmax()]
                 add(f"the {best.module} matrix multiply of layer {layer} in {ph}", unit, best[col])
+        pts = roof[(roof.phase == ph) & roof.dur_ns.gt(0)]
+        for unit, col in (("TFLOP/s", "tflops"), ("TB/s", "tbs")):
+            if len(pts):
+                best = pts.loc[pts[col].idxmax()]
+                what = ("the LM head's matrix multiply" if best.module == LM_HEAD else
+                        f"the {best.module} matrix multiplies of every layer")
+                add(f"{what} in {ph}", unit, best[col])
     if len(s):
         best = s.loc[s["matmul TFLOP/s"].idxmax()]
         add(f"the matrix multiplies of the {int(best.prompt_len):,}-token prefill", "TFLOP/s", best["matmul TFLOP/s"])

@@ -377,3 +377,176 @@ def test_published_rates_stay_under_the_datasheet_and_every_excess_is_explained(
     d = ch.phases(published_run)["decode"]
     assert d.mbu_busy_measured == pytest.approx(d.tbs_busy / bw.tbs)
     assert list(ch.utilisation(published_run).columns)[-1] == f"MBU vs {bw.short}"
+
+
+# --- the roofline and the ridges ---------------------------------------------------------------
+
+def _check_points(run):
+    """gemm_points() of any run: one point per weight matrix and phase, FLOPs and bytes from
+    the shapes, time from the kernels the module launched, rates and roofs from those."""
+    pts = ch.gemm_points(run)
+    sh, lim, n = ch.shape(run), ch.limits(run), run.parameters["prompt_len"]
+    shapes = run.results["gemm_shapes"]
+    assert list(pts.module) == list(ch.ROOFLINE_MODULES) * 2 and list(pts.phase) == ["prefill"] * 8 + ["decode"] * 8
+    lm = pts[pts.module == ch.LM_HEAD]
+    assert (lm.rows == 1).all() and (lm.instances == 1).all(), "the LM head runs once, for the last token"
+    assert (lm["in"] * lm["out"] == sh.lm_head_parameters).all()
+    layer = pts[pts.module != ch.LM_HEAD]
+    assert (layer.rows == layer.phase.map({"prefill": n, "decode": 1})).all()
+    assert (layer.instances == sh.layers).all(), "every decoder layer's kernels are in the profile"
+    assert [list(shapes[m]) for m in layer.module] == [[i, o] for i, o in zip(layer["in"], layer["out"])]
+    assert (pts.flops == pts.instances * 2 * pts.rows * pts["in"] * pts["out"]).all()
+    assert (pts.bytes == pts.instances * sh.bytes_per_value * (pts["in"] * pts["out"] + pts.rows * (pts["in"] + pts["out"]))).all()
+    assert (pts.tflops == pts.flops / pts.dur_ns / 1e3).all() and (pts.tbs == pts.bytes / pts.dur_ns / 1e3).all()
+    for ph in ch.PHASES:
+        k = ch.kernel_table(run, ph)
+        k = k[k.kind == ch.MATMUL]
+        for r in pts[pts.phase == ph].itertuples():
+            mine = k[(k.module == r.module) if r.module == ch.LM_HEAD else k.module.str.endswith("." + r.module)]
+            assert r.dur_ns == mine.dur_ns.sum() > 0 and r.kernels == len(mine)
+        c = ch.roofline_clusters(run)[ph]
+        assert c.matmul_share == pytest.approx(pts[pts.phase == ph].dur_ns.sum() / k.dur_ns.sum())
+        assert 0 < c.matmul_share <= 1
+    # The roofs: the lesser of the math and bandwidth times FLOP per byte.
+    bw = ch.bandwidth(lim).tbs
+    for col, tflops, tbs in (("roof_datasheet", lim.datasheet_tflops, lim.datasheet_tbs),
+                             ("roof_measured", lim.gemm_tflops, bw)):
+        if tflops and tbs:
+            assert (pts[col] == [min(tflops, tbs * x) for x in pts.flop_per_byte]).all()
+        else:
+            assert pts[col].isna().all()
+    return pts
+
+
+def test_roofline_points_of_the_tiny_run(tiny_run):
+    pts = _check_points(tiny_run)
+    assert pts.roof_datasheet.isna().all(), "no limits known on a CPU"
+    t = ch.roofline_table(tiny_run)
+    assert list(t.index) == [ch.SHORT[m] for m in ch.ROOFLINE_MODULES]
+    assert t.loc["LM head", ("prefill", "rows")] == 1 and t.loc["q", ("prefill", "rows")] == TINY["prompt_len"]
+    assert not ch.ridges(tiny_run)[0].this_gpu, "no datasheet for a CPU: the rows are other GPUs'"
+    assert "No datasheet is known" in ch.ridge_text(tiny_run)
+    import matplotlib.pyplot as plt
+    plt.close(ch.roofline_figure(tiny_run))
+
+
+def test_roofline_of_the_published_run(published_run):
+    pts = _check_points(published_run)
+    lim = ch.limits(published_run)
+    assert (pts.tflops <= pts.roof_datasheet).all(), "nothing above the datasheet's roof"
+    one_row = pts[pts.rows == 1]
+    assert set(one_row.phase[one_row.module != ch.LM_HEAD]) == {"decode"}
+    assert (one_row.flop_per_byte < 1).all() and (one_row.flop_per_byte > 0.99).all()
+    assert (pts[pts.rows > 1].flop_per_byte > lim.datasheet_ridge).all()
+    # On the slope, the share of the roof is the share of the bandwidth.
+    assert one_row.of_datasheet_roof.values == pytest.approx((one_row.tbs / lim.datasheet_tbs).values, rel=1e-3)
+    c = ch.roofline_clusters(published_run)
+    assert (c["decode"].bound, c["prefill"].bound) == ("memory", "compute")
+    assert c["decode"].points == 8 and c["prefill"].points == 7, "the prefill's LM head is one row, like decode's"
+    p = pts[(pts.phase == "prefill") & (pts.rows > 1)]
+    assert (c["prefill"].tflops_min, c["prefill"].tflops_max) == (p.tflops.min(), p.tflops.max())
+    w = ch.pass_points(published_run).set_index("phase")
+    for ph, x in ch.phases(published_run).items():
+        assert w.loc[ph, "tflops"] == x.tflops_busy and w.loc[ph, "flop_per_byte"] == x.flop_per_byte
+    # Every rate the roofline shows is in achieved_rates(), so an excess over a ceiling is explained.
+    a = ch.achieved_rates(published_run)
+    top = pts.loc[pts.tbs.idxmax()]
+    assert top.tbs in set(a.value)
+    import matplotlib.pyplot as plt
+    fig = ch.roofline_figure(published_run)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any(f"ridge {lim.datasheet_ridge:.0f} FLOP/byte" in s for s in labels)
+    assert any(f"{ch.bandwidth(lim).short} {ch.bandwidth(lim).tbs:.2f} TB/s" in s for s in labels)
+    plt.close(fig)
+
+
+def test_each_gpus_ridge_raw_and_normalised(published_run):
+    rs = ch.ridges(published_run)
+    sh, lim, cr = ch.shape(published_run), ch.limits(published_run), ch.crossover(published_run)
+    pre = ch.phases(published_run)["prefill"]
+    fpb = ch.matmul_intensity(sh, published_run.parameters["prompt_len"])
+    names = {r.gpu for r in rs if r.source == "datasheet"}
+    assert {"H100 SXM", "H200 SXM"} <= names and len(names) == len([r for r in rs if r.source == "datasheet"])
+    for r in rs:
+        assert r.ridge == pytest.approx(r.peak_tflops / r.bandwidth_tbs)
+        assert r.ridge_tokens == pytest.approx(ch.tokens_at_intensity(sh, r.ridge))
+        assert r.prefill_over_ridge == pytest.approx(fpb / r.ridge)
+        if r.this_gpu:
+            assert r.crossover_over_ridge == pytest.approx(cr.measured_tokens / r.ridge_tokens)
+            assert r.mfu == pytest.approx(pre.tflops / r.peak_tflops)
+            assert r.mfu_busy == pytest.approx(pre.tflops_busy / r.peak_tflops)
+        else:  # a measurement on one GPU is never set against another GPU's limit
+            assert r.crossover_over_ridge is None and r.mfu is None and r.mfu_busy is None
+    own = [r for r in rs if r.this_gpu and r.source == "datasheet"]
+    assert [r.gpu for r in own] == [lim.datasheet_name] and rs[0] is own[0]
+    assert rs[-1].source.startswith("measured in this run") and rs[-1].ridge == pytest.approx(ch.measured_ridge(lim))
+    h100 = next(r for r in rs if r.gpu == "H100 SXM")
+    assert h100.ridge == pytest.approx(989 / 3.35)
+    text = ch.ridge_text(published_run)
+    assert f"{h100.ridge:.0f} FLOP per byte on an H100 SXM" in text and "not known" in text
+    assert f"{h100.ridge / own[0].ridge:.2f} times this GPU's" in text
+    assert f"{own[0].mfu:.1%} of {own[0].peak_tflops:.0f} TFLOP/s" in text
+    t = ch.ridge_table(published_run)
+    assert len(t) == len(rs) and t["prefill MFU, wall"].isna().sum() == sum(r.mfu is None for r in rs)
+
+
+def new_style_run(run, root):
+    """The published run as today's record() writes it: a read stream among the ceilings,
+    CUDA-event times and `clean` in phase_times, the sweep's new columns, and `method`."""
+    tables = {}
+    ceil = run.table("ceilings")
+    read_bytes = 4 * 2**30
+    read_ms = read_bytes / 4.4e12 * 1e3  # a read stream of 4.4 TB/s
+    tables["ceilings"] = ceil.assign(read_bytes=read_bytes, read_ms_median=read_ms, read_ms_min=read_ms * 0.99,
+                                     read_ms_max=read_ms * 1.02, read_by="sum", read_tbs=4.4)
+    t = run.table("phase_times")
+    tables["phase_times"] = t.assign(issue_ms=t.wall_ms * 0.6, gpu_ms=t.wall_ms * 0.5, clean=True)
+    s = run.table("prompt_sweep")
+    reps = [run.parameters["repeats"] if n == run.parameters["prompt_len"] else run.parameters["sweep_repeats"]
+            for n in s.prompt_len]
+    tables["prompt_sweep"] = s.assign(convolution_ns=0, wall_repeats=reps, issue_ms_median=s.wall_ms_min * 0.6,
+                                      wall_clean=True)
+    with runs.RunWriter(run.chapter, run.parameters, run.run_id, root=root,
+                        meta={"provenance": run.provenance}) as w:
+        for name in run.meta["files"]:
+            if name.endswith(".csv") and name[:-4] not in tables:
+                w.write_table(name[:-4], run.table(name[:-4]))
+            elif not name.endswith(".csv"):
+                import shutil
+                shutil.copy(run.path / name, w.path / name)
+        for name, df in tables.items():
+            w.write_table(name, df)
+        w.extra.update({**run.results, "method": harness.method()})
+    return runs.load_run(run.chapter, run.run_id, root=root)
+
+
+def test_a_run_with_a_read_stream(published_run, tmp_path):
+    run = new_style_run(published_run, tmp_path / "runs")
+    lim = ch.limits(run)
+    assert lim.read_tbs == pytest.approx(4.4) and ch.bandwidth(lim).short == "measured read"
+    pts = _check_points(run)
+    assert (pts.roof_measured == [min(lim.gemm_tflops, 4.4 * x) for x in pts.flop_per_byte]).all()
+    meas = ch.ridges(run)[-1]
+    assert "measured read" in meas.source and meas.ridge == pytest.approx(lim.gemm_tflops / 4.4)
+    import matplotlib.pyplot as plt
+    fig = ch.roofline_figure(run)
+    labels = " ".join(t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    assert "measured read 4.40 TB/s" in labels and "no read stream" not in labels
+    plt.close(fig)
+    assert "read stream" in ch.ceiling_notes(run)["bandwidth"] or ch.ceiling_notes(run)["bandwidth"].startswith("No ")
+
+
+def test_notebook_replays_a_run_with_a_read_stream(published_run, tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    run = new_style_run(published_run, root)
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(root))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    out = tmp_path / NOTEBOOK.name
+    pm.execute_notebook(str(NOTEBOOK), str(out), parameters={"mode": "replay", "run_id": run.run_id},
+                        cwd=str(NOTEBOOK.parent), kernel_name="python3", progress_bar=False)
+    nb = nbformat.read(out, as_version=4)
+    text = json.dumps([c.get("outputs", []) for c in nb.cells])
+    assert "Traceback" not in text and run.run_id in text
+    prose = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    used = set(re.findall(r"\{glue:(?:text|md)\}`([^`:]+)", prose))
+    assert used <= _glued(nb), used - _glued(nb)
