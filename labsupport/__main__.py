@@ -86,7 +86,10 @@ def main(argv=None) -> int:
 
     try:
         return _run(args)
-    except (runs.RunError, params.ParamError, lock.Busy, promotion.PromotionError) as e:
+    except params.ParamError as e:
+        print(f"error: {e}; nothing was run, the published run is unchanged", file=sys.stderr)
+        return 1
+    except (runs.RunError, lock.Busy, promotion.PromotionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

@@ -66,9 +66,7 @@ def parse_cli(pairs: list[str]) -> dict[str, str]:
         name, eq, value = p.partition("=")
         if not eq or not NAME.match(name):
             raise ParamError(f"--param {p!r}: expected NAME=VALUE, e.g. --param repeats=20")
-        if name in out:
-            raise ParamError(f"--param {name} is given twice")
-        out[name] = value
+        out[name] = value  # given twice: the last one counts
     return out
 
 
@@ -145,7 +143,7 @@ def check_rule(name: str, value, rule: chapters.Rule) -> None:
 
         allowed = rule.arg or tuple(models.PRESETS)
         if value not in allowed:
-            raise ParamError(f"{shown}: unknown model preset; known: {', '.join(allowed)}")
+            raise ParamError(f"{shown}: unknown model preset {value!r} (known: {', '.join(allowed)})")
 
 
 def for_chapter(chapter: chapters.Chapter, given: dict, allow_cpu: bool = False) -> dict:

@@ -60,8 +60,10 @@ def test_a_good_night_promotes_records_and_builds_the_book(env, copied_runs, tmp
 
 def test_a_notebook_that_raises(env, copied_runs, tmp_path):
     before = tree_bytes(copied_runs)
-    line = one_line_failure(nightly(TINY + ["--no-book", "--param", 'preset="no-such-model"'], env))
-    assert "unknown model preset 'no-such-model'" in line and "nothing was published" in line
+    # Qwen3-8B (the default preset) on a CPU: the notebook refuses to measure.
+    args = ["kernels-in-one-token", "--allow-cpu", "--param", "prompt_len=16", "--param", "repeats=2", "--no-book"]
+    line = one_line_failure(nightly(args, env))
+    assert "notebook failed (NoGPUError: live mode measures a GPU" in line and "nothing was published" in line
     assert tree_bytes(copied_runs) == before
     logs = list((tmp_path / "nightly-logs").glob("*/kernels-in-one-token.log"))
     assert logs and list((tmp_path / "nightly-logs").glob("*/FAILED.txt"))
@@ -141,3 +143,11 @@ def test_a_failed_smoke_chapter_fails_the_command(monkeypatch, copied_runs, tmp_
     assert live.smoke(["prefill-vs-decode"], {}, allow_cpu=True) == 1
     out = capsys.readouterr().out
     assert re.search(r"prefill-vs-decode\s+fail .*boom", out) and "smoke: 0 passed, 1 failed" in out
+
+
+def test_an_unknown_preset_stops_the_night_before_it_starts(env, copied_runs, tmp_path):
+    before = tree_bytes(copied_runs)
+    r = nightly(TINY + ["--no-book", "--param", 'preset="no-such-model"'], env)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert "--param preset=\"no-such-model\": unknown model preset 'no-such-model'" in r.stderr
+    assert not (tmp_path / "nightly-logs").exists() and tree_bytes(copied_runs) == before

@@ -33,6 +33,10 @@ def test_every_check_smoke_and_cpu_value_names_a_real_parameter_and_passes():
         params.for_chapter(ch, {**ch.smoke, **ch.cpu})
 
 
+def test_a_parameter_given_twice_counts_once_the_last_time():
+    assert resolve("repeats=3", "repeats=4")["kernels-in-one-token"] == {"repeats": 4}
+
+
 def test_good_values():
     got = resolve("preset=tiny", "repeats=3", "contexts=[8, 32]", "prompt_len=16")["kernels-in-one-token"]
     assert got == {"preset": "tiny", "repeats": 3, "contexts": [8, 32], "prompt_len": 16}
@@ -53,7 +57,7 @@ def test_good_values():
     ("contexts=[8, 0]", "every entry must be at least 1 (0 is not)"),
     ('contexts=[8, "x"]', "every entry must be an integer"),
     ("contexts=8", "must be a JSON list"),
-    ("preset=no-such-model", "--param preset=\"no-such-model\": unknown model preset"),
+    ("preset=no-such-model", "--param preset=\"no-such-model\": unknown model preset 'no-such-model' (known: "),
     ("run_id=20990101T000000Z-x", "--param run_id: not a parameter you may set (the command chooses the run id)"),
     ("run_id=", "--param run_id: not a parameter you may set"),
     ("mode=replay", "--param mode: not a parameter you may set"),
@@ -88,5 +92,6 @@ def test_the_command_stops_before_anything_runs(copied_runs, tmp_path, cmd):
                         "--param", "repeat=50"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
     assert r.stderr.startswith("error: --param repeat: no such parameter")
+    assert r.stderr.strip().endswith("nothing was run, the published run is unchanged")
     assert "[1/1]" not in r.stdout and not (tmp_path / "logs").exists()
     assert tree_bytes(copied_runs) == before
