@@ -1,3 +1,4 @@
+import os
 import shutil
 from pathlib import Path
 
@@ -8,6 +9,17 @@ from labsupport import one_token, runs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "runs"
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Commands run in-process (nightly.main, live.smoke) set variables for their notebook
+    kernels (PYTHONPATH, LABSUPPORT_COMMAND, LABSUPPORT_RUNS); none may leak into later tests."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")
