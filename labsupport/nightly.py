@@ -180,16 +180,26 @@ def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_ker
         staged = promotion.load(stage) if stage.is_dir() else None
         if manifest is not None and _is_published(root, manifest):
             return _flipped_but(staged, run_id, reason, out_dir)
-        promotion.discard(staged, stage)
-        leftovers.set_aside(root, run_id, out_dir / "failed-runs")
-        (out_dir / "FAILED.txt").write_text(reason + "\n")
-        print(f"nightly failed: {reason}; nothing was published: the published runs, history, reports "
-              f"and book are unchanged; logs in {out_dir}", file=sys.stderr)
-        return 1
+        return _failed(root, run_id, reason, staged, stage, out_dir)
     print(f"nightly {run_id} published {len(new)} chapters in {time.perf_counter() - t_all:.0f} s "
           f"({', '.join(f'{s} {t:.0f} s' for s, t in seconds.items())})", flush=True)
     _after(root, p, new, baseline)
     return 0
+
+
+def _failed(root: Path, run_id: str, reason: str, staged, stage: Path, out_dir: Path) -> int:
+    """A failure before the flip: drop the staged publication, set the night's runs aside."""
+    try:
+        with promotion.signals_held():
+            promotion.discard(staged, stage)
+            leftovers.set_aside(root, run_id, out_dir / "failed-runs")
+            (out_dir / "FAILED.txt").write_text(reason + "\n")
+        left = ""
+    except Exception as e:
+        left = f" (setting its runs aside failed too, {_reason(e)}: the next nightly or `make recover` does it)"
+    print(f"nightly failed: {reason}; nothing was published: the published runs, history, reports "
+          f"and book are unchanged{left}; logs in {out_dir}", file=sys.stderr)
+    return 1
 
 
 def _reason(e: BaseException) -> str:
