@@ -372,7 +372,7 @@ def static_cache_diff(run: runs.Run, min_us: float = 20.0) -> pd.DataFrame:
         k = call_paths(run, variant)
         return k.groupby("call").agg(kernels=("dur_ns", "size"), ns=("dur_ns", "sum"))
 
-    d = by_call("eager").join(by_call("eager-static"), how="outer", lsuffix=" eager", rsuffix=" static")
+    d = by_call("eager").add_suffix(" eager").join(by_call("eager-static").add_suffix(" static"), how="outer")
     d = d.fillna(0)
     d["d_kernels"] = d["kernels static"] - d["kernels eager"]
     d["d_ns"] = d["ns static"] - d["ns eager"]
