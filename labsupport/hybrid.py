@@ -540,3 +540,398 @@ def headline(run: runs.Run) -> dict:
     first = ok.iloc[0]
     return {"eager kernels": int(first.kernels), "eager wall ms": float(first["wall ms"]),
             "best wall ms": float(ok["wall ms"].min())}
+
+
+# Where a step's idle time sits -------------------------------------------------------------
+
+GAP_NS = 2000  # a gap between kernels this long or longer is listed on its own (with its neighbours)
+
+
+def best_variant(run: runs.Run) -> tuple[str, str]:
+    """(backend, mode) of the variant with the shortest wall time."""
+    v = run.table("variants")
+    v = v[v.status == "ok"]
+    r = v.loc[v.wall_ms_median.idxmin()]
+    return r.backend, r["mode"]
+
+
+def _gpu_side_events(events: list[dict], t0: int) -> list[tuple[int, int, str]]:
+    """Memsets and memcpys on the GPU (not kernels, so not in the kernel table): (start, end, name),
+    times relative to t0."""
+    out = []
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("gpu_memset", "gpu_memcpy") and "dur" in e:
+            s = trace._ns(e["ts"]) - t0
+            out.append((s, s + trace._ns(e["dur"]), e["name"].split(" (")[0]))
+    return sorted(out)
+
+
+def step_gaps(run: runs.Run, backend: str, mode: str) -> pd.DataFrame:
+    """Every stretch of the profiled step in which no kernel ran: from the step's start to the
+    first kernel, between kernels (after the latest end so far), and from the last kernel's end to
+    the step's end (the `decode_step` annotation, which ends once the GPU has finished).
+
+    Columns: place ("before the first kernel", "inside one graph" when both neighbours came from
+    the same graph launch, "between two launches", "after the last kernel"), start_ns, dur_ns,
+    before and after (short names of the neighbouring kernels), after_source (the library of the
+    kernel after), other_gpu_work (memsets and memcpys that ran in the gap)."""
+    from . import kernels
+
+    events = trace.load_events(run.file(trace_file(backend, mode)))
+    span = trace.origin_span_ns(events)
+    t0 = next(trace._ns(e["ts"]) for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+              and e.get("name") == "decode_step")
+    k = kernel_table(run, backend, mode).sort_values(["start_ns", "end_ns"]).reset_index(drop=True)
+    if k.empty:
+        return pd.DataFrame(columns=["place", "start_ns", "dur_ns", "before", "after", "before_source",
+                                     "after_source", "other_gpu_work"])
+    graph = k.launch_api.eq("cudaGraphLaunch")
+    ends = k.end_ns.cummax()
+    rows = [{"place": "before the first kernel", "start_ns": 0, "dur_ns": int(k.start_ns.iloc[0]),
+             "before": "", "after": k.short_name.iloc[0], "before_source": "",
+             "after_source": kernels.source(k.name.iloc[0])}]
+    prev_end = ends.shift().iloc[1:]
+    gap = k.start_ns.iloc[1:] - prev_end
+    same_graph = graph.iloc[1:].values & graph.shift().fillna(False).iloc[1:].values & (
+        k.correlation.iloc[1:].values == k.correlation.shift().iloc[1:].values)
+    for i, g, same in zip(gap.index, gap.values, same_graph):
+        if g <= 0:
+            continue
+        rows.append({"place": "inside one graph" if same else "between two launches", "start_ns": int(prev_end[i]),
+                     "dur_ns": int(g), "before": k.short_name[i - 1], "after": k.short_name[i],
+                     "before_source": kernels.source(k.name[i - 1]), "after_source": kernels.source(k.name[i])})
+    last = int(k.end_ns.max())
+    rows.append({"place": "after the last kernel", "start_ns": last, "dur_ns": max(span - last, 0),
+                 "before": k.short_name.iloc[-1], "after": "", "before_source": kernels.source(k.name.iloc[-1]),
+                 "after_source": ""})
+    out = pd.DataFrame(rows)
+    other = _gpu_side_events(events, t0)
+    starts = [s for s, _, _ in other]
+    import bisect
+
+    def work_in(s, d):
+        lo, hi = bisect.bisect_left(starts, s), bisect.bisect_right(starts, s + d)
+        names = [n for _, _, n in other[lo:hi]]
+        return ", ".join(f"{names.count(n)} {n.lower()}" for n in dict.fromkeys(names))
+
+    out["other_gpu_work"] = [work_in(s, d) for s, d in zip(out.start_ns, out.dur_ns)]
+    return out
+
+
+def idle_places(gaps: pd.DataFrame, min_gap_ns: int = GAP_NS, groups: int = 3) -> pd.DataFrame:
+    """Where the profiled step's idle time sits, at most `groups` + 5 rows: before the first
+    kernel; between launches; the largest kinds of gap inside a graph (at least `min_gap_ns`,
+    grouped by the kernels before and after them, `groups` of them); every other gap inside a
+    graph; after the last kernel; and a total."""
+    def row(where, g, before="", after=""):
+        return {"where": where, "gaps": len(g), "idle ms": g.dur_ns.sum() / 1e6,
+                "median µs": g.dur_ns.median() / 1e3 if len(g) else float("nan"),
+                "kernel before": before, "kernel after": after,
+                "other GPU work in the gaps": ", ".join(dict.fromkeys(w for w in g.other_gpu_work if w)) or "–"}
+
+    rows = []
+    first = gaps[gaps.place == "before the first kernel"]
+    rows.append(row("step start → first kernel", first, "", first.after.iloc[0] if len(first) else ""))
+    between = gaps[gaps.place == "between two launches"]
+    if len(between) == 1:
+        rows.append(row("between two launches", between, between.before.iloc[0], between.after.iloc[0]))
+    elif len(between):
+        rows.append(row("between two launches", between, "(various)", "(various)"))
+    inside = gaps[gaps.place == "inside one graph"]
+    big = inside[inside.dur_ns >= min_gap_ns]
+    shown = []
+    if len(big):
+        by = big.groupby(["before", "after"]).dur_ns.sum().sort_values(ascending=False)
+        for (before, after) in by.index:
+            g = big[(big.before == before) & (big.after == after)]
+            if len(g) < 2 or len(shown) == groups:
+                continue
+            shown.append(g.index)
+            rows.append(row(f"inside the graph, {min_gap_ns / 1e3:.0f} µs or longer", g, before, after))
+    rest = inside.drop([i for idx in shown for i in idx])
+    if len(rest):
+        longer = int((rest.dur_ns >= min_gap_ns).sum())
+        where = "every other gap inside the graph" + (f" ({longer} of them {min_gap_ns / 1e3:.0f} µs or longer)"
+                                                       if longer else f" (each under {min_gap_ns / 1e3:.0f} µs)")
+        rows.append(row(where, rest, "(various)", "(various)"))
+    last = gaps[gaps.place == "after the last kernel"]
+    rows.append(row("last kernel → step end", last, last.before.iloc[0] if len(last) else "", ""))
+    total = row("idle in the profiled step", gaps)
+    total["median µs"] = float("nan")
+    total["other GPU work in the gaps"] = ""
+    rows.append(total)
+    return pd.DataFrame(rows)
+
+
+def host_before_first_kernel(run: runs.Run, backend: str, mode: str, limit: int = 12) -> pd.DataFrame:
+    """What the CPU was doing in the profiled step before the GPU started on it: the CPU-side
+    events (operators, compiled regions, CUDA calls, the profiler's own) that began before the
+    first kernel of a graph (before the first kernel, in a step without graphs), in order, with
+    their nesting depth; at most `limit` rows, the deepest dropped first when there are more."""
+    events = trace.load_events(run.file(trace_file(backend, mode)))
+    step = next(e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                and e.get("name") == "decode_step")
+    t0, tid = trace._ns(step["ts"]), step["tid"]
+    k = kernel_table(run, backend, mode)
+    graph = k[k.launch_api == "cudaGraphLaunch"]
+    first = (int(graph.start_ns.min()) if len(graph) else int(k.start_ns.min()) if len(k)
+             else trace.origin_span_ns(events))
+    cats = ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function")
+    spans = sorted((trace._ns(e["ts"]) - t0, trace._ns(e["dur"]), e["name"], e.get("cat")) for e in events
+                   if e.get("ph") == "X" and "dur" in e and e is not step
+                   and ((e.get("cat") in cats and e.get("tid") == tid) or e.get("cat") == "overhead")
+                   and 0 <= trace._ns(e["ts"]) - t0 < first)
+    rows, open_ends = [], []
+    for s, d, name, cat in spans:
+        while open_ends and open_ends[-1] <= s:
+            open_ends.pop()
+        name = name if len(name) <= 44 else name[:43] + "…"
+        rows.append({"event": name, "kind": cat, "depth": len(open_ends), "starts at ms": s / 1e6, "lasts ms": d / 1e6})
+        open_ends.append(s + d)
+    out = pd.DataFrame(rows, columns=["event", "kind", "depth", "starts at ms", "lasts ms"])
+    while len(out) > limit:
+        out = out[out.depth < out.depth.max()]
+    return out.reset_index(drop=True)
+
+
+@dataclass
+class IdleSummary:
+    backend: str
+    mode: str
+    wall_ms: float
+    busy_ms: float
+    idle_ms: float                  # timed step: wall - GPU busy
+    profiled_ms: float              # the profiled step, start to GPU finished
+    profiled_idle_ms: float
+    before_first_ms: float
+    between_launches_ms: float
+    inside_graph_ms: float          # gaps whose both neighbours came from one graph launch
+    after_last_ms: float
+    host_estimate_ms: float         # idle_ms - inside_graph_ms: what the timed step's idle leaves to the host
+    graph_launches: int
+    compiled_regions: int
+    fla_kernels: int                # flash-linear-attention kernels in the step
+    fla_gap_before_us: float        # median gap before / after them
+    fla_gap_after_us: float
+    graph_gap_us: float             # median of every gap inside a graph
+
+
+def idle_summary(run: runs.Run, backend: str, mode: str) -> IdleSummary:
+    """The idle time of one variant: from its timed steps (wall - busy) and, placed, from its
+    profiled step (step_gaps)."""
+    v = run.table("variants").set_index(["backend", "mode"]).loc[(backend, mode)]
+    gaps = step_gaps(run, backend, mode)
+    k = kernel_table(run, backend, mode)
+    events = trace.load_events(run.file(trace_file(backend, mode)))
+    span = trace.origin_span_ns(events)
+    busy = float(v.gpu_busy_ns) / 1e6
+    part = gaps.groupby("place").dur_ns.sum() / 1e6
+    inside = gaps[gaps.place == "inside one graph"]
+    fla = "flash-linear-attention (Triton)"
+    near = lambda col: gaps.loc[gaps[col] == fla, "dur_ns"].median() / 1e3 if (gaps[col] == fla).any() else float("nan")  # noqa: E731
+    return IdleSummary(
+        backend=backend, mode=mode, wall_ms=float(v.wall_ms_median), busy_ms=busy,
+        idle_ms=float(v.wall_ms_median) - busy, profiled_ms=span / 1e6, profiled_idle_ms=span / 1e6 - busy,
+        before_first_ms=float(part.get("before the first kernel", 0.0)),
+        between_launches_ms=float(part.get("between two launches", 0.0)),
+        inside_graph_ms=float(part.get("inside one graph", 0.0)),
+        after_last_ms=float(part.get("after the last kernel", 0.0)),
+        host_estimate_ms=float(v.wall_ms_median) - busy - float(part.get("inside one graph", 0.0)),
+        graph_launches=int(k.loc[k.launch_api == "cudaGraphLaunch", "correlation"].nunique()),
+        compiled_regions=sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+                             and str(e.get("name", "")).startswith("Torch-Compiled Region")),
+        fla_kernels=int(k.name.map(_source).eq(fla).sum()),
+        fla_gap_before_us=near("after_source"), fla_gap_after_us=near("before_source"),
+        graph_gap_us=inside.dur_ns.median() / 1e3 if len(inside) else float("nan"))
+
+
+def _source(name: str) -> str:
+    from . import kernels
+
+    return kernels.source(name)
+
+
+# The prompt phase: host and device --------------------------------------------------------
+
+def prefill_host_device(run: runs.Run) -> pd.DataFrame:
+    """The prompt phase of each backend, host against device: kernels, GPU busy (the profiled
+    prompt), wall time (median, fastest, slowest repeat, no profiler), the GPU idle that leaves
+    (wall - busy), and both per kernel launched."""
+    p = run.table("prefill")
+    p = p[p.status == "ok"]
+    out = pd.DataFrame({"backend": p.backend, "kernels": p.kernels, "GPU busy ms": p.gpu_busy_ns / 1e6,
+                        "wall ms": p.wall_ms_median})
+    out["wall min ms"] = p.wall_ms_min if "wall_ms_min" in p else float("nan")
+    out["wall max ms"] = p.wall_ms_max if "wall_ms_max" in p else float("nan")
+    out["GPU idle ms"] = out["wall ms"] - out["GPU busy ms"]
+    out["wall µs per kernel"] = out["wall ms"] * 1e3 / out.kernels
+    out["idle µs per kernel"] = out["GPU idle ms"] * 1e3 / out.kernels
+    return out.reset_index(drop=True)
+
+
+@dataclass
+class HostCall:
+    """How long the CPU spent in one kind of call in a profiled step (medians over its calls)."""
+
+    name: str
+    calls: int
+    total_us: float        # the call, everything inside it included
+    launch_us: float       # of which in CUDA launch calls (runtime or driver)
+    operators_us: float    # of which in PyTorch operators called from it (allocations, ...)
+
+
+def host_call(run: runs.Run, backend: str, name: str, mode: str = "eager") -> HostCall:
+    """The CPU time of the calls named `name` (a CPU operator or an autograd function such as
+    flash-linear-attention's FusedRecurrentFunction) in a profiled step, and how much of each
+    went to CUDA launch calls and to PyTorch operators inside it; the rest is Python and
+    whatever else the call does that the profiler does not name."""
+    events = trace.load_events(run.file(trace_file(backend, mode)))
+    cpu = [e for e in events if e.get("ph") == "X" and "dur" in e
+           and e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver")]
+    calls = [e for e in cpu if e.get("cat") == "cpu_op" and e.get("name") == name]
+    by_thread: dict = {}
+    for e in cpu:
+        s = trace._ns(e["ts"])
+        by_thread.setdefault(e["tid"], []).append((s, s + trace._ns(e["dur"]), e))
+    totals, launches, ops = [], [], []
+    for c in calls:
+        s, end = trace._ns(c["ts"]), trace._ns(c["ts"]) + trace._ns(c["dur"])
+        inner = [(a, b, e) for a, b, e in by_thread[c["tid"]] if s <= a and b <= end and e is not c]
+        launch = sum(b - a for a, b, e in inner if e["cat"] != "cpu_op" and "Launch" in e["name"])
+        # operators directly inside: not nested in another operator inside the call
+        top, last_end = 0, -1
+        for a, b, e in sorted((x for x in inner if x[2]["cat"] == "cpu_op"), key=lambda x: (x[0], -x[1])):
+            if a >= last_end:
+                top += b - a
+                last_end = b
+        totals.append(end - s)
+        launches.append(launch)
+        ops.append(top)
+    med = (lambda xs: statistics.median(xs) / 1e3 if xs else float("nan"))  # noqa: E731
+    return HostCall(name=name, calls=len(calls), total_us=med(totals), launch_us=med(launches), operators_us=med(ops))
+
+
+# Beside the published vLLM profile, each on its own GPU's limit ---------------------------------
+
+PUBLISHED_PRESET = "qwen3.5-27b"  # the configuration of the model class the published profile ran
+OURS = "this run (transformers)"
+
+def prefill_flop(run: runs.Run, tokens: int) -> float:
+    """Operations of the matrix multiplies with the weights for a prompt of `tokens` tokens: a
+    multiply and an add per weight per token in the decoder layers, and the LM head for the one
+    token whose next token is sampled (transformers' and vLLM's prompt phase compute no other
+    logits). Attention's own products (QK^T, PV) are left out: at 512 tokens they are well
+    under 1% of these."""
+    m = run.results["model"]
+    head = m["lm_head_bytes"] // m["bytes_per_parameter"]
+    return 2.0 * (m["matmul_weight_parameters"] - head) * tokens + 2.0 * head
+
+
+def beside_published(run: runs.Run) -> pd.DataFrame:
+    """The published vLLM profile (H100) and this run, each measured against its OWN GPU's
+    datasheet limit: a decode step against the time to read the weights once at the GPU's
+    bandwidth (the floor), a prompt against its operations at the GPU's dense BF16 rate (MFU).
+    Both sides use the bytes and operations of the configuration built here (the published
+    model is of the same class); the published times are as published."""
+    from .published import HYBRID_27B_VLLM_HEADLINE as pub
+
+    m = run.results["model"]
+    nbytes = m["decode_bytes"]
+    h100 = hardware.datasheet("NVIDIA H100 80GB HBM3")
+    ours = hardware.datasheet_or_none(run.provenance["gpu"])
+    gpu = ours.name if ours else run.provenance["gpu"].replace("NVIDIA ", "")
+    ok = ok_variants(run)
+    rows = []
+
+    def decode(source, gpu_name, sheet, what, kernels, ms):
+        floor = nbytes / 1e9 / sheet.bandwidth_tbs if sheet else float("nan")
+        rows.append({"source": source, "GPU": gpu_name, "what": what, "kernels": kernels, "ms": ms,
+                     "limit": f"{nbytes / 1e9:.1f} GB at {sheet.bandwidth_tbs:g} TB/s" if sheet else "–",
+                     "limit ms": floor, "of its GPU's limit": floor / ms,
+                     "rate": f"{nbytes / 1e9 / ms:.2f} TB/s" if sheet or source == OURS else "–"})
+
+    def prompt(source, gpu_name, sheet, what, kernels, ms, tokens):
+        flop = prefill_flop(run, tokens)
+        limit = flop / (sheet.bf16_tflops * 1e12) * 1e3 if sheet else float("nan")
+        rows.append({"source": source, "GPU": gpu_name, "what": what, "kernels": kernels, "ms": ms,
+                     "limit": f"{flop / 1e12:.1f} TFLOP at {sheet.bf16_tflops:g} TFLOP/s" if sheet else "–",
+                     "limit ms": limit, "of its GPU's limit": limit / ms,
+                     "rate": f"{flop / 1e12 / (ms / 1e3):.0f} TFLOP/s" if sheet or source == OURS else "–"})
+
+    # The published profile is of the 27B configuration: its bytes and operations are this run's
+    # only when this run built the same one.
+    pub_sheet = h100 if run.parameters.get("preset") == PUBLISHED_PRESET else None
+    decode("published (vLLM 0.31)", h100.name, pub_sheet, "decode step, CUDA graphs", pub["decode_kernels"],
+           pub["decode_ms"])
+    if len(ok):
+        best = ok.loc[ok["wall ms"].idxmin()]
+        decode(OURS, gpu, ours, f"decode step, best: {best.backend}; {best['mode']}",
+               best.kernels, best["wall ms"])
+        first = ok.iloc[0]
+        if first.name != best.name:
+            decode(OURS, gpu, ours, f"decode step, {first.backend}; {first['mode']}",
+                   first.kernels, first["wall ms"])
+    prompt("published (vLLM 0.31)", h100.name, pub_sheet, f"{pub['prefill_tokens']}-token prompt", float("nan"),
+           pub["prefill_ms"], pub["prefill_tokens"])
+    for _, r in prefill(run).iterrows():
+        prompt(OURS, gpu, ours, f"{r.tokens:.0f}-token prompt, {r.backend}, eager", r.kernels,
+               r["wall ms"], int(r.tokens))
+    return pd.DataFrame(rows)
+
+
+# Inside one Gated DeltaNet layer, both backends -----------------------------------------------
+
+def mixer_by_module(run: runs.Run) -> pd.DataFrame:
+    """One Gated DeltaNet layer's token mixer (the middle layer of that type), kernels and GPU µs
+    by the module that launched them, for each backend's eager step side by side; a total row."""
+    v = run.table("variants")
+    cols = {}
+    for backend in v[(v["mode"] == "eager") & (v.status == "ok")].backend:
+        mix = mixer_kernels(kernel_table(run, backend, "eager"))
+        g = mix.groupby("module", sort=False).agg(kernels=("µs", "size"), us=("µs", "sum"))
+        cols[(backend, "kernels")] = g.kernels
+        cols[(backend, "µs")] = g.us
+    if not cols:
+        return pd.DataFrame()
+    df = pd.DataFrame(cols)
+    df.loc["total"] = df.sum()
+    df.columns = pd.MultiIndex.from_tuples(df.columns)
+    return df.fillna(0).rename_axis("module")
+
+
+def csv_link(df: pd.DataFrame, filename: str, text: str):
+    """A link that downloads `df` as a CSV file, the data carried in the link itself (nothing is
+    written next to the book)."""
+    import base64
+    import html as _html
+
+    from IPython.display import HTML
+
+    data = base64.b64encode(df.to_csv(index=False).encode()).decode()
+    return HTML(f'<p><a href="data:text/csv;base64,{data}" download="{_html.escape(filename)}">'
+                f'{_html.escape(text)}</a> ({len(df)} rows, CSV)</p>')
+
+
+def memsets_by_module(run: runs.Run, backend: str, mode: str = "eager") -> pd.DataFrame:
+    """The memsets of a profiled step (GPU work that is not a kernel), by the module and the
+    operator whose call issued them (layer numbers dropped: `mlp.down_proj`), with their size.
+    Only an eager step's trace labels modules."""
+    import re
+
+    events = trace.load_events(run.file(trace_file(backend, mode)))
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and isinstance(e.get("args"), dict) and "correlation" in e["args"]}
+    sets = [e for e in events if e.get("ph") == "X" and e.get("cat") == "gpu_memset"]
+    found = [(m, launches.get(m.get("args", {}).get("correlation"))) for m in sets]
+    queries = [(ln["pid"], ln["tid"], trace._ns(ln["ts"])) for _, ln in found if ln is not None]
+    ops = iter(trace._lookup(trace._complete(events, {"cpu_op"}), queries))
+    modules = iter(trace._lookup(trace._complete(events, {"user_annotation"}), queries))
+    rows = []
+    for m, ln in found:
+        op, module = (next(ops), next(modules)) if ln is not None else ("", "")
+        rows.append({"module": re.sub(r"^layers\.\d+\.", "", module) or "(unlabelled)", "operator": op or "–",
+                     "bytes": int(m.get("args", {}).get("bytes", 0))})
+    df = pd.DataFrame(rows, columns=["module", "operator", "bytes"])
+    return (df.groupby(["module", "operator", "bytes"]).size().rename("memsets").reset_index()
+            .sort_values("memsets", ascending=False).reset_index(drop=True))

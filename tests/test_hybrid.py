@@ -259,3 +259,138 @@ def test_recorded_census_by_kind(h200_run):
     # flash-linear-attention replaces the reference recurrence by one attention-kind kernel per layer
     assert c.loc["attention", ("fla", "kernels")] - c.loc["attention", ("reference", "kernels")] == 48
     assert c.loc["matrix multiply", ("fla", "kernels")] == c.loc["matrix multiply", ("reference", "kernels")]
+
+
+# Where the idle time sits, the prompt host against device, beside the published profile ------
+
+def test_recorded_gaps_and_busy_make_the_profiled_step(h200_run):
+    backend, mode = hybrid.best_variant(h200_run)
+    v = h200_run.table("variants").set_index(["backend", "mode"])
+    assert v.loc[(backend, mode), "wall_ms_median"] == v.wall_ms_median.min()
+    gaps = hybrid.step_gaps(h200_run, backend, mode)
+    k = hybrid.kernel_table(h200_run, backend, mode)
+    span = trace.origin_span_ns(trace.load_events(h200_run.file(hybrid.trace_file(backend, mode))))
+    assert gaps.dur_ns.sum() + trace.busy_ns(k.start_ns, k.end_ns) == span, "idle and busy make the whole step"
+    assert (gaps.dur_ns >= 0).all()
+    assert list(gaps.place.iloc[[0, -1]]) == ["before the first kernel", "after the last kernel"]
+    places = hybrid.idle_places(gaps)
+    total, parts = places.iloc[-1], places.iloc[:-1]
+    assert total["gaps"] == len(gaps) == parts.gaps.sum()
+    assert total["idle ms"] == pytest.approx(parts["idle ms"].sum()) == pytest.approx(gaps.dur_ns.sum() / 1e6)
+    assert len(places) <= 15
+    s = hybrid.idle_summary(h200_run, backend, mode)
+    assert s.idle_ms == pytest.approx(s.wall_ms - s.busy_ms)
+    assert s.busy_ms * 1e6 == pytest.approx(v.loc[(backend, mode), "gpu_busy_ns"])
+    assert s.before_first_ms + s.between_launches_ms + s.inside_graph_ms + s.after_last_ms == pytest.approx(
+        s.profiled_idle_ms, abs=0.01)   # busy from variants.csv; the trace's union may differ by rounding
+    assert s.host_estimate_ms == pytest.approx(s.idle_ms - s.inside_graph_ms)
+    if mode != "eager":
+        assert s.graph_launches >= 1 and s.compiled_regions >= (1 if mode == "compile" else 0)
+    host = hybrid.host_before_first_kernel(h200_run, backend, mode)
+    assert 0 < len(host) <= 12 and host["starts at ms"].is_monotonic_increasing
+    graph = k[k.launch_api == "cudaGraphLaunch"]
+    first = (graph if len(graph) else k).start_ns.min() / 1e6
+    assert (host["starts at ms"] < first).all()
+
+
+def test_recorded_memsets_by_module(h200_run):
+    for backend in ("reference", "fla"):
+        sets = hybrid.memsets_by_module(h200_run, backend)
+        events = trace.load_events(h200_run.file(hybrid.trace_file(backend, "eager")))
+        assert sets.memsets.sum() == sum(1 for e in events if e.get("cat") == "gpu_memset")
+        assert (sets.module != "(unlabelled)").any()
+
+
+def test_recorded_prefill_host_and_device(h200_run):
+    p = hybrid.prefill_host_device(h200_run)
+    raw = h200_run.table("prefill")
+    assert len(p) == (raw.status == "ok").sum()
+    assert (p["GPU idle ms"] == p["wall ms"] - p["GPU busy ms"]).all()
+    assert p["wall µs per kernel"].tolist() == pytest.approx((p["wall ms"] * 1e3 / p.kernels).tolist())
+    assert p["idle µs per kernel"].tolist() == pytest.approx((p["GPU idle ms"] * 1e3 / p.kernels).tolist())
+    assert (p["wall min ms"] <= p["wall ms"]).all() and (p["wall ms"] <= p["wall max ms"]).all()
+
+
+def test_recorded_host_time_of_a_call(h200_run):
+    fr = hybrid.host_call(h200_run, "fla", "FusedRecurrentFunction")
+    k = hybrid.kernel_table(h200_run, "fla", "eager")
+    assert fr.calls == (k.op == "FusedRecurrentFunction").sum() > 0, "one call per recurrence kernel it launches"
+    assert 0 < fr.launch_us and fr.launch_us + fr.operators_us <= fr.total_us
+    mm = hybrid.host_call(h200_run, "reference", "aten::mm")
+    assert 0 < mm.calls <= (hybrid.kernel_table(h200_run, "reference", "eager").op == "aten::mm").sum()
+    assert mm.operators_us == 0, "aten::mm calls no other operator"
+    none = hybrid.host_call(h200_run, "reference", "FusedRecurrentFunction")
+    assert none.calls == 0 and none.total_us != none.total_us
+
+
+def test_beside_published_on_each_gpus_own_limit(h200_run):
+    from labsupport import hardware, published
+
+    pub = published.HYBRID_27B_VLLM_HEADLINE
+    b = hybrid.beside_published(h200_run)
+    m = h200_run.results["model"]
+    assert (b["of its GPU's limit"] == b["limit ms"] / b.ms).all()
+    h100 = hardware.datasheet("NVIDIA H100 80GB HBM3")
+    ours = hardware.datasheet(h200_run.provenance["gpu"])
+    pub_decode, pub_prompt = b[b.source != hybrid.OURS].iloc[0], b[b.source != hybrid.OURS].iloc[1]
+    assert pub_decode.ms == pub["decode_ms"] and pub_prompt.ms == pub["prefill_ms"]
+    assert pub_decode["limit ms"] == pytest.approx(m["decode_bytes"] / 1e9 / h100.bandwidth_tbs)
+    flop = hybrid.prefill_flop(h200_run, pub["prefill_tokens"])
+    head = m["lm_head_bytes"] // m["bytes_per_parameter"]
+    assert flop == 2 * (m["matmul_weight_parameters"] - head) * pub["prefill_tokens"] + 2 * head
+    assert pub_prompt["limit ms"] == pytest.approx(flop / (h100.bf16_tflops * 1e12) * 1e3)
+    ours_rows = b[b.source == hybrid.OURS]
+    decode = ours_rows[ours_rows.what.str.startswith("decode step")]
+    assert decode["limit ms"].tolist() == pytest.approx([m["decode_bytes"] / 1e9 / ours.bandwidth_tbs] * len(decode))
+    best = hybrid.ok_variants(h200_run)["wall ms"].min()
+    assert decode.ms.iloc[0] == best
+    assert len(ours_rows[ours_rows.what.str.contains("prompt")]) == len(hybrid.prefill(h200_run))
+
+
+def test_recorded_mixer_by_module_and_its_csv(h200_run):
+    import base64
+    import io
+    import re
+
+    import pandas as pd
+
+    mix = hybrid.mixer_by_module(h200_run)
+    for backend in ("reference", "fla"):
+        full = hybrid.mixer_kernels(hybrid.kernel_table(h200_run, backend, "eager"))
+        assert mix.loc["total", (backend, "kernels")] == len(full)
+        assert mix.loc["total", (backend, "µs")] == pytest.approx(full["µs"].sum())
+        assert mix[(backend, "kernels")].iloc[:-1].sum() == len(full)
+        html = hybrid.csv_link(full, "a<b>.csv", "the <list>").data
+        assert "<list>" not in html and "a<b>" not in html
+        data = re.search(r'href="data:text/csv;base64,([^"]+)"', html).group(1)
+        back = pd.read_csv(io.StringIO(base64.b64decode(data).decode()))
+        assert len(back) == len(full) and list(back.columns) == list(full.columns)
+    assert len(mix) <= 15
+
+
+def test_tiny_hybrid_analysis_and_page(tiny_hybrid_run, tmp_path):
+    from .test_launch_overhead import replay_notebook
+
+    run = tiny_hybrid_run
+    backend, mode = hybrid.best_variant(run)
+    assert (backend, mode) == ("reference", "eager")
+    places = hybrid.idle_places(hybrid.step_gaps(run, backend, mode))
+    assert places.iloc[-1].gaps == places.iloc[:-1].gaps.sum()
+    b = hybrid.beside_published(run)
+    assert b[b.source != hybrid.OURS]["limit ms"].isna().all(), "another model is not set against the published one"
+    assert len(hybrid.prefill_host_device(run)) == 1
+    text = replay_notebook("notebooks/hybrid_model_token.ipynb", run, tmp_path)
+    assert "Traceback" not in text and "not the published profile's configuration" in text
+
+
+def test_the_page_replays_a_run_recorded_with_todays_columns(h200_run, tmp_path):
+    from .test_launch_overhead import modern_copy, replay_notebook
+
+    run = modern_copy(h200_run, tmp_path / "runs")
+    assert "before the first profile" in hybrid.timing_note(run)
+    v = hybrid.variants(run)
+    assert hybrid.measured_column(run) == "of measured read" and v["of measured read"].notna().all()
+    assert len(hybrid.prefill_host_device(run)) == 2
+    text = replay_notebook("notebooks/hybrid_model_token.ipynb", run, tmp_path)
+    assert "Traceback" not in text and "image/png" in text
+    assert "of its GPU" in text and "ours on the GPU named" not in text

@@ -1,5 +1,7 @@
 """The chapter "Launch overhead": its live path on a CPU (tiny model, the two eager variants),
 the order it measures in (every timing before every profile), and its analysis."""
+from pathlib import Path
+
 import pytest
 
 from labsupport import hardware, harness, runs, steps
@@ -190,3 +192,129 @@ def test_published_run_still_replays():
         assert "older than the book's measuring harness" in note
     with pytest.raises(runs.RunError):
         lo.load("no-such-run")
+
+
+# A run recorded with today's code, made from the published one -----------------------------
+
+def modern_copy(run: runs.Run, root, run_id: str | None = None) -> runs.Run:
+    """A copy of a published GPU run, under `root`, with the columns today's record() writes
+    and older runs lack: `clean` and the fastest/slowest wall time in every table that has wall
+    times, CUDA-event `gpu_ms` per repeat, a measured read stream among the ceilings, the
+    measuring method in the results. Its checksums are rewritten; it loads like a new run."""
+    import hashlib
+    import json
+    import shutil
+
+    import pandas as pd
+
+    run_id = run_id or run.run_id.split("-")[0] + "-today"
+    dst = root / run.chapter / run_id
+    shutil.copytree(run.path, dst)
+    t = pd.read_csv(dst / "step_times.csv")
+    keys = [c for c in ("variant", "backend", "mode") if c in t]
+    t["gpu_ms"] = t.wall_ms * 0.9
+    t["clean"] = True
+    t.to_csv(dst / "step_times.csv", index=False)
+    v = pd.read_csv(dst / "variants.csv")
+    wall = t.groupby(keys).wall_ms
+    idx = pd.MultiIndex.from_frame(v[keys]) if len(keys) > 1 else v[keys[0]]
+    v["wall_ms_min"] = wall.min().reindex(idx).values
+    v["wall_ms_max"] = wall.max().reindex(idx).values
+    v["clean"] = v.status.eq("ok")
+    v["graphs_compiled_while_profiling"] = 0
+    v.to_csv(dst / "variants.csv", index=False)
+    if (dst / "prefill.csv").is_file():
+        p = pd.read_csv(dst / "prefill.csv")
+        p["clean"] = p.status.eq("ok")
+        p.to_csv(dst / "prefill.csv", index=False)
+    c = pd.read_csv(dst / "ceilings.csv")
+    c["read_bytes"], c["read_ms_median"], c["read_ms_min"], c["read_ms_max"] = 4 * 2**30, 1.0, 0.99, 1.02
+    c["read_by"] = "sum"
+    c["read_tbs"] = c.read_bytes / (c.read_ms_median * 1e-3) / 1e12
+    c.to_csv(dst / "ceilings.csv", index=False)
+    meta = json.loads((dst / "meta.json").read_text())
+    meta["run_id"] = run_id
+    meta["results"]["method"] = harness.method()
+    meta["files"] = {name: hashlib.sha256((dst / name).read_bytes()).hexdigest() for name in meta["files"]}
+    (dst / "meta.json").write_text(json.dumps(meta, indent=1))
+    return runs.load_run(run.chapter, run_id, root=root)
+
+
+def replay_notebook(notebook: str, run: runs.Run, tmp_path) -> str:
+    """Execute a chapter notebook in replay mode on `run` (from the runs folder it lies in);
+    returns its outputs as text. A failing cell raises."""
+    import json
+    import os
+
+    import nbformat
+    import papermill as pm
+
+    from .conftest import REPO
+
+    env = {"LABSUPPORT_RUNS": os.environ.get("LABSUPPORT_RUNS")}
+    os.environ["LABSUPPORT_RUNS"] = str(run.path.parents[1])
+    try:
+        out = tmp_path / Path(notebook).name
+        pm.execute_notebook(str(REPO / notebook), str(out), parameters={"mode": "replay", "run_id": run.run_id},
+                            cwd=str(REPO / "notebooks"), kernel_name="python3", progress_bar=False)
+    finally:
+        if env["LABSUPPORT_RUNS"] is None:
+            os.environ.pop("LABSUPPORT_RUNS", None)
+        else:
+            os.environ["LABSUPPORT_RUNS"] = env["LABSUPPORT_RUNS"]
+    return json.dumps([c.get("outputs", []) for c in nbformat.read(out, as_version=4).cells])
+
+
+# What the static cache adds ------------------------------------------------------------------
+
+def _check_static_cache(run):
+    k_eager, k_static = lo.kernel_table(run, "eager"), lo.kernel_table(run, "eager-static")
+    d = lo.static_cache_diff(run)
+    total, rest, shown = d.iloc[-1], d.iloc[-2], d.iloc[:-2]
+    assert total["call path"] == "total" and rest["call path"].startswith("every other path")
+    assert (total["eager kernels"], total["static kernels"]) == (len(k_eager), len(k_static))
+    assert total["Δ kernels"] == len(k_static) - len(k_eager)
+    for col in ("eager kernels", "static kernels", "Δ kernels", "eager µs", "static µs", "Δ µs"):
+        assert shown[col].sum() + rest[col] == pytest.approx(total[col])
+    assert (d["Δ kernels"] == d["static kernels"] - d["eager kernels"]).all()
+    assert (d["Δ µs"] - (d["static µs"] - d["eager µs"])).abs().max() < 1e-6
+    assert ((shown["Δ kernels"] != 0) | (shown["Δ µs"].abs() >= 20)).all(), "only the paths that differ"
+    assert rest["Δ kernels"] == 0, "every path whose kernel count differs is listed"
+    assert total["eager µs"] * 1e3 == pytest.approx(k_eager.dur_ns.sum())
+    s = lo.static_cache_summary(run)
+    assert (s.eager_kernels, s.static_kernels) == (len(k_eager), len(k_static))
+    assert s.static_busy_ms * 1e6 == pytest.approx(int(run.table("variants").set_index("variant").loc["eager-static",
+                                                                                                     "gpu_busy_ns"]))
+    assert s.eager_attn_kernels <= s.eager_layer_kernels and s.static_attn_kernels <= s.static_layer_kernels
+    return d, s
+
+
+def test_static_cache_diff_on_the_published_run():
+    run = lo.load()
+    d, s = _check_static_cache(run)
+    # every decoder layer runs the same kernels, so the layers and what is outside them make the whole step
+    assert s.eager_layer_kernels * s.layers + s.eager_outside_kernels == s.eager_kernels
+    assert s.static_layer_kernels * s.layers + s.static_outside_kernels == s.static_kernels
+    assert s.graph_busy_ms is not None
+    known = d.iloc[:-2]
+    assert (known["what it is"] != "").all(), "every differing path of the published run is explained"
+    paths = lo.call_paths(run, "eager-static")
+    inner = paths.call.str.split(" › ").str[-1]
+    assert (inner == paths.op.str.removeprefix("aten::")).all(), "a call path ends at the kernel's own operator"
+
+
+def test_static_cache_diff_on_a_cpu_run(tiny_run):
+    run, _ = tiny_run
+    _check_static_cache(run)
+    paths = lo.call_paths(run, "eager")
+    assert (paths.call == paths.op.str.removeprefix("aten::")).all()
+
+
+def test_the_page_replays_a_run_recorded_with_todays_columns(tmp_path):
+    run = modern_copy(lo.load(), tmp_path / "runs")
+    assert "clean" in run.table("step_times") and hardware.run_limits(run).read_tbs
+    assert "before the first profile" in lo.timing_note(run)
+    _check_static_cache(run)
+    text = replay_notebook("notebooks/launch_overhead.ipynb", run, tmp_path)
+    assert "Traceback" not in text and "image/png" in text
+    assert "The static cache" in text and "of measured read" in text
