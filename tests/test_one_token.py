@@ -55,7 +55,9 @@ def test_context_sweep_table(published):
     sweep = one_token.context_sweep(published)
     assert list(sweep.context) == published.parameters["contexts"]
     assert ((sweep["attention share"] > 0) & (sweep["attention share"] < 1)).all()
-    assert (sweep.attention_kernels == 36).all()
+    layers = published.results["model"]["layers"]
+    # One attention kernel per layer, or two where cuDNN adds its reduction step (longer contexts).
+    assert sweep.attention_kernels.isin([layers, 2 * layers]).all()
 
 
 def test_live_path_on_cpu_writes_a_valid_run(runs_root):
