@@ -559,14 +559,26 @@ def matvec_text(run: runs.Run) -> str:
     return gpu + " " + cpu
 
 
-def sweep_note(run: runs.Run) -> str:
+def sweep_note(run: runs.Run, census: tuple[float, float, str] | None = None) -> str:
     """How the sweep's wall times were taken (older runs timed each batch size right after
-    profiling it)."""
+    profiling it). `census`: the same eager step's clean wall and GPU-busy ms in the chapter
+    "The kernels in one token", and that run's id, to set the batch-1 step beside it."""
     if wall_times_clean(run):
-        return ("The sweep's wall times, like every wall time in the book, were taken before the process's first "
+        text = ("The sweep's wall times, like every wall time in the book, were taken before the process's first "
                 "profile: for each batch size a fresh prefill, a few untimed steps, then the timed steps (the "
                 "median, and the range of the repeats); the GPU times come from one step per batch size profiled "
                 "afterwards, again after a fresh prefill.")
+        s = sweep(run)
+        one = s[s.batch == 1]
+        if census and not one.empty:
+            wall, busy = float(one.wall_ms_median.iloc[0]), float(one.gpu_busy_ns.iloc[0]) / 1e6
+            text += (f" Its batch-1 step took {wall:.1f} ms, against {census[0]:.1f} ms for the same eager step at "
+                     f"the same context in *The kernels in one token* (run `{census[2]}`), also timed before any "
+                     f"profile, while the GPU was busy for about the same time ({busy:.2f} ms against "
+                     f"{census[1]:.2f} ms). So the profiler is not the cause, and this book has not found it yet; "
+                     "what differs is that this sweep runs its steps back to back on one growing cache, while that "
+                     "chapter prefills afresh before each step. The ridge point uses GPU times only.")
+        return text
     return ("In this run the wall times of each batch size were taken right after that batch size was profiled, in "
             "the same process, and a profile slows every later kernel launch (the methodology, under *Two "
             "instruments*): read its wall-time curve as an upper bound. The ridge point uses GPU times only.")
@@ -865,6 +877,9 @@ def irregular_text(run: runs.Run, ev: SplitK | None) -> str:
     else:
         parts.append("Which kernels were added or dropped, this run cannot say: it kept no kernel names per "
                      "batch size.")
+    if "batch_matmuls.csv" in run.meta["files"]:
+        parts.append(matmul_choice_text(run, b, n))
+        return "\n\n".join(parts)
     sms = run.provenance.get("gpu_sms")
     tile = 128
     computed = -(-b // tile) * tile
@@ -886,6 +901,35 @@ def irregular_text(run: runs.Run, ev: SplitK | None) -> str:
                  + "**Left for a new measurement:** the matrix multiplies' kernel names and grids at batches "
                  f"{', '.join(str(int(x)) for x in _around(s.index, b, n))}.")
     return "\n\n".join(parts)
+
+
+def matmul_choice(run: runs.Run, batches) -> pd.DataFrame:
+    """The matrix-multiply kernels cuBLAS ran at each of `batches`, by kernel and grid: how many,
+    and their GPU time per step (runs that recorded `batch_matmuls`)."""
+    m = run.table("batch_matmuls")
+    m = m[m.batch.isin(list(batches))]
+    g = m.groupby(["batch", "short_name", "grid"], sort=False).agg(kernels=("kernels", "sum"),
+                                                                   gpu_ns=("gpu_ns", "sum")).reset_index()
+    g["ms"] = g.gpu_ns / 1e6
+    return g.sort_values(["batch", "ms"], ascending=[True, False]).reset_index(drop=True)
+
+
+def matmul_choice_text(run: runs.Run, b: int, n: int) -> str:
+    """What the recorded kernels say about batch `b` being slower than the larger batch `n`."""
+    c = matmul_choice(run, [b, n])
+
+    def describe(batch: int) -> str:
+        k = c[c.batch == batch]
+        top = k[~k.short_name.str.contains("splitKreduce")].head(3)
+        reduces = int(k.loc[k.short_name.str.contains("splitKreduce"), "kernels"].sum())
+        names = "; ".join(f"`{r.short_name}` x{int(r.kernels)} ({r.ms:.2f} ms)" for r in top.itertuples())
+        return (f"at batch {batch}, {k.ms.sum():.2f} ms in all, mostly {names}, with "
+                + (f"{reduces} split-K reduce kernels" if reduces else "no split-K"))
+
+    return (f"This run recorded which matrix-multiply kernels ran at each batch size: {describe(b)}; "
+            f"{describe(n)}. So the slow point is cuBLAS's own choice of kernels: for {b} sequences its heuristics "
+            f"picked other kernels than for {n}, and those ran slower in total. Why the heuristics choose them is "
+            "inside cuBLAS; the kernel names (tile shape, split-K, the layout suffix) are what can be seen.")
 
 
 def _runs_of(series: pd.Series) -> list[tuple[int, list[int]]]:

@@ -204,3 +204,19 @@ def test_figures_build(any_run):
     _, name = hardware.measured_read(hardware.run_limits(any_run))
     assert "datasheet" in labels and f"measured {name}" in labels
     plt.close(fig)
+
+
+def test_matmul_choice_per_batch_on_a_run_that_recorded_it():
+    """Runs recorded since the sweep keeps each batch size's matrix-multiply kernels: the text
+    names the kernels and their time at both batch sizes, and the table adds up to the sweep."""
+    from labsupport import why_a_gpu
+
+    run = why_a_gpu.load()
+    if "batch_matmuls.csv" not in run.meta["files"]:
+        pytest.skip("the published run predates the per-batch kernel table")
+    c = why_a_gpu.matmul_choice(run, [192, 256])
+    s = why_a_gpu.sweep(run).set_index("batch")
+    for b in (192, 256):
+        assert c[c.batch == b].gpu_ns.sum() == pytest.approx(s.loc[b, "matmul_ns"])
+    text = why_a_gpu.matmul_choice_text(run, 192, 256)
+    assert "at batch 192" in text and "at batch 256" in text and "`nvjet" in text
