@@ -34,6 +34,8 @@ MODES = {
     "cuda-graph": "CUDA graph (static cache)",
     "compile": 'torch.compile "reduce-overhead" (static cache)',
 }
+# The same, short, for narrow tables (the prose says what each is).
+MODES_SHORT = {"eager": "eager", "cuda-graph": "CUDA graph", "compile": "torch.compile"}
 # What each part of a decoder layer is, for the census by layer type.
 GROUPS = {"linear_attn": "linear attention (Gated DeltaNet)", "self_attn": "full attention", "mlp": "MLP"}
 # ... and the kernels outside the decoder layers.
@@ -347,6 +349,22 @@ def variants(run: runs.Run) -> pd.DataFrame:
     return out
 
 
+def variants_compact(run: runs.Run) -> pd.DataFrame:
+    """variants() narrowed for the page: short mode names, the fastest and slowest repeat in one
+    column, and the status column only when something did not run."""
+    v = variants(run)
+    out = pd.DataFrame({"backend": v.backend, "mode": run.table("variants")["mode"].map(MODES_SHORT)})
+    if (v.status != "ok").any():
+        out["status"] = v.status
+    for c in ("kernels", "launch calls", "GPU busy ms", "wall ms"):
+        out[c] = v[c]
+    out["fastest–slowest ms"] = [f"{lo:.2f}–{hi:.2f}" if lo == lo and hi == hi else "–"
+                                 for lo, hi in zip(v["wall min ms"], v["wall max ms"])]
+    for c in ("tokens/s", "of datasheet limit", measured_column(run), "compile s"):
+        out[c] = v[c]
+    return out
+
+
 def ok_variants(run: runs.Run) -> pd.DataFrame:
     v = variants(run)
     return v[v.status == "ok"].reset_index(drop=True)
@@ -516,6 +534,11 @@ def cache_growth(run: runs.Run) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _short(mode_label: str) -> str:
+    """The short name of a mode given by its long label (MODES' values)."""
+    return next((MODES_SHORT[k] for k, label in MODES.items() if label == mode_label), mode_label)
+
+
 def beside_published(run: runs.Run) -> pd.DataFrame:
     """Our decode steps (this GPU, transformers) and the published vLLM ones (H100), each
     row labelled with where it comes from; nothing is computed across the two."""
@@ -618,20 +641,23 @@ def step_gaps(run: runs.Run, backend: str, mode: str) -> pd.DataFrame:
     return out
 
 
-def idle_places(gaps: pd.DataFrame, min_gap_ns: int = GAP_NS, groups: int = 3) -> pd.DataFrame:
+def idle_places(gaps: pd.DataFrame, min_gap_ns: int = GAP_NS, groups: int = 3, width: int | None = None) -> pd.DataFrame:
     """Where the profiled step's idle time sits, at most `groups` + 5 rows: before the first
     kernel; between launches; the largest kinds of gap inside a graph (at least `min_gap_ns`,
     grouped by the kernels before and after them, `groups` of them); every other gap inside a
-    graph; after the last kernel; and a total."""
+    graph; after the last kernel; and a total. Kernel names are cut to `width` characters if given."""
+    def cut(name):
+        return name if width is None or len(name) <= width else name[:width - 1] + "…"
+
     def row(where, g, before="", after=""):
         return {"where": where, "gaps": len(g), "idle ms": g.dur_ns.sum() / 1e6,
                 "median µs": g.dur_ns.median() / 1e3 if len(g) else float("nan"),
-                "kernel before": before, "kernel after": after,
-                "other GPU work in the gaps": ", ".join(dict.fromkeys(w for w in g.other_gpu_work if w)) or "–"}
+                "kernel before": cut(before), "kernel after": cut(after),
+                "also in the gaps": ", ".join(dict.fromkeys(w for w in g.other_gpu_work if w)) or "–"}
 
     rows = []
     first = gaps[gaps.place == "before the first kernel"]
-    rows.append(row("step start → first kernel", first, "", first.after.iloc[0] if len(first) else ""))
+    rows.append(row("before the first kernel", first, "", first.after.iloc[0] if len(first) else ""))
     between = gaps[gaps.place == "between two launches"]
     if len(between) == 1:
         rows.append(row("between two launches", between, between.before.iloc[0], between.after.iloc[0]))
@@ -647,18 +673,17 @@ def idle_places(gaps: pd.DataFrame, min_gap_ns: int = GAP_NS, groups: int = 3) -
             if len(g) < 2 or len(shown) == groups:
                 continue
             shown.append(g.index)
-            rows.append(row(f"inside the graph, {min_gap_ns / 1e3:.0f} µs or longer", g, before, after))
+            rows.append(row(f"in the graph, ≥ {min_gap_ns / 1e3:.0f} µs", g, before, after))
     rest = inside.drop([i for idx in shown for i in idx])
     if len(rest):
         longer = int((rest.dur_ns >= min_gap_ns).sum())
-        where = "every other gap inside the graph" + (f" ({longer} of them {min_gap_ns / 1e3:.0f} µs or longer)"
-                                                       if longer else f" (each under {min_gap_ns / 1e3:.0f} µs)")
+        where = "in the graph, the others" + (f" ({longer} ≥ {min_gap_ns / 1e3:.0f} µs)" if longer else "")
         rows.append(row(where, rest, "(various)", "(various)"))
     last = gaps[gaps.place == "after the last kernel"]
-    rows.append(row("last kernel → step end", last, last.before.iloc[0] if len(last) else "", ""))
-    total = row("idle in the profiled step", gaps)
+    rows.append(row("after the last kernel", last, last.before.iloc[0] if len(last) else "", ""))
+    total = row("total", gaps)
     total["median µs"] = float("nan")
-    total["other GPU work in the gaps"] = ""
+    total["also in the gaps"] = ""
     rows.append(total)
     return pd.DataFrame(rows)
 
@@ -827,6 +852,11 @@ def prefill_flop(run: runs.Run, tokens: int) -> float:
     return 2.0 * (m["matmul_weight_parameters"] - head) * tokens + 2.0 * head
 
 
+def _short(mode_label: str) -> str:
+    """The short name of a mode given by its long label (MODES' values)."""
+    return next((MODES_SHORT[k] for k, label in MODES.items() if label == mode_label), mode_label)
+
+
 def beside_published(run: runs.Run) -> pd.DataFrame:
     """The published vLLM profile (H100) and this run, each measured against its OWN GPU's
     datasheet limit: a decode step against the time to read the weights once at the GPU's
@@ -846,7 +876,7 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
     def decode(source, gpu_name, sheet, what, kernels, ms):
         floor = nbytes / 1e9 / sheet.bandwidth_tbs if sheet else float("nan")
         rows.append({"source": source, "GPU": gpu_name, "what": what, "kernels": kernels, "ms": ms,
-                     "limit": f"{nbytes / 1e9:.1f} GB at {sheet.bandwidth_tbs:g} TB/s" if sheet else "–",
+                     "limit at": f"{sheet.bandwidth_tbs:g} TB/s" if sheet else "–",
                      "limit ms": floor, "of its GPU's limit": floor / ms,
                      "rate": f"{nbytes / 1e9 / ms:.2f} TB/s" if sheet or source == OURS else "–"})
 
@@ -854,27 +884,23 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
         flop = prefill_flop(run, tokens)
         limit = flop / (sheet.bf16_tflops * 1e12) * 1e3 if sheet else float("nan")
         rows.append({"source": source, "GPU": gpu_name, "what": what, "kernels": kernels, "ms": ms,
-                     "limit": f"{flop / 1e12:.1f} TFLOP at {sheet.bf16_tflops:g} TFLOP/s" if sheet else "–",
+                     "limit at": f"{sheet.bf16_tflops:g} TFLOP/s" if sheet else "–",
                      "limit ms": limit, "of its GPU's limit": limit / ms,
                      "rate": f"{flop / 1e12 / (ms / 1e3):.0f} TFLOP/s" if sheet or source == OURS else "–"})
 
     # The published profile is of the 27B configuration: its bytes and operations are this run's
     # only when this run built the same one.
     pub_sheet = h100 if run.parameters.get("preset") == PUBLISHED_PRESET else None
-    decode("published (vLLM 0.31)", h100.name, pub_sheet, "decode step, CUDA graphs", pub["decode_kernels"],
+    decode("published (vLLM 0.31)", h100.name, pub_sheet, "decode, CUDA graphs", pub["decode_kernels"],
            pub["decode_ms"])
     if len(ok):
         best = ok.loc[ok["wall ms"].idxmin()]
-        decode(OURS, gpu, ours, f"decode step, best: {best.backend}; {best['mode']}",
+        decode(OURS, gpu, ours, f"decode, best: {best.backend}, {_short(best['mode'])}",
                best.kernels, best["wall ms"])
-        first = ok.iloc[0]
-        if first.name != best.name:
-            decode(OURS, gpu, ours, f"decode step, {first.backend}; {first['mode']}",
-                   first.kernels, first["wall ms"])
     prompt("published (vLLM 0.31)", h100.name, pub_sheet, f"{pub['prefill_tokens']}-token prompt", float("nan"),
            pub["prefill_ms"], pub["prefill_tokens"])
     for _, r in prefill(run).iterrows():
-        prompt(OURS, gpu, ours, f"{r.tokens:.0f}-token prompt, {r.backend}, eager", r.kernels,
+        prompt(OURS, gpu, ours, f"{r.tokens:.0f}-token prompt, {r.backend}", r.kernels,
                r["wall ms"], int(r.tokens))
     return pd.DataFrame(rows)
 

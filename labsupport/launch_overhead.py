@@ -345,15 +345,15 @@ def call_paths(run: runs.Run, variant: str) -> pd.DataFrame:
 # What an operator the static cache adds or removes is there for, by its call path (transformers
 # 5.17's StaticLayer.update and sdpa_attention_forward); a path not listed gets no explanation.
 STATIC_CACHE_CALLS = [
-    (r"(^|› )reshape › clone › copy_$", "K and V copied out to every query head before attention (transformers' "
-                                        "repeat_kv, used when attention is given a mask)"),
-    (r"^index_copy_$", "the new token's K and V written into their slot of the cache"),
-    (r"^scaled_dot_product_attention › .*(where|fill_)$", "the boolean mask turned into additive 0 / -inf inside SDPA"),
-    (r"attention_forward$", "attention itself, over every slot of the static cache, the unwritten ones masked"),
-    (r"^cat$", "the dynamic cache appending K and V by concatenation (the others are the rotary embedding's)"),
-    (r"^add_$", "each layer's write counter advanced in place"),
-    (r"^(arange|arange › arange|add)$", "positions: each layer's write index (arange + counter) and the mask's"),
-    (r"^le$", "the mask: cache positions compared with the token's"),
+    (r"(^|› )reshape › clone › copy_$", "K and V copied out to every query head (transformers' repeat_kv, "
+                                        "taken when attention has a mask)"),
+    (r"^index_copy_$", "the new token's K and V written into the cache"),
+    (r"^scaled_dot_product_attention › .*(where|fill_)$", "the mask made additive (0 / -inf) inside SDPA"),
+    (r"attention_forward$", "attention over every slot of the cache, masked"),
+    (r"^cat$", "K and V appended by concatenation (the rest: rotary embedding)"),
+    (r"^add_$", "each layer's write counter advanced"),
+    (r"^(arange|arange › arange|add)$", "positions: the write index and the mask's"),
+    (r"^le$", "the mask: positions compared"),
 ]
 
 

@@ -340,10 +340,10 @@ def test_beside_published_on_each_gpus_own_limit(h200_run):
     assert flop == 2 * (m["matmul_weight_parameters"] - head) * pub["prefill_tokens"] + 2 * head
     assert pub_prompt["limit ms"] == pytest.approx(flop / (h100.bf16_tflops * 1e12) * 1e3)
     ours_rows = b[b.source == hybrid.OURS]
-    decode = ours_rows[ours_rows.what.str.startswith("decode step")]
+    decode = ours_rows[ours_rows.what.str.startswith("decode")]
     assert decode["limit ms"].tolist() == pytest.approx([m["decode_bytes"] / 1e9 / ours.bandwidth_tbs] * len(decode))
     best = hybrid.ok_variants(h200_run)["wall ms"].min()
-    assert decode.ms.iloc[0] == best
+    assert len(decode) == 1 and decode.ms.iloc[0] == best
     assert len(ours_rows[ours_rows.what.str.contains("prompt")]) == len(hybrid.prefill(h200_run))
 
 
@@ -394,3 +394,15 @@ def test_the_page_replays_a_run_recorded_with_todays_columns(h200_run, tmp_path)
     text = replay_notebook("notebooks/hybrid_model_token.ipynb", run, tmp_path)
     assert "Traceback" not in text and "image/png" in text
     assert "of its GPU" in text and "ours on the GPU named" not in text
+
+
+def test_compact_variants_table(h200_run, tiny_hybrid_run):
+    for run in (h200_run, tiny_hybrid_run):
+        v, c = hybrid.variants(run), hybrid.variants_compact(run)
+        assert len(c) == len(v) and ("status" in c) == (v.status != "ok").any()
+        assert set(c["mode"]) <= set(hybrid.MODES_SHORT.values())
+        ok = v.status == "ok"
+        assert (c.loc[ok, "wall ms"] == v.loc[ok, "wall ms"]).all()
+        assert c.loc[~ok, "fastest–slowest ms"].eq("–").all()
+    places = hybrid.idle_places(hybrid.step_gaps(h200_run, *hybrid.best_variant(h200_run)), width=20)
+    assert places[["kernel before", "kernel after"]].map(len).max().max() <= 20
