@@ -111,7 +111,7 @@ CHAPTERS = [
             checks={"preset": preset(), "batch": at_least(1), "prompt_len": at_least(1), "contexts": LENGTHS,
                     "repeats": REPEATS, "fresh_processes": at_least(0)},
             smoke={"contexts": [256, 4096], "repeats": 5, "fresh_processes": 1},
-            cpu={"preset": "tiny", "prompt_len": 16, "contexts": [8, 32], "repeats": 2}),
+            cpu={"preset": "tiny", "prompt_len": 16, "contexts": [8, 32], "repeats": 2, "fresh_processes": 1}),
     Chapter("launch-overhead", "notebooks/launch_overhead.ipynb", "launch_overhead",
             ("ceilings.csv", "variants.csv", "step_times.csv", "trace-eager.json.gz"),
             columns={"ceilings.csv": CEILINGS, "step_times.csv": ("variant", "repeat", "wall_ms"),

@@ -14,7 +14,7 @@ from labsupport import runs
 from .conftest import REPO, tree_bytes
 
 TINY = ["kernels-in-one-token", "--allow-cpu", "--param", 'preset="tiny"', "--param", "prompt_len=16",
-        "--param", "contexts=[8, 32]", "--param", "repeats=2"]
+        "--param", "contexts=[8, 32]", "--param", "repeats=2", "--param", "fresh_processes=1"]
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ def live_env(runs_root, monkeypatch):
 
 
 TINY_ARGS = ["kernels-in-one-token", "--allow-cpu", "--param", 'preset="tiny"', "--param", "prompt_len=16",
-             "--param", "contexts=[8, 32]", "--param", "repeats=2"]
+             "--param", "contexts=[8, 32]", "--param", "repeats=2", "--param", "fresh_processes=1"]
 
 
 def test_live_run_through_papermill_on_cpu_records_and_publishes(live_env, runs_root):
