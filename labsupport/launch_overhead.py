@@ -293,27 +293,6 @@ def headline(run: runs.Run) -> dict:
 
 # What the static cache adds ------------------------------------------------------------------
 
-def _stacks(intervals: list[tuple[int, int, str]], times: list[int]) -> list[tuple[str, ...]]:
-    """For each time, the names of every interval containing it, outermost first (intervals
-    on one CPU thread nest properly, so one sweep with a stack answers every query)."""
-    iv = sorted(intervals, key=lambda t: (t[0], -(t[1] - t[0])))
-    order = sorted(range(len(times)), key=times.__getitem__)
-    out: list[tuple[str, ...]] = [()] * len(times)
-    stack: list[tuple[int, int, str]] = []
-    j = 0
-    for q in order:
-        t = times[q]
-        while j < len(iv) and iv[j][0] <= t:
-            while stack and stack[-1][1] <= iv[j][0]:
-                stack.pop()
-            stack.append(iv[j])
-            j += 1
-        while stack and stack[-1][1] <= t:
-            stack.pop()
-        out[q] = tuple(s[2] for s in stack if s[1] > t)
-    return out
-
-
 def call_paths(run: runs.Run, variant: str) -> pd.DataFrame:
     """kernel_table() with a column `call`: the chain of PyTorch operators the CPU was inside
     when it launched each kernel, outermost first ("reshape › clone › copy_"; "aten::" left
@@ -337,7 +316,7 @@ def call_paths(run: runs.Run, variant: str) -> pd.DataFrame:
             queries.setdefault((launch["pid"], launch["tid"]), []).append((c, trace._ns(launch["ts"])))
     paths = {}
     for key, items in queries.items():
-        for (c, _), stack in zip(items, _stacks(ops.get(key, []), [t for _, t in items])):
+        for (c, _), stack in zip(items, trace.enclosing(ops.get(key, []), [t for _, t in items])):
             paths[c] = " › ".join(n.removeprefix("aten::") for n in stack)
     return k.assign(call=k.correlation.map(paths).fillna(k.op.str.removeprefix("aten::")))
 

@@ -69,15 +69,15 @@ def _complete(events, cats) -> list[dict]:
     return [e for e in events if e.get("ph") == "X" and e.get("cat") in cats and "dur" in e]
 
 
-def _innermost(intervals: list[tuple[int, int, str]], times: list[int]) -> list[str]:
-    """For each time, the name of the innermost interval containing it ("" if none).
+def enclosing(intervals: list[tuple[int, int, str]], times: list[int]) -> list[tuple[str, ...]]:
+    """For each time, the names of every interval containing it, outermost first.
 
     Intervals on one CPU thread nest properly (a call is inside its caller), so one
     sweep with a stack of open intervals answers every query.
     """
     iv = sorted(intervals, key=lambda t: (t[0], -(t[1] - t[0])))
     order = sorted(range(len(times)), key=times.__getitem__)
-    out = [""] * len(times)
+    out: list[tuple[str, ...]] = [()] * len(times)
     stack: list[tuple[int, int, str]] = []
     j = 0
     for q in order:
@@ -89,8 +89,13 @@ def _innermost(intervals: list[tuple[int, int, str]], times: list[int]) -> list[
             j += 1
         while stack and stack[-1][1] <= t:
             stack.pop()
-        out[q] = stack[-1][2] if stack else ""
+        out[q] = tuple(s[2] for s in stack if s[1] > t)
     return out
+
+
+def _innermost(intervals: list[tuple[int, int, str]], times: list[int]) -> list[str]:
+    """For each time, the name of the innermost interval containing it ("" if none)."""
+    return [names[-1] if names else "" for names in enclosing(intervals, times)]
 
 
 def _lookup(events: list[dict], queries: list[tuple]) -> list[str]:
