@@ -489,7 +489,7 @@ def gemv_figure(g: pd.DataFrame, run: runs.Run):
         ax.text(v, y, f" {v:.2f}", va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, max(g.tbs.max(), lim.datasheet_tbs or 0) * 1.25)
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=8, frameon=False)
     ax.set_xlabel("TB/s read (weights / kernel time per call; light bars: split-K)")
     ax.set_title("Read bandwidth of each matrix-vector product of the step")
     return plots._finish(fig, run.label)
