@@ -11,6 +11,7 @@ Replay: every table of the chapter is computed from the run here.
 """
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -813,15 +814,30 @@ def host_call(run: runs.Run, backend: str, name: str, mode: str = "eager") -> Ho
     events = trace.load_events(run.file(trace_file(backend, mode)))
     cpu = [e for e in events if e.get("ph") == "X" and "dur" in e
            and e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver")]
-    calls = [e for e in cpu if e.get("cat") == "cpu_op" and e.get("name") == name]
+    # Only the calls made inside the profiled step (the `decode_step` annotation): the trace also
+    # holds what ran around it (the profiler's warm-up steps leave CPU events behind).
+    region = next(e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                  and e.get("name") == "decode_step")
+    r0 = trace._ns(region["ts"])
+    r1 = r0 + trace._ns(region["dur"])
+    calls = [e for e in cpu if e.get("cat") == "cpu_op" and e.get("name") == name
+             and r0 <= trace._ns(e["ts"]) <= r1]
     by_thread: dict = {}
     for e in cpu:
         s = trace._ns(e["ts"])
         by_thread.setdefault(e["tid"], []).append((s, s + trace._ns(e["dur"]), e))
+    # Sorted by start, so each call looks only at the events that start inside it (bisect),
+    # not at every event of its thread: a 27B eager step has tens of thousands.
+    starts = {}
+    for tid, xs in by_thread.items():
+        xs.sort(key=lambda x: x[0])
+        starts[tid] = [x[0] for x in xs]
     totals, launches, ops = [], [], []
     for c in calls:
         s, end = trace._ns(c["ts"]), trace._ns(c["ts"]) + trace._ns(c["dur"])
-        inner = [(a, b, e) for a, b, e in by_thread[c["tid"]] if s <= a and b <= end and e is not c]
+        xs, st = by_thread[c["tid"]], starts[c["tid"]]
+        window = xs[bisect.bisect_left(st, s):bisect.bisect_right(st, end)]
+        inner = [(a, b, e) for a, b, e in window if b <= end and e is not c]
         launch = sum(b - a for a, b, e in inner if e["cat"] != "cpu_op" and "Launch" in e["name"])
         # operators directly inside: not nested in another operator inside the call
         top, last_end = 0, -1

@@ -68,7 +68,7 @@ RULES: list[tuple[str, re.Pattern]] = [
         + _aten("mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "einsum", "mv", "addmv", "dot",
                 "vdot", "_addmm_activation", "linalg_solve_triangular", "triangular_solve"), re.I)),
     ("copy/convert/concat", re.compile(
-        r"copy|CatArray|concat|indexSelect|index_select|index_elementwise|gather|scatter|"
+        r"copy|^memcpy|CatArray|concat|indexSelect|index_select|index_elementwise|gather|scatter|"
         + _aten("cat", "stack", "hstack", "vstack", "to", "type_as", "clone", "contiguous", "index", "index_put_",
                 "index_put", "embedding", "pad", "constant_pad_nd", "repeat", "repeat_interleave", "roll", "flip",
                 "masked_select", "take",
@@ -152,7 +152,7 @@ def census(kernels: pd.DataFrame) -> pd.DataFrame:
 # Where a kernel's code comes from, judged by its name. Order matters as for kinds.
 SOURCES = ("cuBLAS/cuBLASLt", "cuDNN", "FlashAttention", "flash-linear-attention (Triton)",
            "Triton (torch.compile)", "Triton (ours)",
-           "PyTorch (ATen)", "other")
+           "PyTorch (ATen)", "CUDA driver", "other")
 
 SOURCE_RULES: list[tuple[str, re.Pattern]] = [
     # cuDNN: its SDPA kernels and their helpers (cudnn::fusion::lean_reduction_kernel), and its
@@ -169,6 +169,9 @@ SOURCE_RULES: list[tuple[str, re.Pattern]] = [
     ("PyTorch (ATen)", re.compile(r"at::native::|\bat::|^void \(anonymous namespace\)::|fmha_cutlass"
                                   r"|indexSelect|CatArrayBatchedCopy|elementwise_kernel|reduce_kernel"
                                   r"|^aten::")),  # on a CPU every "kernel" is an ATen operator
+    # The driver's own copy kernels: a memory copy captured in a CUDA graph can run as a kernel
+    # (`memcpy128`, `memcpy32_post` in the H200 runs, CUDA 13 driver 580), not a copy-engine copy.
+    ("CUDA driver", re.compile(r"^memcpy\w*$")),
 ]
 
 

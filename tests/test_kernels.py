@@ -109,6 +109,9 @@ def test_tiny_models_cpu_operators_have_a_kind_and_a_source(tiny_cpu_operators):
      "convolution", "PyTorch (ATen)"),
     ("sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x32", "convolution", "cuDNN"),
     ("void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5>(int)", "convolution", "cuDNN"),
+    # a device-to-device copy captured in a CUDA graph, run by the driver as a kernel (hybrid run, H200)
+    ("memcpy128", "copy/convert/concat", "CUDA driver"),
+    ("memcpy32_post", "copy/convert/concat", "CUDA driver"),
 ])
 def test_rules(name, kind, src):
     assert kernels.classify(name) == kind
