@@ -13,5 +13,5 @@ __version__ = "0.1.0"
 # to the process unless told to tear it down (TEARDOWN_CUPTI=1), and later kernel launches pay
 # for it (pytorch/pytorch#146604). With the lent box's torch 2.11, tearing it down makes every
 # later profile in the process record no kernels, so it stays attached and the harness takes
-# every wall time before the first profile (labsupport.harness). A value set by the user wins.
+# every wall time before the first profile (labsupport.measure.harness). A value set by the user wins.
 os.environ.setdefault("TEARDOWN_CUPTI", "0")

@@ -36,18 +36,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
-    from . import chapters, params, runs
+    from labsupport import chapters, runs
+    from labsupport.ops import params
 
     if args.cmd in ("live", "nightly"):
         given = params.parse_cli(args.param)
     if args.cmd == "live":
-        from . import live
+        from labsupport.ops import live
 
         if args.smoke:
             return live.smoke(args.chapters, given, allow_cpu=args.allow_cpu)
         return live.main(args.chapters, given, allow_cpu=args.allow_cpu, publish=not args.no_publish)
     if args.cmd == "nightly":
-        from . import nightly
+        from labsupport.ops import nightly
 
         return nightly.main(args.chapters, given, allow_cpu=args.allow_cpu, build_book=not args.no_book,
                             timing_threshold=args.timing_threshold, min_kernels=args.min_kernels)
@@ -60,7 +61,7 @@ def _run(args) -> int:
                 print(f"  {r}{'  (published)' if r == pub else ''}")
         return 0
     if args.cmd == "book":
-        from . import bookbuild
+        from labsupport.ops import bookbuild
 
         try:
             html = bookbuild.build()
@@ -70,7 +71,8 @@ def _run(args) -> int:
         print(f"The book is at {html / 'index.html'}")
         return 0
     if args.cmd == "recover":
-        from . import leftovers, lock, nightly
+        from labsupport.ops import leftovers, nightly
+        from labsupport.runs import lock
 
         root = runs.runs_root()
         with lock.held(root, "recover") as lk:
@@ -82,7 +84,9 @@ def _run(args) -> int:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    from . import lock, params, promotion, runs
+    from labsupport.runs import lock, promotion
+    from labsupport.ops import params
+    from labsupport import runs
 
     try:
         return _run(args)

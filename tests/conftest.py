@@ -5,10 +5,20 @@ from pathlib import Path
 import pytest
 
 
-from labsupport import one_token, runs  # noqa: E402
+from labsupport.chapters import kernels_in_one_token as one_token
+from labsupport import runs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "runs"
+# Copies of real H200 runs, one per chapter, frozen for the unit tests: a nightly that changes
+# the published runs does not change what the tests assert (validation checks those).
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runs"
+
+
+def fixture_run(chapter: str) -> runs.Run:
+    """The recorded run of `chapter` kept under tests/fixtures/runs/ (the newest, if several)."""
+    ids = sorted(p.name for p in (FIXTURES / chapter).iterdir() if p.is_dir())
+    return runs.load_run(chapter, ids[-1], root=FIXTURES)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Drive labsupport.nightly fast and break it on purpose, in this process or in a child.
+"""Drive labsupport.ops.nightly fast and break it on purpose, in this process or in a child.
 
 The chapters do not run: `run_chapters` records, as the night's run, a copy of the chapter's
 published run (new run id, same files), and the book build writes a tiny HTML folder that
@@ -21,7 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from labsupport import bookbuild, history, leftovers, live, nightly, promotion, runs
+from labsupport.ops import bookbuild, history, leftovers, live, nightly
+from labsupport.runs import promotion
+from labsupport import runs
 
 CHAPTER = "kernels-in-one-token"
 

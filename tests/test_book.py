@@ -1,7 +1,7 @@
 """The book builds from the recorded runs with warnings as errors, and shows their numbers."""
 import re
 
-from labsupport import one_token
+from labsupport.chapters import kernels_in_one_token as one_token
 
 
 def test_book_shows_the_recorded_numbers(built_book, published):

@@ -8,8 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from labsupport import (chapters, code_to_kernels, hardware, harness, kernel_sources, kernels, launch_overhead,
-                        one_token, runs, status, what_a_kernel, why_a_gpu)
+from labsupport import chapters, runs
+from labsupport.chapters import model_code_to_kernels as code_to_kernels, where_kernels_come_from as kernel_sources, launch_overhead, kernels_in_one_token as one_token, what_a_kernel, why_a_gpu
+from labsupport.measure import hardware, harness
+from labsupport.traces import kernels
+from labsupport.ops import status
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +304,7 @@ def test_l2_and_the_add_out_of_the_cache(run_of, tmp_path):
 
 
 def test_what_a_kernel_times_everything_before_it_profiles(runs_root, calls, monkeypatch):
-    from labsupport import decode, triton_kernels
+    from labsupport.measure import decode, triton_kernels
     monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)
     monkeypatch.setattr(triton_kernels, "add", lambda a, b, block=1024, num_warps=4: a + b)
     params = what_a_kernel.Params(n=4096, hbm_n=8192, burst_n=1024, repeats=3, device="cpu")
@@ -348,7 +351,7 @@ def test_rmsnorm_as_written_and_fused(run_of):
 
 
 def test_code_to_kernels_times_everything_before_it_profiles(runs_root, calls, monkeypatch):
-    from labsupport import triton_kernels
+    from labsupport.measure import triton_kernels
     monkeypatch.setattr(triton_kernels, "rmsnorm", torch_rmsnorm)
     run = code_to_kernels.record(code_to_kernels.Params(preset="tiny", repeats=3, device="cpu"), allow_cpu=True,
                                  progress=lambda m: None)

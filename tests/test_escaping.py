@@ -13,7 +13,9 @@ import papermill as pm
 import pytest
 from markdown_it import MarkdownIt
 
-from labsupport import book, chapters, drift, one_token, runs, status
+from labsupport import glue as book, chapters, runs
+from labsupport.ops import drift, status
+from labsupport.chapters import kernels_in_one_token as one_token
 
 from .conftest import RUNS
 

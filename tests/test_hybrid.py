@@ -2,7 +2,9 @@
 profiled on a CPU at toy size with the existing pipeline."""
 import os
 
-from labsupport import decode, kernels, models, one_token, trace
+from labsupport.measure import decode, models
+from labsupport.traces import kernels, trace
+from labsupport.chapters import kernels_in_one_token as one_token
 
 
 def test_27b_hybrid_preset_counts():
@@ -22,7 +24,7 @@ def test_tiny_hybrid_decode_step_profiles_by_layer_type(tmp_path):
     prompt = decode.Prompt.random(m.config.vocab_size, 1, 16, "cpu")
     path = tmp_path / "t.json.gz"
     decode.profile_decode_step(m, prompt, "cpu", path, warmup=1)
-    k = one_token.annotate_kernels(trace.read_kernels(path, device="cpu"))
+    k = kernels.annotate(trace.read_kernels(path, device="cpu"))
     types = dict(enumerate(m.config.layer_types))
     k = k.dropna(subset=["layer"])
     by_type = k.assign(layer_type=k.layer.map(lambda i: types[int(i)])).groupby("layer_type").part.apply(set)
@@ -37,7 +39,9 @@ def test_tiny_hybrid_decode_step_profiles_by_layer_type(tmp_path):
 
 import pytest  # noqa: E402
 
-from labsupport import gated_deltanet, hybrid, runs  # noqa: E402
+from labsupport.measure import gated_deltanet
+from labsupport.chapters import hybrid_model_token as hybrid
+from labsupport import runs  # noqa: E402
 
 
 def test_backend_switch_restores_transformers_choice():
@@ -146,7 +150,7 @@ def test_compiled_steps_survive_the_backend_switch():
     import torch
     import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
 
-    from labsupport.launch_overhead import StaticStep, graphs_compiled
+    from labsupport.chapters.launch_overhead import StaticStep, graphs_compiled
 
     model = models.build_model("tiny-hybrid")
     ids = decode.Prompt.random(model.config.vocab_size, 1, 8, "cpu").ids
@@ -324,7 +328,8 @@ def test_recorded_host_time_of_a_call(h200_run):
 
 
 def test_beside_published_on_each_gpus_own_limit(h200_run):
-    from labsupport import hardware, published
+    from labsupport.measure import hardware
+    from labsupport.chapters import published
 
     pub = published.HYBRID_27B_VLLM_HEADLINE
     b = hybrid.beside_published(h200_run)

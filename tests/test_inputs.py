@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from labsupport import bookbuild, history, runs, validate, chapters
+from labsupport.ops import bookbuild, history, validate
+from labsupport import runs, chapters
 
 from .conftest import REPO, RUNS, tree_bytes
 

@@ -10,8 +10,11 @@ import nbformat
 import pandas as pd
 import pytest
 
-from labsupport import kernel_sources as ch
-from labsupport import harness, kernels, one_token, profiler, runs
+from labsupport.chapters import where_kernels_come_from as ch
+from labsupport.measure import harness, profiler
+from labsupport.traces import kernels
+from labsupport.chapters import kernels_in_one_token as one_token
+from labsupport import runs
 
 from .conftest import REPO
 

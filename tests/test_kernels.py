@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from labsupport import kernels
+from labsupport.traces import kernels
 
 
 def test_every_recorded_kernel_gets_a_real_kind(published_kernels):
@@ -58,7 +58,8 @@ def tiny_cpu_operators():
     import tempfile
     from pathlib import Path
 
-    from labsupport import decode, models, trace
+    from labsupport.measure import decode, models
+    from labsupport.traces import trace
 
     names = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from labsupport import kernels, trace
+from labsupport.traces import kernels, trace
 
 RUNS = Path(__file__).resolve().parent.parent / "runs"
 

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from labsupport import hardware, harness, runs, steps
-from labsupport import launch_overhead as lo
+from labsupport.measure import hardware, harness, steps
+from labsupport import runs
+from labsupport.chapters import launch_overhead as lo
 
 
 def watch_harness(mp: pytest.MonkeyPatch, calls: list, fail_profile=None):
@@ -130,7 +131,7 @@ def test_two_compiled_modes_keep_their_own_entries():
     for its profile, runs without recompiling (no torch._dynamo.reset() between them)."""
     import torch
 
-    from labsupport import decode, models
+    from labsupport.measure import decode, models
 
     model = models.build_model("tiny")
     ids = decode.Prompt.random(model.config.vocab_size, 1, 8, "cpu").ids

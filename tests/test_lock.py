@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from labsupport import leftovers, lock, runs
+from labsupport.ops import leftovers
+from labsupport.runs import lock
+from labsupport import runs
 
 from . import nightly_driver as driver
 from .conftest import REPO, tree_bytes
@@ -17,7 +19,7 @@ from .test_nightly_failures import Night
 HOLD = """
 import sys, time
 from pathlib import Path
-from labsupport import lock
+from labsupport.runs import lock
 lk = lock.acquire(Path(sys.argv[1]), "nightly")
 lk.note(run_id="20990101T000000Z-h200")
 print("held", flush=True)
@@ -88,7 +90,7 @@ def test_two_nightlies_at_once_leave_the_first_one_whole(tmp_path, monkeypatch):
     the first one's run nor fail with a traceback."""
     n = Night(tmp_path)
     env = {**os.environ, "LABSUPPORT_RUNS": str(n.root), "PYTHONPATH": str(REPO)}
-    slow = ("import sys, time; from tests import nightly_driver as d; from labsupport import nightly;"
+    slow = ("import sys, time; from tests import nightly_driver as d; from labsupport.ops import nightly;"
             "real = nightly.validate_runs;"
             "nightly.validate_runs = lambda *a, **k: (time.sleep(8), real(*a, **k))[1];"
             "sys.exit(d.main(sys.argv[1:]))")

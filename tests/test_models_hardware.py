@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from labsupport import hardware, models
+from labsupport.measure import hardware, models
 
 
 def test_qwen3_8b_counts_match_the_published_model():

@@ -131,7 +131,7 @@ def test_smoke_runs_chapters_small_into_a_scratch_folder_and_publishes_nothing(e
 
 
 def test_a_failed_smoke_chapter_fails_the_command(monkeypatch, copied_runs, tmp_path, capsys):
-    from labsupport import live
+    from labsupport.ops import live
 
     monkeypatch.setattr(live, "SMOKE_DIR", tmp_path / "smoke")
     monkeypatch.setattr(live, "check_gpu", lambda allow_cpu: None)

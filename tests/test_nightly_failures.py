@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from labsupport import history, leftovers, lock, nightly, promotion, runs, status
+from labsupport.ops import history, leftovers, nightly, status
+from labsupport.runs import lock, promotion
+from labsupport import runs
 
 from . import nightly_driver as driver
 from .conftest import REPO, RUNS, tree_bytes
@@ -226,7 +228,7 @@ def test_a_failed_nights_report_never_reaches_the_status_page(night, capsys, mon
 
 
 def test_a_book_that_does_not_build_stops_the_night(night, capsys, monkeypatch):
-    from labsupport import bookbuild
+    from labsupport.ops import bookbuild
 
     def broken(**kw):
         raise bookbuild.BuildError("RunError: /x/kernels.csv lacks column op (full log: /x/book.log)")
@@ -241,7 +243,7 @@ def test_a_book_that_does_not_build_stops_the_night(night, capsys, monkeypatch):
 
 
 def test_live_publishes_run_and_history_in_one_step(night, capsys, monkeypatch):
-    from labsupport import live
+    from labsupport.ops import live
 
     def fake_run_chapter(ch, run_id, params, log_dir, root=None):
         driver.fake_run_chapters([ch], run_id, params, log_dir)

@@ -9,7 +9,8 @@ import statistics
 
 import pytest
 
-from labsupport import one_token, prefill_decode, runs
+from labsupport.chapters import kernels_in_one_token as one_token, prefill_vs_decode as prefill_decode
+from labsupport import runs
 
 
 def _harnessed(run: runs.Run) -> bool:

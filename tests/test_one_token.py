@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 import torch
 
-from labsupport import decode, one_token
+from labsupport.measure import decode
+from labsupport.chapters import kernels_in_one_token as one_token
 
 from .conftest import tree_bytes
 

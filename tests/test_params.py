@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from labsupport import chapters, params
+from labsupport import chapters
+from labsupport.ops import params
 
 from .conftest import REPO, tree_bytes
 

@@ -12,8 +12,11 @@ import papermill as pm
 import pytest
 import torch
 
-from labsupport import chapters, decode, hardware, harness, kernels, models, runs, trace, validate
-from labsupport import prefill_decode as ch
+from labsupport import chapters, runs
+from labsupport.measure import decode, hardware, harness, models
+from labsupport.traces import kernels, trace
+from labsupport.ops import validate
+from labsupport.chapters import prefill_vs_decode as ch
 
 from .conftest import REPO
 

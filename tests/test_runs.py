@@ -5,7 +5,8 @@ import os
 import pandas as pd
 import pytest
 
-from labsupport import provenance, runs
+from labsupport.runs import provenance
+from labsupport import runs
 
 from .conftest import tree_bytes
 
@@ -137,7 +138,7 @@ def test_a_run_holds_plain_files_only(tmp_path):
 
 
 def test_history_rows_are_appended_to_the_bytes_as_they_were(tmp_path):
-    from labsupport import history
+    from labsupport.ops import history
 
     (tmp_path / "history.csv").write_text(",".join(history.COLUMNS) + "\nlive 1,ch,r,t,g,m,0.1000000000000000055511\n")
     old = (tmp_path / "history.csv").read_bytes()

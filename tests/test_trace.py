@@ -4,7 +4,8 @@ import gzip
 import pandas as pd
 import pytest
 
-from labsupport import one_token, trace
+from labsupport.chapters import kernels_in_one_token as one_token
+from labsupport.traces import kernels, trace
 
 
 def test_busy_is_the_union_of_intervals():
@@ -25,7 +26,7 @@ def test_census_recomputed_from_raw_trace_matches_committed_table(published):
 
 
 def test_kernel_table_recomputed_from_raw_trace_matches_committed(published, published_kernels):
-    again = one_token.annotate_kernels(trace.read_kernels(published.file(one_token.TRACE_FILE)))
+    again = kernels.annotate(trace.read_kernels(published.file(one_token.TRACE_FILE)))
     cols = ["name", "start_ns", "end_ns", "dur_ns", "stream", "grid", "block", "correlation", "op", "module", "kind"]
     pd.testing.assert_frame_equal(again[cols], published_kernels[cols], check_dtype=False)
 

@@ -6,8 +6,9 @@ import math
 import matplotlib.pyplot as plt
 import pytest
 
-from labsupport import hardware, models, runs
-from labsupport import why_a_gpu as ch
+from labsupport.measure import hardware, models
+from labsupport import runs
+from labsupport.chapters import why_a_gpu as ch
 
 from .test_chapters_measured import derived_run, new_style_sweep
 
@@ -209,7 +210,7 @@ def test_figures_build(any_run):
 def test_matmul_choice_per_batch_on_a_run_that_recorded_it():
     """Runs recorded since the sweep keeps each batch size's matrix-multiply kernels: the text
     names the kernels and their time at both batch sizes, and the table adds up to the sweep."""
-    from labsupport import why_a_gpu
+    from labsupport.chapters import why_a_gpu
 
     run = why_a_gpu.load()
     if "batch_matmuls.csv" not in run.meta["files"]:

@@ -1,0 +1,242 @@
+"""Chapter "Where kernels come from": which library each kernel of a decode step comes
+from, a fusion made by torch.compile, and the attention backends side by side.
+
+Live: RMSNorm (transformers' Qwen3RMSNorm, one token) eager and compiled, and one decode
+step's attention under each SDPA backend at each context, are all timed first (CUDA events
+and the host clock, before anything is profiled in the process: labsupport.measure.harness), then
+profiled. The decode step whose kernels are sorted by source is the run of the chapter
+"The kernels in one token".
+
+Replay: the analysis below reads the run's tables:
+
+    fusion_kernels.csv       every kernel of both RMSNorm variants
+    fusion_times.csv         per variant: kernels, µs per call (CUDA events; newer runs: host
+                             clock, issue time, repeats, clean)
+    fused_rmsnorm_source.py  the code torch.compile generated
+    attention_backends.csv   per backend and context: status, kernels, GPU time, µs per call
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from labsupport.measure import harness, models, profiler
+from labsupport.traces import kernels
+from labsupport import runs
+
+CHAPTER = "where-kernels-come-from"
+FUSED_SOURCE = "fused_rmsnorm_source.py"
+BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+
+@dataclass
+class Params:
+    """What one run of the chapter measures."""
+
+    preset: str = "qwen3-8b"
+    contexts: list[int] = field(default_factory=lambda: [256, 4096])
+    repeats: int = 100         # timed calls of each RMSNorm variant and each attention backend
+    device: str = "cuda"
+
+
+def _progress(msg: str) -> None:
+    print(f"[{CHAPTER}] {msg}", flush=True)
+
+
+def by_source(k: pd.DataFrame) -> pd.DataFrame:
+    """Kernel count and GPU time by source library (a `name` and `dur_ns` table), with each
+    source's example kernel: its most time-consuming one (the name whose launches add up to
+    the most GPU time, kernels.top_kernels)."""
+    k = k.assign(source=k["name"].map(kernels.source))
+    g = k.groupby("source")["dur_ns"].agg(kernels="count", gpu_ns="sum")
+    g = g.reindex([s for s in kernels.SOURCES if s in g.index])
+    g["GPU ms"] = g["gpu_ns"] / 1e6
+    g["share of GPU time"] = g["gpu_ns"] / g["gpu_ns"].sum()
+    top = kernels.top_kernels(k, "source")
+    g["example kernel"] = [kernels.short_name(top[s]) for s in g.index]
+    return g.drop(columns="gpu_ns")
+
+
+def _fusion(hidden: int, eps: float) -> tuple[dict, str, float]:
+    """RMSNorm as transformers writes it, and compiled by torch.compile: the two callables,
+    the generated source and the largest difference between their outputs."""
+    import torch
+    from torch._inductor.utils import run_and_get_code
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    norm = Qwen3RMSNorm(hidden, eps=eps).to(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(norm)
+    with torch.inference_mode():
+        _, codes = run_and_get_code(compiled, x)
+        err = (compiled(x).float() - norm(x).float()).abs().max().item()
+    variants = {"eager (as written)": lambda: norm(x), "torch.compile": lambda: compiled(x)}
+    return variants, "\n\n".join(codes), err
+
+
+def _attention(heads: int, kv_heads: int, head_dim: int, ctx: int) -> dict[str, tuple]:
+    """One decode step's attention (one query token) under each SDPA backend: for each,
+    (callable, largest difference from an FP32 reference), or (None, why it is not available)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, heads, 1, head_dim, device="cuda", dtype=torch.bfloat16)
+    # transformers repeats the KV heads to match the query heads before calling SDPA.
+    k = torch.randn(1, kv_heads, ctx, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    k = k.repeat_interleave(heads // kv_heads, dim=1)
+    v = v.repeat_interleave(heads // kv_heads, dim=1)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    out = {}
+    for backend in BACKENDS:
+        def fn(backend=backend):
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                return F.scaled_dot_product_attention(q, k, v)
+        try:
+            diff = (fn().float() - ref).abs().max().item()
+        except RuntimeError as e:
+            msg = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            out[backend] = (None, f"not available: {msg[:160]}")
+            continue
+        out[backend] = (fn, diff)
+    return out
+
+
+def _time(fn, what: str, repeats: int, warmup: int) -> dict:
+    """Per-call times of fn() in µs (labsupport.measure.harness: before any profile in the process)."""
+    t = harness.time_region(fn, what=what, device="cuda", repeats=repeats, warmup=warmup)
+    return {"us_median": statistics.median(t.gpu_ms) * 1e3, "wall_us_median": t.median * 1e3,
+            "issue_us_median": statistics.median(t.issue_ms) * 1e3, "repeats": repeats, "clean": t.clean}
+
+
+def record(params: Params | None = None, run_id: str | None = None, progress=_progress) -> runs.Run:
+    """Measure this GPU now and write a new run (not published). Returns the run.
+
+    First every timing (RMSNorm eager and compiled; attention under each backend at each
+    context), before anything is profiled in the process; then the profiles of the same
+    calls, which give the kernels."""
+    import torch
+
+    params = params or Params()
+    cfg = models.preset_config(params.preset)
+    harness.for_chapter(CHAPTER)
+    # Inference mode throughout, as RMSNorm was compiled in it (outside, torch.compile would
+    # compile it again, for autograd).
+    with runs.live_writer(CHAPTER, params, run_id) as w, torch.inference_mode():
+        w.extra["method"] = harness.method()
+        progress("torch.compile fuses RMSNorm: compiling")
+        fusion, code, err = _fusion(cfg["hidden_size"], cfg["rms_norm_eps"])
+        (w.path / FUSED_SOURCE).write_text(code)
+        w.extra["fusion_max_abs_diff"] = err
+        attention = {ctx: _attention(cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], ctx)
+                     for ctx in params.contexts}
+
+        # 1. Every timing, before the first profile in this process.
+        progress(f"timing RMSNorm, eager and compiled ({params.repeats} calls each)")
+        fusion_times = {name: _time(fn, f"RMSNorm, {name}", params.repeats, warmup=10) for name, fn in fusion.items()}
+        progress(f"timing attention under each SDPA backend at contexts {params.contexts}")
+        attention_times = {(ctx, b): _time(fn, f"SDPA {b}, context {ctx}", params.repeats, warmup=5)
+                           for ctx, by_backend in attention.items() for b, (fn, _) in by_backend.items() if fn}
+
+        # 2. Then the profiles.
+        tmp = w.path / ".t.json.gz"
+        tables, rows = [], []
+        for name, fn in fusion.items():
+            k = profiler.kernels_of(fn, tmp, origin="rmsnorm")
+            k["variant"] = name
+            tables.append(k)
+            rows.append({"variant": name, "kernels": len(k), **fusion_times[name]})
+        k = pd.concat(tables, ignore_index=True)
+        k["kind"] = k["name"].map(kernels.classify)
+        w.write_table("fusion_kernels", k)
+        w.write_table("fusion_times", pd.DataFrame(rows))
+        progress(f"  RMSNorm: {rows[0]['kernels']} kernels eager, {rows[1]['kernels']} compiled")
+        rows = []
+        for ctx, by_backend in attention.items():
+            for backend, (fn, diff_or_why) in by_backend.items():
+                if fn is None:
+                    rows.append({"backend": backend, "context": ctx, "status": diff_or_why})
+                    continue
+                kt = profiler.kernels_of(fn, tmp, origin="sdpa")
+                rows.append({"backend": backend, "context": ctx, "status": "ok", "kernels": len(kt),
+                             "kernel_names": ";".join(dict.fromkeys(kt["name"])), "gpu_ns": int(kt["dur_ns"].sum()),
+                             **attention_times[(ctx, backend)], "max_abs_diff": diff_or_why})
+        w.write_table("attention_backends", pd.DataFrame(rows))
+        tmp.unlink(missing_ok=True)
+    return runs.load_run(CHAPTER, w.run_id)
+
+
+def load(run_id: str | None = None) -> runs.Run:
+    return runs.load_run(CHAPTER, run_id)
+
+
+def fused_kernel_excerpt(run: runs.Run, lines: int = 40) -> str:
+    """The generated Triton kernel (the @triton.jit function) from the recorded source."""
+    src = run.file(FUSED_SOURCE).read_text().splitlines()
+    start = next((i for i, ln in enumerate(src) if ln.startswith("@triton.jit")), None)
+    if start is None:
+        start = next((i for i, ln in enumerate(src) if "def triton_" in ln), 0)
+    out = []
+    for ln in src[start:]:
+        if out and ln and not ln[0].isspace() and not ln.startswith(("@", "def ")):
+            break
+        out.append(ln)
+        if len(out) >= lines:
+            break
+    return "\n".join(out).rstrip()
+
+
+def fusion_kernels(run: runs.Run) -> pd.DataFrame:
+    """The kernels of RMSNorm, eager and compiled: short name, source and kind (today's rules)."""
+    k = run.table("fusion_kernels")
+    return pd.DataFrame({"variant": k["variant"], "kernel": k["name"].map(lambda n: kernels.short_name(n, 46)),
+                         "source": k["name"].map(kernels.source), "kind": k["name"].map(kernels.classify),
+                         "µs": (k["dur_ns"] / 1e3).round(2)})
+
+
+def timing_note(run: runs.Run) -> str:
+    """How the run's per-call times were taken, in a sentence for the chapter."""
+    t = run.table("fusion_times")
+    if "clean" not in t.columns:
+        return ("This run was recorded before the chapter timed everything ahead of its profiles: each "
+                "per-call time was taken right after that call had been profiled, in a process where the "
+                "profiler stays attached, so it includes the profiler's cost on every launch (the methodology "
+                "page says more).")
+    a = run.table("attention_backends")
+    ok = a[a["status"] == "ok"]
+    clean = bool(t["clean"].all() and ok["clean"].all())
+    n = sorted({int(r) for r in pd.concat([t["repeats"], ok["repeats"]])})
+    calls = " or ".join(f"{r:,}" for r in n)
+    return (f"Every per-call time is the median of {calls} timed calls, with CUDA events around each, "
+            + ("taken before anything was profiled in the process." if clean else
+               "but some were taken after a profile in the same process, with the profiler attached."))
+
+
+def attention_backends(run: runs.Run) -> pd.DataFrame:
+    a = run.table("attention_backends")
+    def names(s):
+        found = [kernels.short_name(n, 40) for n in s.split(";") if n]
+        return "; ".join(found) if len(found) <= 2 else f"{found[0]}; {found[1]}; … ({len(found)} distinct)"
+
+    a["kernel"] = a.kernel_names.fillna("").map(names)
+    a["source"] = a.kernel_names.fillna("").map(lambda s: "; ".join(dict.fromkeys(kernels.source(n) for n in s.split(";") if n)))
+    return a
+
+
+def headline(run: runs.Run) -> dict:
+    t = run.table("fusion_times")
+    a = run.table("attention_backends")
+    return {"RMSNorm kernels eager": int(t.kernels.iloc[0]), "RMSNorm kernels compiled": int(t.kernels.iloc[1]),
+            "attention backends available": int(a.loc[a.status == "ok", "backend"].nunique())}
+
+
+def fusion_table(run: runs.Run) -> pd.DataFrame:
+    """RMSNorm eager vs compiled: kernels, GPU time (profiler) and time per call."""
+    k = run.table("fusion_kernels")
+    gpu = k.groupby("variant").dur_ns.sum() / 1e3
+    t = run.table("fusion_times")
+    return pd.DataFrame({"variant": t.variant, "kernels": t.kernels, "GPU µs (profiler)": t.variant.map(gpu).values,
+                         "per call µs (CUDA events)": t.us_median})

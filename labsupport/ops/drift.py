@@ -1,0 +1,137 @@
+"""Compare a new run of a chapter with the published one: structural changes (kernel
+counts and names, by kind and by source) apart from timing noise (headline numbers that
+moved by more than a threshold).
+
+The markdown report escapes everything that comes from run data (kernel names above all), so
+the status page renders it as text, never as HTML."""
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from labsupport.traces import kernels
+from labsupport import runs
+from labsupport.chapters import Chapter
+
+DEFAULT_TIMING_THRESHOLD = 0.25   # relative change of a headline number still called noise
+
+
+@dataclass
+class ChapterDrift:
+    chapter: str
+    old_run: str | None
+    new_run: str
+    structural: list[dict] = field(default_factory=list)
+    timing: list[dict] = field(default_factory=list)
+
+    @property
+    def moved(self) -> list[dict]:
+        return [t for t in self.timing if t["moved"]]
+
+
+def _kernel_tables(run: runs.Run) -> dict[str, pd.DataFrame]:
+    """Every kernel table of a run: its CSV kernel tables, and the kernels of each raw
+    profiler trace (chapters such as the hybrid one keep their kernels in traces only)."""
+    from labsupport.traces import trace
+
+    out = {}
+    device = run.provenance.get("device", "cuda")
+    for name in sorted(run.meta.get("files", {})):
+        if name.endswith(".csv"):
+            df = run.table(name[:-4])
+            if {"name", "dur_ns"} <= set(df.columns):
+                out[name] = df
+        elif name.endswith(".json.gz"):
+            out[name] = trace.read_kernels(run.file(name), device=device)
+    return out
+
+
+def _counts(df: pd.DataFrame, by) -> dict:
+    return df.name.map(by).value_counts().to_dict()
+
+
+def compare(chapter: Chapter, new: runs.Run, old: runs.Run | None,
+            threshold: float = DEFAULT_TIMING_THRESHOLD) -> ChapterDrift:
+    d = ChapterDrift(chapter.slug, old.run_id if old else None, new.run_id)
+    if old is None:
+        return d
+    new_k, old_k = _kernel_tables(new), _kernel_tables(old)
+    for table in sorted(set(new_k) | set(old_k)):
+        if table not in new_k or table not in old_k:
+            d.structural.append({"table": table, "what": "table", "old": table in old_k, "new": table in new_k})
+            continue
+        a, b = old_k[table], new_k[table]
+        if len(a) != len(b):
+            d.structural.append({"table": table, "what": "kernels", "old": len(a), "new": len(b)})
+        for label, fn in (("kind", kernels.classify), ("source", kernels.source)):
+            ca, cb = _counts(a, fn), _counts(b, fn)
+            for key in sorted(set(ca) | set(cb)):
+                if ca.get(key, 0) != cb.get(key, 0):
+                    d.structural.append({"table": table, "what": f"{label}: {key}",
+                                         "old": ca.get(key, 0), "new": cb.get(key, 0)})
+        na, nb = set(a.name.map(kernels.short_name)), set(b.name.map(kernels.short_name))
+        for name in sorted(nb - na):
+            d.structural.append({"table": table, "what": f"new kernel {name}", "old": 0,
+                                 "new": int((b.name.map(kernels.short_name) == name).sum())})
+        for name in sorted(na - nb):
+            d.structural.append({"table": table, "what": f"kernel gone {name}",
+                                 "old": int((a.name.map(kernels.short_name) == name).sum()), "new": 0})
+    h_new, h_old = chapter.headline(new), chapter.headline(old)
+    for key in h_new:
+        if key not in h_old:
+            continue
+        o, n = float(h_old[key]), float(h_new[key])
+        rel = (n - o) / o if o else float("inf") if n else 0.0
+        d.timing.append({"metric": key, "old": o, "new": n, "change": rel, "moved": abs(rel) > threshold})
+    return d
+
+
+def from_json(text: str) -> tuple[list[ChapterDrift], float]:
+    """The drifts and threshold of a report written by to_json."""
+    data = json.loads(text)
+    return [ChapterDrift(**d) for d in data["chapters"]], float(data["timing_threshold"])
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+
+
+def md_text(value) -> str:
+    """`value` as literal markdown text: HTML escaped, markdown punctuation backslashed."""
+    return _MD_SPECIAL.sub(r"\\\1", html.escape(str(value), quote=False)).replace("\n", " ")
+
+
+def md_code(value) -> str:
+    """`value` as a markdown code span (which shows HTML as text)."""
+    return "`" + str(value).replace("`", "'").replace("\n", " ") + "`"
+
+
+def to_json(drifts: list[ChapterDrift], threshold: float) -> str:
+    return json.dumps({"timing_threshold": threshold, "chapters": [asdict(d) for d in drifts]}, indent=2,
+                      default=float) + "\n"
+
+
+def to_markdown(drifts: list[ChapterDrift], threshold: float, title: str) -> str:
+    lines = [f"# {title}", "",
+             f"Structural changes are any change in kernel counts or names; a headline number counts as "
+             f"moved when it changed by more than {threshold:.0%}.", ""]
+    for d in drifts:
+        lines += [f"## {md_text(d.chapter)}", "",
+                  f"new run {md_code(d.new_run)} against published run {md_code(d.old_run or 'none')}", ""]
+        if d.old_run is None:
+            lines += ["No published run to compare with.", ""]
+            continue
+        if d.structural:
+            lines += ["| table | change | published | new |", "|---|---|---|---|"]
+            lines += [f"| {md_text(s['table'])} | {md_text(s['what'])} | {md_text(s['old'])} | {md_text(s['new'])} |"
+                      for s in d.structural]
+        else:
+            lines.append("No structural change: the same kernels, by kind and by source.")
+        lines += ["", "| headline number | published | new | change | |", "|---|---|---|---|---|"]
+        lines += [f"| {md_text(t['metric'])} | {t['old']:.4g} | {t['new']:.4g} | {t['change']:+.1%} | "
+                  f"{'**moved**' if t['moved'] else 'noise'} |" for t in d.timing]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,220 @@
+"""Run chapter notebooks live through papermill: each records a new run, which is
+published only once its notebook has finished without error (through labsupport.runs.promotion,
+together with its history rows), under the runs folder's lock.
+
+`--smoke` runs the chapters with their smallest parameters (chapters.py) into a scratch runs
+folder, checks each run, and publishes nothing.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from labsupport import chapters, runs
+from labsupport.ops import history, leftovers
+from labsupport.runs import lock, promotion
+from labsupport.runs.provenance import REPO_ROOT
+
+LOG_DIR = REPO_ROOT / "build" / "live"
+SMOKE_DIR = Path(os.environ.get("LABSUPPORT_SMOKE_DIR", REPO_ROOT / "build" / "smoke"))
+
+
+class LiveRunError(RuntimeError):
+    """A chapter notebook failed during a live run."""
+
+
+def check_gpu(allow_cpu: bool) -> None:
+    """Stop before starting any notebook when there is no GPU to measure."""
+    import torch
+
+    if not torch.cuda.is_available() and not allow_cpu:
+        raise SystemExit("live mode needs a CUDA GPU and none is visible; the book replays the "
+                         "recorded runs instead (make book)")
+
+
+def gpu_tag() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0).replace("NVIDIA", "") if torch.cuda.is_available() else "cpu"
+
+
+def fresh_run_id(log_root: Path) -> str:
+    """A new run id, its log folder created (waits out the second if the folder exists)."""
+    while True:
+        run_id = runs.new_run_id(gpu_tag())
+        try:
+            (log_root / run_id).mkdir(parents=True)
+            return run_id
+        except FileExistsError:
+            time.sleep(0.5)
+
+
+def set_environment() -> None:
+    """The notebook kernels import this checkout's labsupport and record the command."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    os.environ.setdefault("LABSUPPORT_COMMAND", " ".join(shlex.quote(a) for a in ["python", "-m", "labsupport", *sys.argv[1:]]))
+
+
+def run_chapter(chapter: chapters.Chapter, run_id: str, parameters: dict, log_dir: Path,
+                root: Path | None = None) -> Path:
+    """Execute one chapter notebook live, recording run `run_id` (never published here);
+    returns the executed notebook's path."""
+    import papermill as pm
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = log_dir / Path(chapter.notebook).name
+    params = {**parameters, "mode": "live", "run_id": run_id}
+    try:
+        pm.execute_notebook(str(chapter.path), str(out), parameters=params, cwd=str(chapter.path.parent),
+                            kernel_name="python3", progress_bar=True, log_output=True,
+                            request_save_on_cell_execute=True)
+    except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback
+        first = str(e).strip().splitlines()
+        reason = next((ln for ln in reversed(first) if ln.strip()), type(e).__name__)
+        raise LiveRunError(f"{chapter.slug}: notebook failed ({reason}); executed notebook kept at {out}") from None
+    try:
+        runs.load_run(chapter.slug, run_id, root)  # the notebook must have written a whole run
+    except runs.RunError as e:
+        raise LiveRunError(f"{chapter.slug}: {e}") from None
+    return out
+
+
+def run_logged(chapter: chapters.Chapter, run_id: str, parameters: dict, out_dir: Path,
+               root: Path | None = None) -> Path:
+    """run_chapter, with papermill's log of the notebook in <out_dir>/<slug>.log."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(out_dir / f"{chapter.slug}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logger = logging.getLogger("papermill")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        return run_chapter(chapter, run_id, parameters, out_dir, root)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        handler.close()
+
+
+def publish_run(root: Path, chapter: chapters.Chapter, run: runs.Run, seconds: float) -> None:
+    """Publish one live run and its history rows in one step."""
+    manifest = {**runs.published(root), chapter.slug: run.run_id}
+    rows = history.rows_for(f"live {run.run_id}", chapter, run, seconds)
+    p = promotion.stage(root, run.run_id, manifest, {"history.csv": history.with_rows(rows, root)})
+    try:
+        promotion.commit(p)
+    except BaseException:
+        if not promotion.flipped(p):
+            promotion.discard(p, p.stage)
+        raise
+
+
+def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: bool = True) -> int:
+    check_gpu(allow_cpu)
+    selected = chapters.find(names)
+    from labsupport.ops import params
+
+    per_chapter = params.resolve(selected, parameters, allow_cpu)  # ParamError before anything runs
+    root = runs.runs_root()
+    try:
+        lk = lock.acquire(root, "live" if publish else "live --no-publish")
+    except lock.Busy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        return _live(lk, root, selected, per_chapter, publish)
+    finally:
+        lock.release(lk)
+
+
+def _live(lk, root: Path, selected, per_chapter: dict, publish: bool) -> int:
+    from labsupport.ops import nightly
+
+    for line in leftovers.recover(root, lk.stale, nightly.BOOK_DIR, nightly.NIGHTLY_DIR):
+        print(f"before running: {line}", flush=True)
+    runs.published(root)   # a damaged manifest or history stops here, before any chapter runs
+    history.read(root)
+    run_id = fresh_run_id(LOG_DIR)
+    log_dir = LOG_DIR / run_id
+    # A killed `live` leaves runs its next holder sets aside; `--no-publish` runs are kept.
+    lk.note(run_id=run_id, aside=str(log_dir / "failed-runs"), keep_runs=not publish)
+    set_environment()
+    total = time.perf_counter()
+    for i, ch in enumerate(selected, 1):
+        print(f"[{i}/{len(selected)}] {ch.slug}: running {ch.notebook} live (run {run_id})", flush=True)
+        t = time.perf_counter()
+        try:
+            run_chapter(ch, run_id, per_chapter[ch.slug], log_dir, root)
+            seconds = time.perf_counter() - t
+            if publish:
+                publish_run(root, ch, runs.load_run(ch.slug, run_id, root), seconds)
+        except (LiveRunError, runs.RunError) as e:
+            print(f"error: {e}; the published runs are unchanged", file=sys.stderr)
+            return 1
+        except promotion.PromotionError as e:
+            print(f"error: {ch.slug}: run {run_id} {e}; `python -m labsupport recover` finishes it", file=sys.stderr)
+            return 1
+        except Exception as e:
+            print(f"error: {ch.slug}: publishing run {run_id} failed ({type(e).__name__}: {e}); "
+                  f"the published runs are unchanged", file=sys.stderr)
+            return 1
+        verb = "published" if publish else "recorded"
+        print(f"[{i}/{len(selected)}] {ch.slug}: {verb} run {run_id} in {seconds:.0f} s", flush=True)
+    print(f"live run done in {time.perf_counter() - total:.0f} s; executed notebooks in {log_dir}", flush=True)
+    return 0
+
+
+def smoke(names: list[str], parameters: dict, allow_cpu: bool = False) -> int:
+    """Every (or each named) chapter live with its smallest parameters, into a scratch runs
+    folder beside copies of the published runs; each run checked; nothing published."""
+    import torch
+
+    from labsupport.ops import params, validate
+
+    check_gpu(allow_cpu)
+    selected = chapters.find(names)
+    on_cpu = allow_cpu and not torch.cuda.is_available()
+    plans, skipped = {}, {}
+    for ch in selected:
+        if on_cpu and "allow_cpu" not in params.notebook_parameters(ch):
+            skipped[ch.slug] = "no CPU path (the notebook has no allow_cpu parameter)"
+            continue
+        given = {**ch.smoke, **(ch.cpu if on_cpu else {})}
+        plans[ch.slug] = params.for_chapter(ch, given, allow_cpu)
+    user = params.resolve(selected, parameters, allow_cpu) if parameters else {}
+    for slug in plans:
+        plans[slug].update(user.get(slug, {}))
+    run_id = fresh_run_id(SMOKE_DIR)
+    root = SMOKE_DIR / run_id / "runs"
+    runs.copy_published(root)  # chapters may read other chapters' published runs
+    os.environ["LABSUPPORT_RUNS"] = str(root)
+    set_environment()
+    results = []
+    for i, ch in enumerate(selected, 1):
+        if ch.slug in skipped:
+            results.append((ch.slug, "skip", 0.0, skipped[ch.slug]))
+            print(f"[{i}/{len(selected)}] {ch.slug}: skipped: {skipped[ch.slug]}", flush=True)
+            continue
+        print(f"[{i}/{len(selected)}] {ch.slug}: smoke run with {plans[ch.slug]}", flush=True)
+        t = time.perf_counter()
+        try:
+            run_logged(ch, run_id, plans[ch.slug], SMOKE_DIR / run_id, root)
+            problems = validate.check_run(ch, runs.load_run(ch.slug, run_id, root))
+            status, note = ("pass", "") if not problems else ("fail", f"validation: {problems[0]}")
+        except (LiveRunError, runs.RunError) as e:
+            status, note = "fail", str(e)
+        seconds = time.perf_counter() - t
+        results.append((ch.slug, status, seconds, note))
+        print(f"[{i}/{len(selected)}] {ch.slug}: {status} in {seconds:.0f} s{': ' + note if note else ''}", flush=True)
+    width = max(len(r[0]) for r in results)
+    print(f"\nsmoke {run_id} (runs in {root}; nothing published)")
+    for slug, status, seconds, note in results:
+        print(f"  {slug:<{width}}  {status:<4}  {seconds:6.0f} s  {note}")
+    failed = [r[0] for r in results if r[1] == "fail"]
+    print(f"smoke: {len(results) - len(failed) - len(skipped)} passed, {len(failed)} failed, {len(skipped)} skipped")
+    return 1 if failed else 0

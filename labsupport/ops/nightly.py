@@ -1,0 +1,247 @@
+"""The nightly rebuild: run every chapter live, validate, compare with the published runs,
+build the book, and publish everything in one step; or, on any failure, change nothing.
+
+Steps, each of which must pass before the next (all under the runs folder's lock):
+0. leftovers of a killed command are finished or set aside (labsupport.ops.leftovers);
+1. the inputs are whole: published.json, every published run, history.csv (a corrupt one
+   stops the night before any GPU time is spent);
+2. every chapter notebook runs live through papermill, recording an unpublished run
+   (a log and the executed notebook of each are kept under build/nightly/<id>/);
+3. every new run passes validate.check_run;
+4. a drift report (markdown and JSON) compares each new run with the published one;
+5. the book is built from the new state (published.json, history, reports) in a staging
+   folder (unless --no-book);
+6. the publication is staged (labsupport.runs.promotion) and committed by one rename of
+   runs/published.json; the staged history, report and book are then put in place.
+Before step 6's rename nothing published has changed: on failure the night's runs are set
+aside to build/nightly/<id>/failed-runs/ and it exits 1 with a one-line reason. After it the
+night is published whatever happens; pruning old runs and removing the replaced book come
+last and only warn when they fail.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from labsupport.ops import bookbuild, drift, history, leftovers, live, validate
+from labsupport import chapters, runs
+from labsupport.runs import lock, promotion
+from labsupport.runs.provenance import REPO_ROOT
+
+NIGHTLY_DIR = Path(os.environ.get("LABSUPPORT_NIGHTLY_DIR", REPO_ROOT / "build" / "nightly"))
+BOOK_DIR = Path(os.environ.get("LABSUPPORT_BOOK_DIR", REPO_ROOT / "_build" / "html"))
+
+
+class NightlyFailure(Exception):
+    """A step of the nightly failed; the message is the one-line reason."""
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def check_inputs(root: Path) -> dict[str, runs.Run]:
+    """Step 1: the published runs and the history must be whole."""
+    try:
+        baseline = runs.check_published(root)
+        history.read(root)
+    except runs.RunError as e:
+        raise NightlyFailure(f"published state is damaged: {e}") from None
+    return baseline
+
+
+def run_chapters(selected, run_id: str, params: dict[str, dict], out_dir: Path) -> dict[str, float]:
+    """Step 2: every chapter live; seconds per chapter."""
+    seconds = {}
+    for i, ch in enumerate(selected, 1):
+        print(f"[{i}/{len(selected)}] {ch.slug}: live", flush=True)
+        t = time.perf_counter()
+        try:
+            live.run_logged(ch, run_id, params[ch.slug], out_dir)
+        except live.LiveRunError as e:
+            raise NightlyFailure(str(e)) from None
+        seconds[ch.slug] = time.perf_counter() - t
+        print(f"[{i}/{len(selected)}] {ch.slug}: done in {seconds[ch.slug]:.0f} s", flush=True)
+    return seconds
+
+
+def validate_runs(root: Path, selected, run_id: str, out_dir: Path, min_kernels: int) -> dict[str, runs.Run]:
+    """Step 3: the new runs load whole and pass validate.check_run."""
+    try:
+        new = {ch.slug: runs.load_run(ch.slug, run_id, root) for ch in selected}
+        problems = [f"{slug}: {p}" for slug, run in new.items()
+                    for p in validate.check_run(chapters.by_slug(slug), run, min_kernels)]
+    except runs.RunError as e:
+        problems = [str(e)]
+    (out_dir / "validation.txt").write_text("\n".join(problems) + "\n" if problems else "passed\n")
+    if problems:
+        more = f" (and {len(problems) - 1} more, see {out_dir / 'validation.txt'})" if len(problems) > 1 else ""
+        raise NightlyFailure(f"validation failed: {problems[0]}{more}")
+    return new
+
+
+def write_drift(run_id: str, new: dict, baseline: dict, threshold: float, out_dir: Path) -> dict[str, bytes]:
+    """Step 4: the drift report, as files to publish under runs/nightly/."""
+    drifts = [drift.compare(chapters.by_slug(s), new[s], baseline.get(s), threshold) for s in new]
+    md = drift.to_markdown(drifts, threshold, f"Drift report: nightly {run_id}").encode()
+    js = drift.to_json(drifts, threshold).encode()
+    (out_dir / "drift.md").write_bytes(md)
+    (out_dir / "drift.json").write_bytes(js)
+    print(f"drift: {sum(len(d.structural) for d in drifts)} structural changes, "
+          f"{sum(len(d.moved) for d in drifts)} headline numbers moved beyond {threshold:.0%} "
+          f"({out_dir / 'drift.md'})", flush=True)
+    return {f"nightly/{run_id}-drift.md": md, f"nightly/{run_id}-drift.json": js}
+
+
+def build_book(root: Path, manifest: dict, files: dict[str, bytes], out_dir: Path) -> Path:
+    """Step 5: the book, built from a runs folder that holds exactly what will be published."""
+    print("building the book from the new runs", flush=True)
+    stage = out_dir / "book-runs"
+    runs.copy_published(stage, root, manifest)
+    for rel in [*(["history.csv"] if (root / "history.csv").is_file() else []),
+                *(f"nightly/{p.name}" for p in sorted((root / "nightly").glob("*-drift.*")))]:
+        src = root / rel
+        if src.is_file() and not src.is_symlink():
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            (stage / rel).write_bytes(src.read_bytes())
+    for rel, data in files.items():
+        (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stage / rel).write_bytes(data)
+    try:
+        return bookbuild.build(runs_root=stage, out=out_dir / "book", log=out_dir / "book.log", echo=False)
+    except bookbuild.BuildError as e:
+        raise NightlyFailure(f"the book did not build from the new runs: {e}") from None
+
+
+def publish(root: Path, run_id: str, manifest: dict, files: dict[str, bytes], html: Path | None) -> promotion.Promotion:
+    """Step 6: stage everything, then the one rename that publishes it."""
+    p = promotion.stage(root, run_id, manifest, files, html, BOOK_DIR if html is not None else None)
+    promotion.commit(p)
+    return p
+
+
+def prune(root: Path, new: dict[str, runs.Run], baseline: dict[str, runs.Run]) -> None:
+    """After publication: keep only the new runs and the ones they replaced (the drift
+    report's two sides); older runs live on in git history and runs/history.csv."""
+    for slug, run in new.items():
+        old = baseline.get(slug)
+        runs.prune(slug, {run.run_id} | ({old.run_id} if old else set()), root)
+
+
+def main(names: list[str], params: dict, allow_cpu: bool = False, build_book: bool = True,
+         timing_threshold: float = drift.DEFAULT_TIMING_THRESHOLD, min_kernels: int = 1) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
+    live.check_gpu(allow_cpu)
+    selected = chapters.find(names)
+    from labsupport.ops import params as parameters
+
+    per_chapter = parameters.resolve(selected, params, allow_cpu)  # ParamError: nothing has run
+    root = runs.runs_root()
+    try:
+        lk = lock.acquire(root, "nightly")
+    except lock.Busy as e:
+        print(f"nightly not started: {e}", file=sys.stderr)
+        return 1
+    try:
+        return _night(lk, root, selected, per_chapter, build_book, timing_threshold, min_kernels)
+    finally:
+        lock.release(lk)
+
+
+def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_kernels) -> int:
+    try:
+        for line in leftovers.recover(root, lk.stale, BOOK_DIR, NIGHTLY_DIR):
+            print(f"before the night: {line}", flush=True)
+    except BaseException as e:
+        print(f"nightly failed: finishing what an earlier command left behind failed: {_reason(e)}; "
+              f"nothing was published by this night; `python -m labsupport recover` tries again", file=sys.stderr)
+        return 1
+    run_id = live.fresh_run_id(NIGHTLY_DIR)
+    out_dir = NIGHTLY_DIR / run_id
+    lk.note(run_id=run_id, aside=str(out_dir / "failed-runs"))
+    live.set_environment()
+    t_all = time.perf_counter()
+    manifest = None
+    try:
+        baseline = check_inputs(root)
+        seconds = run_chapters(selected, run_id, per_chapter, out_dir)
+        new = validate_runs(root, selected, run_id, out_dir, min_kernels)
+        files = write_drift(run_id, new, baseline, timing_threshold, out_dir)
+        rows = [row for slug, run in new.items()
+                for row in history.rows_for(f"nightly {run_id}", chapters.by_slug(slug), run, seconds[slug])]
+        files["history.csv"] = history.with_rows(rows, root)
+        manifest = {**runs.published(root), **{slug: run_id for slug in new}}
+        html = build_book(root, manifest, files, out_dir) if with_book else None
+        p = publish(root, run_id, manifest, files, html)
+    except BaseException as e:  # SIGTERM arrives as KeyboardInterrupt
+        reason = _reason(e)
+        stage = root / f"{promotion.PREFIX}{run_id}"
+        staged = promotion.load(stage) if stage.is_dir() else None
+        if manifest is not None and _is_published(root, manifest):
+            return _flipped_but(staged, run_id, reason, out_dir)
+        return _failed(root, run_id, reason, staged, stage, out_dir)
+    print(f"nightly {run_id} published {len(new)} chapters in {time.perf_counter() - t_all:.0f} s "
+          f"({', '.join(f'{s} {t:.0f} s' for s, t in seconds.items())})", flush=True)
+    _after(root, p, new, baseline)
+    return 0
+
+
+def _failed(root: Path, run_id: str, reason: str, staged, stage: Path, out_dir: Path) -> int:
+    """A failure before the flip: drop the staged publication, set the night's runs aside."""
+    try:
+        with promotion.signals_held():
+            promotion.discard(staged, stage)
+            leftovers.set_aside(root, run_id, out_dir / "failed-runs")
+            (out_dir / "FAILED.txt").write_text(reason + "\n")
+        left = ""
+    except Exception as e:
+        left = f" (setting its runs aside failed too, {_reason(e)}: the next nightly or `make recover` does it)"
+    print(f"nightly failed: {reason}; nothing was published: the published runs, history, reports "
+          f"and book are unchanged{left}; logs in {out_dir}", file=sys.stderr)
+    return 1
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, NightlyFailure):
+        return str(e)
+    if isinstance(e, KeyboardInterrupt):
+        return f"interrupted ({e})" if str(e) else "interrupted"
+    return f"{type(e).__name__}: {e}".strip(": ")
+
+
+def _is_published(root: Path, manifest: dict) -> bool:
+    """Whether runs/published.json is this night's manifest (the flip happened)."""
+    path = root / runs.MANIFEST
+    return path.is_file() and path.read_bytes() == runs.manifest_bytes(manifest)
+
+
+def _flipped_but(p: promotion.Promotion | None, run_id: str, reason: str, out_dir: Path) -> int:
+    """A failure after the flip: the night is published; finish it now if it is not yet
+    complete (`p` is None when completion had already finished)."""
+    try:
+        if p is not None:
+            with promotion.signals_held():
+                promotion.complete(p)
+            promotion.cleanup(p)
+    except Exception as e:
+        (out_dir / "INCOMPLETE.txt").write_text(f"{reason}; then {_reason(e)}\n")
+        print(f"nightly {run_id} is published (runs/published.json names its runs) but not complete: "
+              f"{reason}; the next nightly or live command, or `python -m labsupport recover`, "
+              f"finishes it", file=sys.stderr)
+        return 1
+    print(f"nightly {run_id} published; {reason} after publishing, so old runs were not pruned",
+          file=sys.stderr)
+    return 0
+
+
+def _after(root: Path, p: promotion.Promotion, new: dict, baseline: dict) -> None:
+    """Clean-up once published: failures here only warn (the night stands)."""
+    try:
+        promotion.cleanup(p)
+        prune(root, new, baseline)
+    except BaseException as e:
+        print(f"warning: nightly published, but cleaning up failed: {_reason(e)} "
+              f"(old runs or the replaced book may remain; the next nightly removes them)", file=sys.stderr)

@@ -1,0 +1,178 @@
+"""Notebook parameters given on the command line (`--param NAME=VALUE`), checked before
+anything runs.
+
+A name must be a parameter of a selected chapter's notebook (read from its cell tagged
+`parameters`); `mode`, `run_id` and `allow_cpu` are set by the command, never by hand. A
+value is JSON (a bare word is allowed for a parameter whose default is a string), of the
+default's type, and passes the chapter's checks (chapters.py). Each problem is one
+ParamError line naming the parameter.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from functools import lru_cache
+
+from labsupport import chapters
+
+RESERVED = {"mode": "the command sets it", "run_id": "the command chooses the run id",
+            "allow_cpu": "use --allow-cpu"}
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ParamError(ValueError):
+    """A `--param` that cannot be used (the message is one line naming it)."""
+
+
+@lru_cache(maxsize=None)
+def _defaults(path: str) -> tuple:
+    nb = json.loads(open(path).read())
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise ParamError(f"{path}: expected one code cell tagged 'parameters', found {len(cells)}")
+    src = "".join(cells[0]["source"]) if isinstance(cells[0]["source"], list) else cells[0]["source"]
+    out = []
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            out.append((node.targets[0].id, _constant(node.value, path)))
+    return tuple(out)
+
+
+_ARITHMETIC = (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.List, ast.Tuple, ast.Load,
+               ast.operator, ast.unaryop)
+
+
+def _constant(node: ast.expr, path: str):
+    """A default: a literal, or arithmetic on literals such as `1 << 28`."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        expr = ast.Expression(node)
+        if not all(isinstance(n, _ARITHMETIC) for n in ast.walk(expr)):
+            raise ParamError(f"{path}: the default of a parameter must be a constant, not {ast.unparse(node)}") from None
+        return eval(compile(expr, path, "eval"), {"__builtins__": {}})
+
+
+def notebook_parameters(chapter: chapters.Chapter) -> dict:
+    """{name: default} of the chapter notebook's `parameters` cell."""
+    return dict(_defaults(str(chapter.path)))
+
+
+def parse_cli(pairs: list[str]) -> dict[str, str]:
+    """`NAME=VALUE` strings to {name: raw value} (values are parsed per chapter later)."""
+    out = {}
+    for p in pairs:
+        name, eq, value = p.partition("=")
+        if not eq or not NAME.match(name):
+            raise ParamError(f"--param {p!r}: expected NAME=VALUE, e.g. --param repeats=20")
+        out[name] = value  # given twice: the last one counts
+    return out
+
+
+def _type_name(v) -> str:
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            list: "a JSON list", dict: "a JSON object"}.get(type(v), type(v).__name__)
+
+
+def parse_value(name: str, raw, default):
+    """The value of `--param name=raw`, of the type of the notebook's `default`."""
+    if not isinstance(raw, str):
+        value = raw  # already a Python value (smoke and CPU overrides)
+    elif isinstance(default, str):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        if not isinstance(value, str):
+            value = raw  # a bare word such as 123 for a string parameter is that string
+    else:
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise ParamError(f"--param {name}={raw}: not a JSON value (the notebook's default is "
+                             f"{json.dumps(default)}, {_type_name(default)})") from None
+    _check_type(name, value, default)
+    return float(value) if isinstance(default, float) else value
+
+
+def _is(value, like) -> bool:
+    if isinstance(like, bool):
+        return isinstance(value, bool)
+    if isinstance(like, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(like, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, type(like))
+
+
+def _check_type(name: str, value, default) -> None:
+    if default is None:
+        return
+    if not _is(value, default):
+        raise ParamError(f"--param {name}={json.dumps(value)}: must be {_type_name(default)}, "
+                         f"like the notebook's default {json.dumps(default)}")
+    if isinstance(default, list) and default:
+        kinds = {type(x) for x in default}
+        if len(kinds) == 1:
+            bad = [x for x in value if not _is(x, default[0])]
+            if bad:
+                raise ParamError(f"--param {name}={json.dumps(value)}: every entry must be "
+                                 f"{_type_name(default[0])} ({json.dumps(bad[0])} is not)")
+
+
+def check_rule(name: str, value, rule: chapters.Rule) -> None:
+    """Apply one of chapters.py's rules."""
+    shown = f"--param {name}={json.dumps(value)}"
+    if rule.kind == "at_least" and value < rule.arg:
+        raise ParamError(f"{shown}: must be at least {rule.arg}")
+    if rule.kind == "each_at_least":
+        if not value:
+            raise ParamError(f"{shown}: must not be empty")
+        bad = [x for x in value if not isinstance(x, (int, float)) or isinstance(x, bool) or x < rule.arg]
+        if bad:
+            raise ParamError(f"{shown}: every entry must be at least {rule.arg} ({json.dumps(bad[0])} is not)")
+    if rule.kind == "one_of" and value not in rule.arg:
+        raise ParamError(f"{shown}: must be one of {', '.join(map(str, rule.arg))}")
+    if rule.kind == "subset_of":
+        bad = [x for x in value if x not in rule.arg]
+        if bad:
+            raise ParamError(f"{shown}: {json.dumps(bad[0])} is not one of {', '.join(map(str, rule.arg))}")
+    if rule.kind == "preset":
+        from labsupport.measure import models
+
+        allowed = rule.arg or tuple(models.PRESETS)
+        if value not in allowed:
+            raise ParamError(f"{shown}: unknown model preset {value!r} (known: {', '.join(allowed)})")
+
+
+def for_chapter(chapter: chapters.Chapter, given: dict, allow_cpu: bool = False) -> dict:
+    """The parameters to run `chapter` with: those of `given` that its notebook has, parsed
+    and checked (`given` may hold raw strings from the command line or Python values)."""
+    defaults = notebook_parameters(chapter)
+    out = {}
+    for name, raw in given.items():
+        if name in RESERVED:
+            raise ParamError(f"--param {name}: not a parameter you may set ({RESERVED[name]})")
+        if name not in defaults:
+            continue
+        value = parse_value(name, raw, defaults[name])
+        if name in chapter.checks:
+            check_rule(name, value, chapter.checks[name])
+        out[name] = value
+    if allow_cpu and "allow_cpu" in defaults:
+        out["allow_cpu"] = True
+    return out
+
+
+def resolve(selected: list[chapters.Chapter], given: dict, allow_cpu: bool = False) -> dict[str, dict]:
+    """{chapter slug: parameters} for the selected chapters; every name in `given` must be a
+    parameter of at least one of them."""
+    for name in given:
+        if name in RESERVED:
+            raise ParamError(f"--param {name}: not a parameter you may set ({RESERVED[name]})")
+        if not any(name in notebook_parameters(ch) for ch in selected):
+            known = sorted({n for ch in selected for n in notebook_parameters(ch)} - set(RESERVED))
+            where = selected[0].notebook if len(selected) == 1 else "the selected notebooks"
+            raise ParamError(f"--param {name}: no such parameter in {where} (parameters: {', '.join(known)})")
+    return {ch.slug: for_chapter(ch, given, allow_cpu) for ch in selected}
