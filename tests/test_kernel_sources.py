@@ -15,6 +15,7 @@ from labsupport.measure import harness, profiler
 from labsupport.traces import kernels
 from labsupport.chapters import kernels_in_one_token as one_token
 from labsupport import runs
+from labsupport.measure import recording
 
 from .conftest import REPO
 
@@ -150,7 +151,7 @@ def test_record_times_everything_before_it_profiles(runs_root, monkeypatch):
     monkeypatch.setattr(harness, "_profiles_in_process", 0)
     monkeypatch.setattr(harness, "time_region", time_on_cpu)
     monkeypatch.setattr(profiler, "kernels_of", profile_as_on_a_gpu)
-    monkeypatch.setattr(runs, "live_writer", functools.partial(runs.live_writer, allow_cpu=True))
+    monkeypatch.setattr(recording, "writer", functools.partial(recording.writer, allow_cpu=True))
     run = ch.record(ch.Params(preset="tiny", contexts=[8, 32], repeats=2, device="cpu"), progress=lambda m: None)
     assert harness.profiled()
     assert set(run.meta["files"]) == {"fusion_kernels.csv", "fusion_times.csv", "fused_rmsnorm_source.py",

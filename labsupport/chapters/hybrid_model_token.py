@@ -20,6 +20,7 @@ import pandas as pd
 
 from labsupport.measure import gated_deltanet, hardware, steps
 from labsupport import runs
+from labsupport.measure import recording
 from labsupport.traces import kernels, trace
 
 CHAPTER = "hybrid-model-token"
@@ -104,7 +105,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
     harness.for_chapter(CHAPTER)
     for b in params.backends:
         gated_deltanet.unavailable_reason(b, device)  # an unknown backend name stops here
-    with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
+    with recording.writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
         w.extra["method"] = harness.method()
         if device == "cuda":
             hardware.record_ceilings(w, progress)

@@ -15,6 +15,7 @@ import pandas as pd
 from labsupport.measure import hardware
 from labsupport.traces import kernels, trace
 from labsupport import runs
+from labsupport.measure import recording
 
 CHAPTER = "kernels-in-one-token"
 TRACE_FILE = "trace.json.gz"
@@ -54,7 +55,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
     params = params or Params()
     device = params.device
     harness.for_chapter(CHAPTER)
-    with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
+    with recording.writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
         w.extra["method"] = harness.method()
         if device == "cuda":
             hardware.record_ceilings(w, progress)

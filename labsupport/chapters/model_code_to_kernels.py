@@ -12,6 +12,7 @@ import pandas as pd
 from labsupport.measure import harness, models, profiler
 from labsupport.traces import kernels
 from labsupport import runs
+from labsupport.measure import recording
 
 CHAPTER = "model-code-to-kernels"
 MLP_LINES = ("gate = x @ W_gate", "up = x @ W_up", "h = silu(gate) * up")
@@ -87,7 +88,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
     cfg = models.preset_config(params.preset)
     hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
     harness.for_chapter(CHAPTER)
-    with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w, torch.inference_mode():
+    with recording.writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w, torch.inference_mode():
         w.extra["method"] = harness.method()
         x = torch.randn(params.tokens, hidden, device=device, dtype=torch.bfloat16)
         w_gate = torch.randn(inter, hidden, device=device, dtype=torch.bfloat16) * hidden**-0.5

@@ -42,6 +42,7 @@ import pandas as pd
 from labsupport.measure import hardware, harness, models
 from labsupport.traces import kernels, trace
 from labsupport import runs
+from labsupport.measure import recording
 
 CHAPTER = "prefill-vs-decode"
 # Files every run of the chapter contains (ceilings.csv too, on a GPU).
@@ -297,7 +298,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
         if device == "cuda":
             torch.cuda.empty_cache()
 
-    with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
+    with recording.writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
         w.extra["method"] = harness.method()
         if device == "cuda":
             hardware.record_ceilings(w, progress)

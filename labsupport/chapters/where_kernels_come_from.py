@@ -25,6 +25,7 @@ import pandas as pd
 from labsupport.measure import harness, models, profiler
 from labsupport.traces import kernels
 from labsupport import runs
+from labsupport.measure import recording
 
 CHAPTER = "where-kernels-come-from"
 FUSED_SOURCE = "fused_rmsnorm_source.py"
@@ -125,7 +126,7 @@ def record(params: Params | None = None, run_id: str | None = None, progress=_pr
     harness.for_chapter(CHAPTER)
     # Inference mode throughout, as RMSNorm was compiled in it (outside, torch.compile would
     # compile it again, for autograd).
-    with runs.live_writer(CHAPTER, params, run_id) as w, torch.inference_mode():
+    with recording.writer(CHAPTER, params, run_id) as w, torch.inference_mode():
         w.extra["method"] = harness.method()
         progress("torch.compile fuses RMSNorm: compiling")
         fusion, code, err = _fusion(cfg["hidden_size"], cfg["rms_norm_eps"])

@@ -16,6 +16,7 @@ from labsupport.measure import hardware, harness, models
 from labsupport.traces import kernels
 from labsupport.chapters import published
 from labsupport import runs
+from labsupport.measure import recording
 
 CHAPTER = "why-a-gpu"
 DECODE_WARMUP = 2   # untimed (or traced-and-discarded) steps on each batch's fresh cache
@@ -216,7 +217,7 @@ def record(params: Params | None = None, run_id: str | None = None, allow_cpu: b
     params = params or Params()
     device = params.device
     harness.for_chapter(CHAPTER)
-    with runs.live_writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
+    with recording.writer(CHAPTER, params, run_id, allow_cpu=allow_cpu) as w:
         w.extra["method"] = harness.method()
         if device == "cuda":
             hardware.record_ceilings(w, progress)

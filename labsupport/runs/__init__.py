@@ -447,19 +447,3 @@ def copy_published(dst: Path, root: Path | None = None, manifest: dict[str, str]
         out[chapter] = run
     (dst / MANIFEST).write_bytes(manifest_bytes(manifest))
     return out
-
-
-def live_writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool = False) -> RunWriter:
-    """The writer of a new live run of `chapter`, after the checks every chapter makes first:
-    a known model preset (if the parameters name one), a GPU to measure (a CPU only for the
-    tests' tiny model), provenance collected now, and a run id naming the GPU."""
-    from dataclasses import asdict
-
-    from labsupport.measure import decode, models
-
-    if getattr(params, "preset", None):
-        models.preset_config(params.preset)
-    decode.require_device(params.device, allow_cpu=allow_cpu and getattr(params, "preset", "").startswith("tiny"))
-    prov = provenance.collect()
-    run_id = run_id or new_run_id(prov["gpu"].replace("NVIDIA", ""))
-    return RunWriter(chapter, asdict(params), run_id, meta={"provenance": prov})
