@@ -34,8 +34,8 @@ def _environment_restored():
 
 @pytest.fixture(scope="session")
 def published():
-    """The published H200 run of "The kernels in one token", as committed."""
-    return runs.load_run(one_token.CHAPTER, root=RUNS)
+    """A recorded H200 run of "The kernels in one token" (the fixture copy, not runs/)."""
+    return fixture_run("kernels-in-one-token")
 
 
 @pytest.fixture(scope="session")
