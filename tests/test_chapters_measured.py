@@ -454,7 +454,8 @@ def test_eager_summary_and_layer_labels(run_of):
 
 def test_status_page_data():
     t = status.published_table()
-    assert len(t) == len(chapters.CHAPTERS) and t["notebook s"].notna().all()
+    # A run whose notebook was interrupted after it recorded has no notebook time: shown empty.
+    assert len(t) == len(chapters.CHAPTERS) and (t["notebook s"].dropna() > 0).all()
     assert (t.run == [runs.published_run_id(c) for c in t.chapter]).all()
     assert "No structural change" in status.latest_drift()
     fig = status.history_figure("test")
