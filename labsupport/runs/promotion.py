@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labsupport import runs
+from labsupport.runs.writer import fsync_dir
 
 PREFIX = ".promote-"
 PLAN = "plan.json"
@@ -64,7 +65,7 @@ def _sha(data: bytes) -> str:
 
 
 def _fsync_dir(path: Path) -> None:
-    runs._fsync_dir(path)
+    fsync_dir(path)
 
 
 def _write(path: Path, data: bytes) -> None:

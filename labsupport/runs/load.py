@@ -1,0 +1,199 @@
+"""Load a run back, checked at the boundary: its meta.json, its files and their digests, its tables."""
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from labsupport.runs import provenance
+from labsupport.runs.paths import FILE_PATTERN, MANIFEST, RunError, check_chapter, check_run_id, run_dir, runs_root
+from labsupport.runs.writer import _sha256
+
+
+@dataclass
+class Run:
+    """A recorded run, read back for replay."""
+
+    chapter: str
+    run_id: str
+    path: Path
+    meta: dict = field(repr=False)
+
+    @property
+    def provenance(self) -> dict:
+        return self.meta["provenance"]
+
+    @property
+    def parameters(self) -> dict:
+        return self.meta["parameters"]
+
+    @property
+    def results(self) -> dict:
+        return self.meta.get("results", {})
+
+    def file(self, name: str) -> Path:
+        """A file of the run, by its plain name; a trace (.json, .json.gz) must also parse."""
+        if not isinstance(name, str) or not FILE_PATTERN.match(name) or name not in self.meta["files"]:
+            raise RunError(f"run {self.run_id} of {self.chapter} has no file {name!r}")
+        path = self.path / name
+        if path.is_symlink() or not path.is_file():
+            raise RunError(f"{path} is missing or not a regular file")
+        if name.endswith((".json", ".json.gz")):
+            _check_json(path, self.meta["files"][name])
+        return path
+
+    def table(self, name: str, **read_csv_args) -> pd.DataFrame:
+        """A CSV table of the run, with the columns its chapter declares (chapters.py); an
+        empty, unreadable or short table is a RunError naming the file."""
+        path = self.file(f"{name}.csv")
+        return read_table(path, _declared_columns(self.chapter, path.name), **read_csv_args)
+
+    @property
+    def label(self) -> str:
+        """A one-line provenance footer for figures."""
+        p = self.provenance
+        return f"{p['gpu']} · run {self.run_id} · {p['utc_time'][:10]} · torch {p['torch']}"
+
+
+def _declared_columns(chapter: str, name: str) -> tuple[str, ...]:
+    from labsupport import chapters
+
+    known = {c.slug: c for c in chapters.CHAPTERS}
+    return known[chapter].columns.get(name, ()) if chapter in known else ()
+
+
+def read_table(path: Path, required=(), **read_csv_args) -> pd.DataFrame:
+    """Read a CSV file of a run: empty, unparsable or lacking a `required` column is one
+    RunError naming the file."""
+    try:
+        df = pd.read_csv(path, **read_csv_args)
+    except pd.errors.EmptyDataError:
+        raise RunError(f"{path} is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        raise RunError(f"{path} is not a readable table: {_first_line(e)}") from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise RunError(f"{path} lacks column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                       f"(it has {', '.join(map(str, df.columns))})")
+    return df
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+_JSON_CHECKED: set[tuple[str, str]] = set()
+
+
+def _check_json(path: Path, digest: str) -> None:
+    """A (possibly gzip-compressed) JSON file must decompress whole and parse (checked once
+    per process and content)."""
+    key = (str(path), digest)
+    if key in _JSON_CHECKED:
+        return
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+            json.loads(f.read())
+    except (OSError, EOFError, ValueError) as e:  # gzip: truncated/corrupt; json: not JSON
+        raise RunError(f"{path} is not a readable trace: {_first_line(e)}") from None
+    _JSON_CHECKED.add(key)
+
+
+def published(root: Path | None = None) -> dict[str, str]:
+    """The manifest of published runs: {chapter: run_id} (empty if there is no manifest yet;
+    a manifest that exists but cannot be read, or names a bad chapter or run id, is an error,
+    never an empty manifest)."""
+    path = (root or runs_root()) / MANIFEST
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"{path} is corrupt: {_first_line(e)}") from None
+    if not isinstance(data, dict):
+        raise RunError(f"{path} is corrupt: expected an object mapping chapters to run ids")
+    for chapter, run_id in data.items():
+        check_chapter(chapter, f"{path}")
+        check_run_id(run_id, f"{path}: chapter {chapter}")
+    return data
+
+
+def published_run_id(chapter: str, root: Path | None = None) -> str:
+    run_id = published(root).get(chapter)
+    if not run_id:
+        raise RunError(f"no published run for chapter {chapter!r} in {(root or runs_root()) / MANIFEST}; "
+                       f"record one with `python -m labsupport live {chapter}` on a GPU box")
+    return run_id
+
+
+def _check_meta(meta, chapter: str, run_id: str, meta_path: Path) -> None:
+    if not isinstance(meta, dict):
+        raise RunError(f"{meta_path} is corrupt: not a JSON object")
+    missing = [k for k in ("chapter", "run_id", "parameters", "provenance", "files") if k not in meta]
+    if missing:
+        raise RunError(f"{meta_path} is corrupt: it lacks {', '.join(missing)}")
+    if (meta["chapter"], meta["run_id"]) != (chapter, run_id):
+        raise RunError(f"{meta_path} is of run {meta['run_id']!r} of {meta['chapter']!r}, "
+                       f"not of run {run_id!r} of {chapter!r}")
+    files = meta["files"]
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise RunError(f"{meta_path} is corrupt: 'files' must map file names to SHA-256 digests")
+    for name in files:
+        if not FILE_PATTERN.match(name) or name == "meta.json":
+            raise RunError(f"{meta_path} lists {name!r}, which is not a plain file name inside the run")
+    prov = meta["provenance"]
+    if not isinstance(prov, dict):
+        raise RunError(f"{meta_path} is corrupt: 'provenance' is not an object")
+    lacking = [f for f in provenance.REQUIRED_FIELDS if f not in prov]
+    if lacking:
+        raise RunError(f"{meta_path}: provenance lacks {', '.join(lacking)}")
+    if not isinstance(meta["parameters"], dict):
+        raise RunError(f"{meta_path} is corrupt: 'parameters' is not an object")
+
+
+def load_run(chapter: str, run_id: str | None = None, root: Path | None = None,
+             verify: bool = True) -> Run:
+    """Load a run (the published one by default), checking it is whole and unmodified."""
+    root = root or runs_root()
+    run_id = run_id or published_run_id(chapter, root)
+    path = run_dir(chapter, run_id, root)
+    meta_path = path / "meta.json"
+    if not path.is_dir():
+        raise RunError(f"run {run_id!r} of chapter {chapter!r} not found at {path}")
+    if meta_path.is_symlink():
+        raise RunError(f"{meta_path} is a symbolic link")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise RunError(f"run {run_id!r} of chapter {chapter!r} is incomplete: no meta.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"run {run_id!r} of chapter {chapter!r} is corrupt: meta.json: {_first_line(e)}") from None
+    _check_meta(meta, chapter, run_id, meta_path)
+    if verify:
+        for name, digest in meta["files"].items():
+            f = path / name
+            if f.is_symlink():
+                raise RunError(f"{f} is a symbolic link; a run holds regular files only")
+            if not f.is_file():
+                raise RunError(f"run {run_id!r} of chapter {chapter!r} is incomplete: {name} is missing")
+            if _sha256(f) != digest:
+                raise RunError(f"run {run_id!r} of chapter {chapter!r} is corrupt: {name} does not "
+                               f"match its checksum in meta.json")
+    return Run(chapter=chapter, run_id=run_id, path=path, meta=meta)
+
+
+def check_published(root: Path | None = None) -> dict[str, Run]:
+    """Every published run, loaded and checked whole (traces parsed): the first problem is a
+    RunError naming the file."""
+    root = root or runs_root()
+    out = {}
+    for chapter, run_id in published(root).items():
+        run = load_run(chapter, run_id, root)
+        for name in run.meta["files"]:
+            run.file(name)
+        out[chapter] = run
+    return out

@@ -1,0 +1,59 @@
+"""Where runs live and what their names may be: the runs folder, chapter names, run ids."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from labsupport.runs import provenance
+from labsupport.runs.provenance import REPO_ROOT
+
+MANIFEST = "published.json"
+RUN_ID_PATTERN = re.compile(r"^[0-9]{8}T[0-9]{6}Z(-[A-Za-z0-9_]+)*$")
+CHAPTER_PATTERN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+FILE_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_+-]*(\.[A-Za-z0-9_+-]+)*$")
+
+
+class RunError(RuntimeError):
+    """A run that is missing, incomplete or corrupt (the message is one line naming it)."""
+
+
+def check_chapter(chapter, where: str = "") -> str:
+    """`chapter` if it is a chapter name (lower-case words joined by '-'), else RunError."""
+    if not isinstance(chapter, str) or not CHAPTER_PATTERN.match(chapter):
+        raise RunError(f"{where or 'chapter'}: {chapter!r} is not a chapter name (e.g. kernels-in-one-token)")
+    return chapter
+
+
+def check_run_id(run_id, where: str = "") -> str:
+    """`run_id` if it is a run id, else RunError."""
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id):
+        raise RunError(f"{where or 'run id'}: {run_id!r} is not a run id (e.g. 20261129T233000Z-h200)")
+    return run_id
+
+
+def run_dir(chapter: str, run_id: str, root: Path | None = None, where: str = "") -> Path:
+    """The folder of a run, after checking both names and that it lies inside the runs folder
+    (neither the chapter folder nor the run folder may be a link)."""
+    root = root or runs_root()
+    check_chapter(chapter, where)
+    check_run_id(run_id, where)
+    path = root / chapter / run_id
+    for p in (root / chapter, path):
+        if p.is_symlink():
+            raise RunError(f"{p} is a symbolic link; runs are read only from real folders under {root}")
+    if path.exists() and not path.resolve().is_relative_to(root.resolve()):
+        raise RunError(f"{path} resolves outside {root}")
+    return path
+
+
+def runs_root() -> Path:
+    """The runs folder (LABSUPPORT_RUNS overrides it, for tests and scratch runs)."""
+    return Path(os.environ.get("LABSUPPORT_RUNS", REPO_ROOT / "runs"))
+
+
+def new_run_id(tag: str = "") -> str:
+    """A sortable id: the UTC time, then an optional tag such as the GPU."""
+    stamp = provenance.utc_now().replace("-", "").replace(":", "")
+    tag = re.sub(r"[^A-Za-z0-9]+", "-", tag).strip("-").lower()
+    return f"{stamp}-{tag}" if tag else stamp
