@@ -29,7 +29,10 @@ venv: $(VENV)/.installed
 book: $(VENV)/.installed
 	@$(PY) -m labsupport book
 
+# Lint and format checks first (ruff, configured in pyproject.toml; notebooks included), then the tests.
 test: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q tests
 
 live:

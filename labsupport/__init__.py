@@ -5,6 +5,7 @@ decode (one decode step), trace (profiler traces to kernel tables), kernels
 (kinds), runs (record/replay), plots, book (glue), published (others' figures),
 chapters/live (papermill), and one module per chapter (one_token).
 """
+
 import os
 
 __version__ = "0.1.0"

@@ -4,6 +4,7 @@
 Errors in what it is given (a parameter, a damaged published.json or run, a lock held by
 another command) are one line, `error: ...`, and exit status 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,18 +16,32 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     live = sub.add_parser("live", help="run chapter notebooks live on this GPU and publish new runs")
     live.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
-    live.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                      help="notebook parameter, e.g. --param repeats=50 (value parsed as JSON)")
+    live.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="notebook parameter, e.g. --param repeats=50 (value parsed as JSON)",
+    )
     live.add_argument("--no-publish", action="store_true", help="record the runs but leave the book's runs as they are")
-    live.add_argument("--smoke", action="store_true",
-                      help="smallest parameters, scratch runs folder (build/smoke/), check each run, publish nothing")
+    live.add_argument(
+        "--smoke",
+        action="store_true",
+        help="smallest parameters, scratch runs folder (build/smoke/), check each run, publish nothing",
+    )
     live.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests: tiny model on a CPU
     night = sub.add_parser("nightly", help="run every chapter live, validate, compare, build the book, publish")
     night.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
     night.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
-    night.add_argument("--no-book", action="store_true", help="publish without building the book (no jupyter-book here)")
-    night.add_argument("--timing-threshold", type=float, default=0.25,
-                       help="relative change of a headline number still reported as noise (default 0.25)")
+    night.add_argument(
+        "--no-book", action="store_true", help="publish without building the book (no jupyter-book here)"
+    )
+    night.add_argument(
+        "--timing-threshold",
+        type=float,
+        default=0.25,
+        help="relative change of a headline number still reported as noise (default 0.25)",
+    )
     night.add_argument("--min-kernels", type=int, default=1, help="fewest kernels a kernel table may hold")
     night.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
     sub.add_parser("runs", help="list chapters, their recorded runs and the published one")
@@ -50,8 +65,14 @@ def _run(args) -> int:
     if args.cmd == "nightly":
         from labsupport.ops import nightly
 
-        return nightly.main(args.chapters, given, allow_cpu=args.allow_cpu, build_book=not args.no_book,
-                            timing_threshold=args.timing_threshold, min_kernels=args.min_kernels)
+        return nightly.main(
+            args.chapters,
+            given,
+            allow_cpu=args.allow_cpu,
+            build_book=not args.no_book,
+            timing_threshold=args.timing_threshold,
+            min_kernels=args.min_kernels,
+        )
     if args.cmd == "runs":
         manifest = runs.published()
         for ch in chapters.CHAPTERS:
@@ -84,9 +105,9 @@ def _run(args) -> int:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    from labsupport.runs import lock, promotion
-    from labsupport.ops import params
     from labsupport import runs
+    from labsupport.ops import params
+    from labsupport.runs import lock, promotion
 
     try:
         return _run(args)

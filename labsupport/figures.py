@@ -1,4 +1,5 @@
 """Figures in one style, each with a one-line provenance footer (GPU, run id, date)."""
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -17,17 +18,19 @@ KIND_COLORS = {
 }
 OURS, THEIRS = "#3b6ea8", "#bdbdbd"
 
-plt.rcParams.update({
-    "figure.dpi": 110,
-    "savefig.dpi": 110,
-    "font.size": 10,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "grid.alpha": 0.25,
-    "axes.titleweight": "bold",
-    "axes.titlesize": 11,
-})
+plt.rcParams.update(
+    {
+        "figure.dpi": 110,
+        "savefig.dpi": 110,
+        "font.size": 10,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.grid": True,
+        "grid.alpha": 0.25,
+        "axes.titleweight": "bold",
+        "axes.titlesize": 11,
+    }
+)
 
 
 def footer(fig, label: str) -> None:
@@ -69,11 +72,15 @@ def census_bars(ours: pd.DataFrame, published: pd.DataFrame, label: str, gpu: st
 def timeline(kernels: pd.DataFrame, label: str, title: str):
     """Kernels of a slice of the step as bars on a time axis: CPU launch calls above, GPU
     kernels below, coloured by kind. The white space between GPU bars is the GPU waiting."""
-    t0 = min(kernels.start_ns.min(), kernels.launch_ns[kernels.launch_ns > 0].min()
-             if (kernels.launch_ns > 0).any() else kernels.start_ns.min())
+    t0 = min(
+        kernels.start_ns.min(),
+        kernels.launch_ns[kernels.launch_ns > 0].min() if (kernels.launch_ns > 0).any() else kernels.start_ns.min(),
+    )
     fig, ax = plt.subplots(figsize=(11, 2.9))
     for r in kernels.itertuples():
-        ax.broken_barh([((r.start_ns - t0) / 1e3, r.dur_ns / 1e3)], (0, 0.8), color=KIND_COLORS.get(r.kind, KIND_COLORS["other"]))
+        ax.broken_barh(
+            [((r.start_ns - t0) / 1e3, r.dur_ns / 1e3)], (0, 0.8), color=KIND_COLORS.get(r.kind, KIND_COLORS["other"])
+        )
         if r.launch_dur_ns > 0:
             ax.broken_barh([((r.launch_ns - t0) / 1e3, r.launch_dur_ns / 1e3)], (1.2, 0.8), color="#444")
     ax.set_yticks([0.4, 1.6], ["GPU kernels", "CPU launches"])
@@ -81,8 +88,15 @@ def timeline(kernels: pd.DataFrame, label: str, title: str):
     ax.set_title(title)
     ax.grid(axis="y", visible=False)
     handles = [plt.Rectangle((0, 0), 1, 1, color=KIND_COLORS[k]) for k in KINDS if k in set(kernels.kind)]
-    ax.legend(handles, [k for k in KINDS if k in set(kernels.kind)], ncol=6, fontsize=7.5,
-              loc="upper center", bbox_to_anchor=(0.5, -0.32), frameon=False)
+    ax.legend(
+        handles,
+        [k for k in KINDS if k in set(kernels.kind)],
+        ncol=6,
+        fontsize=7.5,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.32),
+        frameon=False,
+    )
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     footer(fig, label)
     return fig
@@ -96,8 +110,13 @@ def attention_share(sweep: pd.DataFrame, label: str):
     ax[0].set_xlabel("tokens in the KV cache")
     ax[0].set_ylabel("attention share of GPU time (%)")
     ax[0].set_title("Attention's share grows with context")
-    ax[1].stackplot(sweep.context, sweep["GPU ms"] - sweep["attention ms"], sweep["attention ms"],
-                    colors=["#c9d6e8", KIND_COLORS["attention"]], labels=["everything else", "attention"])
+    ax[1].stackplot(
+        sweep.context,
+        sweep["GPU ms"] - sweep["attention ms"],
+        sweep["attention ms"],
+        colors=["#c9d6e8", KIND_COLORS["attention"]],
+        labels=["everything else", "attention"],
+    )
     ax[1].set_xscale("log", base=2)
     ax[1].set_xlabel("tokens in the KV cache")
     ax[1].set_ylabel("GPU time per token (ms)")
@@ -112,7 +131,7 @@ def layer_parts(table: pd.DataFrame, label: str):
     """Kernels (bars) and GPU time (labels) of each part of one decoder layer, in order."""
     fig, ax = plt.subplots(figsize=(9, 0.36 * len(table) + 1.4))
     ax.barh(list(table.index), table.kernels, color=OURS)
-    for i, (n, us) in enumerate(zip(table.kernels, table["GPU µs"])):
+    for i, (n, us) in enumerate(zip(table.kernels, table["GPU µs"], strict=False)):
         ax.text(n, i, f" {n} kernels, {us:.1f} µs", va="center", fontsize=8.5)
     ax.invert_yaxis()
     ax.set_xlabel("kernels")
@@ -136,8 +155,18 @@ def bandwidth_bars(values: dict[str, float], label: str):
     return finish(fig, label)
 
 
-def hbars(labels, values, label: str, title: str, xlabel: str, colors=None, fmt="{:.2f}", log=False,
-          width: float = 8, annotate: bool = True):
+def hbars(
+    labels,
+    values,
+    label: str,
+    title: str,
+    xlabel: str,
+    colors=None,
+    fmt="{:.2f}",
+    log=False,
+    width: float = 8,
+    annotate: bool = True,
+):
     """Horizontal bars with their values written at the end."""
     fig, ax = plt.subplots(figsize=(width, 0.45 * len(labels) + 1.3))
     ax.barh(list(labels), list(values), color=colors or OURS)
@@ -154,8 +183,14 @@ def hbars(labels, values, label: str, title: str, xlabel: str, colors=None, fmt=
     return finish(fig, label)
 
 
-def batch_sweep(sweep: pd.DataFrame, floor_ms: float, ms_per_seq: float, ridge_batch: float,
-                datasheet_batch: float | None, label: str):
+def batch_sweep(
+    sweep: pd.DataFrame,
+    floor_ms: float,
+    ms_per_seq: float,
+    ridge_batch: float,
+    datasheet_batch: float | None,
+    label: str,
+):
     """Matmul time per step against batch size (log-log) with the two roofline lines, and
     tokens per second."""
     fig, ax = plt.subplots(1, 2, figsize=(10.5, 3.9))
@@ -169,7 +204,9 @@ def batch_sweep(sweep: pd.DataFrame, floor_ms: float, ms_per_seq: float, ridge_b
     ax[0].text(ridge_batch, floor_ms * 0.55, f"measured ridge ≈ {ridge_batch:.0f} ", fontsize=8, ha="right")
     if datasheet_batch:
         ax[0].axvline(datasheet_batch, color="#bbb", lw=1, ls="--")
-        ax[0].text(datasheet_batch, floor_ms * 0.42, f"datasheet {datasheet_batch:.0f} ", fontsize=8, color="#777", ha="right")
+        ax[0].text(
+            datasheet_batch, floor_ms * 0.42, f"datasheet {datasheet_batch:.0f} ", fontsize=8, color="#777", ha="right"
+        )
     ax[0].set_xscale("log", base=2)
     ax[0].set_yscale("log")
     ax[0].set_xlabel("batch (sequences decoded together)")
@@ -193,8 +230,9 @@ def queue(q: pd.DataFrame, label: str):
     fig, ax = plt.subplots(figsize=(9, 3.4))
     ax.plot(q.launch, q.call_return_us / 1e3, color="#444", label="CPU: launch call returned")
     ax.plot(q.launch, q.gpu_done_us / 1e3, color=OURS, label="GPU: kernel finished")
-    ax.fill_between(q.launch, q.call_return_us / 1e3, q.gpu_done_us / 1e3, color=OURS, alpha=0.12,
-                    label="waiting in the queue")
+    ax.fill_between(
+        q.launch, q.call_return_us / 1e3, q.gpu_done_us / 1e3, color=OURS, alpha=0.12, label="waiting in the queue"
+    )
     ax.set_xlabel("launch number")
     ax.set_ylabel("ms since the first launch")
     ax.set_title("The CPU runs ahead; the GPU works through the queue")
@@ -204,8 +242,12 @@ def queue(q: pd.DataFrame, label: str):
 
 def stacked_breakdown(df: pd.DataFrame, label: str):
     """Where each variant's profiled step went (stacked horizontal bars)."""
-    parts = [("before first kernel ms", "#c9c9c9"), ("kernels running ms", OURS),
-             ("gaps between kernels ms", "#f2b880"), ("after last kernel ms", "#8c8c8c")]
+    parts = [
+        ("before first kernel ms", "#c9c9c9"),
+        ("kernels running ms", OURS),
+        ("gaps between kernels ms", "#f2b880"),
+        ("after last kernel ms", "#8c8c8c"),
+    ]
     fig, ax = plt.subplots(figsize=(10, 0.55 * len(df) + 1.6))
     left = pd.Series(0.0, index=df.index)
     for col, color in parts:
@@ -227,8 +269,13 @@ def cache_growth(growth: pd.DataFrame, label: str):
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     x = growth["context"]
     ax.plot(x, growth["full-attention KV cache MB"], "o-", color=OURS, label="full-attention layers: KV cache")
-    ax.plot(x, growth["linear-attention state MB"], "s-", color=KIND_COLORS["attention"],
-            label="linear-attention layers: fixed state")
+    ax.plot(
+        x,
+        growth["linear-attention state MB"],
+        "s-",
+        color=KIND_COLORS["attention"],
+        label="linear-attention layers: fixed state",
+    )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context (tokens)")
@@ -252,11 +299,18 @@ def utilisation_bars(df: pd.DataFrame, label: str):
     names = [f"{r.phase}, {r.time}" for r in df.itertuples()]
     y = list(range(len(df)))
     h = 0.38
-    for ax, (sheet_col, meas_col, title) in zip(axes, (
+    for ax, (sheet_col, meas_col, title) in zip(
+        axes,
+        (
             ("MFU vs datasheet", "MFU vs measured GEMM", "Share of peak math (MFU)"),
-            ("MBU vs datasheet", mbu_measured, "Share of peak memory bandwidth (MBU)"))):
-        for off, col, color, name in ((-h / 2, meas_col, OURS, meas_col.split(" vs ")[1]),
-                                      (h / 2, sheet_col, THEIRS, "datasheet")):
+            ("MBU vs datasheet", mbu_measured, "Share of peak memory bandwidth (MBU)"),
+        ),
+        strict=False,
+    ):
+        for off, col, color, name in (
+            (-h / 2, meas_col, OURS, meas_col.split(" vs ")[1]),
+            (h / 2, sheet_col, THEIRS, "datasheet"),
+        ):
             vals = (df[col] * 100).tolist()
             ax.barh([i + off for i in y], [0 if v != v else v for v in vals], h, color=color, label=f"against {name}")
             for i, v in enumerate(vals):
@@ -302,8 +356,16 @@ def _length_ticks(ax, lengths) -> None:
     ax.minorticks_off()
 
 
-def gemm_rates(g: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=None, datasheet_tbs=None,
-               measured_tbs=None, title_layer: str = "", bandwidth_label: str = "measured copy"):
+def gemm_rates(
+    g: pd.DataFrame,
+    label: str,
+    datasheet_tflops=None,
+    gemm_tflops=None,
+    datasheet_tbs=None,
+    measured_tbs=None,
+    title_layer: str = "",
+    bandwidth_label: str = "measured copy",
+):
     """The matrix multiplies of one decoder layer: TFLOP/s (log scale) and TB/s reached in
     prefill and in decode, against the peaks (`measured_tbs`, called `bandwidth_label`: the
     measured read stream, or the copy in older runs). `g` is prefill_decode.layer_gemms()."""
@@ -312,10 +374,21 @@ def gemm_rates(g: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=N
     h = 0.38
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 0.42 * len(mods) + 2.4), sharey=True)
     for ax, col, title, unit, peaks in (
-            (axes[0], "tflops", "Math reached (TFLOP/s, log scale)", "TFLOP/s",
-             ((gemm_tflops, "measured GEMM", OURS), (datasheet_tflops, "datasheet", "#888"))),
-            (axes[1], "tbs", "Memory bandwidth reached (TB/s)", "TB/s",
-             ((measured_tbs, bandwidth_label, OURS), (datasheet_tbs, "datasheet", "#888")))):
+        (
+            axes[0],
+            "tflops",
+            "Math reached (TFLOP/s, log scale)",
+            "TFLOP/s",
+            ((gemm_tflops, "measured GEMM", OURS), (datasheet_tflops, "datasheet", "#888")),
+        ),
+        (
+            axes[1],
+            "tbs",
+            "Memory bandwidth reached (TB/s)",
+            "TB/s",
+            ((measured_tbs, bandwidth_label, OURS), (datasheet_tbs, "datasheet", "#888")),
+        ),
+    ):
         for off, ph in ((-h / 2, "prefill"), (h / 2, "decode")):
             x = g[g.phase == ph].set_index("module").reindex(mods)[col]
             ax.barh([i + off for i in y], x.fillna(0), h, color=PHASE_COLORS[ph], label=ph)
@@ -324,8 +397,13 @@ def gemm_rates(g: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=N
                     ax.text(v, i + off, f" {v:.0f}" if v >= 10 else f" {v:.1f}", va="center", fontsize=7.5)
         for value, text, color in peaks:
             if value:
-                ax.axvline(value, color=color, lw=1, ls="--",
-                           label=f"{text}: {value:.0f} {unit}" if value >= 10 else f"{text}: {value:.2f} {unit}")
+                ax.axvline(
+                    value,
+                    color=color,
+                    lw=1,
+                    ls="--",
+                    label=f"{text}: {value:.0f} {unit}" if value >= 10 else f"{text}: {value:.2f} {unit}",
+                )
         if col == "tflops":
             ax.set_xscale("log")
             ax.set_xlim(max(g[col].min(), 1e-12) / 2, max(g[col].max(), datasheet_tflops or 0) * 4)
@@ -340,8 +418,16 @@ def gemm_rates(g: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=N
     return finish(fig, label)
 
 
-def prompt_sweep(sweep: pd.DataFrame, roof: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=None,
-                 crossover_tokens=None, datasheet_ridge_tokens=None, measured_ridge_tokens=None):
+def prompt_sweep(
+    sweep: pd.DataFrame,
+    roof: pd.DataFrame,
+    label: str,
+    datasheet_tflops=None,
+    gemm_tflops=None,
+    crossover_tokens=None,
+    datasheet_ridge_tokens=None,
+    measured_ridge_tokens=None,
+):
     """Prefill against prompt length: time per token (left) and the FLOP/s the matrix
     multiplies reached, under the roofline (right). `sweep` is prefill_decode.prompt_sweep(),
     `roof` prefill_decode.roofline()."""
@@ -358,8 +444,14 @@ def prompt_sweep(sweep: pd.DataFrame, roof: pd.DataFrame, label: str, datasheet_
     if roof["datasheet TFLOP/s"].notna().any():
         b.plot(roof.prompt_len, roof["datasheet TFLOP/s"], color="#999", lw=1.2, label="roofline, datasheet")
     if roof["measured TFLOP/s"].notna().any():
-        b.plot(roof.prompt_len, roof["measured TFLOP/s"], color=OURS, lw=1.2, alpha=0.6,
-               label="roofline, measured ceilings")
+        b.plot(
+            roof.prompt_len,
+            roof["measured TFLOP/s"],
+            color=OURS,
+            lw=1.2,
+            alpha=0.6,
+            label="roofline, measured ceilings",
+        )
     b.plot(n, sweep["matmul TFLOP/s"], "o-", color=PHASE_COLORS["prefill"], label="matrix multiplies reached (GPU)")
     b.plot(n, sweep["TFLOP/s"], "s--", color="#777", ms=4, label="whole prefill, on wall time")
     b.set_yscale("log")
@@ -370,13 +462,16 @@ def prompt_sweep(sweep: pd.DataFrame, roof: pd.DataFrame, label: str, datasheet_
     for value, text, color in ((datasheet_tflops, "datasheet peak", "#999"), (gemm_tflops, "measured GEMM", OURS)):
         if value:
             b.axhline(value, color=color, lw=0.8, ls=":", label=f"{text}: {value:.0f} TFLOP/s")
-    for value, text, color, ls in ((datasheet_ridge_tokens, "ridge, datasheet", "#999", "--"),
-                                   (measured_ridge_tokens, "ridge, measured ceilings", OURS, "--"),
-                                   (crossover_tokens, "crossover in this sweep", PHASE_COLORS["decode"], "-")):
+    for value, text, color, ls in (
+        (datasheet_ridge_tokens, "ridge, datasheet", "#999", "--"),
+        (measured_ridge_tokens, "ridge, measured ceilings", OURS, "--"),
+        (crossover_tokens, "crossover in this sweep", PHASE_COLORS["decode"], "-"),
+    ):
         if value:
             for axis in ax:
-                axis.axvline(value, color=color, lw=0.9, ls=ls,
-                             label=f"{text}: {value:.0f} tokens" if axis is b else None)
+                axis.axvline(
+                    value, color=color, lw=0.9, ls=ls, label=f"{text}: {value:.0f} tokens" if axis is b else None
+                )
     for axis in ax:
         axis.set_xscale("log", base=2)
         _length_ticks(axis, n)
@@ -391,7 +486,7 @@ def stacked_parts(df: pd.DataFrame, parts: list[str], label: str, title: str, xl
     colors = [OURS, KIND_COLORS["elementwise"], "#c9c9c9", "#8c8c8c", KIND_COLORS["attention"]]
     fig, ax = plt.subplots(figsize=(10, 0.55 * len(df) + 1.6))
     left = pd.Series(0.0, index=df.index)
-    for col, color in zip(parts, colors):
+    for col, color in zip(parts, colors, strict=False):
         ax.barh(df.variant, df[col], left=left, color=color, label=col.replace(" ms", ""))
         left = left + df[col]
     ax.invert_yaxis()

@@ -5,6 +5,7 @@ its cells and headers, whatever `.format(...)` calls follow: a kernel or op name
 `<img onerror=...>` recorded in a run shows as text, never as a tag. Markdown glued from run
 data is escaped the same way outside its code spans.
 """
+
 from __future__ import annotations
 
 import html
@@ -25,12 +26,23 @@ def escape_tables() -> None:
         return
     fmt, fmt_index, init = Styler.format, Styler.format_index, Styler.__init__
 
-    def format(self, formatter=None, subset=None, na_rep=None, precision=None, decimal=".", thousands=None,
-               escape="html", **kw):
+    def format(
+        self, formatter=None, subset=None, na_rep=None, precision=None, decimal=".", thousands=None, escape="html", **kw
+    ):
         return fmt(self, formatter, subset, na_rep, precision, decimal, thousands, escape=escape, **kw)
 
-    def format_index(self, formatter=None, axis=0, level=None, na_rep=None, precision=None, decimal=".",
-                     thousands=None, escape="html", **kw):
+    def format_index(
+        self,
+        formatter=None,
+        axis=0,
+        level=None,
+        na_rep=None,
+        precision=None,
+        decimal=".",
+        thousands=None,
+        escape="html",
+        **kw,
+    ):
         return fmt_index(self, formatter, axis, level, na_rep, precision, decimal, thousands, escape=escape, **kw)
 
     def __init__(self, data, *args, **kw):
@@ -53,7 +65,7 @@ def md_safe(text: str) -> str:
     HTML as text already): markdown formatting stays, HTML from run data does not render."""
     out, pos = [], 0
     for m in _CODE_SPAN.finditer(text):
-        out += [html.escape(text[pos:m.start()], quote=False), m.group(0)]
+        out += [html.escape(text[pos : m.start()], quote=False), m.group(0)]
         pos = m.end()
     out.append(html.escape(text[pos:], quote=False))
     return "".join(out)
@@ -110,7 +122,9 @@ def trace_download(run, name: str):
     href = html.escape(f"../runs/{run.chapter}/{run.run_id}/{name}")
     size = run.file(name).stat().st_size
     size = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
-    return HTML(f'<p class="trace-download">Raw profiler trace behind this figure: '
-                f'<a href="{href}" download><code>{html.escape(name)}</code></a> ({size}, run {html.escape(run.run_id)}). '
-                f'Open it in <a href="https://ui.perfetto.dev">Perfetto</a> (Open trace file) or in Chrome at '
-                f'<code>chrome://tracing</code> (Load); both read the compressed file as it is.</p>')
+    return HTML(
+        f'<p class="trace-download">Raw profiler trace behind this figure: '
+        f'<a href="{href}" download><code>{html.escape(name)}</code></a> ({size}, run {html.escape(run.run_id)}). '
+        f'Open it in <a href="https://ui.perfetto.dev">Perfetto</a> (Open trace file) or in Chrome at '
+        f"<code>chrome://tracing</code> (Load); both read the compressed file as it is.</p>"
+    )

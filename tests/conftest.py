@@ -4,9 +4,8 @@ from pathlib import Path
 
 import pytest
 
-
-from labsupport.chapters import kernels_in_one_token as one_token
 from labsupport import runs  # noqa: E402
+from labsupport.chapters import kernels_in_one_token as one_token
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "runs"
@@ -77,8 +76,22 @@ def built_book(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("book")
     jb = Path(sys.executable).with_name("jupyter-book")
-    r = subprocess.run([str(jb), "build", str(REPO), "--all", "--warningiserror", "--keep-going",
-                        "--builder", "html", "--path-output", str(out)],
-                       capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        [
+            str(jb),
+            "build",
+            str(REPO),
+            "--all",
+            "--warningiserror",
+            "--keep-going",
+            "--builder",
+            "html",
+            "--path-output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return out / "_build" / "html"

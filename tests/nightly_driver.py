@@ -11,6 +11,7 @@ handler, no clean-up), how="term" sends this process SIGTERM.
 
     python -m tests.nightly_driver RUNS NIGHTLY_DIR BOOK_DIR [POINT WHEN HOW]
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+from labsupport import runs
 from labsupport.ops import bookbuild, history, leftovers, live, nightly
 from labsupport.runs import promotion
-from labsupport import runs
 
 CHAPTER = "kernels-in-one-token"
 

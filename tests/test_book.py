@@ -1,4 +1,5 @@
 """The book builds from the recorded runs with warnings as errors, and shows their numbers."""
+
 import re
 
 from labsupport.chapters import kernels_in_one_token as one_token
@@ -23,8 +24,11 @@ def test_book_shows_the_recorded_numbers(built_book, published):
 
 def test_timeline_traces_are_downloadable(built_book):
     """Each chapter with a timeline figure links to the raw trace behind it, served with the book."""
-    pages = {"kernels_in_one_token": "trace.json.gz", "what_a_kernel": "burst_trace.json.gz",
-             "launch_overhead": "trace-eager.json.gz"}
+    pages = {
+        "kernels_in_one_token": "trace.json.gz",
+        "what_a_kernel": "burst_trace.json.gz",
+        "launch_overhead": "trace-eager.json.gz",
+    }
     for page, name in pages.items():
         html = (built_book / "notebooks" / f"{page}.html").read_text()
         links = re.findall(r'href="(\.\./runs/[^"]+)"', html)

@@ -15,6 +15,7 @@ The test needs the Python package playwright (requirements.txt) and Debian's Chr
 (`apt-get install chromium`; Playwright's own browser download is never used). Without
 them it is skipped, unless the environment variable CI is set: then it fails.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,9 +40,16 @@ REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = REPO / "build" / "screenshots"
 # Chromium runs as root on the build machines, without a GPU and without internet.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 VIEWPORT = {"width": 1280, "height": 900}  # wide enough for the sidebar to show
 PAGE_TIMEOUT_MS = 30_000
 
@@ -61,10 +69,8 @@ NUMBER = re.compile(r"[-+−]?(\d[\d,  ]*\.?\d*|\.\d+)([eE][-+]?\d+)?\s*(%|×|x|
 #    an empty string unless the book sets one, and then logs "Got invalid theme mode" on a
 #    reader's first visit (empty localStorage). `html_context: {default_mode: auto}` fixes it.
 KNOWN_UPSTREAM = [
-    ("Identifier 'THEBE_JS_URL' has already been declared",
-     lambda html: html.count("const THEBE_JS_URL") > 1),
-    ("Got invalid theme mode: . Resetting to auto.",
-     lambda html: 'localStorage.getItem("mode") || ""' in html),
+    ("Identifier 'THEBE_JS_URL' has already been declared", lambda html: html.count("const THEBE_JS_URL") > 1),
+    ("Got invalid theme mode: . Resetting to auto.", lambda html: 'localStorage.getItem("mode") || ""' in html),
 ]
 
 
@@ -117,6 +123,7 @@ def _chapter_of(page: str) -> chapters.Chapter:
 
 def _published_run_id(chapter: chapters.Chapter) -> str:
     from labsupport import runs
+
     return runs.published_run_id(chapter.slug, root=REPO / "runs")
 
 
@@ -167,12 +174,12 @@ class PageVisit:
     title: str = ""
     console_errors: list = field(default_factory=list)
     page_errors: list = field(default_factory=list)
-    failed_requests: list = field(default_factory=list)   # to 127.0.0.1, status >= 400 or no answer
+    failed_requests: list = field(default_factory=list)  # to 127.0.0.1, status >= 400 or no answer
     blocked_requests: list = field(default_factory=list)  # to outside hosts, aborted
-    tolerated: list = field(default_factory=list)         # KNOWN_UPSTREAM errors, with their cause
+    tolerated: list = field(default_factory=list)  # KNOWN_UPSTREAM errors, with their cause
     screenshot: str = ""
     seconds: float = 0.0
-    shown: dict = field(default_factory=dict)             # what COLLECT returned
+    shown: dict = field(default_factory=dict)  # what COLLECT returned
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -294,13 +301,16 @@ def site(request):
     (SCREENSHOTS / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
     blocked = sorted({f"{u} (from {p})" for p, v in s.visits.items() for u in v.blocked_requests})
     if blocked:
-        warnings.warn("requests to outside hosts were blocked (no internet here): " + "; ".join(blocked))
+        warnings.warn("requests to outside hosts were blocked (no internet here): " + "; ".join(blocked), stacklevel=2)
 
 
 def test_the_built_pages_are_the_toc_pages(built_book):
     """Every html page of the book is in _toc.yml, and every page of _toc.yml was built."""
-    built = {"index"} | {_page_name(str(p.relative_to(built_book)))
-                         for d in ("book", "notebooks") for p in (built_book / d).glob("*.html")}
+    built = {"index"} | {
+        _page_name(str(p.relative_to(built_book)))
+        for d in ("book", "notebooks")
+        for p in (built_book / d).glob("*.html")
+    }
     assert built == set(PAGES)
 
 
@@ -344,7 +354,7 @@ def test_page_shows_no_placeholders_or_missing_numbers(site, page):
             column = [r[col] for r in table["rows"] if len(r) == width]
             filled = [c for c in column if c]
             if filled and sum(map(_is_number, filled)) * 2 >= len(filled) and len(filled) < len(column):
-                assert False, f"{page}: table {n}, column {col} is numeric but has empty cells: {column}"
+                raise AssertionError(f"{page}: table {n}, column {col} is numeric but has empty cells: {column}")
 
 
 @pytest.mark.parametrize("page", [p for p in TOC_PAGES if _is_chapter(p)])
@@ -361,7 +371,6 @@ def test_chapter_page_shows_its_run_and_every_figure(site, built_book, page):
 
 def test_sidebar_reaches_every_page_of_the_toc(site):
     v = site.visit("index")
-    reached = {_page_name(urlsplit(u).path.lstrip("/")) for u in v.shown["nav"]
-               if u.startswith(site.base)}
+    reached = {_page_name(urlsplit(u).path.lstrip("/")) for u in v.shown["nav"] if u.startswith(site.base)}
     missing = [p for p in TOC_PAGES if p not in reached]
     assert not missing, f"the sidebar of the root page does not reach {missing}; it reaches {sorted(reached)}"

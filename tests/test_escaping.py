@@ -2,6 +2,7 @@
 <script> and an <img onerror> show as text in the chapter's tables (rendered by executing
 the chapter in replay against a tampered copy of its run), in drift reports and in glued
 markdown."""
+
 import hashlib
 import json
 import re
@@ -13,9 +14,10 @@ import papermill as pm
 import pytest
 from markdown_it import MarkdownIt
 
-from labsupport import glue as book, chapters, runs
-from labsupport.ops import drift, status
+from labsupport import chapters, runs
+from labsupport import glue as book
 from labsupport.chapters import kernels_in_one_token as one_token
+from labsupport.ops import drift, status
 
 from .conftest import RUNS
 
@@ -70,14 +72,25 @@ def test_the_chapter_page_escapes(tampered, tmp_path, monkeypatch):
     monkeypatch.setenv("LABSUPPORT_RUNS", str(tampered))
     ch = chapters.by_slug(CH)
     out = tmp_path / "replayed.ipynb"
-    pm.execute_notebook(str(ch.path), str(out), parameters={"mode": "replay"}, cwd=str(ch.path.parent),
-                        kernel_name="python3", progress_bar=False)
+    pm.execute_notebook(
+        str(ch.path),
+        str(out),
+        parameters={"mode": "replay"},
+        cwd=str(ch.path.parent),
+        kernel_name="python3",
+        progress_bar=False,
+    )
     nb = nbformat.read(out, as_version=4)
-    html = "\n".join(o.get("data", {}).get("text/html", "") for c in nb.cells if c.cell_type == "code"
-                     for o in c.get("outputs", []))
+    html = "\n".join(
+        o.get("data", {}).get("text/html", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+    )
     assert_escaped(html)
-    markdown = "\n".join(o.get("data", {}).get("text/markdown", "") for c in nb.cells if c.cell_type == "code"
-                         for o in c.get("outputs", []))
+    markdown = "\n".join(
+        o.get("data", {}).get("text/markdown", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+    )
     for raw in RAW:
         assert raw not in MarkdownIt("commonmark").render(_outside_code(markdown))
 
@@ -87,9 +100,13 @@ def _outside_code(md: str) -> str:
 
 
 def test_drift_reports_escape_kernel_names(tampered, tmp_path, monkeypatch):
-    d = drift.ChapterDrift(CH, "20261130T001955Z-h200", "20261130T002417Z-h200",
-                           structural=[{"table": "kernels.csv", "what": f"new kernel {NAME}", "old": 0, "new": 1}],
-                           timing=[{"metric": OP, "old": 1.0, "new": 1.1, "change": 0.1, "moved": False}])
+    d = drift.ChapterDrift(
+        CH,
+        "20261130T001955Z-h200",
+        "20261130T002417Z-h200",
+        structural=[{"table": "kernels.csv", "what": f"new kernel {NAME}", "old": 0, "new": 1}],
+        timing=[{"metric": OP, "old": 1.0, "new": 1.1, "change": 0.1, "moved": False}],
+    )
     md = drift.to_markdown([d], 0.25, "Drift")
     html = MarkdownIt("commonmark").enable("table").render(md)
     for raw in RAW:
@@ -111,6 +128,7 @@ def test_drift_reports_escape_kernel_names(tampered, tmp_path, monkeypatch):
 def test_glued_markdown_keeps_code_spans_and_escapes_the_rest():
     assert book.md_safe(f"GPU {NAME}, kernel `{NAME}` **bold**") == (
         "GPU &lt;img src=x onerror=alert(1)&gt;&amp;evil_kernel&lt;script&gt;alert(2)&lt;/script&gt;, "
-        f"kernel `{NAME}` **bold**")
+        f"kernel `{NAME}` **bold**"
+    )
     html = MarkdownIt("commonmark").render(book.md_safe(f"GPU {NAME}, kernel `{NAME}`"))
     assert "<img" not in html and "<script>" not in html and "<code>&lt;img" in html

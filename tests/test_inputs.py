@@ -1,5 +1,6 @@
 """What is read from runs/ is checked at the boundary, and every problem is one line naming
 the file: names and paths, symlinks, tables, traces, provenance, the manifest, the history."""
+
 import gzip
 import hashlib
 import json
@@ -11,8 +12,8 @@ import sys
 
 import pytest
 
+from labsupport import chapters, runs
 from labsupport.ops import bookbuild, history, validate
-from labsupport import runs, chapters
 
 from .conftest import REPO, RUNS, tree_bytes
 
@@ -37,12 +38,15 @@ def run_dir(copied_runs):
     return copied_runs / CH / runs.published(copied_runs)[CH]
 
 
-@pytest.mark.parametrize("manifest,fragment", [
-    ({CH: "../../../outside/x"}, "chapter kernels-in-one-token: '../../../outside/x' is not a run id"),
-    ({"../../outside": "20261130T002417Z-h200"}, "'../../outside' is not a chapter name"),
-    ({CH: 42}, "42 is not a run id"),
-    ([CH], "expected an object mapping chapters to run ids"),
-])
+@pytest.mark.parametrize(
+    "manifest,fragment",
+    [
+        ({CH: "../../../outside/x"}, "chapter kernels-in-one-token: '../../../outside/x' is not a run id"),
+        ({"../../outside": "20261130T002417Z-h200"}, "'../../outside' is not a chapter name"),
+        ({CH: 42}, "42 is not a run id"),
+        ([CH], "expected an object mapping chapters to run ids"),
+    ],
+)
 def test_published_json_entries_are_checked(copied_runs, manifest, fragment):
     (copied_runs / "published.json").write_text(json.dumps(manifest))
     with pytest.raises(runs.RunError) as e:
@@ -62,10 +66,16 @@ def test_corrupt_published_json_is_an_error_never_an_empty_manifest(copied_runs)
 def test_commands_say_one_line_about_a_corrupt_manifest(copied_runs, tmp_path, cmd):
     (copied_runs / "published.json").write_text("{not json")
     before = tree_bytes(copied_runs)
-    env = {**os.environ, "LABSUPPORT_RUNS": str(copied_runs), "PYTHONPATH": str(REPO),
-           "LABSUPPORT_BOOK_DIR": str(tmp_path / "html"), "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "logs")}
-    r = subprocess.run([sys.executable, "-m", "labsupport", *cmd], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=300)
+    env = {
+        **os.environ,
+        "LABSUPPORT_RUNS": str(copied_runs),
+        "PYTHONPATH": str(REPO),
+        "LABSUPPORT_BOOK_DIR": str(tmp_path / "html"),
+        "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "logs"),
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "labsupport", *cmd], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     err = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(err) == 1 and "published.json is corrupt" in err[0], r.stderr
     assert "Traceback" not in r.stderr and "[1/1]" not in r.stdout
@@ -73,15 +83,28 @@ def test_commands_say_one_line_about_a_corrupt_manifest(copied_runs, tmp_path, c
 
 
 def test_the_nightly_stops_on_a_corrupt_manifest_or_history(copied_runs, tmp_path):
-    env = {**os.environ, "LABSUPPORT_RUNS": str(copied_runs), "PYTHONPATH": str(REPO),
-           "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "logs"), "LABSUPPORT_BOOK_DIR": str(tmp_path / "html")}
-    for name, text, fragment in [("published.json", "{", "published.json is corrupt"),
-                                 ("history.csv", 'a,b\n1,"2\n', "history.csv is corrupt")]:
+    env = {
+        **os.environ,
+        "LABSUPPORT_RUNS": str(copied_runs),
+        "PYTHONPATH": str(REPO),
+        "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "logs"),
+        "LABSUPPORT_BOOK_DIR": str(tmp_path / "html"),
+    }
+    for name, text, fragment in [
+        ("published.json", "{", "published.json is corrupt"),
+        ("history.csv", 'a,b\n1,"2\n', "history.csv is corrupt"),
+    ]:
         saved = (copied_runs / name).read_bytes()
         (copied_runs / name).write_text(text)
         before = tree_bytes(copied_runs)
-        r = subprocess.run([sys.executable, "-m", "labsupport", "nightly", CH, "--allow-cpu", "--no-book"], cwd=REPO,
-                           env=env, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-m", "labsupport", "nightly", CH, "--allow-cpu", "--no-book"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         lines = [ln for ln in r.stderr.splitlines() if ln.startswith("nightly failed:")]
         assert r.returncode == 1 and len(lines) == 1 and fragment in lines[0], r.stderr
         assert "[1/1]" not in r.stdout and tree_bytes(copied_runs) == before
@@ -195,9 +218,11 @@ def test_a_damaged_trace_fails_the_book_with_one_line_last(run_dir, copied_runs)
 
 
 def test_the_build_log_error_is_found():
-    log = ("Traceback (most recent call last)\n  raise RunError(f\"{path} is corrupt\")\n"
-           "\x1b[0;31mRunError\x1b[0m: /x/runs/ch/20261130T002417Z-h200/kernels.csv lacks column op\n"
-           "RuntimeError: There was an error in building your book\n")
+    log = (
+        'Traceback (most recent call last)\n  raise RunError(f"{path} is corrupt")\n'
+        "\x1b[0;31mRunError\x1b[0m: /x/runs/ch/20261130T002417Z-h200/kernels.csv lacks column op\n"
+        "RuntimeError: There was an error in building your book\n"
+    )
     assert bookbuild.first_error(log) == "RunError: /x/runs/ch/20261130T002417Z-h200/kernels.csv lacks column op"
     assert bookbuild.first_error("nothing to see\n") is None
 
@@ -215,10 +240,16 @@ def test_run_ids_and_chapter_names():
 
 def test_a_failed_jupyter_book_run_is_a_build_error_with_the_line(monkeypatch, tmp_path):
     """bookbuild.build never ignores jupyter-book's exit status, and names the cause."""
+
     class Failed:
         def __init__(self, *a, **k):
-            self.stdout = iter(["Executing notebook\n", "\x1b[31mRunError\x1b[0m: /r/trace.json.gz is not a readable trace: x\n",
-                                "RuntimeError: There was an error in building your book\n"])
+            self.stdout = iter(
+                [
+                    "Executing notebook\n",
+                    "\x1b[31mRunError\x1b[0m: /r/trace.json.gz is not a readable trace: x\n",
+                    "RuntimeError: There was an error in building your book\n",
+                ]
+            )
 
         def wait(self):
             return 1

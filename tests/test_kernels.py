@@ -1,8 +1,9 @@
 """Kernel kinds and short names, on the kernel names of the recorded H200 trace."""
+
 import pandas as pd
 import pytest
 
-from labsupport.traces import kernels
+from labsupport.traces import kernels, kinds
 
 
 def test_every_recorded_kernel_gets_a_real_kind(published_kernels):
@@ -12,22 +13,25 @@ def test_every_recorded_kernel_gets_a_real_kind(published_kernels):
     assert unclassified == [], f"kernels left as 'other': {unclassified[:5]}"
 
 
-@pytest.mark.parametrize("fragment, kind", [
-    ("nvjet_sm90_tst", "matrix multiply"),            # cuBLASLt's Hopper GEMV/GEMM kernels
-    ("cublasLt::splitKreduce_kernel", "matrix multiply"),  # split-K reduce helper of those GEMMs
-    ("cutlass_80_simt_sgemm", "matrix multiply"),      # rotary embedding's float32 bmm
-    ("cudnn_generated_fort_native_sdpa", "attention"),
-    ("direct_copy_kernel_cuda", "copy/convert/concat"),  # .to(float32) inside RMSNorm
-    ("bfloat16_copy_kernel_cuda", "copy/convert/concat"),
-    ("CatArrayBatchedCopy", "copy/convert/concat"),    # KV cache append, rotate_half
-    ("indexSelectSmallIndex", "copy/convert/concat"),  # embedding lookup
-    ("MeanOps", "reduction"),
-    ("ArgMaxOps", "reduction"),
-    ("MulFunctor", "elementwise"),
-    ("silu_kernel", "elementwise"),
-    ("rsqrt_kernel_cuda", "elementwise"),
-    ("CUDAFunctor_add", "elementwise"),
-])
+@pytest.mark.parametrize(
+    "fragment, kind",
+    [
+        ("nvjet_sm90_tst", "matrix multiply"),  # cuBLASLt's Hopper GEMV/GEMM kernels
+        ("cublasLt::splitKreduce_kernel", "matrix multiply"),  # split-K reduce helper of those GEMMs
+        ("cutlass_80_simt_sgemm", "matrix multiply"),  # rotary embedding's float32 bmm
+        ("cudnn_generated_fort_native_sdpa", "attention"),
+        ("direct_copy_kernel_cuda", "copy/convert/concat"),  # .to(float32) inside RMSNorm
+        ("bfloat16_copy_kernel_cuda", "copy/convert/concat"),
+        ("CatArrayBatchedCopy", "copy/convert/concat"),  # KV cache append, rotate_half
+        ("indexSelectSmallIndex", "copy/convert/concat"),  # embedding lookup
+        ("MeanOps", "reduction"),
+        ("ArgMaxOps", "reduction"),
+        ("MulFunctor", "elementwise"),
+        ("silu_kernel", "elementwise"),
+        ("rsqrt_kernel_cuda", "elementwise"),
+        ("CUDAFunctor_add", "elementwise"),
+    ],
+)
 def test_recorded_names_by_family(published_kernels, fragment, kind):
     names = [n for n in set(published_kernels["name"]) if fragment in n]
     assert names, f"no recorded kernel contains {fragment!r}"
@@ -84,36 +88,50 @@ def test_tiny_models_cpu_operators_have_a_kind_and_a_source(tiny_cpu_operators):
 
 
 # Rules for the kernels of torch.compile, our Triton kernels, cuDNN's SDPA and convolutions.
-@pytest.mark.parametrize("name, kind, src", [
-    # torch.compile: the prefix decides, whatever ops are fused (RMSNorm fuses `_to_copy`).
-    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "reduction", "Triton (torch.compile)"),
-    ("triton_per_fused__to_copy__unsafe_view_mean_pow_view_18", "reduction", "Triton (torch.compile)"),
-    ("triton_poi_fused_copy__11", "elementwise", "Triton (torch.compile)"),
-    ("triton_poi_fused__scaled_dot_product_cudnn_attention__unsafe_view_add_arange_clone_expand_le_scalar_tensor"
-     "_unsqueeze_where_2", "elementwise", "Triton (torch.compile)"),   # the causal mask, not attention
-    ("triton_tem_fused_mm_0", "matrix multiply", "Triton (torch.compile)"),
-    ("triton_for_fused_0", "elementwise", "Triton (torch.compile)"),
-    # ... except a reduction with a fused mm: a GEMV that Inductor wrote as a reduction
-    ("triton_red_fused_mm_t_view_9", "matrix multiply", "Triton (torch.compile)"),
-    ("triton_red_fused__to_copy_add_mean_mm_mul_pow_rsqrt_t_view_16", "matrix multiply", "Triton (torch.compile)"),
-    ("triton_red_fused__to_copy_addmm_3", "matrix multiply", "Triton (torch.compile)"),
-    # ... but not the rotary embedding's one-column bmm
-    ("triton_per_fused__to_copy__unsafe_view_add_arange_bmm_cat_cos_index_copy_mean_mul_neg_pow_rsqrt_sin_slice"
-     "_transpose_unsqueeze_view_3", "reduction", "Triton (torch.compile)"),
-    # our own Triton kernels
-    ("add_kernel", "elementwise", "Triton (ours)"),
-    ("rmsnorm_kernel", "reduction", "Triton (ours)"),
-    # cuDNN's SDPA: the attention kernel and the reduction of its split-KV partial results
-    ("void cudnn::fusion::lean_reduction_kernel<false, false, false>(void*, float*, float*)", "attention", "cuDNN"),
-    # convolutions: PyTorch's depthwise kernel, cuDNN's implicit-GEMM kernels
-    ("void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel_generic<c10::BFloat16, int>(int)",
-     "convolution", "PyTorch (ATen)"),
-    ("sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x32", "convolution", "cuDNN"),
-    ("void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5>(int)", "convolution", "cuDNN"),
-    # a device-to-device copy captured in a CUDA graph, run by the driver as a kernel (hybrid run, H200)
-    ("memcpy128", "copy/convert/concat", "CUDA driver"),
-    ("memcpy32_post", "copy/convert/concat", "CUDA driver"),
-])
+@pytest.mark.parametrize(
+    "name, kind, src",
+    [
+        # torch.compile: the prefix decides, whatever ops are fused (RMSNorm fuses `_to_copy`).
+        ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "reduction", "Triton (torch.compile)"),
+        ("triton_per_fused__to_copy__unsafe_view_mean_pow_view_18", "reduction", "Triton (torch.compile)"),
+        ("triton_poi_fused_copy__11", "elementwise", "Triton (torch.compile)"),
+        (
+            "triton_poi_fused__scaled_dot_product_cudnn_attention__unsafe_view_add_arange_clone_expand_le_scalar_tensor"
+            "_unsqueeze_where_2",
+            "elementwise",
+            "Triton (torch.compile)",
+        ),  # the causal mask, not attention
+        ("triton_tem_fused_mm_0", "matrix multiply", "Triton (torch.compile)"),
+        ("triton_for_fused_0", "elementwise", "Triton (torch.compile)"),
+        # ... except a reduction with a fused mm: a GEMV that Inductor wrote as a reduction
+        ("triton_red_fused_mm_t_view_9", "matrix multiply", "Triton (torch.compile)"),
+        ("triton_red_fused__to_copy_add_mean_mm_mul_pow_rsqrt_t_view_16", "matrix multiply", "Triton (torch.compile)"),
+        ("triton_red_fused__to_copy_addmm_3", "matrix multiply", "Triton (torch.compile)"),
+        # ... but not the rotary embedding's one-column bmm
+        (
+            "triton_per_fused__to_copy__unsafe_view_add_arange_bmm_cat_cos_index_copy_mean_mul_neg_pow_rsqrt_sin_slice"
+            "_transpose_unsqueeze_view_3",
+            "reduction",
+            "Triton (torch.compile)",
+        ),
+        # our own Triton kernels
+        ("add_kernel", "elementwise", "Triton (ours)"),
+        ("rmsnorm_kernel", "reduction", "Triton (ours)"),
+        # cuDNN's SDPA: the attention kernel and the reduction of its split-KV partial results
+        ("void cudnn::fusion::lean_reduction_kernel<false, false, false>(void*, float*, float*)", "attention", "cuDNN"),
+        # convolutions: PyTorch's depthwise kernel, cuDNN's implicit-GEMM kernels
+        (
+            "void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel_generic<c10::BFloat16, int>(int)",
+            "convolution",
+            "PyTorch (ATen)",
+        ),
+        ("sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x32", "convolution", "cuDNN"),
+        ("void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5>(int)", "convolution", "cuDNN"),
+        # a device-to-device copy captured in a CUDA graph, run by the driver as a kernel (hybrid run, H200)
+        ("memcpy128", "copy/convert/concat", "CUDA driver"),
+        ("memcpy32_post", "copy/convert/concat", "CUDA driver"),
+    ],
+)
 def test_rules(name, kind, src):
     assert kernels.classify(name) == kind
     assert kernels.source(name) == src
@@ -123,9 +141,13 @@ def test_only_cudnn_lean_reduction_is_attention():
     """The rule for cuDNN's SDPA helper names it exactly: other reductions stay reductions."""
     assert kernels.classify("lean_reduction_kernel") == "reduction"
     assert kernels.classify("void cudnn::fusion::some_other_kernel<false>(float*)") == "other"
-    assert kernels.classify("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, "
-                            "at::native::MeanOps<float, float, float, float>, unsigned int, float, 4, 4> >()") \
+    assert (
+        kernels.classify(
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, "
+            "at::native::MeanOps<float, float, float, float>, unsigned int, float, 4, 4> >()"
+        )
         == "reduction"
+    )
 
 
 def test_short_names_keep_the_functor(published_kernels):
@@ -138,8 +160,9 @@ def test_short_names_keep_the_functor(published_kernels):
 
 
 def test_census_arithmetic():
-    df = pd.DataFrame({"kind": ["matrix multiply", "elementwise", "elementwise", "attention"],
-                       "dur_ns": [300, 50, 50, 100]})
+    df = pd.DataFrame(
+        {"kind": ["matrix multiply", "elementwise", "elementwise", "attention"], "dur_ns": [300, 50, 50, 100]}
+    )
     c = kernels.census(df).set_index("kind")
     assert list(c.index) == list(kernels.KINDS) + ["total"]
     assert c.loc["elementwise", "kernels"] == 2 and c.loc["elementwise", "gpu_ns"] == 100
@@ -153,14 +176,15 @@ def test_census_arithmetic():
 def test_kinds_in_order():
     assert kernels.KINDS[-1] == "other" and kernels.KINDS.index("convolution") == len(kernels.KINDS) - 2
     assert len(set(kernels.KINDS)) == len(kernels.KINDS)
-    assert {kind for kind, _ in kernels.RULES} == set(kernels.KINDS) - {"other"}
+    assert {kind for kind, _ in kinds.RULES} == set(kernels.KINDS) - {"other"}
 
 
 # The example kernel of a kind or source: its most time-consuming one ----------------------
 
+
 def _slowest_by_hand(k, column):
     per_name = {}
-    for value, name, dur in zip(k[column], k["name"], k["dur_ns"]):
+    for value, name, dur in zip(k[column], k["name"], k["dur_ns"], strict=False):
         per_name[(value, name)] = per_name.get((value, name), 0) + int(dur)
     best = {}
     for (value, name), ns in per_name.items():

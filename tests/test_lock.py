@@ -1,5 +1,6 @@
 """One writer at a time on a runs folder: a second nightly or live stops at once with one
 line naming the running one; a lock left by a killed process is taken over."""
+
 import json
 import os
 import subprocess
@@ -8,9 +9,9 @@ import time
 
 import pytest
 
+from labsupport import runs
 from labsupport.ops import leftovers
 from labsupport.runs import lock
-from labsupport import runs
 
 from . import nightly_driver as driver
 from .conftest import REPO, tree_bytes
@@ -28,8 +29,13 @@ time.sleep(float(sys.argv[2])) if sys.argv[2] != "kill" else __import__("os").ki
 
 
 def hold(root, how="60"):
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(root), how], cwd=REPO, stdout=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(root), how],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert p.stdout.readline().strip() == "held"
     return p
 
@@ -70,11 +76,22 @@ def test_a_second_command_stops_at_once(copied_runs, tmp_path, cmd):
     p = hold(copied_runs)
     try:
         before = tree_bytes(copied_runs)
-        env = {**os.environ, "LABSUPPORT_RUNS": str(copied_runs), "PYTHONPATH": str(REPO),
-               "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "logs"), "LABSUPPORT_BOOK_DIR": str(tmp_path / "html")}
+        env = {
+            **os.environ,
+            "LABSUPPORT_RUNS": str(copied_runs),
+            "PYTHONPATH": str(REPO),
+            "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "logs"),
+            "LABSUPPORT_BOOK_DIR": str(tmp_path / "html"),
+        }
         t = time.time()
-        r = subprocess.run([sys.executable, "-m", "labsupport", cmd, "kernels-in-one-token", "--allow-cpu",
-                            "--param", "preset=tiny"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-m", "labsupport", cmd, "kernels-in-one-token", "--allow-cpu", "--param", "preset=tiny"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         err = r.stderr.strip().splitlines()
         assert r.returncode == 1 and len(err) == 1, r.stderr
         assert f"pid {p.pid}" in err[0] and "nightly (run 20990101T000000Z-h200)" in err[0]
@@ -90,17 +107,31 @@ def test_two_nightlies_at_once_leave_the_first_one_whole(tmp_path, monkeypatch):
     the first one's run nor fail with a traceback."""
     n = Night(tmp_path)
     env = {**os.environ, "LABSUPPORT_RUNS": str(n.root), "PYTHONPATH": str(REPO)}
-    slow = ("import sys, time; from tests import nightly_driver as d; from labsupport.ops import nightly;"
-            "real = nightly.validate_runs;"
-            "nightly.validate_runs = lambda *a, **k: (time.sleep(8), real(*a, **k))[1];"
-            "sys.exit(d.main(sys.argv[1:]))")
-    first = subprocess.Popen([sys.executable, "-c", slow, str(n.root), str(n.logs), str(n.book)], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    slow = (
+        "import sys, time; from tests import nightly_driver as d; from labsupport.ops import nightly;"
+        "real = nightly.validate_runs;"
+        "nightly.validate_runs = lambda *a, **k: (time.sleep(8), real(*a, **k))[1];"
+        "sys.exit(d.main(sys.argv[1:]))"
+    )
+    first = subprocess.Popen(
+        [sys.executable, "-c", slow, str(n.root), str(n.logs), str(n.book)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not list(n.root.glob(f"{driver.CHAPTER}/2*-cpu")):
         time.sleep(0.1)
-    second = subprocess.run([sys.executable, "-m", "tests.nightly_driver", str(n.root), str(tmp_path / "logs2"),
-                             str(n.book)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        [sys.executable, "-m", "tests.nightly_driver", str(n.root), str(tmp_path / "logs2"), str(n.book)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert second.returncode == 1 and "nightly not started: another nightly" in second.stderr
     assert "Traceback" not in second.stderr
     out, err = first.communicate(timeout=300)

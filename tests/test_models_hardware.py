@@ -1,4 +1,5 @@
 """Model presets and counts; datasheets and the measured ceilings' arithmetic."""
+
 import pytest
 import torch
 
@@ -7,16 +8,19 @@ from labsupport.measure import hardware, models
 
 def test_qwen3_8b_counts_match_the_published_model():
     c = models.preset_counts("qwen3-8b")
-    assert c.parameters == 8_190_735_360                    # 8.19 B
-    assert c.non_embedding_parameters == 7_568_405_504      # 7.57 B outside the embedding table
+    assert c.parameters == 8_190_735_360  # 8.19 B
+    assert c.non_embedding_parameters == 7_568_405_504  # 7.57 B outside the embedding table
     assert c.embedding_parameters == 151_936 * 4096
-    assert c.decode_bytes == 2 * 7_568_405_504              # about 15.1 GB per decode step
+    assert c.decode_bytes == 2 * 7_568_405_504  # about 15.1 GB per decode step
     assert round(c.decode_bytes / 1e9, 1) == 15.1
     assert c.layers == 36 and c.bytes_per_parameter == 2
 
 
 def test_unknown_preset_is_a_clear_error():
-    with pytest.raises(models.UnknownPresetError, match="unknown model preset 'llama-70b'; known presets: qwen3-8b, qwen3.5-27b, tiny, tiny-hybrid"):
+    with pytest.raises(
+        models.UnknownPresetError,
+        match="unknown model preset 'llama-70b'; known presets: qwen3-8b, qwen3.5-27b, tiny, tiny-hybrid",
+    ):
         models.build_model("llama-70b")
 
 
@@ -28,12 +32,15 @@ def test_tiny_model_runs_on_the_cpu():
     assert out.logits.shape == (1, 3, 512)
 
 
-@pytest.mark.parametrize("reported, name", [
-    ("NVIDIA H200", "H200 SXM"),
-    ("NVIDIA H100 80GB HBM3", "H100 SXM"),
-    ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"),
-    ("NVIDIA L4", "L4"),
-])
+@pytest.mark.parametrize(
+    "reported, name",
+    [
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"),
+        ("NVIDIA L4", "L4"),
+    ],
+)
 def test_datasheet_lookup(reported, name):
     assert hardware.datasheet(reported).name == name
 

@@ -1,5 +1,6 @@
 """The nightly rebuild on the CPU with the tiny model: the path that promotes, and every
 path that must leave the published runs byte for byte as they were."""
+
 import os
 import re
 import signal
@@ -13,20 +14,43 @@ from labsupport import runs
 
 from .conftest import REPO, tree_bytes
 
-TINY = ["kernels-in-one-token", "--allow-cpu", "--param", 'preset="tiny"', "--param", "prompt_len=16",
-        "--param", "contexts=[8, 32]", "--param", "repeats=2", "--param", "fresh_processes=1"]
+TINY = [
+    "kernels-in-one-token",
+    "--allow-cpu",
+    "--param",
+    'preset="tiny"',
+    "--param",
+    "prompt_len=16",
+    "--param",
+    "contexts=[8, 32]",
+    "--param",
+    "repeats=2",
+    "--param",
+    "fresh_processes=1",
+]
 
 
 @pytest.fixture
 def env(copied_runs, tmp_path):
-    return {**os.environ, "LABSUPPORT_RUNS": str(copied_runs), "PYTHONPATH": str(REPO),
-            "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "nightly-logs"),
-            "LABSUPPORT_BOOK_DIR": str(tmp_path / "book-html")}
+    return {
+        **os.environ,
+        "LABSUPPORT_RUNS": str(copied_runs),
+        "PYTHONPATH": str(REPO),
+        "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "nightly-logs"),
+        "LABSUPPORT_BOOK_DIR": str(tmp_path / "book-html"),
+    }
 
 
 def nightly(args, env, **kw):
-    return subprocess.run([sys.executable, "-m", "labsupport", "nightly", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "labsupport", "nightly", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        **kw,
+    )
 
 
 def one_line_failure(r):
@@ -42,8 +66,9 @@ def test_a_good_night_promotes_records_and_builds_the_book(env, copied_runs, tmp
     after = runs.published(copied_runs)
     new_id = after["kernels-in-one-token"]
     assert new_id != before["kernels-in-one-token"] and new_id.endswith("-cpu")
-    assert {k: v for k, v in after.items() if k != "kernels-in-one-token"} == \
-        {k: v for k, v in before.items() if k != "kernels-in-one-token"}
+    assert {k: v for k, v in after.items() if k != "kernels-in-one-token"} == {
+        k: v for k, v in before.items() if k != "kernels-in-one-token"
+    }
     # The drift report compares with the run it replaced, and is kept under runs/nightly/.
     report = (copied_runs / "nightly" / f"{new_id}-drift.md").read_text()
     assert f"against published run `{before['kernels-in-one-token']}`" in report
@@ -92,6 +117,7 @@ def test_a_corrupt_published_run_stops_the_night_before_it_starts(env, copied_ru
 
 def test_no_gpu(env, copied_runs):
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     before = tree_bytes(copied_runs)
@@ -102,8 +128,15 @@ def test_no_gpu(env, copied_runs):
 
 def test_an_interrupted_night(env, copied_runs, tmp_path):
     before = tree_bytes(copied_runs)
-    p = subprocess.Popen([sys.executable, "-m", "labsupport", "nightly", *TINY, "--no-book"], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "labsupport", "nightly", *TINY, "--no-book"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not list(copied_runs.glob("kernels-in-one-token/.incomplete-*")):
         time.sleep(0.05)  # wait until the run is being written
@@ -117,10 +150,16 @@ def test_an_interrupted_night(env, copied_runs, tmp_path):
 def test_smoke_runs_chapters_small_into_a_scratch_folder_and_publishes_nothing(env, copied_runs, tmp_path):
     before = tree_bytes(copied_runs)
     env = {**env, "LABSUPPORT_SMOKE_DIR": str(tmp_path / "smoke")}
-    r = subprocess.run([sys.executable, "-m", "labsupport", "live", "--smoke", "prefill-vs-decode", "why-a-gpu",
-                        "--allow-cpu"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "labsupport", "live", "--smoke", "prefill-vs-decode", "why-a-gpu", "--allow-cpu"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    table = r.stdout[r.stdout.index("\nsmoke "):]
+    table = r.stdout[r.stdout.index("\nsmoke ") :]
     assert re.search(r"prefill-vs-decode\s+pass\s+\d+ s", table)
     assert re.search(r"why-a-gpu\s+skip .*no CPU path", table)
     assert "smoke: 1 passed, 0 failed, 1 skipped" in table

@@ -4,6 +4,7 @@ runs/published.json leaves the published files and the served book byte for byte
 were; from the flip on, the night is published and complete (finished by `recover` when the
 process was killed). Failures are raised exceptions, SIGTERM, and a process killed outright
 (os._exit, as kill -9)."""
+
 import os
 import shutil
 import signal
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from labsupport import runs
 from labsupport.ops import history, leftovers, nightly, status
 from labsupport.runs import lock, promotion
-from labsupport import runs
 
 from . import nightly_driver as driver
 from .conftest import REPO, RUNS, tree_bytes
@@ -45,8 +46,11 @@ class Night:
     def published_files(self, night_id):
         """What is published: every file but the night's own unpublished run and hidden
         leftovers (the lock, a staged publication, a partial run)."""
-        return {k: v for k, v in tree_bytes(self.root).items()
-                if not any(part.startswith(".") for part in Path(k).parts) and f"/{night_id}/" not in f"/{k}"}
+        return {
+            k: v
+            for k, v in tree_bytes(self.root).items()
+            if not any(part.startswith(".") for part in Path(k).parts) and f"/{night_id}/" not in f"/{k}"
+        }
 
     def night_id(self):
         ids = sorted(p.name for p in self.logs.iterdir()) if self.logs.is_dir() else []
@@ -138,11 +142,11 @@ def test_sigterm_before_the_flip_changes_nothing(night, capsys, monkeypatch, poi
     assert len(aside) == 1 and (aside[0] / "meta.json").is_file(), "the night's run is set aside, whole"
 
 
-@pytest.mark.parametrize("point,when", [("flip", "after"), ("complete", "after"), ("cleanup", "after"),
-                                        ("prune", "after")])
+@pytest.mark.parametrize(
+    "point,when", [("flip", "after"), ("complete", "after"), ("cleanup", "after"), ("prune", "after")]
+)
 @pytest.mark.parametrize("how", ["raise", "term"])
-def test_a_failure_after_the_flip_leaves_the_night_published_and_complete(night, capsys, monkeypatch,
-                                                                           point, when, how):
+def test_a_failure_after_the_flip_leaves_the_night_published_and_complete(night, capsys, monkeypatch, point, when, how):
     driver.inject(point, when, how, monkeypatch.setattr)
     rc, out, err = run_night(capsys)
     nid = night.night_id()
@@ -171,8 +175,14 @@ def test_completion_that_keeps_failing_is_reported_and_finished_later(night, cap
 
 def _kill_at(n: Night, point: str, when: str):
     env = {**os.environ, "LABSUPPORT_RUNS": str(n.root), "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "tests.nightly_driver", str(n.root), str(n.logs), str(n.book),
-                           point, when, "kill"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tests.nightly_driver", str(n.root), str(n.logs), str(n.book), point, when, "kill"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("point,when", [(p, "after") for p in ALL_AFTER] + [("install_book", "before")])
@@ -190,10 +200,16 @@ def test_killed_at_each_point(night, point, when):
         assert runs.published(night.root)[CHAPTER] == nid
     # The next command (here `recover`, which every nightly and live run does first) finishes
     # a flipped night and sets aside the rest.
-    env = {**os.environ, "LABSUPPORT_RUNS": str(night.root), "LABSUPPORT_NIGHTLY_DIR": str(night.logs),
-           "LABSUPPORT_BOOK_DIR": str(night.book), "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-m", "labsupport", "recover"], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=300)
+    env = {
+        **os.environ,
+        "LABSUPPORT_RUNS": str(night.root),
+        "LABSUPPORT_NIGHTLY_DIR": str(night.logs),
+        "LABSUPPORT_BOOK_DIR": str(night.book),
+        "PYTHONPATH": str(REPO),
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "labsupport", "recover"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     if flipped:
         assert_complete(night, nid)
@@ -221,7 +237,9 @@ def test_a_failed_nights_report_never_reaches_the_status_page(night, capsys, mon
     pub_night = status.published_night()
     orphan = night.root / "nightly" / "20991231T000000Z-h200-drift.md"
     orphan.write_text("# Drift report: a night that never published\n")
-    (night.root / "nightly" / "20991231T000000Z-h200-drift.json").write_text('{"timing_threshold": 0.25, "chapters": []}\n')
+    (night.root / "nightly" / "20991231T000000Z-h200-drift.json").write_text(
+        '{"timing_threshold": 0.25, "chapters": []}\n'
+    )
     assert status.published_night() == pub_night, "not the newest by name"
     recover(night)
     assert not orphan.exists() and (night.logs / "20991231T000000Z-h200" / orphan.name).is_file()

@@ -1,5 +1,6 @@
 """`--param` is checked against the notebook's own parameters cell and the chapter's checks
 (chapters.py) before anything runs; each problem is one line naming the parameter."""
+
 import os
 import subprocess
 import sys
@@ -45,27 +46,30 @@ def test_good_values():
     assert resolve("max_autotune=false", names=["launch-overhead"])["launch-overhead"] == {"max_autotune": False}
 
 
-@pytest.mark.parametrize("pair,message", [
-    ("repeat=50", "--param repeat: no such parameter in notebooks/kernels_in_one_token.ipynb (parameters: "),
-    ("no_such_param=1", "--param no_such_param: no such parameter"),
-    ("repeats=abc", "--param repeats=abc: not a JSON value"),
-    ("repeats=-5", "--param repeats=-5: must be at least 1"),
-    ("repeats=0", "--param repeats=0: must be at least 1"),
-    ("repeats=2.5", "--param repeats=2.5: must be an integer"),
-    ("repeats=true", "--param repeats=true: must be an integer"),
-    ("repeats=", "--param repeats=: not a JSON value"),
-    ("contexts=[]", "--param contexts=[]: must not be empty"),
-    ("contexts=[8, 0]", "every entry must be at least 1 (0 is not)"),
-    ('contexts=[8, "x"]', "every entry must be an integer"),
-    ("contexts=8", "must be a JSON list"),
-    ("preset=no-such-model", "--param preset=\"no-such-model\": unknown model preset 'no-such-model' (known: "),
-    ("run_id=20990101T000000Z-x", "--param run_id: not a parameter you may set (the command chooses the run id)"),
-    ("run_id=", "--param run_id: not a parameter you may set"),
-    ("mode=replay", "--param mode: not a parameter you may set"),
-    ("allow_cpu=true", "--param allow_cpu: not a parameter you may set (use --allow-cpu)"),
-    ("repeats", "expected NAME=VALUE"),
-    ("../x=1", "expected NAME=VALUE"),
-])
+@pytest.mark.parametrize(
+    "pair,message",
+    [
+        ("repeat=50", "--param repeat: no such parameter in notebooks/kernels_in_one_token.ipynb (parameters: "),
+        ("no_such_param=1", "--param no_such_param: no such parameter"),
+        ("repeats=abc", "--param repeats=abc: not a JSON value"),
+        ("repeats=-5", "--param repeats=-5: must be at least 1"),
+        ("repeats=0", "--param repeats=0: must be at least 1"),
+        ("repeats=2.5", "--param repeats=2.5: must be an integer"),
+        ("repeats=true", "--param repeats=true: must be an integer"),
+        ("repeats=", "--param repeats=: not a JSON value"),
+        ("contexts=[]", "--param contexts=[]: must not be empty"),
+        ("contexts=[8, 0]", "every entry must be at least 1 (0 is not)"),
+        ('contexts=[8, "x"]', "every entry must be an integer"),
+        ("contexts=8", "must be a JSON list"),
+        ("preset=no-such-model", "--param preset=\"no-such-model\": unknown model preset 'no-such-model' (known: "),
+        ("run_id=20990101T000000Z-x", "--param run_id: not a parameter you may set (the command chooses the run id)"),
+        ("run_id=", "--param run_id: not a parameter you may set"),
+        ("mode=replay", "--param mode: not a parameter you may set"),
+        ("allow_cpu=true", "--param allow_cpu: not a parameter you may set (use --allow-cpu)"),
+        ("repeats", "expected NAME=VALUE"),
+        ("../x=1", "expected NAME=VALUE"),
+    ],
+)
 def test_bad_values_are_one_line(pair, message):
     with pytest.raises(params.ParamError) as e:
         resolve(pair)
@@ -87,10 +91,20 @@ def test_other_chapters_checks():
 @pytest.mark.parametrize("cmd", ["live", "nightly"])
 def test_the_command_stops_before_anything_runs(copied_runs, tmp_path, cmd):
     before = tree_bytes(copied_runs)
-    env = {**os.environ, "LABSUPPORT_RUNS": str(copied_runs), "PYTHONPATH": str(REPO),
-           "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "logs")}
-    r = subprocess.run([sys.executable, "-m", "labsupport", cmd, "kernels-in-one-token", "--allow-cpu",
-                        "--param", "repeat=50"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "LABSUPPORT_RUNS": str(copied_runs),
+        "PYTHONPATH": str(REPO),
+        "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "logs"),
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "labsupport", cmd, "kernels-in-one-token", "--allow-cpu", "--param", "repeat=50"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
     assert r.stderr.startswith("error: --param repeat: no such parameter")
     assert r.stderr.strip().endswith("nothing was run, the published run is unchanged")

@@ -1,12 +1,13 @@
 """Recording runs atomically, publishing them, and clear errors for bad runs."""
+
 import json
 import os
 
 import pandas as pd
 import pytest
 
-from labsupport.runs import provenance
 from labsupport import runs
+from labsupport.runs import provenance
 
 from .conftest import tree_bytes
 
@@ -33,10 +34,12 @@ def test_a_failed_run_leaves_nothing_and_the_published_one_untouched(tmp_path):
     rid = write_run(tmp_path)
     runs.publish("ch", rid, root=tmp_path)
     before = tree_bytes(tmp_path)
-    with pytest.raises(KeyboardInterrupt):
-        with runs.RunWriter("ch", {}, "20260102T000000Z-x", root=tmp_path, meta={"provenance": PROV}) as w:
-            w.write_table("t", pd.DataFrame({"x": [3]}))
-            raise KeyboardInterrupt
+    with (
+        pytest.raises(KeyboardInterrupt),
+        runs.RunWriter("ch", {}, "20260102T000000Z-x", root=tmp_path, meta={"provenance": PROV}) as w,
+    ):
+        w.write_table("t", pd.DataFrame({"x": [3]}))
+        raise KeyboardInterrupt
     assert tree_bytes(tmp_path) == before
     assert runs.published_run_id("ch", root=tmp_path) == rid
 
@@ -116,8 +119,9 @@ def test_profiler_teardown_setting_is_set_kept_and_recorded(monkeypatch):
     env = {k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0"
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "TEARDOWN_CUPTI": "1"},
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "TEARDOWN_CUPTI": "1"}, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "1"
     monkeypatch.setenv("TEARDOWN_CUPTI", "1")
     assert provenance.collect()["teardown_cupti"] == "1"
@@ -129,9 +133,11 @@ def test_a_run_holds_plain_files_only(tmp_path):
         (w.path / ".scratch.json.gz").write_text("half a trace")  # left behind by a recorder
     assert set(runs.load_run("ch", "20260101T000000Z-a", root=tmp_path).meta["files"]) == {"t.csv"}
     assert not (tmp_path / "ch" / "20260101T000000Z-a" / ".scratch.json.gz").exists()
-    with pytest.raises(runs.RunError, match="'sub' is not a plain file name"):
-        with runs.RunWriter("ch", {}, "20260101T000000Z-b", root=tmp_path, meta={"provenance": PROV}) as w:
-            (w.path / "sub").mkdir()
+    with (
+        pytest.raises(runs.RunError, match="'sub' is not a plain file name"),
+        runs.RunWriter("ch", {}, "20260101T000000Z-b", root=tmp_path, meta={"provenance": PROV}) as w,
+    ):
+        (w.path / "sub").mkdir()
     assert runs.list_runs("ch", root=tmp_path) == ["20260101T000000Z-a"]
     with pytest.raises(runs.RunError, match="not a chapter name"):
         runs.RunWriter("../ch", {}, "20260101T000000Z-c", root=tmp_path)
@@ -142,7 +148,7 @@ def test_history_rows_are_appended_to_the_bytes_as_they_were(tmp_path):
 
     (tmp_path / "history.csv").write_text(",".join(history.COLUMNS) + "\nlive 1,ch,r,t,g,m,0.1000000000000000055511\n")
     old = (tmp_path / "history.csv").read_bytes()
-    row = dict(zip(history.COLUMNS, ["live 2", "ch", "r2", "t", "g", "m", 2.5]))
+    row = dict(zip(history.COLUMNS, ["live 2", "ch", "r2", "t", "g", "m", 2.5], strict=False))
     new = history.with_rows([row], tmp_path)
-    assert new.startswith(old) and new[len(old):] == b"live 2,ch,r2,t,g,m,2.5\n"
+    assert new.startswith(old) and new[len(old) :] == b"live 2,ch,r2,t,g,m,2.5\n"
     assert (tmp_path / "history.csv").read_bytes() == old, "with_rows only computes the bytes"

@@ -1,4 +1,5 @@
 """Reading profiler traces: the recorded H200 trace and a CPU trace made here."""
+
 import gzip
 
 import pandas as pd
@@ -11,9 +12,9 @@ from labsupport.traces import kernels, trace
 def test_busy_is_the_union_of_intervals():
     assert trace.busy_ns([], []) == 0
     assert trace.busy_ns([0], [10]) == 10
-    assert trace.busy_ns([0, 20], [10, 25]) == 15          # disjoint
-    assert trace.busy_ns([0, 5], [10, 12]) == 12           # overlapping
-    assert trace.busy_ns([0, 2], [10, 4]) == 10            # nested
+    assert trace.busy_ns([0, 20], [10, 25]) == 15  # disjoint
+    assert trace.busy_ns([0, 5], [10, 12]) == 12  # overlapping
+    assert trace.busy_ns([0, 2], [10, 4]) == 10  # nested
     assert trace.busy_ns([20, 0, 10], [30, 10, 20]) == 30  # touching, unsorted
 
 
@@ -56,12 +57,17 @@ def test_every_decoder_layer_launches_the_same_kernels(published, published_kern
 def test_nanosecond_timestamps_are_exact(tmp_path):
     # Kineto writes absolute microseconds with three decimals: 16 digits, beyond float64.
     t = tmp_path / "t.json"
-    t.write_text('{"traceEvents": ['
-                 '{"ph": "X", "cat": "user_annotation", "name": "decode_step", "pid": 1, "tid": 1, "ts": 5138519848339.056, "dur": 100.000},'
-                 '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 5138519848340.001, "dur": 5.5},'
-                 '{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 5138519848341.003, "dur": 2.001, "args": {"correlation": 7}},'
-                 '{"ph": "X", "cat": "kernel", "name": "nvjet_x", "pid": 0, "tid": 7, "ts": 5138519848350.123, "dur": 3.457, "args": {"correlation": 7, "stream": 7, "grid": [4, 1, 1], "block": [128, 1, 1]}}'
-                 ']}')
+    t.write_text(
+        '{"traceEvents": ['
+        '{"ph": "X", "cat": "user_annotation", "name": "decode_step", "pid": 1, "tid": 1, '
+        '"ts": 5138519848339.056, "dur": 100.000},'
+        '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 5138519848340.001, "dur": 5.5},'
+        '{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, '
+        '"ts": 5138519848341.003, "dur": 2.001, "args": {"correlation": 7}},'
+        '{"ph": "X", "cat": "kernel", "name": "nvjet_x", "pid": 0, "tid": 7, "ts": 5138519848350.123, '
+        '"dur": 3.457, "args": {"correlation": 7, "stream": 7, "grid": [4, 1, 1], "block": [128, 1, 1]}}'
+        "]}"
+    )
     k = trace.read_kernels(t)
     row = k.iloc[0]
     assert row.start_ns == 11067 and row.dur_ns == 3457 and row.launch_ns == 1947

@@ -1,4 +1,5 @@
 """Our Triton kernels compute what they claim: on a CPU they run in Triton's interpreter."""
+
 import os
 
 import pytest

@@ -1,6 +1,7 @@
 """The workflows keep least privilege: read-only by default, write tokens only in the jobs
 that commit or deploy, no credentials kept by the job that runs notebooks, actions pinned by
 commit, and a push that fails stops the deployment."""
+
 import re
 
 import pytest

@@ -6,6 +6,7 @@ Parameter checks are declared per chapter as {parameter: rule}; labsupport.ops.p
 them (after the type check against the notebook's own default) to every `--param` before
 anything runs. A rule names a parameter the notebook's `parameters` cell defines.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -56,13 +57,13 @@ LENGTHS = each_at_least(1)
 
 @dataclass(frozen=True)
 class Chapter:
-    slug: str                    # also the folder under runs/
-    notebook: str                # path from the repository root
-    artifacts: tuple[str, ...]   # files every run of the chapter must contain
-    columns: dict = field(default_factory=dict, hash=False, compare=False)   # {csv file: columns it must have}
-    checks: dict = field(default_factory=dict, hash=False, compare=False)    # {notebook parameter: Rule}
-    smoke: dict = field(default_factory=dict, hash=False, compare=False)     # smallest parameters for `live --smoke`
-    cpu: dict = field(default_factory=dict, hash=False, compare=False)       # what `--allow-cpu` changes (the tiny model)
+    slug: str  # also the folder under runs/
+    notebook: str  # path from the repository root
+    artifacts: tuple[str, ...]  # files every run of the chapter must contain
+    columns: dict = field(default_factory=dict, hash=False, compare=False)  # {csv file: columns it must have}
+    checks: dict = field(default_factory=dict, hash=False, compare=False)  # {notebook parameter: Rule}
+    smoke: dict = field(default_factory=dict, hash=False, compare=False)  # smallest parameters for `live --smoke`
+    cpu: dict = field(default_factory=dict, hash=False, compare=False)  # what `--allow-cpu` changes (the tiny model)
     reads: tuple[str, ...] = ()  # other chapters whose published runs this chapter's notebook reads
 
     @property
@@ -80,78 +81,160 @@ class Chapter:
 
 
 CHAPTERS = [
-    Chapter("why-a-gpu", "notebooks/why_a_gpu.ipynb",
-            ("ceilings.csv", "matvec.csv", "batch_sweep.csv"),
-            columns={"ceilings.csv": CEILINGS,
-                     "matvec.csv": ("device", "dtype", "ms_median", "bytes", "GB/s", "shape"),
-                     "batch_sweep.csv": ("batch", "status", "kernels", "gpu_busy_ns", "kernel_ns", "matmul_ns",
-                                         "wall_ms_median")},
-            checks={"preset": preset(), "batches": LENGTHS, "steps": REPEATS, "matvec_repeats": REPEATS},
-            smoke={"batches": [1, 16], "steps": 3, "matvec_repeats": 5},
-            reads=("kernels-in-one-token",)),
-    Chapter("what-a-kernel", "notebooks/what_a_kernel.ipynb",
-            ("add_kernels.csv", "add_times.csv", "queue.csv", "sync.csv", "burst_trace.json.gz"),
-            columns={"add_kernels.csv": KERNELS + ("implementation",),
-                     "add_times.csv": ("implementation", "ms_median", "bytes"),
-                     "queue.csv": ("launch", "call_start_us", "call_return_us", "gpu_done_us"),
-                     "sync.csv": ("what", "us_median")},
-            checks={"repeats": REPEATS, "burst": at_least(1), "hbm_n": at_least(1)},
-            smoke={"repeats": 20, "burst": 50, "hbm_n": 1 << 26}),
-    Chapter("model-code-to-kernels", "notebooks/model_code_to_kernels.ipynb",
-            ("mlp_kernels.csv", "rmsnorm_kernels.csv", "rmsnorm_times.csv"),
-            columns={"mlp_kernels.csv": KERNELS, "rmsnorm_kernels.csv": KERNELS + ("variant",),
-                     "rmsnorm_times.csv": ("variant", "kernels", "us_median")},
-            checks={"preset": preset(), "repeats": REPEATS},
-            smoke={"repeats": 10},
-            reads=("kernels-in-one-token",)),
-    Chapter("where-kernels-come-from", "notebooks/where_kernels_come_from.ipynb",
-            ("fusion_kernels.csv", "fusion_times.csv", "fused_rmsnorm_source.py", "attention_backends.csv"),
-            columns={"fusion_kernels.csv": KERNELS + ("variant",), "fusion_times.csv": ("variant", "kernels", "us_median"),
-                     "attention_backends.csv": ("backend", "context", "status", "kernels", "gpu_ns", "us_median")},
-            checks={"preset": preset(), "contexts": LENGTHS, "repeats": REPEATS},
-            smoke={"contexts": [256], "repeats": 10},
-            reads=("kernels-in-one-token",)),
-    Chapter("kernels-in-one-token", "notebooks/kernels_in_one_token.ipynb",
-            ("kernels.csv", "census.csv", "step_times.csv", "context_sweep.csv", "trace.json.gz"),
-            columns={"kernels.csv": KERNELS_BY_LAYER, "census.csv": ("kind", "kernels", "gpu_ms", "share"),
-                     "step_times.csv": ("repeat", "wall_ms"), "context_sweep.csv": ("context", "status", "kernels"),
-                     "ceilings.csv": CEILINGS},
-            checks={"preset": preset(), "batch": at_least(1), "prompt_len": at_least(1), "contexts": LENGTHS,
-                    "repeats": REPEATS, "fresh_processes": at_least(0)},
-            smoke={"contexts": [256, 4096], "repeats": 5, "fresh_processes": 1},
-            cpu={"preset": "tiny", "prompt_len": 16, "contexts": [8, 32], "repeats": 2, "fresh_processes": 1}),
-    Chapter("launch-overhead", "notebooks/launch_overhead.ipynb",
-            ("ceilings.csv", "variants.csv", "step_times.csv", "trace-eager.json.gz"),
-            columns={"ceilings.csv": CEILINGS, "step_times.csv": ("variant", "repeat", "wall_ms"),
-                     "variants.csv": ("variant", "status", "kernels", "gpu_busy_ns", "launch_calls", "wall_ms_median")},
-            checks={"preset": preset(), "prompt_len": at_least(1), "repeats": REPEATS},
-            smoke={"preset": "tiny", "prompt_len": 64, "repeats": 3, "max_autotune": True},
-            cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2}),
-    Chapter("prefill-vs-decode", "notebooks/prefill_vs_decode.ipynb",
-            ("phase_times.csv", "kernels-prefill.csv", "kernels-decode.csv", "census.csv", "prompt_sweep.csv",
-             "trace-prefill.json.gz", "trace-decode.json.gz"),
-            columns={"kernels-prefill.csv": KERNELS_BY_LAYER, "kernels-decode.csv": KERNELS_BY_LAYER,
-                     "census.csv": ("phase", "kind", "kernels", "gpu_ms", "share"),
-                     "phase_times.csv": ("phase", "repeat", "wall_ms"),
-                     "prompt_sweep.csv": ("prompt_len", "status", "kernels", "gpu_busy_ns", "wall_ms_median"),
-                     "ceilings.csv": CEILINGS},
-            checks={"preset": preset(), "prompt_len": at_least(1), "prompt_lens": LENGTHS, "repeats": REPEATS,
-                    "sweep_repeats": REPEATS},
-            smoke={"prompt_lens": [1, 64, 512], "repeats": 3, "sweep_repeats": 2},
-            cpu={"preset": "tiny", "prompt_len": 16, "prompt_lens": [1, 8, 16], "repeats": 2, "sweep_repeats": 1}),
-    Chapter("hybrid-model-token", "notebooks/hybrid_model_token.ipynb",
-            ("variants.csv", "step_times.csv", "prefill.csv", "cache_growth.csv", "trace-reference-eager.json.gz"),
-            columns={"variants.csv": ("backend", "mode", "status", "kernels", "gpu_busy_ns", "wall_ms_median"),
-                     "step_times.csv": ("backend", "mode", "repeat", "wall_ms"),
-                     "prefill.csv": ("backend", "status", "tokens", "kernels", "wall_ms_median"),
-                     "cache_growth.csv": ("context", "status", "layer_type", "layers", "bytes"),
-                     "ceilings.csv": CEILINGS},
-            checks={"preset": preset(), "prompt_len": at_least(1), "repeats": REPEATS,
-                    "backends": subset_of("reference", "fla"), "compile_backends": subset_of("reference", "fla"),
-                    "contexts": LENGTHS},
-            smoke={"repeats": 3, "compile_backends": [], "contexts": [512, 4096]},
-            cpu={"preset": "tiny-hybrid", "prompt_len": 16, "repeats": 2, "backends": ["reference"],
-                 "compile_backends": [], "contexts": [8, 64]}),
+    Chapter(
+        "why-a-gpu",
+        "notebooks/why_a_gpu.ipynb",
+        ("ceilings.csv", "matvec.csv", "batch_sweep.csv"),
+        columns={
+            "ceilings.csv": CEILINGS,
+            "matvec.csv": ("device", "dtype", "ms_median", "bytes", "GB/s", "shape"),
+            "batch_sweep.csv": (
+                "batch",
+                "status",
+                "kernels",
+                "gpu_busy_ns",
+                "kernel_ns",
+                "matmul_ns",
+                "wall_ms_median",
+            ),
+        },
+        checks={"preset": preset(), "batches": LENGTHS, "steps": REPEATS, "matvec_repeats": REPEATS},
+        smoke={"batches": [1, 16], "steps": 3, "matvec_repeats": 5},
+        reads=("kernels-in-one-token",),
+    ),
+    Chapter(
+        "what-a-kernel",
+        "notebooks/what_a_kernel.ipynb",
+        ("add_kernels.csv", "add_times.csv", "queue.csv", "sync.csv", "burst_trace.json.gz"),
+        columns={
+            "add_kernels.csv": KERNELS + ("implementation",),
+            "add_times.csv": ("implementation", "ms_median", "bytes"),
+            "queue.csv": ("launch", "call_start_us", "call_return_us", "gpu_done_us"),
+            "sync.csv": ("what", "us_median"),
+        },
+        checks={"repeats": REPEATS, "burst": at_least(1), "hbm_n": at_least(1)},
+        smoke={"repeats": 20, "burst": 50, "hbm_n": 1 << 26},
+    ),
+    Chapter(
+        "model-code-to-kernels",
+        "notebooks/model_code_to_kernels.ipynb",
+        ("mlp_kernels.csv", "rmsnorm_kernels.csv", "rmsnorm_times.csv"),
+        columns={
+            "mlp_kernels.csv": KERNELS,
+            "rmsnorm_kernels.csv": KERNELS + ("variant",),
+            "rmsnorm_times.csv": ("variant", "kernels", "us_median"),
+        },
+        checks={"preset": preset(), "repeats": REPEATS},
+        smoke={"repeats": 10},
+        reads=("kernels-in-one-token",),
+    ),
+    Chapter(
+        "where-kernels-come-from",
+        "notebooks/where_kernels_come_from.ipynb",
+        ("fusion_kernels.csv", "fusion_times.csv", "fused_rmsnorm_source.py", "attention_backends.csv"),
+        columns={
+            "fusion_kernels.csv": KERNELS + ("variant",),
+            "fusion_times.csv": ("variant", "kernels", "us_median"),
+            "attention_backends.csv": ("backend", "context", "status", "kernels", "gpu_ns", "us_median"),
+        },
+        checks={"preset": preset(), "contexts": LENGTHS, "repeats": REPEATS},
+        smoke={"contexts": [256], "repeats": 10},
+        reads=("kernels-in-one-token",),
+    ),
+    Chapter(
+        "kernels-in-one-token",
+        "notebooks/kernels_in_one_token.ipynb",
+        ("kernels.csv", "census.csv", "step_times.csv", "context_sweep.csv", "trace.json.gz"),
+        columns={
+            "kernels.csv": KERNELS_BY_LAYER,
+            "census.csv": ("kind", "kernels", "gpu_ms", "share"),
+            "step_times.csv": ("repeat", "wall_ms"),
+            "context_sweep.csv": ("context", "status", "kernels"),
+            "ceilings.csv": CEILINGS,
+        },
+        checks={
+            "preset": preset(),
+            "batch": at_least(1),
+            "prompt_len": at_least(1),
+            "contexts": LENGTHS,
+            "repeats": REPEATS,
+            "fresh_processes": at_least(0),
+        },
+        smoke={"contexts": [256, 4096], "repeats": 5, "fresh_processes": 1},
+        cpu={"preset": "tiny", "prompt_len": 16, "contexts": [8, 32], "repeats": 2, "fresh_processes": 1},
+    ),
+    Chapter(
+        "launch-overhead",
+        "notebooks/launch_overhead.ipynb",
+        ("ceilings.csv", "variants.csv", "step_times.csv", "trace-eager.json.gz"),
+        columns={
+            "ceilings.csv": CEILINGS,
+            "step_times.csv": ("variant", "repeat", "wall_ms"),
+            "variants.csv": ("variant", "status", "kernels", "gpu_busy_ns", "launch_calls", "wall_ms_median"),
+        },
+        checks={"preset": preset(), "prompt_len": at_least(1), "repeats": REPEATS},
+        smoke={"preset": "tiny", "prompt_len": 64, "repeats": 3, "max_autotune": True},
+        cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
+    ),
+    Chapter(
+        "prefill-vs-decode",
+        "notebooks/prefill_vs_decode.ipynb",
+        (
+            "phase_times.csv",
+            "kernels-prefill.csv",
+            "kernels-decode.csv",
+            "census.csv",
+            "prompt_sweep.csv",
+            "trace-prefill.json.gz",
+            "trace-decode.json.gz",
+        ),
+        columns={
+            "kernels-prefill.csv": KERNELS_BY_LAYER,
+            "kernels-decode.csv": KERNELS_BY_LAYER,
+            "census.csv": ("phase", "kind", "kernels", "gpu_ms", "share"),
+            "phase_times.csv": ("phase", "repeat", "wall_ms"),
+            "prompt_sweep.csv": ("prompt_len", "status", "kernels", "gpu_busy_ns", "wall_ms_median"),
+            "ceilings.csv": CEILINGS,
+        },
+        checks={
+            "preset": preset(),
+            "prompt_len": at_least(1),
+            "prompt_lens": LENGTHS,
+            "repeats": REPEATS,
+            "sweep_repeats": REPEATS,
+        },
+        smoke={"prompt_lens": [1, 64, 512], "repeats": 3, "sweep_repeats": 2},
+        cpu={"preset": "tiny", "prompt_len": 16, "prompt_lens": [1, 8, 16], "repeats": 2, "sweep_repeats": 1},
+    ),
+    Chapter(
+        "hybrid-model-token",
+        "notebooks/hybrid_model_token.ipynb",
+        ("variants.csv", "step_times.csv", "prefill.csv", "cache_growth.csv", "trace-reference-eager.json.gz"),
+        columns={
+            "variants.csv": ("backend", "mode", "status", "kernels", "gpu_busy_ns", "wall_ms_median"),
+            "step_times.csv": ("backend", "mode", "repeat", "wall_ms"),
+            "prefill.csv": ("backend", "status", "tokens", "kernels", "wall_ms_median"),
+            "cache_growth.csv": ("context", "status", "layer_type", "layers", "bytes"),
+            "ceilings.csv": CEILINGS,
+        },
+        checks={
+            "preset": preset(),
+            "prompt_len": at_least(1),
+            "repeats": REPEATS,
+            "backends": subset_of("reference", "fla"),
+            "compile_backends": subset_of("reference", "fla"),
+            "contexts": LENGTHS,
+        },
+        smoke={"repeats": 3, "compile_backends": [], "contexts": [512, 4096]},
+        cpu={
+            "preset": "tiny-hybrid",
+            "prompt_len": 16,
+            "repeats": 2,
+            "backends": ["reference"],
+            "compile_backends": [],
+            "contexts": [8, 64],
+        },
+    ),
 ]
 
 

@@ -5,6 +5,7 @@ key/value cache of the prompt, followed by greedy sampling (argmax). The cache
 is rebuilt by a fresh prefill before every measured step, so every step sees
 exactly `prompt_len` cached tokens.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,13 +24,15 @@ def require_device(device: str, allow_cpu: bool = False) -> str:
     """Check that live measurement can run on `device`; CPU only when explicitly allowed."""
     if device == "cuda":
         if not torch.cuda.is_available():
-            raise NoGPUError("live mode needs a CUDA GPU and none is visible "
-                             "(use mode='replay' to read the recorded run)")
+            raise NoGPUError(
+                "live mode needs a CUDA GPU and none is visible (use mode='replay' to read the recorded run)"
+            )
         return device
     if device == "cpu" and allow_cpu:
         return device
-    raise NoGPUError(f"live mode measures a GPU; device {device!r} is only allowed for tests "
-                     "(allow_cpu=True with a 'tiny' preset)")
+    raise NoGPUError(
+        f"live mode measures a GPU; device {device!r} is only allowed for tests (allow_cpu=True with a 'tiny' preset)"
+    )
 
 
 sync = harness.sync
@@ -42,7 +45,7 @@ class Prompt:
     ids: torch.Tensor
 
     @classmethod
-    def random(cls, vocab_size: int, batch: int, length: int, device: str, seed: int = 0) -> "Prompt":
+    def random(cls, vocab_size: int, batch: int, length: int, device: str, seed: int = 0) -> Prompt:
         g = torch.Generator(device="cpu").manual_seed(seed)
         return cls(torch.randint(0, vocab_size, (batch, length), generator=g).to(device))
 
@@ -75,7 +78,7 @@ def annotated_modules(model):
     for path, module in model.named_modules():
         if not path or isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
             continue
-        label = path[len(base):] if path.startswith(base) else path
+        label = path[len(base) :] if path.startswith(base) else path
 
         def pre(mod, args, _label=label):
             rf = torch.profiler.record_function(_label)
@@ -94,12 +97,19 @@ def annotated_modules(model):
             h.remove()
 
 
-def time_decode_steps(model, prompt: Prompt, device: str, repeats: int = 20, warmup: int = 3,
-                      allow_after_profile: bool = False) -> harness.Timing:
+def time_decode_steps(
+    model, prompt: Prompt, device: str, repeats: int = 20, warmup: int = 3, allow_after_profile: bool = False
+) -> harness.Timing:
     """Wall time of `repeats` decode steps, each after a fresh prefill (outside the timed span)."""
-    return harness.time_region(lambda cache, tok: decode_step(model, cache, tok),
-                               setup=lambda: prefill(model, prompt), what=f"decode step, {prompt.ids.shape[1]} tokens",
-                               device=device, repeats=repeats, warmup=warmup, allow_after_profile=allow_after_profile)
+    return harness.time_region(
+        lambda cache, tok: decode_step(model, cache, tok),
+        setup=lambda: prefill(model, prompt),
+        what=f"decode step, {prompt.ids.shape[1]} tokens",
+        device=device,
+        repeats=repeats,
+        warmup=warmup,
+        allow_after_profile=allow_after_profile,
+    )
 
 
 def profile_decode_step(model, prompt: Prompt, device: str, trace_path, warmup: int = 2):
@@ -108,6 +118,12 @@ def profile_decode_step(model, prompt: Prompt, device: str, trace_path, warmup: 
 
     Every step, warm-up or kept, starts from a fresh prefill of `prompt`, outside the
     `decode_step` region."""
-    return harness.profile_region(lambda cache, tok: decode_step(model, cache, tok), trace_path,
-                                  region="decode_step", device=device, warmup=warmup,
-                                  setup=lambda: prefill(model, prompt), labels=lambda: annotated_modules(model))
+    return harness.profile_region(
+        lambda cache, tok: decode_step(model, cache, tok),
+        trace_path,
+        region="decode_step",
+        device=device,
+        warmup=warmup,
+        setup=lambda: prefill(model, prompt),
+        labels=lambda: annotated_modules(model),
+    )

@@ -9,6 +9,7 @@ the step and reports its median with the CPU it ran on, and the book shows every
 
 prints one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,20 +48,44 @@ def _measure(preset: str, batch: int, prompt_len: int, repeats: int, device: str
     prompt = decode.Prompt.random(model.config.vocab_size, batch, prompt_len, device)
     t = decode.time_decode_steps(model, prompt, device, repeats=repeats)
     after = harness.host()
-    return ProcessTiming(process=process, pid=os.getpid(), wall_ms_median=t.median, wall_ms_min=t.low,
-                         wall_ms_max=t.high, issue_ms_median=statistics.median(t.issue_ms), repeats=repeats,
-                         cpu_model=before["cpu_model"], loadavg_1m_before=before["loadavg_1m"],
-                         loadavg_1m_after=after["loadavg_1m"])
+    return ProcessTiming(
+        process=process,
+        pid=os.getpid(),
+        wall_ms_median=t.median,
+        wall_ms_min=t.low,
+        wall_ms_max=t.high,
+        issue_ms_median=statistics.median(t.issue_ms),
+        repeats=repeats,
+        cpu_model=before["cpu_model"],
+        loadavg_1m_before=before["loadavg_1m"],
+        loadavg_1m_after=after["loadavg_1m"],
+    )
 
 
-def in_fresh_processes(n: int, preset: str, prompt_len: int, repeats: int, batch: int = 1,
-                       device: str = "cuda", progress=print) -> list[ProcessTiming]:
+def in_fresh_processes(
+    n: int, preset: str, prompt_len: int, repeats: int, batch: int = 1, device: str = "cuda", progress=print
+) -> list[ProcessTiming]:
     """Start `n` processes one after another, each timing the step once; their results."""
     out = []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     for i in range(n):
-        cmd = [sys.executable, "-m", "labsupport.measure.fresh", "--preset", preset, "--prompt-len", str(prompt_len),
-               "--batch", str(batch), "--repeats", str(repeats), "--device", device, "--process", str(i)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "labsupport.measure.fresh",
+            "--preset",
+            preset,
+            "--prompt-len",
+            str(prompt_len),
+            "--batch",
+            str(batch),
+            "--repeats",
+            str(repeats),
+            "--device",
+            device,
+            "--process",
+            str(i),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]

@@ -8,6 +8,7 @@ for one new token) and puts them back afterwards. The short causal convolution s
 PyTorch's conv1d in both: its fused kernel (the causal-conv1d package) needs a CUDA build
 that is not available here.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -83,7 +84,7 @@ def _reference_rules() -> dict:
 def _fla_rules() -> dict:
     from fla.ops import gated_delta_rule as ops
 
-    return {n: getattr(ops, f) for n, f in zip(_RULES, _FLA_RULES)}
+    return {n: getattr(ops, f) for n, f in zip(_RULES, _FLA_RULES, strict=False)}
 
 
 @contextlib.contextmanager
@@ -103,4 +104,3 @@ def use(name: str, device: str = "cuda"):
     finally:
         for n, f in saved.items():
             setattr(m, n, f)
-

@@ -1,6 +1,7 @@
 """Datasheet figures of common GPUs, and live microbenchmarks of the two ceilings
 that matter for decoding: memory bandwidth (a large device-to-device copy) and the
 BF16 matrix-multiply rate (a large GEMM)."""
+
 from __future__ import annotations
 
 import statistics
@@ -100,15 +101,16 @@ class Ceilings:
         return 2 * self.gemm_n**3 / (self.gemm_ms_median * 1e-3) / 1e12
 
     def as_row(self) -> dict:
-        return {**asdict(self), "copy_tbs": self.copy_tbs, "read_tbs": self.read_tbs,
-                "gemm_tflops": self.gemm_tflops}
+        return {**asdict(self), "copy_tbs": self.copy_tbs, "read_tbs": self.read_tbs, "gemm_tflops": self.gemm_tflops}
 
     @classmethod
-    def from_row(cls, row) -> "Ceilings":
+    def from_row(cls, row) -> Ceilings:
         """From a row of a run's `ceilings` table (older runs lack the read stream)."""
+
         def plain(v):
             v = v.item() if hasattr(v, "item") else v
             return None if isinstance(v, float) and v != v else v
+
         return cls(**{k: plain(row[k]) for k in cls.__dataclass_fields__ if k in row.index})
 
 
@@ -130,8 +132,7 @@ def time_cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
     return times
 
 
-def measure_ceilings(copy_gib: float = 2.0, read_gib: float = 4.0, gemm_n: int = 8192,
-                     repeats: int = 20) -> Ceilings:
+def measure_ceilings(copy_gib: float = 2.0, read_gib: float = 4.0, gemm_n: int = 8192, repeats: int = 20) -> Ceilings:
     """Measure copy bandwidth, read bandwidth and BF16 GEMM rate on the current CUDA device.
 
     Every working set is far larger than the 50-60 MB L2 of current GPUs, so these measure
@@ -141,25 +142,34 @@ def measure_ceilings(copy_gib: float = 2.0, read_gib: float = 4.0, gemm_n: int =
     """
     import torch
 
+    # Each working set lives only inside its own function, so it is freed before the next one.
+    def copy_ms(n_bytes):
+        src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+        dst = torch.empty_like(src)
+        return time_cuda_ms(lambda: dst.copy_(src), repeats)
+
+    def read_ms(rows, cols):
+        w = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
+        return {
+            "sum": time_cuda_ms(lambda: w.sum(dtype=torch.float32), repeats),
+            "matrix-vector product": time_cuda_ms(lambda: torch.mv(w, x), repeats),
+        }
+
+    def gemm_ms(n):
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        return time_cuda_ms(lambda: a @ b, repeats)
+
     n_bytes = int(copy_gib * 2**30)
-    src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    copy_times = time_cuda_ms(lambda: dst.copy_(src), repeats)
-    del src, dst
+    copy_times = copy_ms(n_bytes)
     cols = 8192
     rows_ = int(read_gib * 2**30) // (2 * cols)
-    w = torch.randn(rows_, cols, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
-    readers = {"sum": time_cuda_ms(lambda: w.sum(dtype=torch.float32), repeats),
-               "matrix-vector product": time_cuda_ms(lambda: torch.mv(w, x), repeats)}
+    readers = read_ms(rows_, cols)
     read_by = min(readers, key=lambda r: statistics.median(readers[r]))
     read_times = readers[read_by]
-    read_bytes = w.numel() * w.element_size()
-    del w, x
-    a = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
-    gemm_times = time_cuda_ms(lambda: a @ b, repeats)
-    del a, b
+    read_bytes = rows_ * cols * 2  # BF16
+    gemm_times = gemm_ms(gemm_n)
     torch.cuda.empty_cache()
     return Ceilings(
         copy_bytes=n_bytes,
@@ -186,8 +196,10 @@ def record_ceilings(writer, progress=print) -> Ceilings:
     progress("measuring copy and read bandwidth and BF16 GEMM rate")
     ceil = measure_ceilings()
     writer.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
-    progress(f"  copy {ceil.copy_tbs:.2f} TB/s, read {ceil.read_tbs:.2f} TB/s ({ceil.read_by}), "
-             f"GEMM {ceil.gemm_tflops:.0f} TFLOP/s")
+    progress(
+        f"  copy {ceil.copy_tbs:.2f} TB/s, read {ceil.read_tbs:.2f} TB/s ({ceil.read_by}), "
+        f"GEMM {ceil.gemm_tflops:.0f} TFLOP/s"
+    )
     return ceil
 
 
@@ -198,8 +210,8 @@ class Limits:
     datasheet_name: str | None
     datasheet_tflops: float | None
     datasheet_tbs: float | None
-    gemm_tflops: float | None   # measured: a large BF16 GEMM
-    copy_tbs: float | None      # measured: a large device-to-device copy (bytes read + written)
+    gemm_tflops: float | None  # measured: a large BF16 GEMM
+    copy_tbs: float | None  # measured: a large device-to-device copy (bytes read + written)
     read_tbs: float | None = None  # measured: a large read stream (bytes read); older runs lack it
 
     @property
@@ -224,12 +236,14 @@ def run_limits(run) -> Limits:
     sheet = datasheet_or_none(run.provenance["gpu"])
     has_ceil = "ceilings.csv" in run.meta["files"]
     ceil = Ceilings.from_row(run.table("ceilings").iloc[0]) if has_ceil else None
-    return Limits(datasheet_name=sheet.name if sheet else None,
-                  datasheet_tflops=sheet.bf16_tflops if sheet else None,
-                  datasheet_tbs=sheet.bandwidth_tbs if sheet else None,
-                  gemm_tflops=ceil.gemm_tflops if has_ceil else None,
-                  copy_tbs=ceil.copy_tbs if has_ceil else None,
-                  read_tbs=ceil.read_tbs if has_ceil else None)
+    return Limits(
+        datasheet_name=sheet.name if sheet else None,
+        datasheet_tflops=sheet.bf16_tflops if sheet else None,
+        datasheet_tbs=sheet.bandwidth_tbs if sheet else None,
+        gemm_tflops=ceil.gemm_tflops if has_ceil else None,
+        copy_tbs=ceil.copy_tbs if has_ceil else None,
+        read_tbs=ceil.read_tbs if has_ceil else None,
+    )
 
 
 def of_bandwidth(nbytes: float, ms, tbs: float | None):
@@ -249,23 +263,33 @@ def above_ceiling_note(what: str, tbs: float, lim: Limits) -> str:
     """The sentences a read rate `tbs` (TB/s) needs when it is above a ceiling measured in its
     run, or the datasheet's; empty when it is below them all. `what` names it ("The LM head")."""
     sheet = lim.datasheet_tbs
-    below_sheet = (f" The hardware's limit is the datasheet's {sheet:.1f} TB/s, and {what[0].lower() + what[1:]} "
-                   f"stays below it ({tbs / sheet:.0%})." if sheet else "")
+    below_sheet = (
+        f" The hardware's limit is the datasheet's {sheet:.1f} TB/s, and {what[0].lower() + what[1:]} "
+        f"stays below it ({tbs / sheet:.0%})."
+        if sheet
+        else ""
+    )
     if tbs != tbs:
         return ""
     if sheet and tbs > sheet:
-        return (f"{what} is above even the datasheet's {sheet:.1f} TB/s, which reading from memory cannot "
-                "exceed: part of what it read came from the L2 cache, or the measurement is wrong; this run "
-                "cannot tell which.")
+        return (
+            f"{what} is above even the datasheet's {sheet:.1f} TB/s, which reading from memory cannot "
+            "exceed: part of what it read came from the L2 cache, or the measurement is wrong; this run "
+            "cannot tell which."
+        )
     if lim.read_tbs and tbs > lim.read_tbs:
-        return (f"{what} is faster than the read stream measured in this run ({lim.read_tbs:.2f} TB/s). That "
-                "ceiling is the better of two ordinary kernels that only read (a sum and a matrix-vector product "
-                "over a working set far larger than the L2 cache), not a limit of the hardware: a kernel tuned "
-                "for its shape can beat it." + below_sheet)
+        return (
+            f"{what} is faster than the read stream measured in this run ({lim.read_tbs:.2f} TB/s). That "
+            "ceiling is the better of two ordinary kernels that only read (a sum and a matrix-vector product "
+            "over a working set far larger than the L2 cache), not a limit of the hardware: a kernel tuned "
+            "for its shape can beat it." + below_sheet
+        )
     if not lim.read_tbs and lim.copy_tbs and tbs > lim.copy_tbs:
-        return (f"{what} is faster than the copy bandwidth measured in this run ({lim.copy_tbs:.2f} TB/s), and "
-                "can be: a copy's figure counts the bytes it reads and the bytes it writes, and memory that "
-                "switches between reading and writing delivers less than memory that only reads, which is "
-                "all a matrix-vector product does with its weights. This run measured no read stream, the ceiling that applies "
-                "here." + below_sheet)
+        return (
+            f"{what} is faster than the copy bandwidth measured in this run ({lim.copy_tbs:.2f} TB/s), and "
+            "can be: a copy's figure counts the bytes it reads and the bytes it writes, and memory that "
+            "switches between reading and writing delivers less than memory that only reads, which is "
+            "all a matrix-vector product does with its weights. This run measured no read stream, the "
+            "ceiling that applies here." + below_sheet
+        )
     return ""

@@ -15,6 +15,7 @@ Two rules hold for every number in the book (the methodology page shows why, mea
    out of the kept step), and a profile that captured no GPU kernel on a GPU stops the
    recording at once: an empty kernel table is never written.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -89,19 +90,27 @@ class Timing:
 
     def rows(self, **keys) -> list[dict]:
         """One row per repeat, with `keys` (e.g. variant="eager") in every row."""
-        rows = [{**keys, "repeat": i, "wall_ms": w, "issue_ms": s, "clean": self.clean}
-                for i, (w, s) in enumerate(zip(self.wall_ms, self.issue_ms, strict=True))]
+        rows = [
+            {**keys, "repeat": i, "wall_ms": w, "issue_ms": s, "clean": self.clean}
+            for i, (w, s) in enumerate(zip(self.wall_ms, self.issue_ms, strict=True))
+        ]
         for r, g in zip(rows, self.gpu_ms, strict=False):  # no CUDA events on a CPU: no column
             r["gpu_ms"] = g
         return rows
 
     def summary(self, prefix: str = "wall_ms") -> dict:
-        return {f"{prefix}_median": self.median, f"{prefix}_min": self.low, f"{prefix}_max": self.high,
-                f"{prefix}_repeats": len(self.wall_ms), "clean": self.clean}
+        return {
+            f"{prefix}_median": self.median,
+            f"{prefix}_min": self.low,
+            f"{prefix}_max": self.high,
+            f"{prefix}_repeats": len(self.wall_ms),
+            "clean": self.clean,
+        }
 
 
-def time_region(fn, *, what: str, device: str, repeats: int, warmup: int = 3, setup=None,
-                allow_after_profile: bool = False) -> Timing:
+def time_region(
+    fn, *, what: str, device: str, repeats: int, warmup: int = 3, setup=None, allow_after_profile: bool = False
+) -> Timing:
     """Time `fn(*setup())` `repeats` times after `warmup` untimed runs.
 
     `setup` (e.g. a fresh prefill before each decode step) runs before each repeat, outside
@@ -109,8 +118,10 @@ def time_region(fn, *, what: str, device: str, repeats: int, warmup: int = 3, se
     that has profiled (rule 1) unless `allow_after_profile`, which the methodology's
     measurement of the profiler's own effect uses."""
     if profiled() and not allow_after_profile:
-        raise TimingError(f"{_chapter}: {what}: wall times must be taken before the first profile in a "
-                          "process (CUPTI stays attached after it); time first, then profile")
+        raise TimingError(
+            f"{_chapter}: {what}: wall times must be taken before the first profile in a "
+            "process (CUPTI stays attached after it); time first, then profile"
+        )
     events = device == "cuda"
     if events:
         import torch
@@ -144,8 +155,9 @@ def time_region(fn, *, what: str, device: str, repeats: int, warmup: int = 3, se
     return Timing(what=what, wall_ms=wall, issue_ms=issue, gpu_ms=gpu, clean=not profiled())
 
 
-def profile_region(fn, path: Path, *, region: str, device: str, warmup: int = 2, setup=None,
-                   labels=None) -> pd.DataFrame:
+def profile_region(
+    fn, path: Path, *, region: str, device: str, warmup: int = 2, setup=None, labels=None
+) -> pd.DataFrame:
     """Profile `fn(*setup())` with torch.profiler and return the kernels it launched.
 
     The session runs `warmup` traced-and-discarded steps, then keeps one (the profiler's own
@@ -162,15 +174,15 @@ def profile_region(fn, path: Path, *, region: str, device: str, warmup: int = 2,
     plan = schedule(wait=0, warmup=warmup, active=1, repeat=1)
     # torch warns that a schedule drops the warm-up steps' events: that is the point here.
     warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
-    with profile(activities=activities, schedule=plan,
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+    with profile(
+        activities=activities, schedule=plan, on_trace_ready=lambda p: p.export_chrome_trace(str(path))
+    ) as prof:
         for _ in range(warmup + 1):
             args = setup() if setup is not None else ()
             sync(device)
-            with labels() if labels is not None else contextlib.nullcontext():
-                with record_function(region):
-                    fn(*args)
-                    sync(device)  # the region ends when the GPU has finished it
+            with labels() if labels is not None else contextlib.nullcontext(), record_function(region):
+                fn(*args)
+                sync(device)  # the region ends when the GPU has finished it
             del args
             prof.step()
     if device == "cuda":  # a CPU-only profile does not attach CUPTI
@@ -179,8 +191,10 @@ def profile_region(fn, path: Path, *, region: str, device: str, warmup: int = 2,
         raise ProfileError(f"{_chapter}: the profile of {region!r} wrote no trace")
     k = trace.region_kernels(path, device=device, region=region)
     if device == "cuda" and k.empty:
-        raise ProfileError(f"{_chapter}: the profile of {region!r} captured no GPU kernels "
-                           f"(TEARDOWN_CUPTI={os.environ.get('TEARDOWN_CUPTI')}); nothing was written")
+        raise ProfileError(
+            f"{_chapter}: the profile of {region!r} captured no GPU kernels "
+            f"(TEARDOWN_CUPTI={os.environ.get('TEARDOWN_CUPTI')}); nothing was written"
+        )
     return k
 
 
@@ -188,9 +202,9 @@ def method() -> dict:
     """How the numbers of a run were taken, for its meta.json."""
     return {
         "wall_times": "host clock around the call, synchronised, median of repeats; taken before the "
-                      "first profile in the process (clean) or in fresh processes (labsupport.measure.fresh)",
+        "first profile in the process (clean) or in fresh processes (labsupport.measure.fresh)",
         "gpu_times": "kernel durations and busy time from one profiled step (torch.profiler, CUPTI), "
-                     "kept after warm-up steps of the same profiler session",
+        "kept after warm-up steps of the same profiler session",
         "cuda_event_times": "CUDA events recorded on the stream before and after each timed call",
         "teardown_cupti": os.environ.get("TEARDOWN_CUPTI", ""),
         "host": host(),
@@ -206,5 +220,9 @@ def host() -> dict:
                 model = line.split(":", 1)[1].strip()
                 break
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return {"cpu_model": model, "logical_cpus": os.cpu_count(), "loadavg_1m": round(load[0], 2),
-            "loadavg_5m": round(load[1], 2)}
+    return {
+        "cpu_model": model,
+        "logical_cpus": os.cpu_count(),
+        "loadavg_1m": round(load[0], 2),
+        "loadavg_5m": round(load[1], 2),
+    }

@@ -5,6 +5,7 @@ full, and the model is created from it with random weights directly on the
 target device.  Which kernels run, and for how long, depends on shapes, dtypes
 and code paths, not on the values of the weights.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -167,8 +168,12 @@ class ModelCounts:
         """The counts and the byte and operation totals derived from them, as a run records them."""
         from dataclasses import asdict
 
-        return {**asdict(self), "decode_bytes": self.decode_bytes, "matmul_bytes": self.matmul_bytes,
-                "decode_flops": self.decode_flops}
+        return {
+            **asdict(self),
+            "decode_bytes": self.decode_bytes,
+            "matmul_bytes": self.matmul_bytes,
+            "decode_flops": self.decode_flops,
+        }
 
 
 def count_model(model, preset: str = "") -> ModelCounts:

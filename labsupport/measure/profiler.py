@@ -1,4 +1,5 @@
 """Profile any piece of GPU work and read back its kernels: a thin front to the harness."""
+
 from __future__ import annotations
 
 from pathlib import Path

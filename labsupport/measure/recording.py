@@ -5,6 +5,7 @@ the writer that leaves nothing behind unless the whole block succeeds.
         ...                       # measure; run.write_table("variants", df)
     # here runs/launch-overhead/<run id>/ exists, whole (labsupport.runs.RunWriter)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,9 @@ def writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool = Fa
 
 
 @contextlib.contextmanager
-def recording(chapter: str, params, run_id: str | None = None, *, allow_cpu: bool = False,
-              ceilings: bool = False, progress=print):
+def recording(
+    chapter: str, params, run_id: str | None = None, *, allow_cpu: bool = False, ceilings: bool = False, progress=print
+):
     """A new run of `chapter`, open for writing: errors name the chapter, meta.json records how
     each kind of number was taken (harness.method) and, with `ceilings` on a GPU, the run
     starts with the measured copy, read and GEMM ceilings (ceilings.csv)."""

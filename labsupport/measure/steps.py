@@ -5,6 +5,7 @@ Each is a callable step with `prepare()`, which resets its state (a fresh prefil
 static cache's write position) outside any timed or profiled span; `setup(step)` makes that
 the harness's `setup`.
 """
+
 from __future__ import annotations
 
 import time
@@ -52,8 +53,13 @@ class StaticStep:
         self.model, self.n = model, n
         self.cache = StaticCache(config=model.config, max_cache_len=n + 16)
         with torch.no_grad():
-            out = model(input_ids=prompt_ids, past_key_values=self.cache, use_cache=True,
-                        cache_position=torch.arange(n, device=prompt_ids.device), logits_to_keep=1)
+            out = model(
+                input_ids=prompt_ids,
+                past_key_values=self.cache,
+                use_cache=True,
+                cache_position=torch.arange(n, device=prompt_ids.device),
+                logits_to_keep=1,
+            )
         self.tok = out.logits[:, -1].argmax(-1, keepdim=True)
         self.pos = torch.tensor([n], device=prompt_ids.device)
 
@@ -130,9 +136,11 @@ class CompiledStep:
 
 def setup(step):
     """The harness's `setup` for a step: reset its state, outside the measured span."""
+
     def reset():
         prepare(step)
         return ()
+
     return reset
 
 

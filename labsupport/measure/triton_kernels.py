@@ -4,12 +4,13 @@ Triton is imported only when a kernel is first used, so the book builds without 
 On a machine without a GPU, set TRITON_INTERPRET=1 before the first use and the
 same kernels run in Triton's interpreter (slowly, for tests).
 """
+
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 
-@lru_cache(maxsize=None)
+@cache
 def _kernels():
     import triton
     import triton.language as tl

@@ -6,6 +6,7 @@ reported as that one line. When the build fails anyway, the labsupport errors in
 (a notebook's RunError, say) are found and the first is printed last, after jupyter-book's
 own output, instead of being buried in it.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from labsupport.ops import history
 from labsupport import runs
+from labsupport.ops import history
 from labsupport.runs.provenance import REPO_ROOT
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -49,8 +50,7 @@ def first_error(log: str) -> str | None:
     return None
 
 
-def build(runs_root: Path | None = None, out: Path | None = None, log: Path | None = None,
-          echo: bool = True) -> Path:
+def build(runs_root: Path | None = None, out: Path | None = None, log: Path | None = None, echo: bool = True) -> Path:
     """Build the HTML from `runs_root` (default: runs/) into `out` (default: the repository's
     _build/); returns the HTML folder, or raises BuildError with one line."""
     root = runs_root or runs.runs_root()
@@ -58,14 +58,23 @@ def build(runs_root: Path | None = None, out: Path | None = None, log: Path | No
     log = log or REPO_ROOT / "build" / "book.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     jb = Path(sys.executable).with_name("jupyter-book")
-    cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(REPO_ROOT), "--all", "--warningiserror",
-           "--keep-going", "--builder", "html"]
+    cmd = [
+        str(jb) if jb.exists() else "jupyter-book",
+        "build",
+        str(REPO_ROOT),
+        "--all",
+        "--warningiserror",
+        "--keep-going",
+        "--builder",
+        "html",
+    ]
     if out is not None:
         cmd += ["--path-output", str(out)]
     env = {**os.environ, "LABSUPPORT_RUNS": str(root)}
     with open(log, "w") as f:
-        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             errors="replace")
+        p = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
         for line in p.stdout:
             f.write(line)
             if echo:

@@ -4,6 +4,7 @@ moved by more than a threshold).
 
 The markdown report escapes everything that comes from run data (kernel names above all), so
 the status page renders it as text, never as HTML."""
+
 from __future__ import annotations
 
 import html
@@ -13,11 +14,11 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from labsupport.traces import kernels
 from labsupport import runs
 from labsupport.chapters import Chapter
+from labsupport.traces import kernels
 
-DEFAULT_TIMING_THRESHOLD = 0.25   # relative change of a headline number still called noise
+DEFAULT_TIMING_THRESHOLD = 0.25  # relative change of a headline number still called noise
 
 
 @dataclass
@@ -54,8 +55,9 @@ def _counts(df: pd.DataFrame, by) -> dict:
     return df.name.map(by).value_counts().to_dict()
 
 
-def compare(chapter: Chapter, new: runs.Run, old: runs.Run | None,
-            threshold: float = DEFAULT_TIMING_THRESHOLD) -> ChapterDrift:
+def compare(
+    chapter: Chapter, new: runs.Run, old: runs.Run | None, threshold: float = DEFAULT_TIMING_THRESHOLD
+) -> ChapterDrift:
     d = ChapterDrift(chapter.slug, old.run_id if old else None, new.run_id)
     if old is None:
         return d
@@ -71,15 +73,28 @@ def compare(chapter: Chapter, new: runs.Run, old: runs.Run | None,
             ca, cb = _counts(a, fn), _counts(b, fn)
             for key in sorted(set(ca) | set(cb)):
                 if ca.get(key, 0) != cb.get(key, 0):
-                    d.structural.append({"table": table, "what": f"{label}: {key}",
-                                         "old": ca.get(key, 0), "new": cb.get(key, 0)})
+                    d.structural.append(
+                        {"table": table, "what": f"{label}: {key}", "old": ca.get(key, 0), "new": cb.get(key, 0)}
+                    )
         na, nb = set(a.name.map(kernels.short_name)), set(b.name.map(kernels.short_name))
         for name in sorted(nb - na):
-            d.structural.append({"table": table, "what": f"new kernel {name}", "old": 0,
-                                 "new": int((b.name.map(kernels.short_name) == name).sum())})
+            d.structural.append(
+                {
+                    "table": table,
+                    "what": f"new kernel {name}",
+                    "old": 0,
+                    "new": int((b.name.map(kernels.short_name) == name).sum()),
+                }
+            )
         for name in sorted(na - nb):
-            d.structural.append({"table": table, "what": f"kernel gone {name}",
-                                 "old": int((a.name.map(kernels.short_name) == name).sum()), "new": 0})
+            d.structural.append(
+                {
+                    "table": table,
+                    "what": f"kernel gone {name}",
+                    "old": int((a.name.map(kernels.short_name) == name).sum()),
+                    "new": 0,
+                }
+            )
     h_new, h_old = chapter.headline(new), chapter.headline(old)
     for key in h_new:
         if key not in h_old:
@@ -110,28 +125,43 @@ def md_code(value) -> str:
 
 
 def to_json(drifts: list[ChapterDrift], threshold: float) -> str:
-    return json.dumps({"timing_threshold": threshold, "chapters": [asdict(d) for d in drifts]}, indent=2,
-                      default=float) + "\n"
+    return (
+        json.dumps({"timing_threshold": threshold, "chapters": [asdict(d) for d in drifts]}, indent=2, default=float)
+        + "\n"
+    )
 
 
 def to_markdown(drifts: list[ChapterDrift], threshold: float, title: str) -> str:
-    lines = [f"# {title}", "",
-             f"Structural changes are any change in kernel counts or names; a headline number counts as "
-             f"moved when it changed by more than {threshold:.0%}.", ""]
+    lines = [
+        f"# {title}",
+        "",
+        f"Structural changes are any change in kernel counts or names; a headline number counts as "
+        f"moved when it changed by more than {threshold:.0%}.",
+        "",
+    ]
     for d in drifts:
-        lines += [f"## {md_text(d.chapter)}", "",
-                  f"new run {md_code(d.new_run)} against published run {md_code(d.old_run or 'none')}", ""]
+        lines += [
+            f"## {md_text(d.chapter)}",
+            "",
+            f"new run {md_code(d.new_run)} against published run {md_code(d.old_run or 'none')}",
+            "",
+        ]
         if d.old_run is None:
             lines += ["No published run to compare with.", ""]
             continue
         if d.structural:
             lines += ["| table | change | published | new |", "|---|---|---|---|"]
-            lines += [f"| {md_text(s['table'])} | {md_text(s['what'])} | {md_text(s['old'])} | {md_text(s['new'])} |"
-                      for s in d.structural]
+            lines += [
+                f"| {md_text(s['table'])} | {md_text(s['what'])} | {md_text(s['old'])} | {md_text(s['new'])} |"
+                for s in d.structural
+            ]
         else:
             lines.append("No structural change: the same kernels, by kind and by source.")
         lines += ["", "| headline number | published | new | change | |", "|---|---|---|---|---|"]
-        lines += [f"| {md_text(t['metric'])} | {t['old']:.4g} | {t['new']:.4g} | {t['change']:+.1%} | "
-                  f"{'**moved**' if t['moved'] else 'noise'} |" for t in d.timing]
+        lines += [
+            f"| {md_text(t['metric'])} | {t['old']:.4g} | {t['new']:.4g} | {t['change']:+.1%} | "
+            f"{'**moved**' if t['moved'] else 'noise'} |"
+            for t in d.timing
+        ]
         lines.append("")
     return "\n".join(lines)

@@ -4,6 +4,7 @@
 Rows are only ever appended: the file's existing bytes are kept as they are and the new rows
 added after them, in one atomic replacement (labsupport.runs.promotion does it together with the
 publication itself)."""
+
 from __future__ import annotations
 
 import io
@@ -33,8 +34,9 @@ def read(root: Path | None = None) -> pd.DataFrame:
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, ValueError) as e:
         raise runs.RunError(f"{p} is corrupt: {str(e).strip().splitlines()[0]}") from None
     if list(df.columns) != COLUMNS:
-        raise runs.RunError(f"{p} is corrupt: its columns are {', '.join(map(str, df.columns))}, "
-                            f"expected {', '.join(COLUMNS)}")
+        raise runs.RunError(
+            f"{p} is corrupt: its columns are {', '.join(map(str, df.columns))}, expected {', '.join(COLUMNS)}"
+        )
     if not pd.to_numeric(df.value, errors="coerce").notna().all():
         raise runs.RunError(f"{p} is corrupt: column 'value' holds something that is not a number")
     return df
@@ -44,9 +46,18 @@ def rows_for(published_as: str, chapter, run: runs.Run, notebook_s: float | None
     values = dict(chapter.headline(run))
     if notebook_s is not None:
         values["notebook seconds"] = notebook_s
-    return [{"published_as": published_as, "chapter": chapter.slug, "run_id": run.run_id,
-             "utc_time": run.provenance["utc_time"], "gpu": run.provenance["gpu"],
-             "metric": k, "value": float(v)} for k, v in values.items()]
+    return [
+        {
+            "published_as": published_as,
+            "chapter": chapter.slug,
+            "run_id": run.run_id,
+            "utc_time": run.provenance["utc_time"],
+            "gpu": run.provenance["gpu"],
+            "metric": k,
+            "value": float(v),
+        }
+        for k, v in values.items()
+    ]
 
 
 def with_rows(rows: list[dict], root: Path | None = None) -> bytes:

@@ -2,14 +2,15 @@
 runs/ into the command's log folder) or cleaned, never anywhere the book or the status page
 reads. Called with the runs folder's lock held (labsupport.runs.lock), so nothing else is writing.
 """
+
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+from labsupport import runs
 from labsupport.ops import history
 from labsupport.runs import promotion
-from labsupport import runs
 
 
 def set_aside(root: Path, run_id: str, aside: Path, complete: bool = True) -> list[str]:
@@ -24,8 +25,7 @@ def set_aside(root: Path, run_id: str, aside: Path, complete: bool = True) -> li
         for d in (chapter_dir / run_id, chapter_dir / f".incomplete-{run_id}"):
             if not d.exists() or d.is_symlink():
                 continue
-            if d.name == run_id and (not complete or published is None
-                                     or published.get(chapter_dir.name) == run_id):
+            if d.name == run_id and (not complete or published is None or published.get(chapter_dir.name) == run_id):
                 continue
             (aside / chapter_dir.name).mkdir(parents=True, exist_ok=True)
             shutil.move(str(d), aside / chapter_dir.name / d.name)
@@ -67,8 +67,10 @@ def recover(root: Path, stale: dict | None, book_dir: Path | None, nightly_dir: 
                 done.append(f"removed the left-over book folder {d}")
     if stale:
         rid = stale.get("run_id")
-        done.append(f"took over the lock of {stale.get('what', 'a command')} pid {stale.get('pid', '?')} "
-                    f"(started {stale.get('started', '?')}), which is no longer running")
+        done.append(
+            f"took over the lock of {stale.get('what', 'a command')} pid {stale.get('pid', '?')} "
+            f"(started {stale.get('started', '?')}), which is no longer running"
+        )
         if rid and runs.RUN_ID_PATTERN.match(str(rid)):
             aside = Path(stale.get("aside") or nightly_dir / rid / "failed-runs")
             moved = set_aside(root, rid, aside, complete=not stale.get("keep_runs"))
@@ -85,4 +87,3 @@ def recover(root: Path, stale: dict | None, book_dir: Path | None, nightly_dir: 
             tmp.unlink()
             done.append(f"removed the temporary file {tmp}")
     return done
-

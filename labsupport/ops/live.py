@@ -5,6 +5,7 @@ together with its history rows), under the runs folder's lock.
 `--smoke` runs the chapters with their smallest parameters (chapters.py) into a scratch runs
 folder, checks each run, and publishes nothing.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,9 @@ def check_gpu(allow_cpu: bool) -> None:
     import torch
 
     if not torch.cuda.is_available() and not allow_cpu:
-        raise SystemExit("live mode needs a CUDA GPU and none is visible; the book replays the "
-                         "recorded runs instead (make book)")
+        raise SystemExit(
+            "live mode needs a CUDA GPU and none is visible; the book replays the recorded runs instead (make book)"
+        )
 
 
 def gpu_tag() -> str:
@@ -56,11 +58,14 @@ def fresh_run_id(log_root: Path) -> str:
 def set_environment() -> None:
     """The notebook kernels import this checkout's labsupport and record the command."""
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
-    os.environ.setdefault("LABSUPPORT_COMMAND", " ".join(shlex.quote(a) for a in ["python", "-m", "labsupport", *sys.argv[1:]]))
+    os.environ.setdefault(
+        "LABSUPPORT_COMMAND", " ".join(shlex.quote(a) for a in ["python", "-m", "labsupport", *sys.argv[1:]])
+    )
 
 
-def run_chapter(chapter: chapters.Chapter, run_id: str, parameters: dict, log_dir: Path,
-                root: Path | None = None) -> Path:
+def run_chapter(
+    chapter: chapters.Chapter, run_id: str, parameters: dict, log_dir: Path, root: Path | None = None
+) -> Path:
     """Execute one chapter notebook live, recording run `run_id` (never published here);
     returns the executed notebook's path."""
     import papermill as pm
@@ -69,9 +74,16 @@ def run_chapter(chapter: chapters.Chapter, run_id: str, parameters: dict, log_di
     out = log_dir / Path(chapter.notebook).name
     params = {**parameters, "mode": "live", "run_id": run_id}
     try:
-        pm.execute_notebook(str(chapter.path), str(out), parameters=params, cwd=str(chapter.path.parent),
-                            kernel_name="python3", progress_bar=True, log_output=True,
-                            request_save_on_cell_execute=True)
+        pm.execute_notebook(
+            str(chapter.path),
+            str(out),
+            parameters=params,
+            cwd=str(chapter.path.parent),
+            kernel_name="python3",
+            progress_bar=True,
+            log_output=True,
+            request_save_on_cell_execute=True,
+        )
     except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback
         first = str(e).strip().splitlines()
         reason = next((ln for ln in reversed(first) if ln.strip()), type(e).__name__)
@@ -83,8 +95,9 @@ def run_chapter(chapter: chapters.Chapter, run_id: str, parameters: dict, log_di
     return out
 
 
-def run_logged(chapter: chapters.Chapter, run_id: str, parameters: dict, out_dir: Path,
-               root: Path | None = None) -> Path:
+def run_logged(
+    chapter: chapters.Chapter, run_id: str, parameters: dict, out_dir: Path, root: Path | None = None
+) -> Path:
     """run_chapter, with papermill's log of the notebook in <out_dir>/<slug>.log."""
     out_dir.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out_dir / f"{chapter.slug}.log")
@@ -137,7 +150,7 @@ def _live(lk, root: Path, selected, per_chapter: dict, publish: bool) -> int:
 
     for line in leftovers.recover(root, lk.stale, nightly.BOOK_DIR, nightly.NIGHTLY_DIR):
         print(f"before running: {line}", flush=True)
-    runs.published(root)   # a damaged manifest or history stops here, before any chapter runs
+    runs.published(root)  # a damaged manifest or history stops here, before any chapter runs
     history.read(root)
     run_id = fresh_run_id(LOG_DIR)
     log_dir = LOG_DIR / run_id
@@ -160,8 +173,11 @@ def _live(lk, root: Path, selected, per_chapter: dict, publish: bool) -> int:
             print(f"error: {ch.slug}: run {run_id} {e}; `python -m labsupport recover` finishes it", file=sys.stderr)
             return 1
         except Exception as e:
-            print(f"error: {ch.slug}: publishing run {run_id} failed ({type(e).__name__}: {e}); "
-                  f"the published runs are unchanged", file=sys.stderr)
+            print(
+                f"error: {ch.slug}: publishing run {run_id} failed ({type(e).__name__}: {e}); "
+                f"the published runs are unchanged",
+                file=sys.stderr,
+            )
             return 1
         verb = "published" if publish else "recorded"
         print(f"[{i}/{len(selected)}] {ch.slug}: {verb} run {run_id} in {seconds:.0f} s", flush=True)

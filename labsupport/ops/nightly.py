@@ -18,6 +18,7 @@ aside to build/nightly/<id>/failed-runs/ and it exits 1 with a one-line reason. 
 night is published whatever happens; pruning old runs and removing the replaced book come
 last and only warn when they fail.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from labsupport.ops import bookbuild, drift, history, leftovers, live, validate
 from labsupport import chapters, runs
+from labsupport.ops import bookbuild, drift, history, leftovers, live, validate
 from labsupport.runs import lock, promotion
 from labsupport.runs.provenance import REPO_ROOT
 
@@ -72,8 +73,11 @@ def validate_runs(root: Path, selected, run_id: str, out_dir: Path, min_kernels:
     """Step 3: the new runs load whole and pass validate.check_run."""
     try:
         new = {ch.slug: runs.load_run(ch.slug, run_id, root) for ch in selected}
-        problems = [f"{slug}: {p}" for slug, run in new.items()
-                    for p in validate.check_run(chapters.by_slug(slug), run, min_kernels)]
+        problems = [
+            f"{slug}: {p}"
+            for slug, run in new.items()
+            for p in validate.check_run(chapters.by_slug(slug), run, min_kernels)
+        ]
     except runs.RunError as e:
         problems = [str(e)]
     (out_dir / "validation.txt").write_text("\n".join(problems) + "\n" if problems else "passed\n")
@@ -90,9 +94,12 @@ def write_drift(run_id: str, new: dict, baseline: dict, threshold: float, out_di
     js = drift.to_json(drifts, threshold).encode()
     (out_dir / "drift.md").write_bytes(md)
     (out_dir / "drift.json").write_bytes(js)
-    print(f"drift: {sum(len(d.structural) for d in drifts)} structural changes, "
-          f"{sum(len(d.moved) for d in drifts)} headline numbers moved beyond {threshold:.0%} "
-          f"({out_dir / 'drift.md'})", flush=True)
+    print(
+        f"drift: {sum(len(d.structural) for d in drifts)} structural changes, "
+        f"{sum(len(d.moved) for d in drifts)} headline numbers moved beyond {threshold:.0%} "
+        f"({out_dir / 'drift.md'})",
+        flush=True,
+    )
     return {f"nightly/{run_id}-drift.md": md, f"nightly/{run_id}-drift.json": js}
 
 
@@ -101,8 +108,10 @@ def build_book(root: Path, manifest: dict, files: dict[str, bytes], out_dir: Pat
     print("building the book from the new runs", flush=True)
     stage = out_dir / "book-runs"
     runs.copy_published(stage, root, manifest)
-    for rel in [*(["history.csv"] if (root / "history.csv").is_file() else []),
-                *(f"nightly/{p.name}" for p in sorted((root / "nightly").glob("*-drift.*")))]:
+    for rel in [
+        *(["history.csv"] if (root / "history.csv").is_file() else []),
+        *(f"nightly/{p.name}" for p in sorted((root / "nightly").glob("*-drift.*"))),
+    ]:
         src = root / rel
         if src.is_file() and not src.is_symlink():
             (stage / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -131,8 +140,14 @@ def prune(root: Path, new: dict[str, runs.Run], baseline: dict[str, runs.Run]) -
         runs.prune(slug, {run.run_id} | ({old.run_id} if old else set()), root)
 
 
-def main(names: list[str], params: dict, allow_cpu: bool = False, build_book: bool = True,
-         timing_threshold: float = drift.DEFAULT_TIMING_THRESHOLD, min_kernels: int = 1) -> int:
+def main(
+    names: list[str],
+    params: dict,
+    allow_cpu: bool = False,
+    build_book: bool = True,
+    timing_threshold: float = drift.DEFAULT_TIMING_THRESHOLD,
+    min_kernels: int = 1,
+) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     live.check_gpu(allow_cpu)
     selected = chapters.find(names)
@@ -156,8 +171,11 @@ def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_ker
         for line in leftovers.recover(root, lk.stale, BOOK_DIR, NIGHTLY_DIR):
             print(f"before the night: {line}", flush=True)
     except BaseException as e:
-        print(f"nightly failed: finishing what an earlier command left behind failed: {_reason(e)}; "
-              f"nothing was published by this night; `python -m labsupport recover` tries again", file=sys.stderr)
+        print(
+            f"nightly failed: finishing what an earlier command left behind failed: {_reason(e)}; "
+            f"nothing was published by this night; `python -m labsupport recover` tries again",
+            file=sys.stderr,
+        )
         return 1
     run_id = live.fresh_run_id(NIGHTLY_DIR)
     out_dir = NIGHTLY_DIR / run_id
@@ -170,8 +188,11 @@ def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_ker
         seconds = run_chapters(selected, run_id, per_chapter, out_dir)
         new = validate_runs(root, selected, run_id, out_dir, min_kernels)
         files = write_drift(run_id, new, baseline, timing_threshold, out_dir)
-        rows = [row for slug, run in new.items()
-                for row in history.rows_for(f"nightly {run_id}", chapters.by_slug(slug), run, seconds[slug])]
+        rows = [
+            row
+            for slug, run in new.items()
+            for row in history.rows_for(f"nightly {run_id}", chapters.by_slug(slug), run, seconds[slug])
+        ]
         files["history.csv"] = history.with_rows(rows, root)
         manifest = {**runs.published(root), **{slug: run_id for slug in new}}
         html = build_book(root, manifest, files, out_dir) if with_book else None
@@ -183,8 +204,11 @@ def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_ker
         if manifest is not None and _is_published(root, manifest):
             return _flipped_but(staged, run_id, reason, out_dir)
         return _failed(root, run_id, reason, staged, stage, out_dir)
-    print(f"nightly {run_id} published {len(new)} chapters in {time.perf_counter() - t_all:.0f} s "
-          f"({', '.join(f'{s} {t:.0f} s' for s, t in seconds.items())})", flush=True)
+    print(
+        f"nightly {run_id} published {len(new)} chapters in {time.perf_counter() - t_all:.0f} s "
+        f"({', '.join(f'{s} {t:.0f} s' for s, t in seconds.items())})",
+        flush=True,
+    )
     _after(root, p, new, baseline)
     return 0
 
@@ -199,8 +223,11 @@ def _failed(root: Path, run_id: str, reason: str, staged, stage: Path, out_dir: 
         left = ""
     except Exception as e:
         left = f" (setting its runs aside failed too, {_reason(e)}: the next nightly or `make recover` does it)"
-    print(f"nightly failed: {reason}; nothing was published: the published runs, history, reports "
-          f"and book are unchanged{left}; logs in {out_dir}", file=sys.stderr)
+    print(
+        f"nightly failed: {reason}; nothing was published: the published runs, history, reports "
+        f"and book are unchanged{left}; logs in {out_dir}",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -228,12 +255,14 @@ def _flipped_but(p: promotion.Promotion | None, run_id: str, reason: str, out_di
             promotion.cleanup(p)
     except Exception as e:
         (out_dir / "INCOMPLETE.txt").write_text(f"{reason}; then {_reason(e)}\n")
-        print(f"nightly {run_id} is published (runs/published.json names its runs) but not complete: "
-              f"{reason}; the next nightly or live command, or `python -m labsupport recover`, "
-              f"finishes it", file=sys.stderr)
+        print(
+            f"nightly {run_id} is published (runs/published.json names its runs) but not complete: "
+            f"{reason}; the next nightly or live command, or `python -m labsupport recover`, "
+            f"finishes it",
+            file=sys.stderr,
+        )
         return 1
-    print(f"nightly {run_id} published; {reason} after publishing, so old runs were not pruned",
-          file=sys.stderr)
+    print(f"nightly {run_id} published; {reason} after publishing, so old runs were not pruned", file=sys.stderr)
     return 0
 
 
@@ -243,5 +272,8 @@ def _after(root: Path, p: promotion.Promotion, new: dict, baseline: dict) -> Non
         promotion.cleanup(p)
         prune(root, new, baseline)
     except BaseException as e:
-        print(f"warning: nightly published, but cleaning up failed: {_reason(e)} "
-              f"(old runs or the replaced book may remain; the next nightly removes them)", file=sys.stderr)
+        print(
+            f"warning: nightly published, but cleaning up failed: {_reason(e)} "
+            f"(old runs or the replaced book may remain; the next nightly removes them)",
+            file=sys.stderr,
+        )

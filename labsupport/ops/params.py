@@ -7,17 +7,18 @@ value is JSON (a bare word is allowed for a parameter whose default is a string)
 default's type, and passes the chapter's checks (chapters.py). Each problem is one
 ParamError line naming the parameter.
 """
+
 from __future__ import annotations
 
 import ast
 import json
 import re
-from functools import lru_cache
+from functools import cache
+from pathlib import Path
 
 from labsupport import chapters
 
-RESERVED = {"mode": "the command sets it", "run_id": "the command chooses the run id",
-            "allow_cpu": "use --allow-cpu"}
+RESERVED = {"mode": "the command sets it", "run_id": "the command chooses the run id", "allow_cpu": "use --allow-cpu"}
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -25,10 +26,12 @@ class ParamError(ValueError):
     """A `--param` that cannot be used (the message is one line naming it)."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _defaults(path: str) -> tuple:
-    nb = json.loads(open(path).read())
-    cells = [c for c in nb["cells"] if c["cell_type"] == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    nb = json.loads(Path(path).read_text())
+    cells = [
+        c for c in nb["cells"] if c["cell_type"] == "code" and "parameters" in c.get("metadata", {}).get("tags", [])
+    ]
     if len(cells) != 1:
         raise ParamError(f"{path}: expected one code cell tagged 'parameters', found {len(cells)}")
     src = "".join(cells[0]["source"]) if isinstance(cells[0]["source"], list) else cells[0]["source"]
@@ -39,8 +42,17 @@ def _defaults(path: str) -> tuple:
     return tuple(out)
 
 
-_ARITHMETIC = (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.List, ast.Tuple, ast.Load,
-               ast.operator, ast.unaryop)
+_ARITHMETIC = (
+    ast.Expression,
+    ast.Constant,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.List,
+    ast.Tuple,
+    ast.Load,
+    ast.operator,
+    ast.unaryop,
+)
 
 
 def _constant(node: ast.expr, path: str):
@@ -50,7 +62,9 @@ def _constant(node: ast.expr, path: str):
     except ValueError:
         expr = ast.Expression(node)
         if not all(isinstance(n, _ARITHMETIC) for n in ast.walk(expr)):
-            raise ParamError(f"{path}: the default of a parameter must be a constant, not {ast.unparse(node)}") from None
+            raise ParamError(
+                f"{path}: the default of a parameter must be a constant, not {ast.unparse(node)}"
+            ) from None
         return eval(compile(expr, path, "eval"), {"__builtins__": {}})
 
 
@@ -71,8 +85,14 @@ def parse_cli(pairs: list[str]) -> dict[str, str]:
 
 
 def _type_name(v) -> str:
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-            list: "a JSON list", dict: "a JSON object"}.get(type(v), type(v).__name__)
+    return {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a JSON list",
+        dict: "a JSON object",
+    }.get(type(v), type(v).__name__)
 
 
 def parse_value(name: str, raw, default):
@@ -90,8 +110,10 @@ def parse_value(name: str, raw, default):
         try:
             value = json.loads(raw)
         except ValueError:
-            raise ParamError(f"--param {name}={raw}: not a JSON value (the notebook's default is "
-                             f"{json.dumps(default)}, {_type_name(default)})") from None
+            raise ParamError(
+                f"--param {name}={raw}: not a JSON value (the notebook's default is "
+                f"{json.dumps(default)}, {_type_name(default)})"
+            ) from None
     _check_type(name, value, default)
     return float(value) if isinstance(default, float) else value
 
@@ -110,15 +132,19 @@ def _check_type(name: str, value, default) -> None:
     if default is None:
         return
     if not _is(value, default):
-        raise ParamError(f"--param {name}={json.dumps(value)}: must be {_type_name(default)}, "
-                         f"like the notebook's default {json.dumps(default)}")
+        raise ParamError(
+            f"--param {name}={json.dumps(value)}: must be {_type_name(default)}, "
+            f"like the notebook's default {json.dumps(default)}"
+        )
     if isinstance(default, list) and default:
         kinds = {type(x) for x in default}
         if len(kinds) == 1:
             bad = [x for x in value if not _is(x, default[0])]
             if bad:
-                raise ParamError(f"--param {name}={json.dumps(value)}: every entry must be "
-                                 f"{_type_name(default[0])} ({json.dumps(bad[0])} is not)")
+                raise ParamError(
+                    f"--param {name}={json.dumps(value)}: every entry must be "
+                    f"{_type_name(default[0])} ({json.dumps(bad[0])} is not)"
+                )
 
 
 def check_rule(name: str, value, rule: chapters.Rule) -> None:

@@ -1,11 +1,13 @@
 """The book's status page: what is published, where it came from, and how the headline
 numbers moved from run to run."""
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from labsupport import chapters, figures as plots, runs
+from labsupport import chapters, runs
+from labsupport import figures as plots
 from labsupport.ops import drift, history
 
 
@@ -22,10 +24,17 @@ def published_table() -> pd.DataFrame:
             rows.append({"chapter": ch.slug, "run": f"none ({e})"})
             continue
         p = run.provenance
-        rows.append({"chapter": ch.slug, "run": run.run_id, "GPU": p["gpu"].replace("NVIDIA ", ""),
-                     "software": f"torch {p['torch']}, transformers {p['transformers']}, CUDA {p['cuda']}, "
-                                 f"driver {p['driver']}",
-                     "commit": p["git_commit"][:10], "notebook s": secs.get((ch.slug, run.run_id), float("nan"))})
+        rows.append(
+            {
+                "chapter": ch.slug,
+                "run": run.run_id,
+                "GPU": p["gpu"].replace("NVIDIA ", ""),
+                "software": f"torch {p['torch']}, transformers {p['transformers']}, CUDA {p['cuda']}, "
+                f"driver {p['driver']}",
+                "commit": p["git_commit"][:10],
+                "notebook s": secs.get((ch.slug, run.run_id), float("nan")),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -43,7 +52,7 @@ def history_figure(label: str):
     cols = 4
     rows = -(-len(series) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(12, 2.2 * rows), squeeze=False)
-    for ax, ((chapter, metric), g) in zip(axes.flat, series):
+    for ax, ((chapter, metric), g) in zip(axes.flat, series, strict=False):
         x = [order.index(p) for p in g.published_as]
         ax.plot(x, g.value, "o-", color=plots.OURS, ms=4)
         ax.set_title(f"{chapter}\n{metric}", fontsize=8.5)
@@ -52,7 +61,7 @@ def history_figure(label: str):
         lo, hi = g.value.min(), g.value.max()
         pad = max((hi - lo) * 0.5, abs(hi) * 0.15) or 1  # noise should look like noise
         ax.set_ylim(lo - pad, hi + pad)
-    for ax in list(axes.flat)[len(series):]:
+    for ax in list(axes.flat)[len(series) :]:
         ax.set_visible(False)
     fig.supxlabel("publication (1 = oldest in runs/history.csv)", fontsize=8)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
@@ -64,8 +73,14 @@ def publications() -> pd.DataFrame:
     """The publications the history holds, numbered as on the figure's axis."""
     h = history.read()
     first = h.drop_duplicates("published_as")
-    return pd.DataFrame({"#": range(1, len(first) + 1), "published as": first.published_as.values,
-                         "GPU": first.gpu.values, "chapters": h.groupby("published_as", sort=False).chapter.nunique().values})
+    return pd.DataFrame(
+        {
+            "#": range(1, len(first) + 1),
+            "published as": first.published_as.values,
+            "GPU": first.gpu.values,
+            "chapters": h.groupby("published_as", sort=False).chapter.nunique().values,
+        }
+    )
 
 
 def published_night() -> str | None:
@@ -84,7 +99,10 @@ def latest_drift() -> str:
     value from run data escaped), or a sentence saying there is none."""
     night = published_night()
     if night is None:
-        return "No nightly drift report belongs to the published runs (they were published by `live`, or before the nightly existed)."
+        return (
+            "No nightly drift report belongs to the published runs "
+            "(they were published by `live`, or before the nightly existed)."
+        )
     path = runs.runs_root() / "nightly" / f"{night}-drift.json"
     try:
         drifts, threshold = drift.from_json(path.read_text())

@@ -1,13 +1,14 @@
 """Sanity checks on a freshly recorded run before it may be published."""
+
 from __future__ import annotations
 
 import math
 
 import pandas as pd
 
-from labsupport.runs import provenance
 from labsupport import runs
 from labsupport.chapters import Chapter
+from labsupport.runs import provenance
 
 TIME_SUFFIXES = ("_ns", "_ms", "_us", " ms", " µs", "ms_median", "us_median")
 RATE_WORDS = ("tbs", "tflops", "GB/s", "TB/s")
@@ -16,8 +17,11 @@ RATE_WORDS = ("tbs", "tflops", "GB/s", "TB/s")
 def _measured(column: str) -> bool:
     """Columns that hold measurements or counts (other columns, such as a kernel's decoder
     layer, are legitimately empty for some rows)."""
-    return (column.endswith(TIME_SUFFIXES) or column in ("kernels", "dur_ns", "bytes", "copy_bytes")
-            or any(w in column for w in RATE_WORDS))
+    return (
+        column.endswith(TIME_SUFFIXES)
+        or column in ("kernels", "dur_ns", "bytes", "copy_bytes")
+        or any(w in column for w in RATE_WORDS)
+    )
 
 
 def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str]:

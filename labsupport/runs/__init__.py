@@ -14,6 +14,7 @@ their patterns and stay inside the runs folder, the files a meta.json lists are 
 of regular files (no links), provenance is complete, and a table or trace that cannot be
 read is one RunError naming the file.
 """
+
 from labsupport.runs.load import Run, check_published, load_run, published, published_run_id, read_table
 from labsupport.runs.paths import (
     CHAPTER_PATTERN,
@@ -31,8 +32,28 @@ from labsupport.runs.publish import copy_published, list_runs, manifest_bytes, p
 from labsupport.runs.writer import RunWriter, write_atomic
 
 __all__ = [
-    "CHAPTER_PATTERN", "FILE_PATTERN", "MANIFEST", "RUN_ID_PATTERN", "Run", "RunError", "RunWriter",
-    "check_chapter", "check_published", "check_run_id", "copy_published", "list_runs", "load_run",
-    "manifest_bytes", "new_run_id", "prune", "publish", "publish_many", "published", "published_run_id",
-    "read_table", "run_dir", "runs_root", "write_atomic",
+    "CHAPTER_PATTERN",
+    "FILE_PATTERN",
+    "MANIFEST",
+    "RUN_ID_PATTERN",
+    "Run",
+    "RunError",
+    "RunWriter",
+    "check_chapter",
+    "check_published",
+    "check_run_id",
+    "copy_published",
+    "list_runs",
+    "load_run",
+    "manifest_bytes",
+    "new_run_id",
+    "prune",
+    "publish",
+    "publish_many",
+    "published",
+    "published_run_id",
+    "read_table",
+    "run_dir",
+    "runs_root",
+    "write_atomic",
 ]

@@ -1,4 +1,5 @@
 """Load a run back, checked at the boundary: its meta.json, its files and their digests, its tables."""
+
 from __future__ import annotations
 
 import gzip
@@ -10,7 +11,7 @@ import pandas as pd
 
 from labsupport.runs import provenance
 from labsupport.runs.paths import FILE_PATTERN, MANIFEST, RunError, check_chapter, check_run_id, run_dir, runs_root
-from labsupport.runs.writer import _sha256
+from labsupport.runs.writer import sha256
 
 
 @dataclass
@@ -76,8 +77,10 @@ def read_table(path: Path, required=(), **read_csv_args) -> pd.DataFrame:
         raise RunError(f"{path} is not a readable table: {_first_line(e)}") from None
     missing = [c for c in required if c not in df.columns]
     if missing:
-        raise RunError(f"{path} lacks column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                       f"(it has {', '.join(map(str, df.columns))})")
+        raise RunError(
+            f"{path} lacks column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"(it has {', '.join(map(str, df.columns))})"
+        )
     return df
 
 
@@ -96,7 +99,7 @@ def _check_json(path: Path, digest: str) -> None:
     if key in _JSON_CHECKED:
         return
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
             json.loads(f.read())
     except (OSError, EOFError, ValueError) as e:  # gzip: truncated/corrupt; json: not JSON
         raise RunError(f"{path} is not a readable trace: {_first_line(e)}") from None
@@ -125,8 +128,10 @@ def published(root: Path | None = None) -> dict[str, str]:
 def published_run_id(chapter: str, root: Path | None = None) -> str:
     run_id = published(root).get(chapter)
     if not run_id:
-        raise RunError(f"no published run for chapter {chapter!r} in {(root or runs_root()) / MANIFEST}; "
-                       f"record one with `python -m labsupport live {chapter}` on a GPU box")
+        raise RunError(
+            f"no published run for chapter {chapter!r} in {(root or runs_root()) / MANIFEST}; "
+            f"record one with `python -m labsupport live {chapter}` on a GPU box"
+        )
     return run_id
 
 
@@ -137,8 +142,9 @@ def _check_meta(meta, chapter: str, run_id: str, meta_path: Path) -> None:
     if missing:
         raise RunError(f"{meta_path} is corrupt: it lacks {', '.join(missing)}")
     if (meta["chapter"], meta["run_id"]) != (chapter, run_id):
-        raise RunError(f"{meta_path} is of run {meta['run_id']!r} of {meta['chapter']!r}, "
-                       f"not of run {run_id!r} of {chapter!r}")
+        raise RunError(
+            f"{meta_path} is of run {meta['run_id']!r} of {meta['chapter']!r}, not of run {run_id!r} of {chapter!r}"
+        )
     files = meta["files"]
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         raise RunError(f"{meta_path} is corrupt: 'files' must map file names to SHA-256 digests")
@@ -155,8 +161,7 @@ def _check_meta(meta, chapter: str, run_id: str, meta_path: Path) -> None:
         raise RunError(f"{meta_path} is corrupt: 'parameters' is not an object")
 
 
-def load_run(chapter: str, run_id: str | None = None, root: Path | None = None,
-             verify: bool = True) -> Run:
+def load_run(chapter: str, run_id: str | None = None, root: Path | None = None, verify: bool = True) -> Run:
     """Load a run (the published one by default), checking it is whole and unmodified."""
     root = root or runs_root()
     run_id = run_id or published_run_id(chapter, root)
@@ -180,9 +185,10 @@ def load_run(chapter: str, run_id: str | None = None, root: Path | None = None,
                 raise RunError(f"{f} is a symbolic link; a run holds regular files only")
             if not f.is_file():
                 raise RunError(f"run {run_id!r} of chapter {chapter!r} is incomplete: {name} is missing")
-            if _sha256(f) != digest:
-                raise RunError(f"run {run_id!r} of chapter {chapter!r} is corrupt: {name} does not "
-                               f"match its checksum in meta.json")
+            if sha256(f) != digest:
+                raise RunError(
+                    f"run {run_id!r} of chapter {chapter!r} is corrupt: {name} does not match its checksum in meta.json"
+                )
     return Run(chapter=chapter, run_id=run_id, path=path, meta=meta)
 
 

@@ -6,6 +6,7 @@ dies; the file holds who took it (pid, start time, command, run id). A second co
 once with one line naming the running one. A lock file left by a killed holder is stale: the
 next command takes it over and is told whose it was, so it can clean up after it.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -42,8 +43,7 @@ class Lock:
 def describe(info: dict) -> str:
     what = info.get("what", "a command")
     run = f" (run {info['run_id']})" if info.get("run_id") else ""
-    return (f"{what}{run}, pid {info.get('pid', '?')}, started {info.get('started', '?')}: "
-            f"{info.get('command', '?')}")
+    return f"{what}{run}, pid {info.get('pid', '?')}, started {info.get('started', '?')}: {info.get('command', '?')}"
 
 
 def _read(fd: int) -> dict | None:
@@ -78,8 +78,12 @@ def acquire(root: Path, what: str) -> Lock:
             break
         os.close(fd)
     stale = _read(fd)
-    info = {"what": what, "pid": os.getpid(), "started": provenance.utc_now(),
-            "command": " ".join(["python -m labsupport", *sys.argv[1:]])}
+    info = {
+        "what": what,
+        "pid": os.getpid(),
+        "started": provenance.utc_now(),
+        "command": " ".join(["python -m labsupport", *sys.argv[1:]]),
+    }
     lock = Lock(path, fd, info, stale)
     lock.note()
     return lock

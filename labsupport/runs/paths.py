@@ -1,4 +1,5 @@
 """Where runs live and what their names may be: the runs folder, chapter names, run ids."""
+
 from __future__ import annotations
 
 import os

@@ -17,6 +17,7 @@ process killed after the flip leaves runs/.promote-<id>/ behind, and `recover` (
 next nightly or live command, under the lock) finishes it. A staged promotion whose manifest
 was never flipped in is discarded by `recover`.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -48,16 +49,21 @@ class Promotion:
     night: str
     stage: Path
     manifest_sha256: str
-    files: list[str]               # paths under root, staged under stage/ with the same path
-    book: Path | None = None       # the staged book, beside book_dir
+    files: list[str]  # paths under root, staged under stage/ with the same path
+    book: Path | None = None  # the staged book, beside book_dir
     book_dir: Path | None = None
     book_inode: int | None = None
 
     @property
     def plan(self) -> dict:
-        return {"night": self.night, "manifest_sha256": self.manifest_sha256, "files": self.files,
-                "book": str(self.book) if self.book else None,
-                "book_dir": str(self.book_dir) if self.book_dir else None, "book_inode": self.book_inode}
+        return {
+            "night": self.night,
+            "manifest_sha256": self.manifest_sha256,
+            "files": self.files,
+            "book": str(self.book) if self.book else None,
+            "book_dir": str(self.book_dir) if self.book_dir else None,
+            "book_inode": self.book_inode,
+        }
 
 
 def _sha(data: bytes) -> str:
@@ -80,8 +86,14 @@ def staged_book_path(book_dir: Path, night: str) -> Path:
     return book_dir.with_name(f".{book_dir.name}-{night}")
 
 
-def stage(root: Path, night: str, manifest: dict[str, str], files: dict[str, bytes],
-          book_html: Path | None = None, book_dir: Path | None = None) -> Promotion:
+def stage(
+    root: Path,
+    night: str,
+    manifest: dict[str, str],
+    files: dict[str, bytes],
+    book_html: Path | None = None,
+    book_dir: Path | None = None,
+) -> Promotion:
     """Stage a publication: the new manifest, whole files to replace under `root`
     (e.g. {"history.csv": ..., "nightly/<id>-drift.md": ...}) and optionally a built book
     for `book_dir`. Changes nothing that is published."""
@@ -116,9 +128,16 @@ def load(stage_dir: Path) -> Promotion | None:
     """The promotion staged in `stage_dir`, or None when its plan was never written whole."""
     try:
         plan = json.loads((stage_dir / PLAN).read_text())
-        return Promotion(stage_dir.parent, plan["night"], stage_dir, plan["manifest_sha256"], list(plan["files"]),
-                         Path(plan["book"]) if plan["book"] else None,
-                         Path(plan["book_dir"]) if plan["book_dir"] else None, plan["book_inode"])
+        return Promotion(
+            stage_dir.parent,
+            plan["night"],
+            stage_dir,
+            plan["manifest_sha256"],
+            list(plan["files"]),
+            Path(plan["book"]) if plan["book"] else None,
+            Path(plan["book_dir"]) if plan["book_dir"] else None,
+            plan["book_inode"],
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -157,8 +176,7 @@ def commit(p: Promotion) -> None:
         try:
             complete(p)
         except Exception as e:
-            raise PromotionError(f"published, but completing the publication failed: "
-                                 f"{type(e).__name__}: {e}") from None
+            raise PromotionError(f"published, but completing the publication failed: {type(e).__name__}: {e}") from None
 
 
 def complete(p: Promotion) -> None:

@@ -1,4 +1,5 @@
 """Where a run came from: GPU, driver, CUDA, library versions, git commit, time, command."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,16 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 REQUIRED_FIELDS = (
-    "gpu", "driver", "cuda", "torch", "transformers", "python",
-    "git_commit", "utc_time", "command", "device",
+    "gpu",
+    "driver",
+    "cuda",
+    "torch",
+    "transformers",
+    "python",
+    "git_commit",
+    "utc_time",
+    "command",
+    "device",
 )
 
 
@@ -29,10 +38,16 @@ def git_commit() -> str:
     if os.environ.get("LABSUPPORT_GIT_COMMIT"):
         return os.environ["LABSUPPORT_GIT_COMMIT"]
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -40,8 +55,13 @@ def git_commit() -> str:
 
 def nvidia_driver() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, check=True, timeout=30).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
         return out.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         return "unknown"

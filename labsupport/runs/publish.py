@@ -1,4 +1,5 @@
 """Publish runs (runs/published.json, one atomic rename), list, prune and copy them."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,11 @@ def list_runs(chapter: str, root: Path | None = None) -> list[str]:
     d = (root or runs_root()) / check_chapter(chapter)
     if not d.is_dir() or d.is_symlink():
         return []
-    return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.is_symlink()
-                  and RUN_ID_PATTERN.match(p.name) and (p / "meta.json").is_file())
+    return sorted(
+        p.name
+        for p in d.iterdir()
+        if p.is_dir() and not p.is_symlink() and RUN_ID_PATTERN.match(p.name) and (p / "meta.json").is_file()
+    )
 
 
 def prune(chapter: str, keep: set[str], root: Path | None = None) -> list[str]:
@@ -50,8 +54,9 @@ def prune(chapter: str, keep: set[str], root: Path | None = None) -> list[str]:
     return removed
 
 
-def copy_published(dst: Path, root: Path | None = None, manifest: dict[str, str] | None = None,
-                   link: bool = True) -> dict[str, Run]:
+def copy_published(
+    dst: Path, root: Path | None = None, manifest: dict[str, str] | None = None, link: bool = True
+) -> dict[str, Run]:
     """A runs folder at `dst` holding the published runs (of `manifest`, by default the
     published one) and their manifest: each run checked whole, only the files its meta.json
     lists, hard links where possible (`link`), never a symbolic link followed."""

@@ -1,4 +1,5 @@
 """Write a run atomically (RunWriter), and replace one file atomically (write_atomic)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +14,7 @@ from labsupport.runs import provenance
 from labsupport.runs.paths import FILE_PATTERN, RUN_ID_PATTERN, RunError, check_chapter, new_run_id, runs_root
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -32,13 +33,19 @@ def fsync_dir(path: Path) -> None:
 class RunWriter:
     """Write a run atomically.
 
-        with RunWriter("kernels-in-one-token", params) as run:
-            run.write_table("census", df)
-        # here runs/kernels-in-one-token/<run_id>/ exists, whole; on error, nothing does
+    with RunWriter("kernels-in-one-token", params) as run:
+        run.write_table("census", df)
+    # here runs/kernels-in-one-token/<run_id>/ exists, whole; on error, nothing does
     """
 
-    def __init__(self, chapter: str, parameters: dict, run_id: str | None = None,
-                 root: Path | None = None, meta: dict | None = None):
+    def __init__(
+        self,
+        chapter: str,
+        parameters: dict,
+        run_id: str | None = None,
+        root: Path | None = None,
+        meta: dict | None = None,
+    ):
         self.chapter = check_chapter(chapter)
         self.parameters = dict(parameters)
         self.run_id = run_id or new_run_id()
@@ -50,7 +57,7 @@ class RunWriter:
         self.meta = dict(meta or {})
         self.extra: dict = {}
 
-    def __enter__(self) -> "RunWriter":
+    def __enter__(self) -> RunWriter:
         if self.final.exists():
             raise RunError(f"run {self.final} already exists")
         self.chapter_dir.mkdir(parents=True, exist_ok=True)
@@ -81,8 +88,10 @@ class RunWriter:
             if p.name.startswith(".") and (p.is_file() or p.is_symlink()):
                 p.unlink()
             elif p.is_symlink() or not p.is_file() or not FILE_PATTERN.match(p.name):
-                raise RunError(f"run {self.run_id} of {self.chapter}: {p.name!r} is not a plain file name "
-                               f"(runs hold regular files only)")
+                raise RunError(
+                    f"run {self.run_id} of {self.chapter}: {p.name!r} is not a plain file name "
+                    f"(runs hold regular files only)"
+                )
             else:
                 files.append(p)
         return files
@@ -99,7 +108,7 @@ class RunWriter:
                 "parameters": self.parameters,
                 "provenance": self.meta.get("provenance") or provenance.collect(),
                 "results": self.extra,
-                "files": {p.name: _sha256(p) for p in files},
+                "files": {p.name: sha256(p) for p in files},
             }
             (self.tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
             for p in files + [self.tmp / "meta.json"]:

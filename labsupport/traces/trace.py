@@ -13,6 +13,7 @@ Why not torch's own `prof.key_averages()`: it aggregates, and loses the
 per-kernel start/end, stream, grid and the launching op that the chapters need;
 and it is not available when replaying a recorded trace.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -24,21 +25,67 @@ import pandas as pd
 
 # Operators that only create views or metadata: on a CPU run they are not "kernels".
 _CPU_NON_KERNELS = {
-    "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::as_strided", "aten::t",
-    "aten::transpose", "aten::expand", "aten::slice", "aten::select", "aten::unsqueeze",
-    "aten::squeeze", "aten::_unsafe_view", "aten::alias", "aten::permute", "aten::empty",
-    "aten::empty_strided", "aten::resolve_conj", "aten::resolve_neg", "aten::detach",
-    "aten::lift_fresh", "aten::item", "aten::_local_scalar_dense", "aten::is_nonzero",
-    "aten::split", "aten::unbind", "aten::narrow", "aten::chunk", "aten::flatten",
-    "aten::empty_like", "aten::result_type", "aten::_has_compatible_shallow_copy_type",
-    "aten::is_same_size", "aten::set_", "aten::contiguous", "aten::expand_as", "aten::view_as",
-    "aten::unflatten", "aten::movedim", "aten::numpy_T", "aten::matrix_H", "aten::dim",
-    "aten::detach_", "aten::split_with_sizes",
+    "aten::view",
+    "aten::reshape",
+    "aten::_reshape_alias",
+    "aten::as_strided",
+    "aten::t",
+    "aten::transpose",
+    "aten::expand",
+    "aten::slice",
+    "aten::select",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::_unsafe_view",
+    "aten::alias",
+    "aten::permute",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::resolve_conj",
+    "aten::resolve_neg",
+    "aten::detach",
+    "aten::lift_fresh",
+    "aten::item",
+    "aten::_local_scalar_dense",
+    "aten::is_nonzero",
+    "aten::split",
+    "aten::unbind",
+    "aten::narrow",
+    "aten::chunk",
+    "aten::flatten",
+    "aten::empty_like",
+    "aten::result_type",
+    "aten::_has_compatible_shallow_copy_type",
+    "aten::is_same_size",
+    "aten::set_",
+    "aten::contiguous",
+    "aten::expand_as",
+    "aten::view_as",
+    "aten::unflatten",
+    "aten::movedim",
+    "aten::numpy_T",
+    "aten::matrix_H",
+    "aten::dim",
+    "aten::detach_",
+    "aten::split_with_sizes",
 }
 
 KERNEL_COLUMNS = [
-    "name", "start_ns", "end_ns", "dur_ns", "stream", "grid", "block", "registers",
-    "shared_mem", "correlation", "launch_api", "launch_ns", "launch_dur_ns", "op", "module",
+    "name",
+    "start_ns",
+    "end_ns",
+    "dur_ns",
+    "stream",
+    "grid",
+    "block",
+    "registers",
+    "shared_mem",
+    "correlation",
+    "launch_api",
+    "launch_ns",
+    "launch_dur_ns",
+    "op",
+    "module",
 ]
 
 
@@ -110,7 +157,7 @@ def _lookup(events: list[dict], queries: list[tuple]) -> list[str]:
         grouped.setdefault((pid, tid), []).append((i, t))
     for key, items in grouped.items():
         names = _innermost(by_thread.get(key, []), [t for _, t in items])
-        for (i, _), name in zip(items, names):
+        for (i, _), name in zip(items, names, strict=False):
             out[i] = name
     return out
 
@@ -129,8 +176,10 @@ def kernel_table(events: list[dict], device: str = "cuda", origin: str = "decode
     if device == "cpu":
         # A CPU has no kernel launches: count each top-level ATen call (one not made
         # inside another operator) as the CPU's unit of work, views excepted.
-        spans = sorted(((_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), e) for e in ops),
-                       key=lambda t: (str(t[2]["tid"]), t[0], -(t[1] - t[0])))
+        spans = sorted(
+            ((_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), e) for e in ops),
+            key=lambda t: (str(t[2]["tid"]), t[0], -(t[1] - t[0])),
+        )
         open_end: dict = {}
         for s, end, e in spans:
             if s < open_end.get(e["tid"], -1):
@@ -138,16 +187,34 @@ def kernel_table(events: list[dict], device: str = "cuda", origin: str = "decode
             open_end[e["tid"]] = end
             if e["name"] in _CPU_NON_KERNELS:
                 continue
-            rows.append(dict(name=e["name"], start_ns=s - t0, end_ns=end - t0, dur_ns=end - s,
-                             stream="cpu", grid="", block="", registers=0, shared_mem=0,
-                             correlation=-1, launch_api="", launch_ns=s - t0, launch_dur_ns=0,
-                             op=e["name"], module=(e["pid"], e["tid"], s)))
+            rows.append(
+                dict(
+                    name=e["name"],
+                    start_ns=s - t0,
+                    end_ns=end - t0,
+                    dur_ns=end - s,
+                    stream="cpu",
+                    grid="",
+                    block="",
+                    registers=0,
+                    shared_mem=0,
+                    correlation=-1,
+                    launch_api="",
+                    launch_ns=s - t0,
+                    launch_dur_ns=0,
+                    op=e["name"],
+                    module=(e["pid"], e["tid"], s),
+                )
+            )
         modules = _lookup(annotations, [r["module"] for r in rows])
-        for r, m in zip(rows, modules):
+        for r, m in zip(rows, modules, strict=False):
             r["module"] = m
     else:
-        runtime = {e["args"].get("correlation"): e for e in _complete(events, {"cuda_runtime", "cuda_driver"})
-                   if isinstance(e.get("args"), dict) and "correlation" in e["args"]}
+        runtime = {
+            e["args"].get("correlation"): e
+            for e in _complete(events, {"cuda_runtime", "cuda_driver"})
+            if isinstance(e.get("args"), dict) and "correlation" in e["args"]
+        }
         for k in _complete(events, {"kernel"}):
             a = k.get("args", {})
             s = _ns(k["ts"])
@@ -158,12 +225,25 @@ def kernel_table(events: list[dict], device: str = "cuda", origin: str = "decode
                 api, lns, ldur = launch["name"], ls - t0, _ns(launch["dur"])
             else:
                 where, api, lns, ldur = None, "", 0, 0
-            rows.append(dict(
-                name=k["name"], start_ns=s - t0, end_ns=s + _ns(k["dur"]) - t0, dur_ns=_ns(k["dur"]),
-                stream=str(a.get("stream", "")), grid=",".join(map(str, a.get("grid", []))),
-                block=",".join(map(str, a.get("block", []))), registers=int(a.get("registers per thread", 0)),
-                shared_mem=int(a.get("shared memory", 0)), correlation=int(a.get("correlation", -1)),
-                launch_api=api, launch_ns=lns, launch_dur_ns=ldur, op=where, module=where))
+            rows.append(
+                dict(
+                    name=k["name"],
+                    start_ns=s - t0,
+                    end_ns=s + _ns(k["dur"]) - t0,
+                    dur_ns=_ns(k["dur"]),
+                    stream=str(a.get("stream", "")),
+                    grid=",".join(map(str, a.get("grid", []))),
+                    block=",".join(map(str, a.get("block", []))),
+                    registers=int(a.get("registers per thread", 0)),
+                    shared_mem=int(a.get("shared memory", 0)),
+                    correlation=int(a.get("correlation", -1)),
+                    launch_api=api,
+                    launch_ns=lns,
+                    launch_dur_ns=ldur,
+                    op=where,
+                    module=where,
+                )
+            )
         found = [r["op"] for r in rows if r["op"] is not None]
         ops_found, modules_found = iter(_lookup(ops, found)), iter(_lookup(annotations, found))
         for r in rows:
@@ -197,7 +277,7 @@ def inside_region(k: pd.DataFrame, span_ns: int) -> pd.DataFrame:
 def busy_ns(starts, ends) -> int:
     """Length of the union of the intervals [start, end): the time the device was busy."""
     total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(zip(starts, ends)):
+    for s, e in sorted(zip(starts, ends, strict=False)):
         if cur_e is None or s > cur_e:
             if cur_e is not None:
                 total += cur_e - cur_s
@@ -215,7 +295,6 @@ def origin_span_ns(events: list[dict], origin: str = "decode_step") -> int:
         if e["name"] == origin:
             return _ns(e["dur"])
     raise TraceError(f"no {origin!r} annotation in the trace")
-
 
 
 def region_kernels(path: Path, device: str = "cuda", region: str = "decode_step") -> pd.DataFrame:

@@ -1,0 +1,131 @@
+"""The package's layers, checked on its source: data flows measure -> record -> load -> analyse
+-> figure/glue, so lower layers never import higher ones, no chapter imports another chapter,
+no module reaches into another module's private names, and every module stays short."""
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from labsupport import chapters
+
+PACKAGE = Path(__file__).resolve().parent.parent / "labsupport"
+NOTEBOOKS = PACKAGE.parent / "notebooks"
+MAX_LINES = 320  # "under about 300 lines"
+
+# What each layer may import from labsupport (besides itself).
+ALLOWED = {
+    "runs": set(),
+    "traces": set(),
+    "measure": {"runs", "traces"},
+    "figures": {"traces"},
+    "glue": set(),
+    "chapters": {"runs", "traces", "measure", "figures", "glue", "chapters"},
+    "ops": {"runs", "traces", "measure", "figures", "glue", "chapters", "ops"},
+}
+
+
+def modules():
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def layer(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py") if len(rel.parts) > 1 or rel.stem in ALLOWED else "top"
+
+
+def imported(tree: ast.AST) -> list[tuple[str, list[str]]]:
+    """(module, names) for every import of a labsupport module in `tree`."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("labsupport"):
+            out.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names if a.name.startswith("labsupport")]
+    return out
+
+
+def targets(module: str, names: list[str]) -> list[str]:
+    """The labsupport modules an import brings in: `from labsupport.measure import harness`
+    names labsupport.measure.harness."""
+    if not names:
+        return [module]
+    found = []
+    for n in names:
+        candidate = f"{module}.{n}"
+        path = PACKAGE.parent / candidate.replace(".", "/")
+        found.append(candidate if path.with_suffix(".py").exists() or path.is_dir() else module)
+    return found
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_is_short(path):
+    n = len(path.read_text().splitlines())
+    assert n <= MAX_LINES, f"{path.relative_to(PACKAGE)} has {n} lines"
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_follow_the_layers(path):
+    me = layer(path)
+    if me == "top":
+        return  # labsupport/__init__.py and __main__.py (the command line) may import anything
+    tree = ast.parse(path.read_text())
+    for module, names in imported(tree):
+        for target in targets(module, names):
+            parts = target.split(".")
+            if len(parts) < 2:
+                continue
+            other = parts[1]
+            if me == "runs" and target == "labsupport.chapters":
+                continue  # the registry alone (no chapter module): a table's declared columns
+            assert other == me or other in ALLOWED[me], f"{path.relative_to(PACKAGE)} ({me}) imports {target}"
+            if me == "chapters" and other == "chapters" and len(parts) > 2:
+                mine = path.relative_to(PACKAGE / "chapters").parts[0].removesuffix(".py")
+                assert parts[2] in (mine, "published"), f"chapter {mine} imports chapter {parts[2]}"
+            for n in names:
+                assert not (n.startswith("_") and n != "__version__"), f"{path.name} imports private {target}.{n}"
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_private_names_of_other_modules(path):
+    tree = ast.parse(path.read_text())
+    aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("labsupport"):
+            aliases |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            aliases |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("labsupport")}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            raise AssertionError(f"{path.relative_to(PACKAGE)}:{node.lineno} uses {node.value.id}.{node.attr}")
+
+
+@pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
+def test_chapter_named_like_its_notebook_and_run_folder(chapter):
+    stem = chapter.slug.replace("-", "_")
+    assert Path(chapter.notebook).stem == stem == chapter.module
+    assert (PACKAGE / "chapters" / f"{stem}.py").exists() or (PACKAGE / "chapters" / stem / "__init__.py").exists()
+
+
+@pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
+def test_notebook_reads_only_declared_chapters(chapter):
+    """A notebook imports its own chapter module only, and every other chapter whose run it
+    loads is declared in the registry (`reads`)."""
+    nb = json.loads(chapter.path.read_text())
+    src = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    own = chapter.module
+    imported_chapters = set(re.findall(r"from labsupport\.chapters import ([\w, ]+)", src))
+    names = {n.strip().split(" as ")[0] for group in imported_chapters for n in group.split(",")}
+    assert names <= {own, "published"}, f"{chapter.slug} imports {names - {own, 'published'}}"
+    loaded = set(re.findall(r"load_run\(\s*[\"']([a-z0-9-]+)[\"']", src))
+    assert loaded - {chapter.slug} <= set(chapter.reads), f"{chapter.slug} reads undeclared {loaded}"
+    for slug in chapter.reads:
+        chapters.by_slug(slug)
