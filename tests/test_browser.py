@@ -59,23 +59,10 @@ MISSING = re.compile(r"(nan|NaN|NAN|None|<NA>|NaT|-?inf)\s*(%|[a-zA-Zµ/]+)?")
 NUMBER = re.compile(r"[-+−]?(\d[\d,  ]*\.?\d*|\.\d+)([eE][-+]?\d+)?\s*(%|×|x|[a-zA-Zµ/]+)?")
 
 
-# Two defects of the Jupyter Book 1.x stack, tolerated only on a page whose served HTML shows
-# their cause (so they stop being tolerated as soon as the cause is gone), and listed in
-# report.json under "tolerated". Any other console or page error fails the test.
-#  - Sphinx 7.x (Jupyter Book 1.x pins sphinx~=7.0) writes an inline script added with
-#    app.add_js_file(None, body=...) twice; sphinx-thebe's `const THEBE_JS_URL = ...` then
-#    throws on its second declaration. Fixed upstream in Sphinx 8 (sphinx-doc/sphinx#13402).
-#  - pydata-sphinx-theme's head script sets the colour mode to html_context's `default_mode`,
-#    an empty string unless the book sets one, and then logs "Got invalid theme mode" on a
-#    reader's first visit (empty localStorage). `html_context: {default_mode: auto}` fixes it.
-KNOWN_UPSTREAM = [
-    ("Identifier 'THEBE_JS_URL' has already been declared", lambda html: html.count("const THEBE_JS_URL") > 1),
-    ("Got invalid theme mode: . Resetting to auto.", lambda html: 'localStorage.getItem("mode") || ""' in html),
-]
-
-
-def _tolerated(message: str, html: str) -> bool:
-    return any(message.startswith(m) and cause(html) for m, cause in KNOWN_UPSTREAM)
+# Any console or page error fails the test. Two came from the Jupyter Book 1.x stack and are
+# fixed in the book itself: sphinx-thebe's repeated `const THEBE_JS_URL` script
+# (book/_ext/one_script_each.py) and pydata-sphinx-theme's empty colour mode
+# (`html_context: {default_mode: auto}` in _config.yml).
 
 
 def _ci() -> bool:
@@ -176,7 +163,6 @@ class PageVisit:
     page_errors: list = field(default_factory=list)
     failed_requests: list = field(default_factory=list)  # to 127.0.0.1, status >= 400 or no answer
     blocked_requests: list = field(default_factory=list)  # to outside hosts, aborted
-    tolerated: list = field(default_factory=list)  # KNOWN_UPSTREAM errors, with their cause
     screenshot: str = ""
     seconds: float = 0.0
     shown: dict = field(default_factory=dict)  # what COLLECT returned
@@ -258,11 +244,6 @@ class Site:
                 shot = SCREENSHOTS / f"{_shot_name(page)}.png"
                 p.screenshot(path=str(shot), full_page=True)
                 v.screenshot = str(shot.relative_to(REPO))
-            html = (self.html_root / urlsplit(p.url).path.lstrip("/")).read_text()
-            for kind in ("console_errors", "page_errors"):
-                errors = getattr(v, kind)
-                v.tolerated += [e for e in errors if _tolerated(e, html)]
-                errors[:] = [e for e in errors if not _tolerated(e, html)]
         finally:
             ctx.close()
             v.seconds = round(time.monotonic() - t0, 2)
