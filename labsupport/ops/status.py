@@ -39,31 +39,34 @@ def published_table() -> pd.DataFrame:
 
 
 def history_figure(label: str):
-    """Each chapter's headline numbers across the published runs (one panel per number)."""
+    """Each chapter's headline numbers across the publications, one panel per chapter: every
+    number relative to its value in the newest publication (1 = today), so that a panel holds
+    several numbers and a change of 10% looks like one whatever the unit."""
     h = history.read()
     h = h[h.metric != "notebook seconds"]
     order = list(dict.fromkeys(h.published_as))
-    series = list(h.groupby(["chapter", "metric"], sort=False))
-    if not series:
+    by_chapter = [(c, h[h.chapter == c]) for c in dict.fromkeys(h.chapter)]
+    if not by_chapter:
         fig, ax = plt.subplots(figsize=(6, 1.2))
         ax.axis("off")
         ax.text(0.5, 0.5, "No published runs are in runs/history.csv yet.", ha="center", va="center")
         return fig
-    cols = 4
-    rows = -(-len(series) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(12, 2.2 * rows), squeeze=False)
-    for ax, ((chapter, metric), g) in zip(axes.flat, series, strict=False):
-        x = [order.index(p) for p in g.published_as]
-        ax.plot(x, g.value, "o-", color=plots.OURS, ms=4)
-        ax.set_title(f"{chapter}\n{metric}", fontsize=8.5)
-        ax.set_xticks(range(len(order)), [str(i + 1) for i in range(len(order))], fontsize=7)
-        ax.tick_params(axis="y", labelsize=7)
-        lo, hi = g.value.min(), g.value.max()
-        pad = max((hi - lo) * 0.5, abs(hi) * 0.15) or 1  # noise should look like noise
-        ax.set_ylim(lo - pad, hi + pad)
-    for ax in list(axes.flat)[len(series) :]:
+    cols = 2
+    rows = -(-len(by_chapter) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(10, 2.6 * rows), squeeze=False)
+    for ax, (chapter, g) in zip(axes.flat, by_chapter, strict=False):
+        for metric, m in g.groupby("metric", sort=False):
+            x = [order.index(p) + 1 for p in m.published_as]
+            ax.plot(x, m.value / m.value.iloc[-1], "o-", ms=4, label=metric)
+        ax.axhline(1, color="#888", lw=0.8, zorder=0)
+        ax.set_title(chapter, fontsize=10)
+        ax.set_xticks(range(1, len(order) + 1))
+        ax.set_ylabel("relative to newest", fontsize=8.5)
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=7.5, loc="best", frameon=False)
+    for ax in list(axes.flat)[len(by_chapter) :]:
         ax.set_visible(False)
-    fig.supxlabel("publication (1 = oldest in runs/history.csv)", fontsize=8)
+    fig.supxlabel("publication (numbered as in the table below)", fontsize=9)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     plots.footer(fig, label)
     return fig
@@ -83,34 +86,50 @@ def publications() -> pd.DataFrame:
     )
 
 
-def published_night() -> str | None:
-    """The id of the newest nightly whose runs are (at least partly) the published ones and
-    whose drift report is under runs/nightly/; None if there is none. Reports of nights that
-    never published are never chosen, whatever their names."""
+def published_nights() -> list[str]:
+    """The nightly ids that published at least one of the published runs and whose drift
+    report is under runs/nightly/, oldest first. Reports of nights that never published are
+    never chosen, whatever their names."""
     root = runs.runs_root()
     ids = set(runs.published(root).values())
     d = root / "nightly"
-    nights = sorted(n for n in ids if (d / f"{n}-drift.json").is_file() and not (d / f"{n}-drift.json").is_symlink())
+    return sorted(n for n in ids if (d / f"{n}-drift.json").is_file() and not (d / f"{n}-drift.json").is_symlink())
+
+
+def published_night() -> str | None:
+    """The newest of published_nights(), or None."""
+    nights = published_nights()
     return nights[-1] if nights else None
 
 
 def latest_drift() -> str:
-    """The drift report of the published runs (markdown, rendered from its JSON with every
-    value from run data escaped), or a sentence saying there is none."""
-    night = published_night()
-    if night is None:
-        return (
-            "No nightly drift report belongs to the published runs "
-            "(they were published by `live`, or before the nightly existed)."
+    """The drift reports of the published runs (markdown, rendered from their JSON with every
+    value from run data escaped): for each chapter, the report of the night that published its
+    run; a chapter published by `live` is named as having none."""
+    root = runs.runs_root()
+    published = runs.published(root)
+    parts, covered = [], set()
+    for night in published_nights():
+        path = root / "nightly" / f"{night}-drift.json"
+        try:
+            drifts, threshold = drift.from_json(path.read_text())
+        except (ValueError, KeyError, TypeError) as e:
+            raise runs.RunError(f"{path} is corrupt: {type(e).__name__}: {e}") from None
+        mine = [d for d in drifts if published.get(d.chapter) == night]
+        if not mine:
+            continue
+        covered |= {d.chapter for d in mine}
+        text = drift.to_markdown(mine, threshold, "")
+        parts.append(f"### Nightly `{night}`\n\n" + text.replace("\n## ", "\n#### ").split("\n", 2)[2].lstrip("\n"))
+    missing = [c for c in published if c not in covered]
+    if missing:
+        parts.append(
+            "No nightly drift report belongs to the published runs of "
+            + ", ".join(f"*{c}*" for c in missing)
+            + " (they were published by `live`, or before the nightly existed)."
         )
-    path = runs.runs_root() / "nightly" / f"{night}-drift.json"
-    try:
-        drifts, threshold = drift.from_json(path.read_text())
-    except (ValueError, KeyError, TypeError) as e:
-        raise runs.RunError(f"{path} is corrupt: {type(e).__name__}: {e}") from None
-    text = drift.to_markdown(drifts, threshold, "")
-    return text.replace("\n## ", "\n#### ").split("\n", 2)[2].lstrip("\n")
+    return "\n\n".join(parts)
 
 
 def latest_drift_name() -> str:
-    return published_night() or "none"
+    return ", ".join(published_nights()) or "none"
