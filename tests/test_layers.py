@@ -129,3 +129,18 @@ def test_notebook_reads_only_declared_chapters(chapter):
     assert loaded - {chapter.slug} <= set(chapter.reads), f"{chapter.slug} reads undeclared {loaded}"
     for slug in chapter.reads:
         chapters.by_slug(slug)
+
+
+@pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
+def test_every_file_of_a_run_is_described(chapter):
+    """The closing list of data of each chapter says in one line what each file holds."""
+    from labsupport.chapters import data_files
+
+    from .conftest import fixture_run
+
+    run = fixture_run(chapter.slug)
+    missing = [n for n in run.meta["files"] if not data_files.describe(chapter.slug, n)]
+    assert not missing, f"{chapter.slug}: no description for {missing}"
+    assert all(data_files.describe(chapter.slug, a) for a in chapter.artifacts)
+    html = data_files.data_list(run).data
+    assert html.count("<tr>") == len(run.meta["files"]) + 2 and "(not described)" not in html

@@ -1,0 +1,117 @@
+"""One line on each file a chapter's run holds, for the list of data at the end of each chapter
+(glue.data_files). A file of a run that has no line here is listed as undescribed, and a test
+fails on it."""
+
+from __future__ import annotations
+
+_CEILINGS = "the GPU's measured copy, read and BF16 matrix-multiply rates (the ceilings the chapter compares with)"
+
+DESCRIPTIONS: dict[str, dict[str, str]] = {
+    "why-a-gpu": {
+        "ceilings.csv": _CEILINGS,
+        "matvec.csv": "the decode-sized matrix-vector product timed on the CPU (FP32, BF16) and on the GPU",
+        "batch_sweep.csv": "one decode step per batch size: kernels, GPU-busy and matmul time, wall time",
+        "batch_times.csv": "every timed step of the batch sweep, per batch size",
+        "batch_matmuls.csv": "the matrix multiplies of each batch size's step, by shape, with the kernel cuBLAS chose",
+    },
+    "what-a-kernel": {
+        "ceilings.csv": _CEILINGS,
+        "add_kernels.csv": "the kernels of each vector-add implementation, as profiled",
+        "add_times.csv": "the time of each vector-add implementation, per call and on the GPU",
+        "hbm_add.csv": "the vector add on a working set too large for the L2 cache (HBM bandwidth)",
+        "queue.csv": "a burst of launches: when each call started and returned on the CPU, when the GPU finished",
+        "sync.csv": "what waiting for the GPU costs, by kind of wait",
+        "burst_trace.json.gz": "the raw profiler trace of the burst of launches (opens in Perfetto)",
+    },
+    "model-code-to-kernels": {
+        "mlp_kernels.csv": "every kernel of one decoder layer's MLP, with the operator and module that launched it",
+        "rmsnorm_kernels.csv": "the kernels of RMSNorm as written, compiled and as one Triton kernel",
+        "rmsnorm_times.csv": "the time of each RMSNorm variant",
+    },
+    "where-kernels-come-from": {
+        "fusion_kernels.csv": "the kernels of RMSNorm eager and compiled, with their sources",
+        "fusion_times.csv": "the time of each of them",
+        "fused_rmsnorm_source.py": "the Triton source torch.compile generated for the fused RMSNorm",
+        "attention_backends.csv": "each attention backend at each context length: kernels, GPU time, time per call",
+    },
+    "kernels-in-one-token": {
+        "ceilings.csv": _CEILINGS,
+        "kernels.csv": "every kernel of the profiled decode step: name, kind, times, launch, operator, layer",
+        "census.csv": "the step's kernels and GPU time by kind",
+        "step_times.csv": "every clean (unprofiled) timing of the eager step in the recording process",
+        "fresh_processes.csv": "the eager step timed in fresh processes that never profiled, with their CPU load",
+        "profiler_effect.csv": "the same step timed clean, after a profile, and as its span inside a profile",
+        "context_sweep.csv": "the step at each context length, dynamic and static cache: kernels, time, KV bytes",
+        "context_census.csv": "the census by kind at each context length",
+        "trace.json.gz": "the raw profiler trace of the decode step (opens in Perfetto)",
+    },
+    "launch-overhead": {
+        "ceilings.csv": _CEILINGS,
+        "variants.csv": "each form of the step (eager, static cache, CUDA graph, compiled): kernels, busy, wall time",
+        "step_times.csv": "every clean timing of each form",
+        "trace-eager.json.gz": "the raw trace of the eager step",
+        "trace-eager-static.json.gz": "the raw trace of the eager step with a static cache",
+        "trace-cuda-graph.json.gz": "the raw trace of the CUDA-graph replay",
+        "trace-compile-reduce-overhead.json.gz": "the raw trace of the step compiled with mode reduce-overhead",
+        "trace-compile-max-autotune.json.gz": "the raw trace of the step compiled with mode max-autotune",
+    },
+    "prefill-vs-decode": {
+        "ceilings.csv": _CEILINGS,
+        "phase_times.csv": "every clean timing of the prompt phase and of one decode step",
+        "kernels-prefill.csv": "every kernel of the profiled prompt phase",
+        "kernels-decode.csv": "every kernel of the profiled decode step",
+        "census.csv": "both phases' kernels and GPU time by kind",
+        "prompt_sweep.csv": "the prompt phase at each prompt length: kernels, GPU-busy and wall time",
+        "trace-prefill.json.gz": "the raw trace of the prompt phase",
+        "trace-decode.json.gz": "the raw trace of the decode step",
+    },
+    "hybrid-model-token": {
+        "ceilings.csv": _CEILINGS,
+        "variants.csv": "each backend and mode of the decode step: kernels, GPU-busy and wall time, status",
+        "step_times.csv": "every clean timing of each backend and mode",
+        "prefill.csv": "the prompt phase of each backend: kernels, GPU-busy and wall time",
+        "cache_growth.csv": "the cache after prompts of each length (attention's KV cache, Gated DeltaNet's state)",
+        "trace-reference-eager.json.gz": "the raw trace of the eager step, transformers' PyTorch Gated DeltaNet",
+        "trace-reference-cuda-graph.json.gz": "the raw trace of its CUDA-graph replay",
+        "trace-reference-compile.json.gz": "the raw trace of it compiled",
+        "trace-fla-eager.json.gz": "the raw trace of the eager step with flash-linear-attention's kernels",
+        "trace-fla-cuda-graph.json.gz": "the raw trace of its CUDA-graph replay",
+        "trace-fla-compile.json.gz": "the raw trace of it compiled",
+    },
+}
+
+META = "provenance (GPU, driver, CUDA, library versions, commit, time, command), parameters, results, checksums"
+
+
+def describe(chapter: str, name: str) -> str | None:
+    """The line on file `name` of a run of `chapter` (meta.json's for any chapter), or None."""
+    if name == "meta.json":
+        return META
+    return DESCRIPTIONS.get(chapter, {}).get(name)
+
+
+def data_list(run):
+    """The chapter's closing list of data: every file of its run, linked for download, with its
+    size and one line on what it holds (HTML, for the last cell of a chapter)."""
+    import html
+
+    from IPython.display import HTML
+
+    names = ["meta.json", *sorted(run.meta["files"])]
+    rows = []
+    for name in names:
+        path = run.path / name
+        size = path.stat().st_size
+        size = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
+        href = html.escape(f"../runs/{run.chapter}/{run.run_id}/{name}")
+        what = describe(run.chapter, name) or "(not described)"
+        rows.append(
+            f'<tr><td><a href="{href}" download><code>{html.escape(name)}</code></a></td>'
+            f"<td>{size}</td><td>{html.escape(what)}</td></tr>"
+        )
+    return HTML(
+        f"<p>Run <code>{html.escape(run.run_id)}</code> of <code>{html.escape(run.chapter)}</code>; "
+        "CSV tables open in any spreadsheet, traces in <a href='https://ui.perfetto.dev'>Perfetto</a>.</p>"
+        '<table class="data-files"><thead><tr><th>file</th><th>size</th><th>what it holds</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
