@@ -128,3 +128,35 @@ def trace_download(run, name: str):
         f'Open it in <a href="https://ui.perfetto.dev">Perfetto</a> (Open trace file) or in Chrome at '
         f"<code>chrome://tracing</code> (Load); both read the compressed file as it is.</p>"
     )
+
+
+def html_explorer(name: str, label: str, panels: dict) -> object:
+    """An explorer that works in the static book: a slider over the keys of `panels` (in
+    order) showing the HTML panel of the chosen key. Every panel is rendered here, from the
+    recorded run, and the page switches between them with a few lines of inline JavaScript:
+    nothing is fetched, so the page works offline. (ipywidgets need a live kernel; the live
+    notebook can keep them beside this.)"""
+    import json
+
+    from IPython.display import HTML
+
+    if not panels:
+        raise ValueError("an explorer needs at least one panel")
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    keys = [str(k) for k in panels]
+    bodies = json.dumps([str(v) for v in panels.values()]).replace("</", "<\\/")
+    return HTML(
+        f'<div class="explorer" id="explorer-{ident}">'
+        f'<label for="explorer-{ident}-range">{html.escape(label)} '
+        f'<output id="explorer-{ident}-key">{html.escape(keys[0])}</output></label><br>'
+        f'<input type="range" id="explorer-{ident}-range" min="0" max="{len(keys) - 1}" step="1" value="0" '
+        f'style="width: min(100%, 28em)">'
+        f'<div id="explorer-{ident}-panel" aria-live="polite">{list(panels.values())[0]}</div>'
+        "<script>(function () {"
+        f"const keys = {json.dumps(keys)}; const panels = {bodies};"
+        f'const r = document.getElementById("explorer-{ident}-range");'
+        f'const k = document.getElementById("explorer-{ident}-key");'
+        f'const p = document.getElementById("explorer-{ident}-panel");'
+        'r.addEventListener("input", function () { k.textContent = keys[r.value]; p.innerHTML = panels[r.value]; });'
+        "})();</script></div>"
+    )
