@@ -2,10 +2,12 @@
 
 import re
 
+from labsupport import runs
 from labsupport.chapters import kernels_in_one_token as one_token
 
 
-def test_book_shows_the_recorded_numbers(built_book, published):
+def test_book_shows_the_recorded_numbers(built_book):
+    published = runs.load_run(one_token.CHAPTER)  # the run the book was built from, in runs/
     html = (built_book / "notebooks" / "kernels_in_one_token.html").read_text()
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
     s = one_token.summary(published)
@@ -36,3 +38,21 @@ def test_timeline_traces_are_downloadable(built_book):
         for link in links:
             assert (built_book / "notebooks" / link).resolve().is_file(), link
         assert "Perfetto" in html and "chrome://tracing" in html
+
+
+def test_a_reader_can_download_what_a_chapter_needs(built_book):
+    """The page on running a chapter links a labsupport wheel and the requirements, both served
+    with the book, and the wheel holds every module of the package."""
+    import zipfile
+    from pathlib import Path
+
+    html = (built_book / "book" / "run_it_yourself.html").read_text()
+    links = re.findall(r'href="(\.\./download/[^"]+)"', html)
+    assert {Path(u).suffix for u in links} == {".whl", ".txt"}
+    for link in links:
+        assert (built_book / "book" / link).resolve().is_file(), link
+    wheel = next((built_book / "book" / u).resolve() for u in links if u.endswith(".whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    package = Path(runs.__file__).resolve().parents[1]
+    expected = {str(p.relative_to(package.parent)) for p in package.rglob("*.py") if "__pycache__" not in p.parts}
+    assert expected <= names
