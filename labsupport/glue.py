@@ -160,3 +160,52 @@ def html_explorer(name: str, label: str, panels: dict) -> object:
         'r.addEventListener("input", function () { k.textContent = keys[r.value]; p.innerHTML = panels[r.value]; });'
         "})();</script></div>"
     )
+
+
+def number_format(values: pd.Series) -> str:
+    """A format for a column of numbers, chosen for reading: integers with thousands
+    separators; other numbers with about three significant digits at their typical size."""
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if v.empty:
+        return "{}"
+    if (v == v.round()).all() and v.abs().max() >= 1:
+        return "{:,.0f}"
+    typical = v.abs().median()
+    if typical >= 100:
+        return "{:,.0f}"
+    if typical >= 10:
+        return "{:,.1f}"
+    if typical >= 1:
+        return "{:.2f}"
+    return "{:.3f}"
+
+
+def table(
+    df: pd.DataFrame, formats: dict | None = None, max_rows: int = 15, csv_href: str | None = None, wrap: tuple = ()
+):
+    """A table for the page: the index hidden, numbers formatted for reading (number_format,
+    unless `formats` names a column's format), missing values as a dash, the text of the
+    `wrap` columns allowed to break, and at most `max_rows` rows, with a line saying how many
+    more the full table (linked as CSV at `csv_href`) holds."""
+    from IPython.display import HTML
+
+    shown = df.head(max_rows)
+    fmt = {c: number_format(shown[c]) for c in shown.columns if pd.api.types.is_numeric_dtype(shown[c])}
+    fmt.update(formats or {})
+    styler = shown.style.format(fmt, na_rep="–").hide(axis="index")
+    for c in wrap:
+        styler = styler.set_properties(
+            subset=[c], **{"white-space": "normal", "overflow-wrap": "anywhere", "min-width": "8em"}
+        )
+    out = styler.set_table_attributes('class="book-table"').to_html()
+    if len(df) > max_rows or csv_href:
+        more = f"the first {max_rows} of {len(df):,d} rows; " if len(df) > max_rows else ""
+        link = f'<a href="{html.escape(csv_href)}" download>the full table as CSV</a>' if csv_href else ""
+        out += f'<p class="table-note">{more}{link}</p>'
+    return HTML(f'<div class="table-wrap">{out}</div>')
+
+
+def run_csv_href(run, name: str) -> str:
+    """Where a chapter page finds a table of the run it shows (book/_ext/serve_runs.py)."""
+    run.file(name)
+    return f"../runs/{run.chapter}/{run.run_id}/{name}"

@@ -3,6 +3,7 @@
 import json
 import re
 
+import pandas as pd
 import pytest
 
 from labsupport import glue
@@ -22,3 +23,26 @@ def test_html_explorer_holds_every_panel_in_order_and_cannot_close_its_script():
 def test_html_explorer_needs_a_panel():
     with pytest.raises(ValueError):
         glue.html_explorer("x", "x", {})
+
+
+def test_number_formats_for_reading():
+    assert glue.number_format(pd.Series([2218, 1163])) == "{:,.0f}"
+    assert glue.number_format(pd.Series([4.64, 0.0])) == "{:.2f}"
+    assert glue.number_format(pd.Series([0.012, 0.4])) == "{:.3f}"
+    assert glue.number_format(pd.Series([15.14, 31.2])) == "{:,.1f}"
+    assert glue.number_format(pd.Series([1234.5, 999.9])) == "{:,.0f}"
+
+
+def test_table_limits_rows_formats_numbers_and_links_the_csv():
+    df = pd.DataFrame(
+        {
+            "name": [f"k{i}" for i in range(40)],
+            "us": [4.640000 + i / 10 for i in range(40)],
+            "kernels": [1000 * i for i in range(40)],
+        }
+    )
+    h = glue.table(df, csv_href="../runs/x/1/t.csv", wrap=("name",)).data
+    assert h.count("<tr>") == 16, "a header row and 15 rows"
+    assert "4.640000" not in h and "4.64" in h and "14,000" in h
+    assert "the first 15 of 40 rows" in h and 'href="../runs/x/1/t.csv"' in h
+    assert "overflow-wrap: anywhere" in h and "index_name" not in h
