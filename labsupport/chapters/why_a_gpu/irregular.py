@@ -142,7 +142,7 @@ def irregular_text(run: runs.Run, ev: SplitK | None) -> str:
             f"No batch size's matrix multiplies took longer than a larger batch's (by more than "
             f"{BUMP_TOLERANCE:.0%}): this sweep has no irregular point to explain. Kernels per step: {count_text}."
         )
-    b = bumps[0]
+    b = min(bumps)
     later = s.loc[s.index > b]
     n = int(later["matmul ms"].idxmin())
     parts = [
