@@ -503,3 +503,18 @@ def test_the_notebook_stops_the_sweep_at_a_batch_out_of_memory(runs_root, calls,
     assert list(zip(s.batch, s.status, strict=True)) == [(1, "ok"), (2, "out of memory")], "batch 4 is skipped"
     assert [w for k, w in calls if k == "profile"] == ["decode_step", "matvec"]
     assert list(ch.sweep(run).batch) == [1]
+
+
+def test_the_notebook_shows_its_measuring_code_and_reads_no_other_chapters_module():
+    nb = json.loads(NOTEBOOK.read_text())
+    code = [("".join(c["source"]), c["metadata"].get("tags", [])) for c in nb["cells"] if c["cell_type"] == "code"]
+    measuring = [
+        tags
+        for src, tags in code
+        if any(f in src for f in ("recording.recording(", "ch.time_batch(", "ch.profile_batch(", "ch.time_matvec_gpu("))
+    ]
+    assert len(measuring) >= 3 and not any(measuring), "the measuring cells are visible"
+    assert not [src for src, tags in code if "remove-input" in tags or "hide-output" in tags]
+    assert [src for src, tags in code if "remove-cell" in tags] == ["ch.explorer(run)"]  # a live widget only
+    imports = [line for src, _ in code for line in src.splitlines() if "labsupport.chapters" in line]
+    assert imports == ["from labsupport.chapters import why_a_gpu as ch"]
