@@ -1,32 +1,197 @@
-"""Why a GPU: the batch sweep's bytes with the KV cache, its limits, its irregular points and the
-ridge beside the published H100 figure, on the recorded runs and on new-style runs built from
-them (structure and arithmetic; no timings as pass/fail)."""
+"""Why a GPU, on the frozen copy of its recorded H200 run (tests/fixtures/runs) and on an
+old-style run derived from it (no read stream, no kernel time, wall times taken after the
+profiles): the arithmetic, the matrix-vector product, the batch sweep with its KV cache, limits,
+ridge and irregular points, the published H100 figure, the figures and the explorer (structure
+and arithmetic; no timings as pass/fail). Then the notebook's measuring cells, live on a CPU
+with the tiny model: every time before the first profile, and a batch that runs out of memory."""
+
+import json
 import math
+import shutil
+from pathlib import Path
 
 import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
+import torch
 
-from labsupport.measure import hardware, models
 from labsupport import runs
 from labsupport.chapters import why_a_gpu as ch
+from labsupport.measure import hardware, harness, models
+from labsupport.traces import trace
 
-from .test_chapters_measured import derived_run, new_style_sweep
+from .conftest import fixture_run
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "why_a_gpu.ipynb"
+MATVEC_BYTES = 12288 * 4096 * 2  # Qwen3-8B's gate projection in BF16
+
+
+def derived_run(run, root, tables=None, drop_files=(), drop_results=()):
+    """A copy of `run` under `root` with some tables replaced, and some files and results left out."""
+    tables = tables or {}
+    with runs.RunWriter(run.chapter, run.parameters, run.run_id, root=root, meta={"provenance": run.provenance}) as w:
+        for name in run.meta["files"]:
+            if name in drop_files or name.removesuffix(".csv") in tables:
+                continue
+            if name.endswith(".csv"):
+                w.write_table(name[:-4], run.table(name[:-4]))
+            else:
+                shutil.copy(run.path / name, w.path / name)
+        for name, df in tables.items():
+            w.write_table(name, df)
+        w.extra.update({k: v for k, v in run.results.items() if k not in drop_results})
+    return runs.load_run(run.chapter, run.run_id, root=root)
+
+
+def old_style(run, root):
+    """`run` as runs recorded before the harness: no read stream in the ceilings, no profiled
+    kernel time of the product (nor a `timing` column), the sweep's wall times without their
+    range and taken after the profiles, only the context after the timed steps, no kernels
+    per batch size."""
+    ceil = run.table("ceilings").drop(
+        columns=["read_bytes", "read_ms_median", "read_ms_min", "read_ms_max", "read_by", "read_tbs"]
+    )
+    mv = run.table("matvec")
+    mv = mv[mv.timing != ch.KERNEL_TIME].drop(columns="timing")
+    sweep = run.table("batch_sweep").drop(
+        columns=["wall_ms_max", "issue_ms_median", "wall_repeats", "wall_clean", "context_profiled"]
+    )
+    return derived_run(
+        run,
+        root,
+        {"ceilings": ceil, "matvec": mv, "batch_sweep": sweep},
+        drop_files=("batch_matmuls.csv", "batch_times.csv"),
+        drop_results=("method", "matvec_kernels"),
+    )
 
 
 @pytest.fixture(scope="module")
 def run():
-    return ch.load()
+    return fixture_run("why-a-gpu")
 
 
-@pytest.fixture(params=["recorded", "new-style"])
+@pytest.fixture(scope="module")
+def prefill():
+    return fixture_run("prefill-vs-decode")
+
+
+@pytest.fixture(params=["recorded", "old-style"])
 def any_run(request, run, tmp_path):
-    """The recorded run, and a new-style one: the profiled step's context, and a read stream in
-    its ceilings (hardware.Ceilings.read_*), as today's record() writes them."""
-    if request.param == "recorded":
-        return run
-    ceil = run.table("ceilings").assign(read_bytes=4 * 2**30, read_ms_median=1.0, read_ms_min=0.99,
-                                        read_ms_max=1.02, read_by="sum")
-    return derived_run(run, tmp_path, {"batch_sweep": new_style_sweep(run), "ceilings": ceil})
+    return run if request.param == "recorded" else old_style(run, tmp_path)
+
+
+# One token's arithmetic and the matrix-vector product -------------------------------------
+
+
+def test_per_token_arithmetic(any_run):
+    ar = ch.arithmetic(any_run).set_index("ceilings")
+    assert set(ar.index) == {ch.DATASHEET, ch.MEASURED}
+    sheet = ar.loc[ch.DATASHEET]
+    assert sheet["math ms"] == pytest.approx(2 * 7_568_097_280 / 989e12 * 1e3)
+    assert sheet["memory ms"] == pytest.approx(15_136_811_008 / 4.8e12 * 1e3)
+    assert sheet["ridge FLOP/byte"] == pytest.approx(989 / 4.8)
+    measured = ar.loc[ch.MEASURED]
+    lim = hardware.run_limits(any_run)
+    assert measured["TB/s"] == pytest.approx(lim.read_or_copy_tbs)
+    assert measured["TFLOP/s"] == pytest.approx(lim.gemm_tflops)
+    assert (ar["memory / math"] > 50).all()
+    shown = ch.arithmetic_display(any_run)
+    assert list(shown.index) == ["H200 SXM datasheet", "measured on this GPU"]
+    text = ch.memory_ceiling_text(any_run)
+    if lim.read_tbs is None:  # before the read stream, the copy is the memory ceiling
+        assert measured["TB/s"] == pytest.approx(ch.ceilings(any_run).copy_tbs)
+        assert text.startswith("a large device-to-device copy")
+    else:
+        assert measured["TB/s"] == pytest.approx(lim.read_tbs) and f"{lim.read_tbs:.2f} TB/s" in text
+        assert ch.ceilings(any_run).read_by in text
+
+
+def test_matvec_rates_and_summary(any_run):
+    mv = ch.matvec(any_run)
+    assert (mv["GB/s"] == mv.bytes / (mv.ms_median * 1e-3) / 1e9).all()
+    assert (mv[mv.dtype == "bfloat16"].bytes == MATVEC_BYTES).all()
+    assert set(mv.timing) <= {ch.KERNEL_TIME, ch.PER_CALL, ch.HOST_CLOCK}
+    assert (mv[mv.device.str.startswith("CPU")].timing == ch.HOST_CLOCK).all()
+    m = ch.matvec_summary(any_run)
+    assert m.shape == "12288 x 4096" and m.mb == MATVEC_BYTES / 1e6
+    assert m.gpu_ms == (m.gpu_kernel_ms if m.gpu_kernel_ms is not None else m.gpu_call_ms)
+    assert m.speedup == pytest.approx(min(m.cpu32_ms, m.cpu16_ms) / m.gpu_ms)
+    text = ch.matvec_text(any_run)
+    assert f"{m.gpu_call_ms * 1e3:.1f} µs" in text
+    # A CPU slower in BF16 than in float32: the text says float32 is the fair number.
+    assert (m.cpu16_ms > m.cpu32_ms) == ("float32 is the fair CPU number" in text)
+
+
+def test_matvec_kernel_time_where_the_run_profiled_it(run, tmp_path):
+    m = ch.matvec_summary(run)
+    assert m.gpu_kernel_ms and m.gpu_ms == m.gpu_kernel_ms and m.gpu_kernel_ms <= m.gpu_call_ms
+    assert m.gpu_kernel_gbs == pytest.approx(MATVEC_BYTES / (m.gpu_kernel_ms * 1e-3) / 1e9)
+    assert m.kernels == run.results["matvec_kernels"] and m.kernels
+    text = ch.matvec_text(run)
+    assert "the GPU's kernel time" in text and f"{m.gpu_kernel_ms * 1e3:.1f} µs" in text and m.kernels[0] in text
+    old = ch.matvec_summary(old_style(run, tmp_path))
+    assert old.gpu_kernel_ms is None and old.gpu_ms == old.gpu_call_ms == m.gpu_call_ms and old.kernels == []
+    assert "did not profile the kernel" in ch.matvec_text(old_style(run, tmp_path / "again"))
+
+
+# The batch sweep ---------------------------------------------------------------------------
+
+
+def test_batch_sweep_and_ridge(run):
+    s = ch.sweep(run)
+    assert list(s.batch) == run.parameters["batches"][: len(s)]
+    assert (s["tokens/s"] == s.batch / (s.wall_ms_median / 1e3)).all()
+    assert (s["matmul ms"] <= s["GPU ms"]).all()
+    assert ch.smallest(s).batch == 1 and ch.largest(s).batch == s.batch.max()
+    r = ch.ridge(run)
+    big = ch.largest(s)
+    assert r.measured_batch == pytest.approx(r.floor_ms / r.ms_per_sequence)
+    assert r.ms_per_sequence == pytest.approx(big["matmul ms"] / big.batch)
+    assert r.floor_ms == pytest.approx(s.loc[s.batch <= 8, "matmul ms"].median())
+    assert r.flat_until in set(s.batch) and r.flat_until < s.batch.max()
+    assert ch.bound_at(run, 1) == "memory-bound" and ch.bound_at(run, int(big.batch)) == "compute-bound"
+    assert r.datasheet_batch == pytest.approx(206.04, abs=0.01)
+    lim = hardware.run_limits(run)
+    assert r.ceilings_batch == pytest.approx(lim.gemm_tflops / lim.read_or_copy_tbs)
+    h = ch.headline(run)
+    assert h["ridge batch"] == r.measured_batch and h["copy TB/s"] == pytest.approx(lim.copy_tbs)
+
+
+def test_a_batch_out_of_memory_is_left_out_of_the_sweep(run, tmp_path):
+    s = run.table("batch_sweep")
+    oom = pd.DataFrame([{"batch": 2 * int(s.batch.max()), "status": "out of memory"}])
+    with_oom = derived_run(run, tmp_path, {"batch_sweep": pd.concat([s, oom], ignore_index=True)})
+    assert list(ch.sweep(with_oom).batch) == list(s.batch)
+
+
+def test_how_the_wall_times_were_taken(any_run, run):
+    shown = ch.sweep_display(any_run)
+    s = ch.sweep(any_run)
+    if "wall_clean" in s:
+        assert ch.wall_times_clean(any_run)
+        assert list(shown["wall min–max"]) == [
+            f"{lo:.1f}–{hi:.1f}" for lo, hi in zip(s.wall_ms_min, s.wall_ms_max, strict=True)
+        ]
+        assert "before the process's first profile" in ch.sweep_note(any_run)
+    else:
+        # A run recorded before the harness timed each batch size after profiling it: the page says
+        # so, and shows no range.
+        assert not ch.wall_times_clean(any_run) and "upper bound" in ch.sweep_note(any_run)
+        assert "wall min–max" not in shown
+
+
+def test_the_batch_1_step_beside_the_census_chapters(run, tmp_path):
+    census = fixture_run("kernels-in-one-token")
+    wall, busy, run_id = ch.census_step(census)
+    k = census.table("kernels")
+    assert busy == trace.busy_ns(k.start_ns, k.end_ns) / 1e6 and run_id == census.run_id
+    assert wall == census.table("step_times").wall_ms.median()
+    note = ch.sweep_note(run, (wall, busy, run_id))
+    one = ch.sweep(run).set_index("batch").loc[1]
+    assert f"{one.wall_ms_median:.1f} ms, against {wall:.1f} ms" in note and f"run `{run_id}`" in note
+    assert "*The kernels in one token*" not in ch.sweep_note(run)
+    before_harness = derived_run(census, tmp_path, drop_results=("method",))
+    assert ch.census_step(before_harness) is None
 
 
 def test_bytes_per_step_count_the_kv_cache(any_run):
@@ -44,7 +209,7 @@ def test_bytes_per_step_count_the_kv_cache(any_run):
     a = ch.attention_flop_per_context_token(any_run)
     assert a == 4 * cfg["num_attention_heads"] * cfg["head_dim"] * cfg["num_hidden_layers"]
     assert a / kv == cfg["num_attention_heads"] / cfg["num_key_value_heads"]
-    assert (s.FLOP == s.batch * (c.decode_flops + context * a)).all()
+    assert (s.batch * (c.decode_flops + context * a) == s.FLOP).all()
     assert s["FLOP/byte"].to_numpy() == pytest.approx((s.FLOP / s.bytes).to_numpy())
     assert s["attention TB/s"].to_numpy() == pytest.approx((s["KV bytes"] / s.attention_ns * 1e-3).to_numpy())
     assert s["other ms"].to_numpy() == pytest.approx(((s.kernel_ns - s.matmul_ns - s.attention_ns) / 1e6).to_numpy())
@@ -66,16 +231,28 @@ def test_limits_are_drawn_at_the_limits(any_run):
     # The matrix multiplies' memory limit is the weight matrices at the datasheet's bandwidth, at every batch.
     assert (s["matmul memory limit ms"] == c.matmul_bytes / (lim.datasheet_tbs * 1e9)).all()
     assert s["matmul math limit ms"].to_numpy() == pytest.approx(
-        (s.batch * c.decode_flops / (lim.datasheet_tflops * 1e9)).to_numpy())
+        (s.batch * c.decode_flops / (lim.datasheet_tflops * 1e9)).to_numpy()
+    )
     # The whole step's memory limit grows with the KV cache, from the weights' alone.
     assert s["memory limit ms"].is_monotonic_increasing
     assert (s["memory limit ms"] > s["matmul memory limit ms"]).all()
     n = ch.sweep_numbers(any_run)
-    assert n["lim_b1"] == s["limit ms"].iloc[0] and n["lim_bmax"] == s["limit ms"].iloc[-1]
-    assert n["x_bmax"] == pytest.approx(s["GPU ms"].iloc[-1] / s["limit ms"].iloc[-1])
-    assert n["mm_b1_of_limit"] == pytest.approx(s["matmul memory limit ms"].iloc[0] / s["matmul ms"].iloc[0])
-    assert n["cat_gb_bmax"] == pytest.approx(2 * s["KV bytes"].iloc[-1] / 1e9)
-    assert n["kv_share_bmax"] == pytest.approx(s["KV bytes"].iloc[-1] / s.bytes.iloc[-1])
+    one, big = s.set_index("batch").loc[1], s.set_index("batch").loc[s.batch.max()]
+    assert n["lim_b1"] == one["limit ms"] and n["lim_bmax"] == big["limit ms"]
+    assert n["x_bmax"] == pytest.approx(big["GPU ms"] / big["limit ms"])
+    assert n["mm_b1_of_limit"] == pytest.approx(one["matmul memory limit ms"] / one["matmul ms"])
+    assert n["cat_gb_bmax"] == pytest.approx(2 * big["KV bytes"] / 1e9)
+    assert n["kv_share_bmax"] == pytest.approx(big["KV bytes"] / big.bytes)
+
+
+def test_context_note(any_run):
+    note = ch.context_note(any_run)
+    s = ch.sweep(any_run)
+    assert str(int(ch.largest(s).context)) in note
+    assert "profiled step" in note and (("did not record" in note) == ("context_profiled" not in s))
+
+
+# The ridge with the KV cache, and the published H100 figure ------------------------------
 
 
 def test_kv_ridge_solves_for_the_ridge(run):
@@ -87,7 +264,7 @@ def test_kv_ridge_solves_for_the_ridge(run):
 
     for sh in (sheet, ch.H100):
         k = ch.kv_ridge(run, sh)
-        assert k.context == ch.sweep(run).context.iloc[-1]
+        assert k.context == ch.largest(ch.sweep(run)).context
         assert intensity(k.batch, k.context) == pytest.approx(sh.ridge_flop_per_byte)
         assert k.cap == pytest.approx(ch.kv_cap(run))
         assert intensity(1e12, k.context) == pytest.approx(k.cap, rel=1e-3)
@@ -101,16 +278,16 @@ def test_kv_ridge_solves_for_the_ridge(run):
 
 def test_ridge_beside_the_published_h100_figure(run):
     cmp = ch.ridge_comparison(run)
-    pub = cmp.iloc[0]
+    pub = cmp.set_index("key").loc[ch.PUBLISHED]
     assert pub["from"].startswith("published") and pub.GPU == "H100 SXM"
     assert pub.batch == ch.PUBLISHED_H100_RIDGE_REQUESTS
     assert pub["GPU's datasheet ridge"] == pytest.approx(989 / 3.35)
     assert cmp["batch / ridge"].to_numpy() == pytest.approx((cmp.batch / cmp["GPU's datasheet ridge"]).to_numpy())
     r = ch.ridge(run)
     assert r.measured_batch in set(cmp.batch) and r.ceilings_batch in set(cmp.batch)
-    kv_rows = cmp[cmp["where math becomes the limit"].str.startswith("whole step")]
+    kv_rows = cmp[cmp.key == "kv-cache"]
     assert set(kv_rows.GPU) == {"H100 SXM", hardware.datasheet(run.provenance["gpu"]).name}
-    assert len(cmp) <= 15
+    assert len(cmp) <= 15 and "key" not in ch.ridge_display(run)
     text = ch.ridge_text(run)
     assert "Raw," in text and "Normalised" in text and "What else differs" in text
     assert run.provenance["transformers"] in text and run.provenance["torch"] in text
@@ -124,76 +301,102 @@ def test_ridge_text_on_a_gpu_without_a_datasheet(run, tmp_path):
     assert "no datasheet" in ch.ridge_text(unknown)
     s = ch.sweep(unknown)
     assert s["limit ms"].isna().all()
-    assert len(ch.ridge_comparison(unknown)) == 4   # published, two measured rows, the H100 with the KV cache
+    assert len(ch.ridge_comparison(unknown)) == 4  # published, two measured rows, the H100 with the KV cache
 
 
-def test_irregular_points_of_the_recorded_sweep(run):
-    s = ch.sweep(run).set_index("batch")
-    bumps = ch.irregular_batches(run)
+# The irregular points -----------------------------------------------------------------------
+
+
+def bumpy(run, root):
+    """`run` with an irregular point: batch 192's matrix multiplies 20% slower than batch 256's."""
+    s = run.table("batch_sweep")
+    at_256 = int(s.loc[s.batch == 256, "matmul_ns"].squeeze())
+    s.loc[s.batch == 192, "matmul_ns"] = int(1.2 * at_256)
+    return derived_run(run, root, {"batch_sweep": s})
+
+
+@pytest.mark.parametrize("irregular", [False, True])
+def test_irregular_points(run, tmp_path, irregular):
+    r = bumpy(run, tmp_path) if irregular else run
+    s = ch.sweep(r).set_index("batch")
+    bumps = ch.irregular_batches(r)
+    assert bumps == ([192] if irregular else [])  # the recorded 192 is within BUMP_TOLERANCE of 256
     for b in bumps:
         later = s.loc[s.index > b, "matmul ms"]
         assert s.loc[b, "matmul ms"] > (1 + ch.BUMP_TOLERANCE) * later.min()
     for b in set(s.index) - set(bumps):
         later = s.loc[s.index > b, "matmul ms"]
         assert later.empty or s.loc[b, "matmul ms"] <= (1 + ch.BUMP_TOLERANCE) * later.min()
-    groups = ch.kernel_count_groups(run)
+    groups = ch.kernel_count_groups(r)
     assert [b for _, bs in groups for b in bs] == list(s.index)
     assert all(n == s.loc[b, "kernels"] for n, bs in groups for b in bs)
 
 
-def test_split_k_evidence_from_the_prefill_chapter(run):
-    ev = ch.split_k_evidence(run)
-    assert ev is not None
-    pr = runs.load_run(ch.PREFILL_CHAPTER)
-    assert ev.run_id == pr.run_id and ev.tokens_many == pr.parameters["prompt_len"]
-    dec = pr.table("kernels-decode")
+def test_split_k_evidence_from_the_prefill_chapter(run, prefill):
+    ev = ch.split_k_evidence(prefill)
+    assert ev.run_id == prefill.run_id and ev.tokens_many == prefill.parameters["prompt_len"]
+    dec = prefill.table("kernels-decode")
     mm = dec[dec.kind == "matrix multiply"]
     assert ev.matmul_few == len(mm) and ev.reduce_few == mm.short_name.str.contains("splitKreduce").sum()
-    assert all("layers." not in m for m in ev.modules)
+    assert ev.reduce_few > 0 and all("layers." not in m for m in ev.modules)
     per_layer = ch.split_k_per_layer(run, ev)
-    if per_layer is not None:
-        s = ch.sweep(run)
-        layers = ch.counts(run).layers
-        assert (per_layer.to_numpy() * layers == (s.kernels - s.kernels.min()).to_numpy()).all()
-        assert per_layer.iloc[0] * layers == ev.reduce_few - ev.reduce_many
+    assert per_layer is not None, "the recorded runs support the reading"
+    s = ch.sweep(run).set_index("batch")
+    layers = ch.counts(run).layers
+    assert (per_layer * layers == s.kernels - s.kernels.min()).all()
+    assert per_layer[1] * layers == ev.reduce_few - ev.reduce_many
     # Evidence that does not fit the reading is not used.
     assert ch.split_k_per_layer(run, None) is None
     odd = ch.SplitK(**{**ev.__dict__, "reduce_few": ev.reduce_few + 1})
     assert ch.split_k_per_layer(run, odd) is None
+    assert ch.split_k_evidence(None) is None
 
 
-def test_irregular_text_says_what_it_cannot_tell(run):
-    text = ch.irregular_text(run, ch.split_k_evidence(run))
-    if ch.irregular_batches(run):
-        assert "**Left for a new measurement:**" in text and "cannot tell" in text
-        assert f"batch {ch.irregular_batches(run)[0]}" in text
-    without = ch.irregular_text(run, None)
-    assert "splitKreduce" not in without
-    if ch.irregular_batches(run):
-        assert "this run cannot say" in without
+def test_irregular_text_says_what_the_kernels_show(run, prefill, tmp_path):
+    r = bumpy(run, tmp_path)
+    text = ch.irregular_text(r, ch.split_k_evidence(prefill))
+    assert "At batch 192 the matrix multiplies" in text and "at batch 256, which does" in text
+    assert "`cublasLt::splitKreduce_kernel`" in text and "at batch 192 cuBLAS's heuristics dropped split-K" in text
+    assert "This run recorded which matrix-multiply kernels ran" in text  # it has batch_matmuls
+    without = ch.irregular_text(r, None)
+    assert "splitKreduce" not in without and "this run cannot say" in without
 
 
-def test_no_irregular_point_and_a_short_sweep(run, tmp_path):
+def test_irregular_text_on_an_old_run_says_what_it_cannot_tell(run, tmp_path):
+    old = bumpy(old_style(run, tmp_path / "old"), tmp_path / "bumpy")
+    text = ch.irregular_text(old, None)
+    assert "**Left for a new measurement:**" in text and "cannot tell" in text
+    assert "batches 160, 192, 224, 256" in text
+
+
+def test_no_irregular_point_and_a_short_sweep(run, prefill, tmp_path):
     """A sweep whose matrix multiplies only grow, and a smoke run's two batch sizes."""
     s = run.table("batch_sweep")
-    smooth = s.assign(matmul_ns=(s.matmul_ns.iloc[0] * (1 + s.batch / 64)).astype(int))
+    smooth = s.assign(matmul_ns=(s.set_index("batch").loc[1, "matmul_ns"] * (1 + s.batch / 64)).astype(int))
     r1 = derived_run(run, tmp_path / "smooth", {"batch_sweep": smooth})
+    ev = ch.split_k_evidence(prefill)
     assert ch.irregular_batches(r1) == []
-    assert "no irregular point" in ch.irregular_text(r1, ch.split_k_evidence(run))
+    assert "no irregular point" in ch.irregular_text(r1, ev)
     short = s[s.batch.isin([1, 16])]
     r2 = derived_run(run, tmp_path / "short", {"batch_sweep": short})
     assert list(ch.sweep(r2).batch) == [1, 16]
     for fn in (ch.bytes_display, ch.ridge_comparison, ch.sweep_numbers, ch.ridge_text, ch.context_note):
         fn(r2)
-    ch.irregular_text(r2, ch.split_k_evidence(run))
-    # Without the prefill chapter's run beside it (a scratch runs folder), there is no evidence.
-    assert ch.split_k_evidence(r2) is None
+    ch.irregular_text(r2, ev)
 
 
-def test_context_note(any_run):
-    note = ch.context_note(any_run)
-    assert str(int(ch.sweep(any_run).context.iloc[-1])) in note
-    assert ("profiled step" in note) and (("did not record" in note) == ("context_profiled" not in ch.sweep(any_run)))
+def test_matmul_choice_per_batch(run):
+    """The sweep keeps each batch size's matrix-multiply kernels: the text names the kernels and
+    their time at both batch sizes, and the table adds up to the sweep."""
+    c = ch.matmul_choice(run, [192, 256])
+    s = ch.sweep(run).set_index("batch")
+    for b in (192, 256):
+        assert c[c.batch == b].gpu_ns.sum() == pytest.approx(s.loc[b, "matmul_ns"])
+    text = ch.matmul_choice_text(run, 192, 256)
+    assert "at batch 192" in text and "at batch 256" in text and "`nvjet" in text
+
+
+# Figures and the explorer ------------------------------------------------------------------
 
 
 def test_figures_build(any_run):
@@ -207,17 +410,111 @@ def test_figures_build(any_run):
     plt.close(fig)
 
 
-def test_matmul_choice_per_batch_on_a_run_that_recorded_it():
-    """Runs recorded since the sweep keeps each batch size's matrix-multiply kernels: the text
-    names the kernels and their time at both batch sizes, and the table adds up to the sweep."""
-    from labsupport.chapters import why_a_gpu
+def test_batch_explorer_widget_replays_the_sweep(run):
+    box = ch.explorer(run)
+    slider, out = box.children
+    assert list(slider.options) == list(ch.sweep(run).batch)
+    assert "batch 1</b>" in out.value and "memory-bound" in out.value
+    slider.value = max(slider.options)
+    assert f"batch {max(slider.options)}</b>" in out.value and "compute-bound" in out.value
 
-    run = why_a_gpu.load()
-    if "batch_matmuls.csv" not in run.meta["files"]:
-        pytest.skip("the published run predates the per-batch kernel table")
-    c = why_a_gpu.matmul_choice(run, [192, 256])
-    s = why_a_gpu.sweep(run).set_index("batch")
-    for b in (192, 256):
-        assert c[c.batch == b].gpu_ns.sum() == pytest.approx(s.loc[b, "matmul_ns"])
-    text = why_a_gpu.matmul_choice_text(run, 192, 256)
-    assert "at batch 192" in text and "at batch 256" in text and "`nvjet" in text
+
+# The notebook's measuring cells, live on a CPU ------------------------------------------------
+
+TINY = dict(mode="live", preset="tiny", device="cpu", prompt_len=16, batches=[1, 2, 4], steps=2, matvec_repeats=2)
+
+
+def run_live_cells(**given):
+    """The notebook's code cells up to the one that loads the run, in this process (so that the
+    tests can watch the harness), with `given` in place of the parameters' defaults."""
+    nb = json.loads(NOTEBOOK.read_text())
+    ns: dict = {}
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        exec(compile(src, str(NOTEBOOK), "exec"), ns)
+        if "parameters" in cell["metadata"].get("tags", []):
+            ns.update(given)
+        if "ch.load(run_id)" in src:
+            return ns["run"]
+    raise AssertionError("no cell of the notebook loads the run")
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every time_region and profile_region call, in order, as ("time"/"profile", what)."""
+    order = []
+    real_time, real_profile = harness.time_region, harness.profile_region
+
+    def time_region(fn, *, what, **kw):
+        order.append(("time", what))
+        return real_time(fn, what=what, **kw)
+
+    def profile_region(fn, path, *, region, **kw):
+        order.append(("profile", region))
+        return real_profile(fn, path, region=region, **kw)
+
+    monkeypatch.setattr(harness, "time_region", time_region)
+    monkeypatch.setattr(harness, "profile_region", profile_region)
+    return order
+
+
+def test_the_notebook_times_everything_before_it_profiles(runs_root, calls):
+    run = run_live_cells(**TINY)
+    kinds = [k for k, _ in calls]
+    assert "profile" in kinds and "time" not in kinds[kinds.index("profile") :], calls
+    assert [w for k, w in calls if k == "profile"] == ["decode_step"] * 3 + ["matvec"]
+    assert run.path.parent.parent == runs_root and run.parameters == {k: v for k, v in TINY.items() if k != "mode"}
+    s = run.table("batch_sweep")
+    assert list(s.batch) == [1, 2, 4] and (s.status == "ok").all() and s.wall_clean.all()
+    assert (s.wall_ms_min <= s.wall_ms_median).all() and (s.wall_ms_median <= s.wall_ms_max).all()
+    p = run.parameters
+    assert (s.context_end == p["prompt_len"] + ch.DECODE_WARMUP + p["steps"]).all()
+    assert (s.context_profiled == s.context_end - p["steps"] + 1).all()
+    times = run.table("batch_times")
+    assert len(times) == 3 * p["steps"] and times.clean.all()
+    assert set(run.table("batch_matmuls").batch) <= {1, 2, 4}
+    mv = ch.matvec(run)
+    assert sorted(zip(mv.timing, mv.dtype, strict=True)) == sorted(
+        [
+            (ch.KERNEL_TIME, "bfloat16"),
+            (ch.PER_CALL, "bfloat16"),
+            (ch.HOST_CLOCK, "float32"),
+            (ch.HOST_CLOCK, "bfloat16"),
+        ]
+    )
+    assert set(run.results["method"]) == set(harness.method())
+    assert set(run.results) == {"method", "model", "kv_bytes_per_token", "matvec_kernels"}
+    assert not list(run.path.glob(".profile*")), "the scratch trace is removed"
+
+
+def test_the_notebook_stops_the_sweep_at_a_batch_out_of_memory(runs_root, calls, monkeypatch):
+    real = ch.time_batch
+
+    def time_batch(model, batch, *args):
+        if batch >= 2:
+            raise torch.OutOfMemoryError("fake: out of memory")
+        return real(model, batch, *args)
+
+    monkeypatch.setattr(ch, "time_batch", time_batch)
+    run = run_live_cells(**TINY)
+    s = run.table("batch_sweep")
+    assert list(zip(s.batch, s.status, strict=True)) == [(1, "ok"), (2, "out of memory")], "batch 4 is skipped"
+    assert [w for k, w in calls if k == "profile"] == ["decode_step", "matvec"]
+    assert list(ch.sweep(run).batch) == [1]
+
+
+def test_the_notebook_shows_its_measuring_code_and_reads_no_other_chapters_module():
+    nb = json.loads(NOTEBOOK.read_text())
+    code = [("".join(c["source"]), c["metadata"].get("tags", [])) for c in nb["cells"] if c["cell_type"] == "code"]
+    measuring = [
+        tags
+        for src, tags in code
+        if any(f in src for f in ("recording.recording(", "ch.time_batch(", "ch.profile_batch(", "ch.time_matvec_gpu("))
+    ]
+    assert len(measuring) >= 3 and not any(measuring), "the measuring cells are visible"
+    assert not [src for src, tags in code if "remove-input" in tags or "hide-output" in tags]
+    assert [src for src, tags in code if "remove-cell" in tags] == ["ch.explorer(run)"]  # a live widget only
+    imports = [line for src, _ in code for line in src.splitlines() if "labsupport.chapters" in line]
+    assert imports == ["from labsupport.chapters import why_a_gpu as ch"]

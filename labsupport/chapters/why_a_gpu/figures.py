@@ -1,0 +1,164 @@
+"""The chapter's own figures: what a step reads, its times against the limits, throughput."""
+
+from __future__ import annotations
+
+from labsupport import figures as plots
+from labsupport import runs
+from labsupport.measure import hardware
+
+from .batch_sweep import ridge, sweep
+
+
+def bytes_figure(run: runs.Run):
+    """What one step reads at each batch size: the weights (the same at every batch) and the
+    KV cache (growing with it), stacked."""
+    import matplotlib.pyplot as plt
+
+    s = sweep(run)
+    x = range(len(s))
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    ax.bar(x, s["weights bytes"] / 1e9, color=plots.KIND_COLORS["matrix multiply"], label="weights")
+    ax.bar(
+        x,
+        s["KV bytes"] / 1e9,
+        bottom=s["weights bytes"] / 1e9,
+        color=plots.KIND_COLORS["attention"],
+        label="KV cache (read by attention)",
+    )
+    ax.set_xticks(list(x), [str(b) for b in s.batch])
+    ax.set_xlabel("batch (sequences decoded together)")
+    ax.set_ylabel("GB read per decode step")
+    ax.set_title("Bytes one decode step must read: the weights once, each sequence's KV cache once")
+    ax.grid(axis="x", visible=False)
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    return plots.finish(fig, run.label)
+
+
+def _batch_axis(ax, batches) -> None:
+    """A log2 batch axis labelled with plain numbers."""
+    ax.set_xscale("log", base=2)
+    ticks = [b for b in (1, 4, 16, 64, 256, 1024, 4096) if min(batches) <= b <= max(batches)]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("batch (sequences decoded together)")
+
+
+def limits_figure(run: runs.Run):
+    """Measured time per step against the limits drawn at the limits: on the left the matrix
+    multiplies (the weights' bytes; their operations), on the right the whole step (weights and
+    KV cache; all operations). Solid: the datasheet's limits; dashed: the ceilings measured in
+    the run."""
+    import matplotlib.pyplot as plt
+
+    s = sweep(run)
+    r = ridge(run)
+    lim = hardware.run_limits(run)
+    read_tbs, read_name = hardware.measured_read(lim)
+    mem, math = plots.KIND_COLORS["copy/convert/concat"], plots.KIND_COLORS["reduction"]
+    sheet = f"{lim.datasheet_name} datasheet" if lim.datasheet_name else "datasheet"
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    b = s.batch
+    panels = (
+        (
+            ax[0],
+            "matmul ms",
+            "matrix multiplies (measured)",
+            "matmul memory limit ms",
+            "matmul math limit ms",
+            "matmul read floor ms",
+            "matmul GEMM floor ms",
+            "The matrix multiplies: weights only",
+        ),
+        (
+            ax[1],
+            "GPU ms",
+            "whole step, GPU busy (measured)",
+            "memory limit ms",
+            "math limit ms",
+            "read floor ms",
+            None,
+            "The whole step: weights and KV cache",
+        ),
+    )
+    for a, col, label, mem_col, math_col, read_col, gemm_col, title in panels:
+        a.plot(b, s[col], "o-", color=plots.OURS, label=label, zorder=3)
+        if lim.datasheet_tbs:
+            a.plot(
+                b,
+                s[mem_col],
+                "-",
+                color=mem,
+                lw=1.5,
+                label=f"memory limit: bytes at {lim.datasheet_tbs:.2f} TB/s ({sheet})",
+            )
+        if lim.datasheet_tflops:
+            a.plot(
+                b,
+                s[math_col],
+                "-",
+                color=math,
+                lw=1.5,
+                label=f"math limit: operations at {lim.datasheet_tflops:.0f} TFLOP/s ({sheet})",
+            )
+        if read_tbs:
+            a.plot(
+                b,
+                s[read_col],
+                "--",
+                color=mem,
+                lw=1,
+                label=f"bytes at the measured {read_name} ({read_tbs:.2f} TB/s, this run)",
+            )
+        if gemm_col and lim.gemm_tflops:
+            a.plot(
+                b,
+                s[gemm_col],
+                "--",
+                color=math,
+                lw=1,
+                label=f"operations at the measured GEMM rate ({lim.gemm_tflops:.0f} TFLOP/s, this run)",
+            )
+        _batch_axis(a, b)
+        a.set_yscale("log")
+        a.set_title(title)
+        a.legend(fontsize=7, frameon=False, loc="upper left")
+    ax[0].axvline(r.measured_batch, color="#555", lw=1)
+    ax[0].text(
+        r.measured_batch,
+        s["matmul ms"].min() * 0.5,
+        f"measured crossing ≈ {r.measured_batch:.0f} ",
+        fontsize=8,
+        ha="right",
+    )
+    if r.datasheet_batch:
+        ax[0].axvline(r.datasheet_batch, color="#bbb", lw=1, ls=":")
+        ax[0].text(
+            r.datasheet_batch,
+            s["matmul ms"].min() * 0.37,
+            f" datasheet ridge {r.datasheet_batch:.0f}",
+            fontsize=8,
+            color="#777",
+            ha="left",
+        )
+    ax[0].set_ylabel("ms per decode step")
+    lo = s["matmul ms"].min()
+    if lim.datasheet_tbs:
+        lo = min(lo, s["matmul memory limit ms"].min())
+    ax[0].set_ylim(lo * 0.3, s["GPU ms"].max() * 4)
+    return plots.finish(fig, run.label)
+
+
+def throughput_figure(run: runs.Run):
+    """Tokens per second: if the GPU never waited (GPU busy), and as measured (wall time)."""
+    import matplotlib.pyplot as plt
+
+    s = sweep(run)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(s.batch, s["GPU tokens/s"], "o-", color=plots.OURS, label="if the GPU never waited (GPU busy)")
+    ax.plot(s.batch, s["tokens/s"], "s--", color="#999", ms=4, label="measured wall time (eager)")
+    _batch_axis(ax, s.batch)
+    ax.set_yscale("log")
+    ax.set_ylabel("tokens per second")
+    ax.set_title("Throughput grows with the batch")
+    ax.legend(fontsize=8, frameon=False)
+    return plots.finish(fig, run.label)

@@ -1,0 +1,221 @@
+"""The measuring helpers the chapter's live cells call: the decode step at one batch size
+(timed, or profiled), one weight matrix times one vector on the GPU and the CPU, and the
+rows they write into the run.
+
+Live, every time is taken before the first profile of the process (labsupport.measure.harness):
+the ceilings, the sweep's wall times at every batch size, the GPU's matrix-vector product
+per call and the CPU's; then the profiles that give the GPU times (one decode step per
+batch size, the matrix-vector product alone). The notebook's cells keep that order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from labsupport.measure import harness
+from labsupport.traces import kernels, trace
+
+CHAPTER = "why-a-gpu"
+DECODE_WARMUP = 2  # untimed (or traced-and-discarded) steps on each batch's fresh cache
+
+# What each time in the matvec table is.
+KERNEL_TIME = "kernel time (profiler)"
+PER_CALL = "per call (CUDA events)"
+HOST_CLOCK = "host clock"
+
+
+@dataclass
+class Params:
+    """The parameters a live run records (meta.json)."""
+
+    preset: str = "qwen3-8b"
+    prompt_len: int = 256
+    batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 160, 192, 224, 256, 384, 512])
+    steps: int = 5
+    matvec_repeats: int = 20
+    device: str = "cuda"
+
+
+def progress(msg: str) -> None:
+    print(f"[{CHAPTER}] {msg}", flush=True)
+
+
+def kv_bytes_per_token(cfg) -> int:
+    """The KV cache's bytes per token of context: keys and values, every layer, BF16."""
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+
+
+def free(device: str) -> None:
+    """Give the memory of a finished batch size back (outside any `except` block: a caught
+    exception's traceback still holds the batch's cache)."""
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+# The matrix-vector product ----------------------------------------------------------------
+
+
+def _matvec_row(device: str, dtype: str, timing: str, ms: list[float], nbytes: int) -> dict:
+    s = pd.Series(ms, dtype=float)
+    return {
+        "device": device,
+        "dtype": dtype,
+        "timing": timing,
+        "ms_median": float(s.median()),
+        "ms_min": float(s.min()),
+        "ms_max": float(s.max()),
+        "repeats": len(s),
+        "bytes": nbytes,
+    }
+
+
+def matvec_table(rows: list[dict], out_features: int, in_features: int) -> pd.DataFrame:
+    """The rows of the product's timings as the run's `matvec` table, with the rate."""
+    df = pd.DataFrame(rows)
+    df["GB/s"] = df["bytes"] / (df["ms_median"] * 1e-3) / 1e9
+    df["shape"] = f"{out_features} x {in_features}"
+    return df
+
+
+def time_matvec_cpu(out_features: int, in_features: int, repeats: int) -> list[dict]:
+    """One weight matrix times one vector on the CPU, in float32 and BF16 (host clock).
+
+    Many CPUs have no fast BF16 path for this product (PyTorch converts as it goes), so
+    float32 is the fair CPU number; both are recorded."""
+    import torch
+
+    w = torch.randn(out_features, in_features, dtype=torch.bfloat16)
+    x = torch.randn(in_features, dtype=torch.bfloat16)
+    name = f"CPU ({torch.get_num_threads()} threads)"
+    rows = []
+    for dtype, (wd, xd) in (("float32", (w.float(), x.float())), ("bfloat16", (w, x))):
+        t = harness.time_region(
+            lambda wd=wd, xd=xd: torch.mv(wd, xd),
+            what=f"CPU matrix-vector product, {dtype}",
+            device="cpu",
+            repeats=repeats,
+            warmup=3,
+        )
+        rows.append(_matvec_row(name, dtype, HOST_CLOCK, t.wall_ms, wd.numel() * wd.element_size()))
+    return rows
+
+
+def gpu_matvec_operands(out_features: int, in_features: int, device: str):
+    """A BF16 weight matrix and vector on `device` (seeded, made on the CPU)."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    w = torch.randn(out_features, in_features, dtype=torch.bfloat16, generator=g).to(device)
+    x = torch.randn(in_features, dtype=torch.bfloat16, generator=g).to(device)
+    return w, x
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if device == "cuda" else device
+
+
+def time_matvec_gpu(w, x, repeats: int, device: str) -> dict:
+    """The GPU's product per call from Python: CUDA events just before and after each call
+    (the launch included)."""
+    import torch
+
+    t = harness.time_region(
+        lambda: torch.mv(w, x),
+        what="GPU matrix-vector product, per call",
+        device=device,
+        repeats=max(repeats, 50),
+        warmup=10,
+    )
+    return _matvec_row(_device_name(device), "bfloat16", PER_CALL, t.gpu_ms or t.wall_ms, w.numel() * w.element_size())
+
+
+def profile_matvec_gpu(w, x, device: str, trace_path) -> tuple[dict, list[str]]:
+    """The GPU's product as its kernels alone (one profiled call, after warm-up calls in the
+    same profiler session): their summed duration, and their short names."""
+    import torch
+
+    k = harness.profile_region(lambda: torch.mv(w, x), trace_path, region="matvec", device=device, warmup=3)
+    ms = float(k.dur_ns.sum()) / 1e6
+    return (
+        _matvec_row(_device_name(device), "bfloat16", KERNEL_TIME, [ms], w.numel() * w.element_size()),
+        [kernels.short_name(n) for n in k.name],
+    )
+
+
+# The decode step at one batch size ----------------------------------------------------------
+
+
+def _steps_on_fresh_cache(model, batch: int, prompt_len: int, device: str):
+    """A fresh prefill of `batch` random prompts, and a function that runs the next decode
+    step on its cache (each step adds one token to every sequence)."""
+    from labsupport.measure import decode
+
+    prompt = decode.Prompt.random(model.config.vocab_size, batch, prompt_len, device, seed=batch)
+    cache, tok = decode.prefill(model, prompt)
+    state = {"tok": tok}
+
+    def step():
+        state["tok"] = decode.decode_step(model, cache, state["tok"])
+
+    return step, cache
+
+
+def time_batch(model, batch: int, prompt_len: int, steps: int, device: str) -> tuple[harness.Timing, int]:
+    """Wall times of `steps` decode steps at one batch size: a fresh prefill, DECODE_WARMUP
+    untimed steps, then the timed ones, one after another on the same cache. Returns the
+    timing and the context length after the last step."""
+    step, cache = _steps_on_fresh_cache(model, batch, prompt_len, device)
+    t = harness.time_region(
+        step, what=f"decode step, batch {batch}", device=device, repeats=steps, warmup=DECODE_WARMUP
+    )
+    return t, cache.get_seq_length()
+
+
+def profile_batch(model, batch: int, prompt_len: int, device: str, trace_path) -> tuple[pd.DataFrame, int]:
+    """The kernels of one decode step at one batch size: a fresh prefill, DECODE_WARMUP steps
+    traced and discarded in the same profiler session, then the kept step. Returns the kernel
+    table and the context length after the kept step."""
+    step, cache = _steps_on_fresh_cache(model, batch, prompt_len, device)
+    k = harness.profile_region(step, trace_path, region="decode_step", device=device, warmup=DECODE_WARMUP)
+    k["kind"] = k["name"].map(kernels.classify)
+    return k, cache.get_seq_length()
+
+
+def batch_matmuls(batch: int, k: pd.DataFrame) -> pd.DataFrame:
+    """The matrix-multiply kernels of one batch size's profiled step, grouped by kernel name and
+    launch grid (which cuBLAS kernel ran, how it tiled the work, split-K or not)."""
+    mm = k[k["name"].map(kernels.classify) == "matrix multiply"]
+    g = mm.groupby(["name", "grid", "block"], sort=False).dur_ns.agg(kernels="count", gpu_ns="sum").reset_index()
+    g.insert(0, "batch", batch)
+    g["short_name"] = g["name"].map(kernels.short_name)
+    return g
+
+
+def sweep_row(batch: int, timing: harness.Timing, context_end: int, k: pd.DataFrame, context_profiled: int) -> dict:
+    """One batch size of the sweep: GPU times from its profiled step, wall times from its
+    timed steps."""
+    return {
+        "batch": batch,
+        "status": "ok",
+        "kernels": len(k),
+        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
+        "kernel_ns": int(k.dur_ns.sum()),
+        "matmul_ns": int(k.loc[k.kind == "matrix multiply", "dur_ns"].sum()),
+        "attention_ns": int(k.loc[k.kind == "attention", "dur_ns"].sum()),
+        "wall_ms_median": timing.median,
+        "wall_ms_min": timing.low,
+        "wall_ms_max": timing.high,
+        "issue_ms_median": float(pd.Series(timing.issue_ms).median()),
+        "wall_repeats": len(timing.wall_ms),
+        "wall_clean": timing.clean,
+        "context_end": context_end,
+        "context_profiled": context_profiled,
+    }
