@@ -98,9 +98,16 @@ CHAPTERS = [
                 "wall_ms_median",
             ),
         },
-        checks={"preset": preset(), "batches": LENGTHS, "steps": REPEATS, "matvec_repeats": REPEATS},
+        checks={
+            "preset": preset(),
+            "batches": LENGTHS,
+            "steps": REPEATS,
+            "matvec_repeats": REPEATS,
+            "prompt_len": at_least(1),
+            "device": one_of("cuda", "cpu"),
+        },
         smoke={"batches": [1, 16], "steps": 3, "matvec_repeats": 5},
-        reads=("kernels-in-one-token",),
+        reads=("kernels-in-one-token", "prefill-vs-decode"),
     ),
     Chapter(
         "what-a-kernel",
