@@ -122,6 +122,19 @@ def test_tiny_hybrid_profile_failing_after_timing_leaves_no_half_row(tmp_path_fa
     assert hybrid.trace_file("reference", "eager") not in run.meta["files"]
 
 
+def test_gpu_variants_switched_off_are_recorded_with_the_reason():
+    """The bookkeeping of the GPU path, without a GPU: which modes a backend runs, and the row
+    each mode left out gets (a variant is never left out silently)."""
+    p = hybrid.Params(backends=["reference"], cuda_graphs=False, compile_backends=[], device="cuda")
+    rec = hybrid.Recorder(p, say=lambda msg: None)
+    assert rec.usable == ["reference"] and rec.modes("reference") == ["eager"]
+    v = rec.variants().set_index("mode")
+    assert list(v.index) == ["cuda-graph", "compile"] and list(rec.variants().columns) == hybrid.VARIANT_COLUMNS
+    assert (v.status == "not run: switched off in this run's parameters").all()
+    p = hybrid.Params(backends=["reference"], compile_backends=["reference"], device="cuda")
+    assert hybrid.Recorder(p, say=lambda msg: None).modes("reference") == ["eager", "cuda-graph", "compile"]
+
+
 def test_unknown_backend_is_refused_before_measuring(runs_root):
     with pytest.raises(gated_deltanet.UnknownBackendError):
         run_measuring_cells({**TINY, "backends": ["nope"]})

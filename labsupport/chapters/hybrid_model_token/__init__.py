@@ -6,6 +6,7 @@ weights; for each Gated DeltaNet backend (transformers' reference PyTorch code,
 flash-linear-attention's Triton kernels) time the 512-token prompt and one decode step in eager
 mode, as a CUDA graph, and through torch.compile; only when everything is timed, profile each
 of them; then measure how the cache grows with the context (measuring.py).
+The names of the run's tables, columns, modes and traces are in keys.py.
 Replay: every table of the chapter is computed from the run: the run's own tables (tables.py),
 its kernels (census.py), where the idle time sits (idle.py), the host's side (host.py), the
 published vLLM profile beside it (vllm.py), and the chapter's figures (figures.py).
