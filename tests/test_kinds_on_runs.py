@@ -168,13 +168,3 @@ def test_matrix_multiply_leads_every_model_step(path):
     c = kernels.census(k.assign(kind=k.name.map(kernels.classify))).set_index("kind").drop("total")
     assert c.gpu_ns.idxmax() == "matrix multiply", c.gpu_ns.to_dict()
     assert c.loc["other", "kernels"] == 0
-
-
-@pytest.mark.parametrize("path", sorted(RUNS.glob("hybrid-model-token/*/trace-*.json.gz")), ids=_rel)
-def test_one_depthwise_convolution_per_linear_attention_layer(path):
-    layer_types = json.loads((path.parent / "meta.json").read_text())["results"]["model"]["layer_types"]
-    k = trace_kernels(path)
-    c = kernels.census(k.assign(kind=k.name.map(kernels.classify))).set_index("kind")
-    assert list(c.index) == list(kernels.KINDS) + ["total"]
-    assert c.loc["convolution", "kernels"] == layer_types.count("linear_attention")
-    assert c.loc["other", "kernels"] == 0

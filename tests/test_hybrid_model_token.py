@@ -1,88 +1,52 @@
-"""Groundwork for the hybrid chapter: the 27B Gated DeltaNet preset, and its decode step
-profiled on a CPU at toy size with the existing pipeline."""
-import os
+"""The chapter "A hybrid model's token": its measuring cells on the tiny hybrid on a CPU, and
+its analysis on the frozen H200 run of the 27B hybrid (tests/fixtures/runs/)."""
 
-from labsupport.measure import decode, models
-from labsupport.traces import kernels, trace
-from labsupport.chapters import kernels_in_one_token as one_token
+import base64
+import io
+import json
+import re
 
+import pandas as pd
+import pytest
 
-def test_27b_hybrid_preset_counts():
-    c = models.preset_counts("qwen3.5-27b")
-    assert c.parameters == 26_895_998_464                 # about 54 GB in BF16
-    assert c.embedding_parameters == 248_320 * 5120
-    assert round(c.parameters * 2 / 1e9) == 54
-    cfg = models.hf_config("qwen3.5-27b")
-    assert cfg.layer_types.count("full_attention") == 16 and cfg.layer_types.count("linear_attention") == 48
-    assert all(t == "full_attention" for t in cfg.layer_types[3::4])
-    assert cfg.rope_parameters["partial_rotary_factor"] == 0.25 and cfg.rope_parameters["rope_theta"] == 1e7
-    assert not cfg.tie_word_embeddings
-
-
-def test_tiny_hybrid_decode_step_profiles_by_layer_type(tmp_path):
-    m = models.build_model("tiny-hybrid")
-    prompt = decode.Prompt.random(m.config.vocab_size, 1, 16, "cpu")
-    path = tmp_path / "t.json.gz"
-    decode.profile_decode_step(m, prompt, "cpu", path, warmup=1)
-    k = kernels.annotate(trace.read_kernels(path, device="cpu"))
-    types = dict(enumerate(m.config.layer_types))
-    k = k.dropna(subset=["layer"])
-    by_type = k.assign(layer_type=k.layer.map(lambda i: types[int(i)])).groupby("layer_type").part.apply(set)
-    assert "linear_attn" in by_type["linear_attention"] and "self_attn" in by_type["full_attention"]
-    per_layer = k.groupby("layer").size()
-    linear = {per_layer[i] for i, t in types.items() if t == "linear_attention"}
-    assert len(linear) == 1, "every linear-attention layer runs the same operators"
-    assert os.path.getsize(path) > 0
-
-
-# The chapter "A hybrid model's token" -----------------------------------------------------
-
-import pytest  # noqa: E402
-
-from labsupport.measure import gated_deltanet
+from labsupport import runs
 from labsupport.chapters import hybrid_model_token as hybrid
-from labsupport import runs  # noqa: E402
+from labsupport.chapters import published
+from labsupport.measure import gated_deltanet, hardware, models
+from labsupport.traces import kernels, trace
+
+from .conftest import REPO, fixture_run
+from .test_launch_overhead import modern_copy, replay_notebook, watch_harness
+
+NOTEBOOK = "notebooks/hybrid_model_token.ipynb"
+# The registry's CPU parameters for this chapter, with the contexts the tests ask for.
+TINY = {"preset": "tiny-hybrid", "prompt_len": 16, "repeats": 2, "contexts": [8, 64, 256]}
 
 
-def test_backend_switch_restores_transformers_choice():
-    import transformers.models.qwen3_5.modeling_qwen3_5 as m
-
-    before = m.torch_recurrent_gated_delta_rule
-    with gated_deltanet.use("reference", "cpu"):
-        f = m.torch_recurrent_gated_delta_rule
-        assert f is not before and f.__code__.co_filename == m.__file__
-    assert m.torch_recurrent_gated_delta_rule is before
-    with pytest.raises(gated_deltanet.UnknownBackendError, match="unknown Gated DeltaNet backend 'triton'"):
-        gated_deltanet.unavailable_reason("triton", "cuda")
-    assert "need a CUDA GPU" in gated_deltanet.unavailable_reason("fla", "cpu")
-    with pytest.raises(RuntimeError, match="cannot run"):
-        with gated_deltanet.use("fla", "cpu"):
-            pass
-
-
-def test_reference_backend_is_what_transformers_runs_without_fla():
-    import torch
-
-    m = models.build_model("tiny-hybrid")
-    ids = decode.Prompt.random(m.config.vocab_size, 1, 12, "cpu").ids
-    with torch.no_grad():
-        plain = m(input_ids=ids).logits
-        with gated_deltanet.use("reference", "cpu"):
-            switched = m(input_ids=ids).logits
-    assert torch.equal(plain, switched)
+def run_measuring_cells(params: dict) -> dict:
+    """Execute the notebook's cells in this process, live on the CPU, up to the one that loads
+    the run (as papermill would, the parameters set after the parameters cell); returns the
+    notebook's namespace. In-process, so that the tests can watch the harness."""
+    nb = json.loads((REPO / NOTEBOOK).read_text())
+    ns: dict = {}
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        exec(compile("".join(cell["source"]), f"{NOTEBOOK}:{cell.get('id')}", "exec"), ns)
+        if "parameters" in cell["metadata"].get("tags", []):
+            ns.update({"mode": "live", "run_id": None, "allow_cpu": True, **params})
+        if cell.get("id") == "hy-load-run":
+            return ns
+    raise AssertionError("the notebook has no cell hy-load-run")
 
 
-def _record_tiny(tmp_path_factory, calls: list, fail_profile=None, **params):
-    from .test_launch_overhead import watch_harness
-
+def _record_tiny(tmp_path_factory, calls: list, fail_profile=None, **params) -> runs.Run:
     root = tmp_path_factory.mktemp("runs")
     mp = pytest.MonkeyPatch()
     mp.setenv("LABSUPPORT_RUNS", str(root))
     watch_harness(mp, calls, fail_profile)  # a CPU profile counts as a GPU one: a later timing raises
     try:
-        p = hybrid.Params(**{"preset": "tiny-hybrid", "prompt_len": 16, "repeats": 2, "contexts": [8, 64, 256],
-                             "device": "cpu", **params})
-        return hybrid.record(p, allow_cpu=True, progress=lambda msg: None)
+        return run_measuring_cells({**TINY, **params})["run"]
     finally:
         mp.undo()
 
@@ -97,31 +61,46 @@ def tiny_hybrid_run(tmp_path_factory, tiny_hybrid_calls):
     return _record_tiny(tmp_path_factory, tiny_hybrid_calls)
 
 
+@pytest.fixture(scope="module")
+def h200_run():
+    return fixture_run(hybrid.CHAPTER)
+
+
 def test_tiny_hybrid_times_everything_before_profiling(tiny_hybrid_run, tiny_hybrid_calls):
     run, calls = tiny_hybrid_run, tiny_hybrid_calls
-    assert [c for c in calls if c[0] == "time"] == [("time", "reference, prefill"),
-                                                    ("time", f"reference, {hybrid.MODES['eager']}")]
+    assert [c for c in calls if c[0] == "time"] == [
+        ("time", "reference, prefill"),
+        ("time", f"reference, {hybrid.MODES['eager']}"),
+    ]
     assert [c[0] for c in calls] == ["time", "time", "profile", "profile"], calls
     assert [c[1] for c in calls if c[0] == "profile"] == ["prefill", "decode_step"]
     t = run.table("step_times")
-    assert set(zip(t.backend, t["mode"])) == {("reference", "eager")} and t.clean.all()
+    assert set(zip(t.backend, t["mode"], strict=True)) == {("reference", "eager")} and t.clean.all()
     assert len(t) == run.parameters["repeats"]
     p = run.table("prefill").set_index("backend")
     assert bool(p.loc["reference", "clean"]) and p.loc["fla", "status"].startswith("not run")
-    assert p.loc["reference", "wall_ms_min"] <= p.loc["reference", "wall_ms_median"] <= p.loc["reference", "wall_ms_max"]
-    v = run.table("variants")
-    ok = v[v.status == "ok"].iloc[0]
-    assert bool(ok.clean) and ok.graphs_compiled_while_profiling == 0
+    assert (
+        p.loc["reference", "wall_ms_min"] <= p.loc["reference", "wall_ms_median"] <= p.loc["reference", "wall_ms_max"]
+    )
+    v = run.table("variants").set_index(["backend", "mode"])
+    ok = v.loc[("reference", "eager")]
+    assert ok.status == "ok" and bool(ok.clean) and ok.graphs_compiled_while_profiling == 0
     assert (ok.wall_ms_median, ok.wall_ms_min, ok.wall_ms_max) == pytest.approx(
-        (t.wall_ms.median(), t.wall_ms.min(), t.wall_ms.max()))
+        (t.wall_ms.median(), t.wall_ms.min(), t.wall_ms.max())
+    )
+    assert v.loc[("reference", "cuda-graph"), "status"] == "not run: needs a CUDA GPU"
+    assert list(run.table("variants").columns) == hybrid.VARIANT_COLUMNS
     assert run.results["method"]["wall_times"].startswith("host clock")
+    assert run.results["model"]["layer_types"] == list(models.hf_config("tiny-hybrid").layer_types)
     assert "before the first profile" in hybrid.timing_note(run)
     assert not [f for f in run.meta["files"] if f.startswith(".prefill")], "the prompt's trace is not kept"
+    g = run.table("cache_growth")
+    assert sorted(set(g.context)) == TINY["contexts"] and (g.status == "ok").all()
 
 
 def test_tiny_hybrid_variants_table(tiny_hybrid_run):
-    v = hybrid.variants(tiny_hybrid_run)
-    ok = v[v.status == "ok"].iloc[0]
+    v = hybrid.variants(tiny_hybrid_run).set_index(["backend", "mode"])
+    ok = v.loc[("reference", "eager")]
     assert ok["wall min ms"] <= ok["wall ms"] <= ok["wall max ms"]
     col = hybrid.measured_column(tiny_hybrid_run)
     assert col in v and v[col].isna().all(), "a CPU run measures no ceiling"
@@ -130,10 +109,11 @@ def test_tiny_hybrid_variants_table(tiny_hybrid_run):
 
 def test_tiny_hybrid_profile_failing_after_timing_leaves_no_half_row(tmp_path_factory):
     calls = []
-    run = _record_tiny(tmp_path_factory, calls, fail_profile=lambda kw: True, backends=["reference"],
-                       repeats=1, contexts=[8])
-    p = run.table("prefill")
-    assert p.status.iloc[0].startswith("failed while profiling (after it was timed)")
+    run = _record_tiny(
+        tmp_path_factory, calls, fail_profile=lambda kw: True, backends=["reference"], repeats=1, contexts=[8]
+    )
+    p = run.table("prefill").set_index("backend")
+    assert p.loc["reference", "status"].startswith("failed while profiling (after it was timed)")
     assert p[["kernels", "wall_ms_median"]].isna().all().all()
     v = run.table("variants").set_index("mode")
     assert v.loc["eager", "status"].startswith("failed while profiling (after it was timed)")
@@ -142,70 +122,49 @@ def test_tiny_hybrid_profile_failing_after_timing_leaves_no_half_row(tmp_path_fa
     assert hybrid.trace_file("reference", "eager") not in run.meta["files"]
 
 
-def test_compiled_steps_survive_the_backend_switch():
-    """The order record() relies on: both backends compile the static step with the same
-    torch.compile settings; Dynamo guards on the rule functions the switch replaces, so the
-    second backend compiles its own entry, and the first backend's compiled step, called again
-    under its own backend (as record() re-enters it for the profile), runs without recompiling."""
-    import torch
-    import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
-
-    from labsupport.chapters.launch_overhead import StaticStep, graphs_compiled
-
-    model = models.build_model("tiny-hybrid")
-    ids = decode.Prompt.random(model.config.vocab_size, 1, 8, "cpu").ids
-    # A stand-in for a second backend on a CPU: other function objects running the reference code.
-    other = {n: (lambda f: lambda *a, **k: f(*a, **k))(f) for n, f in gated_deltanet._reference_rules().items()}
-
-    def run_once(step, fn):
-        step.prepare()
-        fn(step.tok, step.pos)
-
-    start = graphs_compiled()
-    with torch.no_grad():
-        with gated_deltanet.use("reference", "cpu"):
-            a = StaticStep(model, ids)
-            fa = torch.compile(a.forward, backend="eager", fullgraph=True)
-            run_once(a, fa)
-        assert graphs_compiled() == start + 1
-        with pytest.MonkeyPatch.context() as mp:
-            for n, f in other.items():
-                mp.setattr(modeling, n, f)
-            b = StaticStep(model, ids)
-            fb = torch.compile(b.forward, backend="eager", fullgraph=True)
-            run_once(b, fb)
-            assert graphs_compiled() == start + 2, "the other rule functions failed the first entry's guards"
-            run_once(b, fb)
-        with gated_deltanet.use("reference", "cpu"):
-            run_once(a, fa)
-    assert graphs_compiled() == start + 2, "each compiled step ran again under its backend without recompiling"
+def test_gpu_variants_switched_off_are_recorded_with_the_reason():
+    """The bookkeeping of the GPU path, without a GPU: which modes a backend runs, and the row
+    each mode left out gets (a variant is never left out silently)."""
+    p = hybrid.Params(backends=["reference"], cuda_graphs=False, compile_backends=[], device="cuda")
+    rec = hybrid.Recorder(p, say=lambda msg: None)
+    assert rec.usable == ["reference"] and rec.modes("reference") == ["eager"]
+    v = rec.variants().set_index("mode")
+    assert list(v.index) == ["cuda-graph", "compile"] and list(rec.variants().columns) == hybrid.VARIANT_COLUMNS
+    assert (v.status == "not run: switched off in this run's parameters").all()
+    p = hybrid.Params(backends=["reference"], compile_backends=["reference"], device="cuda")
+    assert hybrid.Recorder(p, say=lambda msg: None).modes("reference") == ["eager", "cuda-graph", "compile"]
 
 
 def test_unknown_backend_is_refused_before_measuring(runs_root):
     with pytest.raises(gated_deltanet.UnknownBackendError):
-        hybrid.record(hybrid.Params(preset="tiny-hybrid", backends=["nope"], device="cpu"), allow_cpu=True)
-    assert not any(runs_root.rglob("meta.json"))
+        run_measuring_cells({**TINY, "backends": ["nope"]})
+    assert not any(runs_root.rglob("meta.json")) and not any(runs_root.rglob(".incomplete-*"))
     with pytest.raises(runs.RunError):
         hybrid.load("no-such-run")
 
 
+def test_headline_is_keyed_by_backend_and_mode(h200_run, tiny_hybrid_run):
+    for run in (h200_run, tiny_hybrid_run):
+        v = run.table("variants").set_index(["backend", "mode"])
+        ref = v.loc[("reference", "eager")]
+        assert hybrid.headline(run) == {
+            "eager kernels": ref.kernels,
+            "eager wall ms": ref.wall_ms_median,
+            "best wall ms": v.loc[v.status == "ok", "wall_ms_median"].min(),
+        }
+
+
 # The recorded H200 run of the 27B hybrid -------------------------------------------------
-
-@pytest.fixture(scope="module")
-def h200_run():
-    from .conftest import RUNS
-
-    return runs.load_run(hybrid.CHAPTER, root=RUNS)
 
 
 def test_recorded_run_has_every_backend_and_mode(h200_run):
     v = hybrid.variants(h200_run)
     assert (v.status == "ok").all(), v[v.status != "ok"]
-    assert set(zip(v.backend, v["mode"])) == {(b, m) for b in ("reference", "fla") for m in hybrid.MODES.values()}
+    assert set(zip(v.backend, v["mode"], strict=True)) == {(b, m) for b in ("reference", "fla") for m in hybrid.MODES}
     assert h200_run.results["backend_versions"]["fla"] == "0.6.0"
-    graphs = v[v["mode"] == hybrid.MODES["cuda-graph"]]
+    graphs = v[v["mode"] == "cuda-graph"]
     assert (graphs["launch calls"] == 1).all(), "one replay call launches the whole graph"
-    eager = v[v["mode"] == hybrid.MODES["eager"]]
+    eager = v[v["mode"] == "eager"]
     assert (eager["launch calls"] == eager.kernels).all()
 
 
@@ -245,10 +204,11 @@ def test_recorded_lm_head_is_the_largest_kernel(h200_run):
 def test_recorded_time_budget_adds_up(h200_run):
     tb = hybrid.time_budget(h200_run)
     v = h200_run.table("variants")
+    assert list(zip(tb.backend, tb["mode"], strict=True)) == list(zip(v.backend, v["mode"], strict=True))
     busy = (v.gpu_busy_ns / 1e6).values
     parts = (tb["matrix multiplies ms"] + tb["other kernels ms"]).values
     assert parts == pytest.approx(v.kernel_ns.values / 1e6)
-    assert parts == pytest.approx(busy, rel=0.01)   # one stream: kernels hardly overlap
+    assert parts == pytest.approx(busy, rel=0.01)  # one stream: kernels hardly overlap
     assert ((tb["GPU idle ms"] - (tb["wall ms"] - busy)).abs() < 1e-9).all()
     gb = h200_run.results["model"]["matmul_bytes"] / 1e9
     assert tb["matmul TB/s"].tolist() == pytest.approx((gb / tb["matrix multiplies ms"]).tolist())
@@ -267,6 +227,7 @@ def test_recorded_census_by_kind(h200_run):
 
 # Where the idle time sits, the prompt host against device, beside the published profile ------
 
+
 def test_recorded_gaps_and_busy_make_the_profiled_step(h200_run):
     backend, mode = hybrid.best_variant(h200_run)
     v = h200_run.table("variants").set_index(["backend", "mode"])
@@ -276,9 +237,10 @@ def test_recorded_gaps_and_busy_make_the_profiled_step(h200_run):
     span = trace.origin_span_ns(trace.load_events(h200_run.file(hybrid.trace_file(backend, mode))))
     assert gaps.dur_ns.sum() + trace.busy_ns(k.start_ns, k.end_ns) == span, "idle and busy make the whole step"
     assert (gaps.dur_ns >= 0).all()
-    assert list(gaps.place.iloc[[0, -1]]) == ["before the first kernel", "after the last kernel"]
+    first, last = gaps.loc[gaps.start_ns.idxmin()], gaps.loc[gaps.start_ns.idxmax()]
+    assert (first.place, last.place) == ("before the first kernel", "after the last kernel")
     places = hybrid.idle_places(gaps)
-    total, parts = places.iloc[-1], places.iloc[:-1]
+    total, parts = places.set_index("group").loc["total"], places[places.group != "total"]
     assert total["gaps"] == len(gaps) == parts.gaps.sum()
     assert total["idle ms"] == pytest.approx(parts["idle ms"].sum()) == pytest.approx(gaps.dur_ns.sum() / 1e6)
     assert len(places) <= 15
@@ -286,7 +248,8 @@ def test_recorded_gaps_and_busy_make_the_profiled_step(h200_run):
     assert s.idle_ms == pytest.approx(s.wall_ms - s.busy_ms)
     assert s.busy_ms * 1e6 == pytest.approx(v.loc[(backend, mode), "gpu_busy_ns"])
     assert s.before_first_ms + s.between_launches_ms + s.inside_graph_ms + s.after_last_ms == pytest.approx(
-        s.profiled_idle_ms, abs=0.01)   # busy from variants.csv; the trace's union may differ by rounding
+        s.profiled_idle_ms, abs=0.01
+    )  # busy from variants.csv; the trace's union may differ by rounding
     assert s.host_estimate_ms == pytest.approx(s.idle_ms - s.inside_graph_ms)
     if mode != "eager":
         assert s.graph_launches >= 1 and s.compiled_regions >= (1 if mode == "compile" else 0)
@@ -319,7 +282,7 @@ def test_recorded_host_time_of_a_call(h200_run):
     fr = hybrid.host_call(h200_run, "fla", "FusedRecurrentFunction")
     k = hybrid.kernel_table(h200_run, "fla", "eager")
     assert fr.calls == (k.op == "FusedRecurrentFunction").sum() > 0, "one call per recurrence kernel it launches"
-    assert 0 < fr.launch_us and fr.launch_us + fr.operators_us <= fr.total_us
+    assert fr.launch_us > 0 and fr.launch_us + fr.operators_us <= fr.total_us
     mm = hybrid.host_call(h200_run, "reference", "aten::mm")
     assert 0 < mm.calls <= (hybrid.kernel_table(h200_run, "reference", "eager").op == "aten::mm").sum()
     assert mm.operators_us == 0, "aten::mm calls no other operator"
@@ -328,16 +291,14 @@ def test_recorded_host_time_of_a_call(h200_run):
 
 
 def test_beside_published_on_each_gpus_own_limit(h200_run):
-    from labsupport.measure import hardware
-    from labsupport.chapters import published
-
     pub = published.HYBRID_27B_VLLM_HEADLINE
     b = hybrid.beside_published(h200_run)
+    keyed = b.set_index(hybrid.BESIDE_KEYS)
     m = h200_run.results["model"]
     assert (b["of its GPU's limit"] == b["limit ms"] / b.ms).all()
     h100 = hardware.datasheet("NVIDIA H100 80GB HBM3")
     ours = hardware.datasheet(h200_run.provenance["gpu"])
-    pub_decode, pub_prompt = b[b.source != hybrid.OURS].iloc[0], b[b.source != hybrid.OURS].iloc[1]
+    pub_decode, pub_prompt = keyed.loc[("published", "decode", "vllm")], keyed.loc[("published", "prompt", "vllm")]
     assert pub_decode.ms == pub["decode_ms"] and pub_prompt.ms == pub["prefill_ms"]
     assert pub_decode["limit ms"] == pytest.approx(m["decode_bytes"] / 1e9 / h100.bandwidth_tbs)
     flop = hybrid.prefill_flop(h200_run, pub["prefill_tokens"])
@@ -347,24 +308,19 @@ def test_beside_published_on_each_gpus_own_limit(h200_run):
     ours_rows = b[b.source == hybrid.OURS]
     decode = ours_rows[ours_rows.what.str.startswith("decode")]
     assert decode["limit ms"].tolist() == pytest.approx([m["decode_bytes"] / 1e9 / ours.bandwidth_tbs] * len(decode))
-    best = hybrid.ok_variants(h200_run)["wall ms"].min()
-    assert len(decode) == 1 and decode.ms.iloc[0] == best
+    ok = hybrid.ok_variants(h200_run)
+    best = ok.loc[ok["wall ms"].idxmin()]
+    assert len(decode) == 1 and keyed.loc[("ours", "decode", best.backend), "ms"] == best["wall ms"]
     assert len(ours_rows[ours_rows.what.str.contains("prompt")]) == len(hybrid.prefill(h200_run))
 
 
 def test_recorded_mixer_by_module_and_its_csv(h200_run):
-    import base64
-    import io
-    import re
-
-    import pandas as pd
-
     mix = hybrid.mixer_by_module(h200_run)
     for backend in ("reference", "fla"):
         full = hybrid.mixer_kernels(hybrid.kernel_table(h200_run, backend, "eager"))
         assert mix.loc["total", (backend, "kernels")] == len(full)
         assert mix.loc["total", (backend, "µs")] == pytest.approx(full["µs"].sum())
-        assert mix[(backend, "kernels")].iloc[:-1].sum() == len(full)
+        assert mix[(backend, "kernels")].drop("total").sum() == len(full)
         html = hybrid.csv_link(full, "a<b>.csv", "the <list>").data
         assert "<list>" not in html and "a<b>" not in html
         data = re.search(r'href="data:text/csv;base64,([^"]+)"', html).group(1)
@@ -374,29 +330,25 @@ def test_recorded_mixer_by_module_and_its_csv(h200_run):
 
 
 def test_tiny_hybrid_analysis_and_page(tiny_hybrid_run, tmp_path):
-    from .test_launch_overhead import replay_notebook
-
     run = tiny_hybrid_run
     backend, mode = hybrid.best_variant(run)
     assert (backend, mode) == ("reference", "eager")
     places = hybrid.idle_places(hybrid.step_gaps(run, backend, mode))
-    assert places.iloc[-1].gaps == places.iloc[:-1].gaps.sum()
+    assert places.set_index("group").loc["total", "gaps"] == places[places.group != "total"].gaps.sum()
     b = hybrid.beside_published(run)
-    assert b[b.source != hybrid.OURS]["limit ms"].isna().all(), "another model is not set against the published one"
+    assert b[b.side == "published"]["limit ms"].isna().all(), "another model is not set against the published one"
     assert len(hybrid.prefill_host_device(run)) == 1
-    text = replay_notebook("notebooks/hybrid_model_token.ipynb", run, tmp_path)
+    text = replay_notebook(NOTEBOOK, run, tmp_path)
     assert "Traceback" not in text and "not the published profile's configuration" in text
 
 
 def test_the_page_replays_a_run_recorded_with_todays_columns(h200_run, tmp_path):
-    from .test_launch_overhead import modern_copy, replay_notebook
-
     run = modern_copy(h200_run, tmp_path / "runs")
     assert "before the first profile" in hybrid.timing_note(run)
     v = hybrid.variants(run)
     assert hybrid.measured_column(run) == "of measured read" and v["of measured read"].notna().all()
     assert len(hybrid.prefill_host_device(run)) == 2
-    text = replay_notebook("notebooks/hybrid_model_token.ipynb", run, tmp_path)
+    text = replay_notebook(NOTEBOOK, run, tmp_path)
     assert "Traceback" not in text and "image/png" in text
     assert "of its GPU" in text and "ours on the GPU named" not in text
 
@@ -411,3 +363,13 @@ def test_compact_variants_table(h200_run, tiny_hybrid_run):
         assert c.loc[~ok, "fastest–slowest ms"].eq("–").all()
     places = hybrid.idle_places(hybrid.step_gaps(h200_run, *hybrid.best_variant(h200_run)), width=20)
     assert places[["kernel before", "kernel after"]].map(len).max().max() <= 20
+
+
+@pytest.mark.parametrize("mode", list(hybrid.MODES))
+@pytest.mark.parametrize("backend", ["reference", "fla"])
+def test_one_depthwise_convolution_per_linear_attention_layer(h200_run, backend, mode):
+    k = trace.read_kernels(h200_run.file(hybrid.trace_file(backend, mode)), device="cuda")
+    c = kernels.census(k.assign(kind=k.name.map(kernels.classify))).set_index("kind")
+    assert list(c.index) == list(kernels.KINDS) + ["total"]
+    assert c.loc["convolution", "kernels"] == h200_run.results["model"]["layer_types"].count("linear_attention")
+    assert c.loc["other", "kernels"] == 0

@@ -1,0 +1,65 @@
+"""The chapter's own figures (the cache as the context grows; where a step's time goes) and the
+download of a table as a CSV link."""
+
+from __future__ import annotations
+
+import base64
+import html
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from labsupport.figures import KIND_COLORS, OURS, finish, footer
+
+
+def cache_growth_figure(growth: pd.DataFrame, label: str):
+    """Cache bytes against context length: the full-attention layers' KV cache grows, the
+    linear-attention layers' state stays flat."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    x = growth["context"]
+    ax.plot(x, growth["full-attention KV cache MB"], "o-", color=OURS, label="full-attention layers: KV cache")
+    ax.plot(
+        x,
+        growth["linear-attention state MB"],
+        "s-",
+        color=KIND_COLORS["attention"],
+        label="linear-attention layers: fixed state",
+    )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("MB held by the cache")
+    ax.set_title("Cache size as the context grows")
+    ax.legend(frameon=False)
+    return finish(fig, label)
+
+
+def stacked_parts(df: pd.DataFrame, parts: list[str], label: str, title: str, xlabel: str):
+    """One horizontal bar per row of `df` (named by its `variant` column), split into the
+    columns `parts`, stacked left to right."""
+    colors = [OURS, KIND_COLORS["elementwise"], "#c9c9c9", "#8c8c8c", KIND_COLORS["attention"]]
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(df) + 1.6))
+    left = pd.Series(0.0, index=df.index)
+    for col, color in zip(parts, colors, strict=False):  # at most as many parts as colours
+        ax.barh(df.variant, df[col], left=left, color=color, label=col.replace(" ms", ""))
+        left = left + df[col]
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.legend(ncol=len(parts), fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.grid(axis="y", visible=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    footer(fig, label)
+    return fig
+
+
+def csv_link(df: pd.DataFrame, filename: str, text: str):
+    """A link that downloads `df` as a CSV file, the data carried in the link itself (nothing is
+    written next to the book)."""
+    from IPython.display import HTML
+
+    data = base64.b64encode(df.to_csv(index=False).encode()).decode()
+    return HTML(
+        f'<p><a href="data:text/csv;base64,{data}" download="{html.escape(filename)}">'
+        f"{html.escape(text)}</a> ({len(df)} rows, CSV)</p>"
+    )

@@ -1,0 +1,211 @@
+"""What the notebook's live cells call while they measure: the run's parameters, the facts of
+the model built, and the rows of the run's tables, filled as each variant is timed and profiled.
+
+A variant that cannot run, or fails, is recorded with the reason, never left out silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from labsupport.chapters.hybrid_model_token.keys import (
+    CHAPTER,
+    MODES,
+    PREFILL_COLUMNS,
+    STEP_TIME_COLUMNS,
+    VARIANT_COLUMNS,
+)
+from labsupport.measure import gated_deltanet, harness
+from labsupport.traces import trace
+
+
+@dataclass
+class Params:
+    """What one run of the chapter measures."""
+
+    preset: str = "qwen3.5-27b"
+    prompt_len: int = 512
+    repeats: int = 10
+    backends: list[str] = field(default_factory=lambda: ["reference", "fla"])
+    cuda_graphs: bool = True
+    compile_backends: list[str] = field(default_factory=lambda: ["reference", "fla"])
+    contexts: list[int] = field(default_factory=lambda: [512, 4096, 32768])
+    device: str = "cuda"
+
+
+def progress(msg: str) -> None:
+    print(f"[{CHAPTER}] {msg}", flush=True)
+
+
+def check_backends(backends: list[str], device: str) -> None:
+    """An unknown backend name stops here, before anything is measured or written."""
+    for b in backends:
+        gated_deltanet.unavailable_reason(b, device)
+
+
+def first_line(e: BaseException) -> str:
+    msg = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+    return f"{type(e).__name__}: {msg[:200]}"
+
+
+def model_facts(model, preset: str, started: float) -> dict:
+    """What the run records of the model built (from time.perf_counter() `started`): its counts,
+    layer types and LM head, and how long building it took."""
+    from labsupport.measure import models
+
+    counts = models.count_model(model, preset)
+    lm_head = model.get_output_embeddings().weight
+    layer_types = list(model.config.layer_types)
+    facts = {
+        **counts.as_record(),
+        "layer_types": layer_types,
+        "lm_head_rows": int(lm_head.shape[0]),
+        "lm_head_bytes": lm_head.numel() * lm_head.element_size(),
+        "build_s": round(time.perf_counter() - started, 1),
+    }
+    progress(
+        f"  {counts.parameters / 1e9:.2f} B parameters, {layer_types.count('linear_attention')} "
+        f"linear-attention and {layer_types.count('full_attention')} full-attention layers"
+    )
+    return facts
+
+
+def cache_rows(context: int, cache, layer_types: list[str]) -> list[dict]:
+    """The rows of cache_growth.csv for a cache after a prompt of `context` tokens: bytes by
+    layer type, keys and values of the full-attention layers, convolution and recurrent states
+    of the linear-attention layers."""
+    import torch
+
+    out = dict.fromkeys(sorted(set(layer_types)), 0)
+    for layer, kind in zip(cache.layers, layer_types, strict=False):
+        tensors = [getattr(layer, "keys", None), getattr(layer, "values", None)]
+        for states in ("conv_states", "recurrent_states"):
+            tensors += list(getattr(layer, states, {}).values())
+        out[kind] += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    return [
+        {"context": context, "status": "ok", "layer_type": kind, "layers": layer_types.count(kind), "bytes": n}
+        for kind, n in out.items()
+    ]
+
+
+class Recorder:
+    """The rows of variants.csv, step_times.csv and prefill.csv, keyed by (backend, mode) and
+    backend, filled as the notebook times and profiles; `timed` holds what has been timed and
+    not yet profiled: (backend, mode) -> (step, Timing), (backend, "prefill") -> (None, Timing)."""
+
+    def __init__(self, params: Params, say=progress):
+        self.params, self.progress = params, say
+        self.rows: dict[tuple, dict] = {}
+        self.prefills: dict[str, dict] = {}
+        self.timed: dict[tuple, tuple] = {}
+        self.times: list[dict] = []
+        self.usable: list[str] = []  # the backends that can run here
+        for backend in params.backends:
+            reason = gated_deltanet.unavailable_reason(backend, params.device)
+            if reason:
+                self.prefills[backend] = {"backend": backend, "status": f"not run: {reason}"}
+                for mode in MODES:
+                    self.failed(backend, mode, f"not run: {reason}")
+            else:
+                self.usable.append(backend)
+
+    def failed(self, backend: str, mode: str, why: str) -> None:
+        """Record why a variant (or, with mode "prefill", a backend's prompt) has no numbers."""
+        if mode == "prefill":
+            self.prefills[backend] = {"backend": backend, "status": why}
+            self.progress(f"  {backend} / prompt: {why}")
+        else:
+            self.rows[(backend, mode)] = {"backend": backend, "mode": mode, "status": why}
+            self.progress(f"  {backend} / {MODES[mode]}: {why}")
+
+    def modes(self, backend: str) -> list[str]:
+        """The modes this backend runs in this run, in order; each of the others is recorded now
+        with the reason it does not run (no CUDA GPU, or switched off in the parameters)."""
+        p, out = self.params, ["eager"]
+        if p.device != "cuda":
+            self.failed(backend, "cuda-graph", "not run: needs a CUDA GPU")
+            self.failed(backend, "compile", "not run: needs a CUDA GPU")
+            return out
+        if p.cuda_graphs:
+            out.append("cuda-graph")
+        else:
+            self.failed(backend, "cuda-graph", "not run: switched off in this run's parameters")
+        if backend in p.compile_backends:
+            out.append("compile")
+        else:
+            self.failed(backend, "compile", "not run: switched off in this run's parameters")
+        return out
+
+    @contextlib.contextmanager
+    def attempt(self, backend: str, mode: str, profiling: bool = False, trace_path=None):
+        """Run the block; if it fails (other than the harness refusing), record the first line
+        of the error as the variant's status, drop its half-written trace, and go on. A variant
+        that fails while profiling loses its timing too: every row written is complete."""
+        try:
+            yield
+        except (harness.TimingError, harness.ProfileError):
+            raise
+        except Exception as e:  # recorded, not hidden: the chapter shows why
+            import torch
+
+            if isinstance(e, torch.OutOfMemoryError):
+                torch.cuda.empty_cache()
+            if trace_path is not None:
+                trace_path.unlink(missing_ok=True)
+            when = "failed while profiling (after it was timed): " if profiling else "failed: "
+            self.failed(backend, mode, when + first_line(e))
+
+    def prefill_profiled(self, backend: str, t: harness.Timing, k: pd.DataFrame) -> None:
+        """The prompt's row: its wall times (timed) and the kernels of its profile."""
+        self.prefills[backend] = {
+            "backend": backend,
+            "status": "ok",
+            "tokens": self.params.prompt_len,
+            "kernels": len(k),
+            "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
+            "wall_ms_median": t.median,
+            "wall_ms_min": t.low,
+            "wall_ms_max": t.high,
+            "clean": t.clean,
+        }
+        self.progress(f"  {len(k)} kernels")
+
+    def step_profiled(self, backend: str, mode: str, step, t: harness.Timing, k: pd.DataFrame, recompiled: int) -> None:
+        """A decode step's row (its wall times, the kernels and launch calls of its profile, the
+        graphs compiled while profiling) and its repeats in step_times.csv."""
+        launches = int((k.launch_api != "").groupby(k.correlation).ngroups) if self.params.device == "cuda" else len(k)
+        self.rows[(backend, mode)] = {
+            "backend": backend,
+            "mode": mode,
+            "status": "ok",
+            "kernels": len(k),
+            "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
+            "kernel_ns": int(k.dur_ns.sum()),
+            "launch_calls": launches,
+            "wall_ms_median": t.median,
+            "wall_ms_min": t.low,
+            "wall_ms_max": t.high,
+            "issue_ms_median": statistics.median(t.issue_ms),
+            "clean": t.clean,
+            "graphs_compiled_while_profiling": recompiled,
+            **({"compile_s": step.compile_s} if mode == "compile" else {}),
+        }
+        self.times.extend(t.rows(backend=backend, mode=mode))
+        self.progress(f"  {len(k)} kernels")
+
+    def variants(self) -> pd.DataFrame:
+        order = [(b, m) for b in self.params.backends for m in MODES]
+        return pd.DataFrame([self.rows[key] for key in order if key in self.rows], columns=VARIANT_COLUMNS)
+
+    def step_times(self) -> pd.DataFrame:
+        return pd.DataFrame(self.times, columns=STEP_TIME_COLUMNS)
+
+    def prefill(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            [self.prefills[b] for b in self.params.backends if b in self.prefills], columns=PREFILL_COLUMNS
+        )
