@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -85,6 +86,9 @@ def run_chapter(
             request_save_on_cell_execute=True,
         )
     except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback
+        # A notebook that records across several cells leaves its unfinished run behind when a
+        # cell fails (its kernel never reaches the cell that closes the run): remove it now.
+        shutil.rmtree((root or runs.runs_root()) / chapter.slug / f".incomplete-{run_id}", ignore_errors=True)
         first = str(e).strip().splitlines()
         reason = next((ln for ln in reversed(first) if ln.strip()), type(e).__name__)
         raise LiveRunError(f"{chapter.slug}: notebook failed ({reason}); executed notebook kept at {out}") from None

@@ -93,7 +93,9 @@ class TraceError(ValueError):
     """A profiler trace that cannot be read."""
 
 
-def _ns(x) -> int:
+def ns(x) -> int:
+    """A trace timestamp or duration (microseconds, as text or float) in integer nanoseconds,
+    exactly (Decimal: a float would round 5138519848339.056 us)."""
     return int((Decimal(x) * 1000).to_integral_value())
 
 
@@ -112,7 +114,8 @@ def load_events(path: Path) -> list[dict]:
     return events
 
 
-def _complete(events, cats) -> list[dict]:
+def complete_events(events, cats) -> list[dict]:
+    """The complete events ("ph": "X", with a duration) of the categories `cats`."""
     return [e for e in events if e.get("ph") == "X" and e.get("cat") in cats and "dur" in e]
 
 
@@ -145,12 +148,12 @@ def _innermost(intervals: list[tuple[int, int, str]], times: list[int]) -> list[
     return [names[-1] if names else "" for names in enclosing(intervals, times)]
 
 
-def _lookup(events: list[dict], queries: list[tuple]) -> list[str]:
+def enclosing_names(events: list[dict], queries: list[tuple]) -> list[str]:
     """Innermost enclosing event name for each (pid, tid, t) query, per thread."""
     by_thread: dict = {}
     for e in events:
-        s = _ns(e["ts"])
-        by_thread.setdefault((e["pid"], e["tid"]), []).append((s, s + _ns(e["dur"]), e["name"]))
+        s = ns(e["ts"])
+        by_thread.setdefault((e["pid"], e["tid"]), []).append((s, s + ns(e["dur"]), e["name"]))
     out = [""] * len(queries)
     grouped: dict = {}
     for i, (pid, tid, t) in enumerate(queries):
@@ -168,16 +171,16 @@ def kernel_table(events: list[dict], device: str = "cuda", origin: str = "decode
     On a CPU trace (device="cpu") the rows are the top-level ATen operators instead,
     since a CPU has no kernel launches to record.
     """
-    ops = _complete(events, {"cpu_op"})
-    annotations = _complete(events, {"user_annotation"})
+    ops = complete_events(events, {"cpu_op"})
+    annotations = complete_events(events, {"user_annotation"})
     origin_ev = [e for e in annotations if e["name"] == origin]
-    t0 = _ns(origin_ev[0]["ts"]) if origin_ev else 0
+    t0 = ns(origin_ev[0]["ts"]) if origin_ev else 0
     rows = []
     if device == "cpu":
         # A CPU has no kernel launches: count each top-level ATen call (one not made
         # inside another operator) as the CPU's unit of work, views excepted.
         spans = sorted(
-            ((_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), e) for e in ops),
+            ((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e) for e in ops),
             key=lambda t: (str(t[2]["tid"]), t[0], -(t[1] - t[0])),
         )
         open_end: dict = {}
@@ -206,31 +209,31 @@ def kernel_table(events: list[dict], device: str = "cuda", origin: str = "decode
                     module=(e["pid"], e["tid"], s),
                 )
             )
-        modules = _lookup(annotations, [r["module"] for r in rows])
+        modules = enclosing_names(annotations, [r["module"] for r in rows])
         for r, m in zip(rows, modules, strict=False):
             r["module"] = m
     else:
         runtime = {
             e["args"].get("correlation"): e
-            for e in _complete(events, {"cuda_runtime", "cuda_driver"})
+            for e in complete_events(events, {"cuda_runtime", "cuda_driver"})
             if isinstance(e.get("args"), dict) and "correlation" in e["args"]
         }
-        for k in _complete(events, {"kernel"}):
+        for k in complete_events(events, {"kernel"}):
             a = k.get("args", {})
-            s = _ns(k["ts"])
+            s = ns(k["ts"])
             launch = runtime.get(a.get("correlation"))
             if launch is not None:
-                ls = _ns(launch["ts"])
+                ls = ns(launch["ts"])
                 where = (launch["pid"], launch["tid"], ls)
-                api, lns, ldur = launch["name"], ls - t0, _ns(launch["dur"])
+                api, lns, ldur = launch["name"], ls - t0, ns(launch["dur"])
             else:
                 where, api, lns, ldur = None, "", 0, 0
             rows.append(
                 dict(
                     name=k["name"],
                     start_ns=s - t0,
-                    end_ns=s + _ns(k["dur"]) - t0,
-                    dur_ns=_ns(k["dur"]),
+                    end_ns=s + ns(k["dur"]) - t0,
+                    dur_ns=ns(k["dur"]),
                     stream=str(a.get("stream", "")),
                     grid=",".join(map(str, a.get("grid", []))),
                     block=",".join(map(str, a.get("block", []))),
@@ -245,7 +248,7 @@ def kernel_table(events: list[dict], device: str = "cuda", origin: str = "decode
                 )
             )
         found = [r["op"] for r in rows if r["op"] is not None]
-        ops_found, modules_found = iter(_lookup(ops, found)), iter(_lookup(annotations, found))
+        ops_found, modules_found = iter(enclosing_names(ops, found)), iter(enclosing_names(annotations, found))
         for r in rows:
             if r["op"] is None:
                 r["op"] = r["module"] = ""
@@ -260,8 +263,8 @@ def read_kernels(path: Path, device: str = "cuda", origin: str = "decode_step") 
     kernels launched inside it (see `inside_region`)."""
     events = load_events(path)
     k = kernel_table(events, device=device, origin=origin)
-    spans = [e for e in _complete(events, {"user_annotation"}) if e["name"] == origin]
-    return inside_region(k, _ns(spans[0]["dur"])) if spans else k
+    spans = [e for e in complete_events(events, {"user_annotation"}) if e["name"] == origin]
+    return inside_region(k, ns(spans[0]["dur"])) if spans else k
 
 
 def inside_region(k: pd.DataFrame, span_ns: int) -> pd.DataFrame:
@@ -291,9 +294,9 @@ def busy_ns(starts, ends) -> int:
 
 def origin_span_ns(events: list[dict], origin: str = "decode_step") -> int:
     """Duration of the `origin` annotation on the CPU (the profiled step as the host saw it)."""
-    for e in _complete(events, {"user_annotation"}):
+    for e in complete_events(events, {"user_annotation"}):
         if e["name"] == origin:
-            return _ns(e["dur"])
+            return ns(e["dur"])
     raise TraceError(f"no {origin!r} annotation in the trace")
 
 
@@ -302,3 +305,6 @@ def region_kernels(path: Path, device: str = "cuda", region: str = "decode_step"
     events = load_events(path)
     span = origin_span_ns(events, region)
     return inside_region(kernel_table(events, device=device, origin=region), span)
+
+
+_ns = ns  # until launch_overhead moves to the public name

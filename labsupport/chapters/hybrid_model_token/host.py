@@ -59,13 +59,13 @@ def host_call(run: runs.Run, backend: str, name: str, mode: str = "eager") -> Ho
     region = next(
         e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name") == "decode_step"
     )
-    r0 = trace._ns(region["ts"])
-    r1 = r0 + trace._ns(region["dur"])
-    calls = [e for e in cpu if e.get("cat") == "cpu_op" and e.get("name") == name and r0 <= trace._ns(e["ts"]) <= r1]
+    r0 = trace.ns(region["ts"])
+    r1 = r0 + trace.ns(region["dur"])
+    calls = [e for e in cpu if e.get("cat") == "cpu_op" and e.get("name") == name and r0 <= trace.ns(e["ts"]) <= r1]
     by_thread: dict = {}
     for e in cpu:
-        s = trace._ns(e["ts"])
-        by_thread.setdefault(e["tid"], []).append((s, s + trace._ns(e["dur"]), e))
+        s = trace.ns(e["ts"])
+        by_thread.setdefault(e["tid"], []).append((s, s + trace.ns(e["dur"]), e))
     # Sorted by start, so each call looks only at the events that start inside it (bisect),
     # not at every event of its thread: a 27B eager step has tens of thousands.
     starts = {}
@@ -74,7 +74,7 @@ def host_call(run: runs.Run, backend: str, name: str, mode: str = "eager") -> Ho
         starts[tid] = [x[0] for x in xs]
     totals, launches, ops = [], [], []
     for c in calls:
-        s, end = trace._ns(c["ts"]), trace._ns(c["ts"]) + trace._ns(c["dur"])
+        s, end = trace.ns(c["ts"]), trace.ns(c["ts"]) + trace.ns(c["dur"])
         xs, st = by_thread[c["tid"]], starts[c["tid"]]
         window = xs[bisect.bisect_left(st, s) : bisect.bisect_right(st, end)]
         inner = [(a, b, e) for a, b, e in window if b <= end and e is not c]
@@ -107,9 +107,9 @@ def memsets_by_module(run: runs.Run, backend: str, mode: str = "eager") -> pd.Da
     }
     sets = [e for e in events if e.get("ph") == "X" and e.get("cat") == "gpu_memset"]
     found = [(m, launches.get(m.get("args", {}).get("correlation"))) for m in sets]
-    queries = [(ln["pid"], ln["tid"], trace._ns(ln["ts"])) for _, ln in found if ln is not None]
-    ops = iter(trace._lookup(trace._complete(events, {"cpu_op"}), queries))
-    modules = iter(trace._lookup(trace._complete(events, {"user_annotation"}), queries))
+    queries = [(ln["pid"], ln["tid"], trace.ns(ln["ts"])) for _, ln in found if ln is not None]
+    ops = iter(trace.enclosing_names(trace.complete_events(events, {"cpu_op"}), queries))
+    modules = iter(trace.enclosing_names(trace.complete_events(events, {"user_annotation"}), queries))
     rows = []
     for m, ln in found:
         op, module = (next(ops), next(modules)) if ln is not None else ("", "")

@@ -22,8 +22,8 @@ def _gpu_side_events(events: list[dict], t0: int) -> list[tuple[int, int, str]]:
     out = []
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in ("gpu_memset", "gpu_memcpy") and "dur" in e:
-            s = trace._ns(e["ts"]) - t0
-            out.append((s, s + trace._ns(e["dur"]), e["name"].split(" (")[0]))
+            s = trace.ns(e["ts"]) - t0
+            out.append((s, s + trace.ns(e["dur"]), e["name"].split(" (")[0]))
     return sorted(out)
 
 
@@ -39,7 +39,7 @@ def step_gaps(run: runs.Run, backend: str, mode: str) -> pd.DataFrame:
     events = trace.load_events(run.file(trace_file(backend, mode)))
     span = trace.origin_span_ns(events)
     t0 = next(
-        trace._ns(e["ts"])
+        trace.ns(e["ts"])
         for e in events
         if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name") == "decode_step"
     )
@@ -185,7 +185,7 @@ def host_before_first_kernel(run: runs.Run, backend: str, mode: str, limit: int 
     step = next(
         e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name") == "decode_step"
     )
-    t0, tid = trace._ns(step["ts"]), step["tid"]
+    t0, tid = trace.ns(step["ts"]), step["tid"]
     k = kernel_table(run, backend, mode)
     graph = k[k.launch_api == "cudaGraphLaunch"]
     first = (
@@ -193,13 +193,13 @@ def host_before_first_kernel(run: runs.Run, backend: str, mode: str, limit: int 
     )
     cats = ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function")
     spans = sorted(
-        (trace._ns(e["ts"]) - t0, trace._ns(e["dur"]), e["name"], e.get("cat"))
+        (trace.ns(e["ts"]) - t0, trace.ns(e["dur"]), e["name"], e.get("cat"))
         for e in events
         if e.get("ph") == "X"
         and "dur" in e
         and e is not step
         and ((e.get("cat") in cats and e.get("tid") == tid) or e.get("cat") == "overhead")
-        and 0 <= trace._ns(e["ts"]) - t0 < first
+        and 0 <= trace.ns(e["ts"]) - t0 < first
     )
     rows, open_ends = [], []
     for s, d, name, cat in spans:
