@@ -3,14 +3,13 @@ shows twice is one measurement, or two measurements that agree within their own 
 
 Runs recorded before the measuring harness (no `method` in their results) timed steps after
 profiling and are skipped: these checks are for runs the book publishes from now on."""
-from __future__ import annotations
 
-import statistics
+from __future__ import annotations
 
 import pytest
 
-from labsupport.chapters import kernels_in_one_token as one_token
 from labsupport import runs
+from labsupport.chapters import kernels_in_one_token as one_token
 
 
 def _harnessed(run: runs.Run) -> bool:

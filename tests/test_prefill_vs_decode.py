@@ -3,6 +3,7 @@ for Qwen3-8B, the notebook's live cells on a CPU with the tiny model and the ana
 run (every wall time before the first profile, one measurement per configuration), the
 analysis of a recorded H200 run (the frozen copy under tests/fixtures/runs), and the chapter
 notebook executed live and in replay through papermill."""
+
 import json
 import re
 import statistics
@@ -28,13 +29,15 @@ TINY = dict(preset="tiny", prompt_len=16, prompt_lens=[1, 8, 16, 32], repeats=3,
 
 # Qwen3-8B, counted by hand from its configuration.
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 12288, 36, 32, 8, 128, 151_936
-LAYER_MATMUL = LAYERS * (2 * HIDDEN * HEADS * HEAD_DIM      # q_proj, o_proj
-                         + 2 * HIDDEN * KV_HEADS * HEAD_DIM  # k_proj, v_proj
-                         + 3 * HIDDEN * INTER)               # gate, up, down
+LAYER_MATMUL = LAYERS * (
+    2 * HIDDEN * HEADS * HEAD_DIM  # q_proj, o_proj
+    + 2 * HIDDEN * KV_HEADS * HEAD_DIM  # k_proj, v_proj
+    + 3 * HIDDEN * INTER
+)  # gate, up, down
 LM_HEAD = VOCAB * HIDDEN
-NORMS = LAYERS * (2 * HIDDEN + 2 * HEAD_DIM) + HIDDEN      # two RMSNorms a layer, q/k norms, final norm
-KV_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2       # K and V, every layer, BF16
-PER_PAIR = 4 * LAYERS * HEADS * HEAD_DIM                  # QK^T and PV, one query-key pair
+NORMS = LAYERS * (2 * HIDDEN + 2 * HEAD_DIM) + HIDDEN  # two RMSNorms a layer, q/k norms, final norm
+KV_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2  # K and V, every layer, BF16
+PER_PAIR = 4 * LAYERS * HEADS * HEAD_DIM  # QK^T and PV, one query-key pair
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +94,7 @@ def test_weights_are_set_against_the_read_stream_where_measured():
 
 # --- the live path on a CPU ------------------------------------------------------------------
 
+
 def run_live_cells(**params) -> runs.Run:
     """Run the notebook's live cells in this process, as papermill would with `params` (the
     parameters cell, then every code cell up to the one that loads the run), and return the run."""
@@ -100,15 +104,21 @@ def run_live_cells(**params) -> runs.Run:
     ns: dict = {}
     exec(code[0], ns)
     ns.update({"mode": "live", **params})
-    for src in code[1:end + 1]:
+    for src in code[1 : end + 1]:
         exec(src, ns)
     return ns["run"]
 
 
 def live_params(preset, prompt_len, prompt_lens, repeats, sweep_repeats, device) -> dict:
     """The notebook's parameters for the run that ch.Params(...) describes."""
-    return {"preset": preset, "prompt_len": prompt_len, "prompt_lens": prompt_lens, "repeats": repeats,
-            "sweep_repeats": sweep_repeats, "allow_cpu": device == "cpu"}
+    return {
+        "preset": preset,
+        "prompt_len": prompt_len,
+        "prompt_lens": prompt_lens,
+        "repeats": repeats,
+        "sweep_repeats": sweep_repeats,
+        "allow_cpu": device == "cpu",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +194,9 @@ def test_every_wall_time_is_clean_and_recorded_with_its_method(tiny_run):
     assert "issue_ms" in times and (times.issue_ms <= times.wall_ms).all()
     sweep = tiny_run.table("prompt_sweep")
     assert sweep.wall_clean.all()
-    assert list(sweep.wall_repeats) == [TINY["repeats"] if n == TINY["prompt_len"] else TINY["sweep_repeats"]
-                                        for n in TINY["prompt_lens"]]
+    assert list(sweep.wall_repeats) == [
+        TINY["repeats"] if n == TINY["prompt_len"] else TINY["sweep_repeats"] for n in TINY["prompt_lens"]
+    ]
     assert set(tiny_run.results["method"]) >= {"wall_times", "gpu_times", "teardown_cupti", "host"}
 
 
@@ -265,14 +276,22 @@ def test_prompt_sweep_rows_follow_the_parameters(tiny_run):
     assert c.measured_tokens == pytest.approx(c.floor_ms / c.ms_per_token)
     assert c.flat_until in TINY["prompt_lens"] and c.saturates_at in TINY["prompt_lens"]
     assert c.datasheet_ridge is None and c.measured_ridge_tokens is None
-    assert ch.ceiling_notes(tiny_run) == {"gemm": "This run measured no GEMM rate.",
-                                          "bandwidth": "This run measured no bandwidth."}
+    assert ch.ceiling_notes(tiny_run) == {
+        "gemm": "This run measured no GEMM rate.",
+        "bandwidth": "This run measured no bandwidth.",
+    }
     roof = ch.roofline(tiny_run)
     assert roof.prompt_len.min() == 1 and roof.prompt_len.max() == 32
     assert roof["datasheet TFLOP/s"].isna().all()
     h = ch.headline(tiny_run)
-    assert set(h) == {"prefill ms", "decode ms", "prefill GPU ms", "decode GPU ms", "prefill TFLOP/s (GPU busy)",
-                      "crossover tokens"}
+    assert set(h) == {
+        "prefill ms",
+        "decode ms",
+        "prefill GPU ms",
+        "decode GPU ms",
+        "prefill TFLOP/s (GPU busy)",
+        "crossover tokens",
+    }
     assert all(isinstance(float(v), float) and v == v for v in h.values())
 
 
@@ -308,6 +327,7 @@ def test_live_mode_without_a_gpu_is_refused(runs_root):
 
 # --- the notebook ----------------------------------------------------------------------------
 
+
 def test_notebook_is_committed_clean():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert nb.metadata["kernelspec"]["name"] == "python3"
@@ -331,17 +351,30 @@ def test_notebook_is_committed_clean():
 
 
 def _glued(nb) -> set[str]:
-    return {o["metadata"]["scrapbook"]["name"] for c in nb.cells if c.cell_type == "code"
-            for o in c.get("outputs", []) if "scrapbook" in o.get("metadata", {})}
+    return {
+        o["metadata"]["scrapbook"]["name"]
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "scrapbook" in o.get("metadata", {})
+    }
 
 
 def test_notebook_runs_live_on_cpu_through_papermill(runs_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     out = tmp_path / NOTEBOOK.name
-    params = {"mode": "live", "preset": "tiny", "prompt_len": 16, "prompt_lens": [1, 8, 32],
-              "repeats": 2, "sweep_repeats": 1, "allow_cpu": True}
-    pm.execute_notebook(str(NOTEBOOK), str(out), parameters=params, cwd=str(NOTEBOOK.parent),
-                        kernel_name="python3", progress_bar=False)
+    params = {
+        "mode": "live",
+        "preset": "tiny",
+        "prompt_len": 16,
+        "prompt_lens": [1, 8, 32],
+        "repeats": 2,
+        "sweep_repeats": 1,
+        "allow_cpu": True,
+    }
+    pm.execute_notebook(
+        str(NOTEBOOK), str(out), parameters=params, cwd=str(NOTEBOOK.parent), kernel_name="python3", progress_bar=False
+    )
     nb = nbformat.read(out, as_version=4)
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "Traceback" not in text
@@ -356,6 +389,7 @@ def test_notebook_runs_live_on_cpu_through_papermill(runs_root, tmp_path, monkey
 
 
 # --- a recorded H200 run (the frozen copy under tests/fixtures/runs) --------------------------
+
 
 @pytest.fixture(scope="module")
 def recorded():
@@ -399,8 +433,12 @@ def test_recorded_rates_stay_under_the_datasheet_and_every_excess_is_explained(r
         assert top.measured == measured
         if top["above measured"]:
             shown = f"{top.value:.0f}" if unit == "TFLOP/s" else f"{top.value:.2f}"
-            assert top.figure in notes[key] and shown in notes[key] and "not a limit of the hardware" in notes[key] \
+            assert (
+                top.figure in notes[key]
+                and shown in notes[key]
+                and "not a limit of the hardware" in notes[key]
                 or "counts the bytes it reads plus those it writes" in notes[key]
+            )
             assert "datasheet" in notes[key]
         else:
             assert notes[key].startswith("No ")
@@ -411,6 +449,7 @@ def test_recorded_rates_stay_under_the_datasheet_and_every_excess_is_explained(r
 
 
 # --- the roofline and the ridges ---------------------------------------------------------------
+
 
 def _check_points(run):
     """gemm_points() of any run: one point per weight matrix and phase, FLOPs and bytes from
@@ -425,9 +464,11 @@ def _check_points(run):
     layer = pts[pts.module != ch.LM_HEAD]
     assert (layer.rows == layer.phase.map({"prefill": n, "decode": 1})).all()
     assert (layer.instances == sh.layers).all(), "every decoder layer's kernels are in the profile"
-    assert [list(shapes[m]) for m in layer.module] == [[i, o] for i, o in zip(layer["in"], layer["out"])]
+    assert [list(shapes[m]) for m in layer.module] == [[i, o] for i, o in zip(layer["in"], layer["out"], strict=True)]
     assert (pts.flops == pts.instances * 2 * pts.rows * pts["in"] * pts["out"]).all()
-    assert (pts.bytes == pts.instances * sh.bytes_per_value * (pts["in"] * pts["out"] + pts.rows * (pts["in"] + pts["out"]))).all()
+    assert (
+        pts.bytes == pts.instances * sh.bytes_per_value * (pts["in"] * pts["out"] + pts.rows * (pts["in"] + pts["out"]))
+    ).all()
     assert (pts.tflops == pts.flops / pts.dur_ns / 1e3).all() and (pts.tbs == pts.bytes / pts.dur_ns / 1e3).all()
     for ph in ch.PHASES:
         k = ch.kernel_table(run, ph)
@@ -440,8 +481,10 @@ def _check_points(run):
         assert 0 < c.matmul_share <= 1
     # The roofs: the lesser of the math and bandwidth times FLOP per byte.
     bw = ch.bandwidth(lim).tbs
-    for col, tflops, tbs in (("roof_datasheet", lim.datasheet_tflops, lim.datasheet_tbs),
-                             ("roof_measured", lim.gemm_tflops, bw)):
+    for col, tflops, tbs in (
+        ("roof_datasheet", lim.datasheet_tflops, lim.datasheet_tbs),
+        ("roof_measured", lim.gemm_tflops, bw),
+    ):
         if tflops and tbs:
             assert (pts[col] == [min(tflops, tbs * x) for x in pts.flop_per_byte]).all()
         else:
@@ -459,6 +502,7 @@ def test_roofline_points_of_the_tiny_run(tiny_run):
     assert not ch.ridges(tiny_run)[0].this_gpu, "no datasheet for a CPU: the rows are other GPUs'"
     assert "No datasheet is known" in ch.ridge_text(tiny_run)
     import matplotlib.pyplot as plt
+
     plt.close(ch.roofline_figure(tiny_run))
 
 
@@ -485,6 +529,7 @@ def test_roofline_of_the_recorded_run(recorded):
     top = pts.loc[pts.tbs.idxmax()]
     assert top.tbs in set(a.value)
     import matplotlib.pyplot as plt
+
     fig = ch.roofline_figure(recorded)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any(f"ridge {lim.datasheet_ridge:.0f} FLOP/byte" in s for s in labels)
@@ -549,8 +594,14 @@ def test_notebook_replays_the_recorded_run(recorded, tmp_path, monkeypatch):
     monkeypatch.setenv("LABSUPPORT_RUNS", str(root))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     out = tmp_path / NOTEBOOK.name
-    pm.execute_notebook(str(NOTEBOOK), str(out), parameters={"mode": "replay", "run_id": recorded.run_id},
-                        cwd=str(NOTEBOOK.parent), kernel_name="python3", progress_bar=False)
+    pm.execute_notebook(
+        str(NOTEBOOK),
+        str(out),
+        parameters={"mode": "replay", "run_id": recorded.run_id},
+        cwd=str(NOTEBOOK.parent),
+        kernel_name="python3",
+        progress_bar=False,
+    )
     nb = nbformat.read(out, as_version=4)
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "Traceback" not in text and recorded.run_id in text

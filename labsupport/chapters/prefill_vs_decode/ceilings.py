@@ -13,6 +13,7 @@ from .roofline import gemm_points
 from .sweep import crossover, layer_gemms, prompt_sweep
 from .tables import bandwidth, limits
 
+
 def ceilings_row(run: runs.Run) -> pd.Series | None:
     """The run's measured ceilings (ceilings.csv holds one row), or None where it measured none."""
     return run.table("ceilings").squeeze(axis=0) if "ceilings.csv" in run.meta["files"] else None
@@ -31,9 +32,17 @@ def achieved_rates(run: runs.Run) -> pd.DataFrame:
 
     def add(figure: str, unit: str, value: float) -> None:
         measured, sheet = (lim.gemm_tflops, lim.datasheet_tflops) if unit == "TFLOP/s" else (bw, lim.datasheet_tbs)
-        rows.append({"figure": figure, "unit": unit, "value": float(value), "measured": measured,
-                     "datasheet": sheet, "above measured": bool(measured) and value > measured,
-                     "above datasheet": bool(sheet) and value > sheet})
+        rows.append(
+            {
+                "figure": figure,
+                "unit": unit,
+                "value": float(value),
+                "measured": measured,
+                "datasheet": sheet,
+                "above measured": bool(measured) and value > measured,
+                "above datasheet": bool(sheet) and value > sheet,
+            }
+        )
 
     for ph, x in phases(run).items():
         add(f"the whole {ph} on GPU-busy time", "TFLOP/s", x.tflops_busy)
@@ -48,8 +57,11 @@ def achieved_rates(run: runs.Run) -> pd.DataFrame:
         for unit, col in (("TFLOP/s", "tflops"), ("TB/s", "tbs")):
             if len(pts):
                 best = pts.loc[pts[col].idxmax()]
-                what = ("the LM head's matrix multiply" if best.module == LM_HEAD else
-                        f"the {best.module} matrix multiplies of every layer")
+                what = (
+                    "the LM head's matrix multiply"
+                    if best.module == LM_HEAD
+                    else f"the {best.module} matrix multiplies of every layer"
+                )
                 add(f"{what} in {ph}", unit, best[col])
     if len(s):
         best = s.loc[s["matmul TFLOP/s"].idxmax()]
@@ -74,32 +86,44 @@ def ceiling_notes(run: runs.Run) -> dict[str, str]:
             f"{top.value:.0f} TFLOP/s, against {lim.gemm_tflops:.0f}. That rate is one shape, the product of two "
             f"{n:,} × {n:,} matrices of random numbers timed in this run: a reference point, not a limit of the "
             "hardware. The "
-            "library picks a kernel for each shape, and some shapes run a little faster.")
+            "library picks a kernel for each shape, and some shapes run a little faster."
+        )
         if lim.datasheet_tflops:
-            notes["gemm"] += (f" The hardware's limit is the datasheet's {lim.datasheet_tflops:.0f} TFLOP/s, "
-                              + ("which none of them reaches." if not top["above datasheet"] else
-                                 f"and {top.value:.0f} TFLOP/s is above even that: a measurement to distrust."))
+            notes["gemm"] += f" The hardware's limit is the datasheet's {lim.datasheet_tflops:.0f} TFLOP/s, " + (
+                "which none of them reaches."
+                if not top["above datasheet"]
+                else f"and {top.value:.0f} TFLOP/s is above even that: a measurement to distrust."
+            )
     else:
-        notes["gemm"] = (f"No matrix multiply here ran faster than the measured GEMM rate "
-                         f"({lim.gemm_tflops:.0f} TFLOP/s).")
+        notes["gemm"] = (
+            f"No matrix multiply here ran faster than the measured GEMM rate ({lim.gemm_tflops:.0f} TFLOP/s)."
+        )
     b = a[a.unit == "TB/s"]
     top = b.loc[b.value.idxmax()]
     if not bw.tbs:
         notes["bandwidth"] = "This run measured no bandwidth."
     elif top["above measured"]:
         if lim.read_tbs:
-            why = (f"The read stream is one measurement, {ceil['read_by']} over "
-                   f"{int(ceil['read_bytes']) / 2**30:.0f} GiB timed in this run, not a limit of the hardware.")
+            why = (
+                f"The read stream is one measurement, {ceil['read_by']} over "
+                f"{int(ceil['read_bytes']) / 2**30:.0f} GiB timed in this run, not a limit of the hardware."
+            )
         else:
-            why = ("A copy's rate counts the bytes it reads plus those it writes, over one memory bus; a kernel "
-                   "that only reads its weights can go faster. This run measured no read stream, the ceiling "
-                   "that applies to reading weights.")
-        notes["bandwidth"] = (f"{top.figure[0].upper()}{top.figure[1:]} moved {top.value:.2f} TB/s, more than the "
-                              f"{bw.name}, {bw.tbs:.2f} TB/s. {why}")
+            why = (
+                "A copy's rate counts the bytes it reads plus those it writes, over one memory bus; a kernel "
+                "that only reads its weights can go faster. This run measured no read stream, the ceiling "
+                "that applies to reading weights."
+            )
+        notes["bandwidth"] = (
+            f"{top.figure[0].upper()}{top.figure[1:]} moved {top.value:.2f} TB/s, more than the "
+            f"{bw.name}, {bw.tbs:.2f} TB/s. {why}"
+        )
         if lim.datasheet_tbs:
-            notes["bandwidth"] += (f" The hardware's limit is the datasheet's {lim.datasheet_tbs:.2f} TB/s"
-                                   + ("." if not top["above datasheet"] else
-                                      f", and {top.value:.2f} TB/s is above even that: a measurement to distrust."))
+            notes["bandwidth"] += f" The hardware's limit is the datasheet's {lim.datasheet_tbs:.2f} TB/s" + (
+                "."
+                if not top["above datasheet"]
+                else f", and {top.value:.2f} TB/s is above even that: a measurement to distrust."
+            )
     else:
         notes["bandwidth"] = f"No figure here is above the {bw.name}, {bw.tbs:.2f} TB/s."
     return notes
@@ -109,7 +133,11 @@ def headline(run: runs.Run) -> dict:
     """Wall times (which, in eager mode, move with the host CPU) and the GPU-side numbers
     (which hold steady from run to run)."""
     p = phases(run)
-    return {"prefill ms": p["prefill"].wall_ms, "decode ms": p["decode"].wall_ms,
-            "prefill GPU ms": p["prefill"].gpu_busy_ms, "decode GPU ms": p["decode"].gpu_busy_ms,
-            "prefill TFLOP/s (GPU busy)": p["prefill"].tflops_busy,
-            "crossover tokens": crossover(run).measured_tokens}
+    return {
+        "prefill ms": p["prefill"].wall_ms,
+        "decode ms": p["decode"].wall_ms,
+        "prefill GPU ms": p["prefill"].gpu_busy_ms,
+        "decode GPU ms": p["decode"].gpu_busy_ms,
+        "prefill TFLOP/s (GPU busy)": p["prefill"].tflops_busy,
+        "crossover tokens": crossover(run).measured_tokens,
+    }

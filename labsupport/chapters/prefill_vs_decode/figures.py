@@ -9,6 +9,7 @@ import pandas as pd
 from labsupport.figures import OURS, PHASE_COLORS, THEIRS, finish
 from labsupport.traces.kernels import KINDS
 
+
 def utilisation_bars(df: pd.DataFrame, label: str):
     """MFU and MBU of prefill and decode (wall time and GPU busy), against the datasheet and
     the measured ceilings. `df` is prefill_vs_decode.utilisation(), whose last MBU column names
@@ -18,11 +19,18 @@ def utilisation_bars(df: pd.DataFrame, label: str):
     names = [f"{r.phase}, {r.time}" for r in df.itertuples()]
     y = list(range(len(df)))
     h = 0.38
-    for ax, (sheet_col, meas_col, title) in zip(axes, (
+    for ax, (sheet_col, meas_col, title) in zip(
+        axes,
+        (
             ("MFU vs datasheet", "MFU vs measured GEMM", "Share of peak math (MFU)"),
-            ("MBU vs datasheet", mbu_measured, "Share of peak memory bandwidth (MBU)"))):
-        for off, col, color, name in ((-h / 2, meas_col, OURS, meas_col.split(" vs ")[1]),
-                                      (h / 2, sheet_col, THEIRS, "datasheet")):
+            ("MBU vs datasheet", mbu_measured, "Share of peak memory bandwidth (MBU)"),
+        ),
+        strict=True,
+    ):
+        for off, col, color, name in (
+            (-h / 2, meas_col, OURS, meas_col.split(" vs ")[1]),
+            (h / 2, sheet_col, THEIRS, "datasheet"),
+        ):
             vals = (df[col] * 100).tolist()
             ax.barh([i + off for i in y], [0 if v != v else v for v in vals], h, color=color, label=f"against {name}")
             for i, v in enumerate(vals):
@@ -71,8 +79,16 @@ def length_ticks(ax, lengths) -> None:
     ax.minorticks_off()
 
 
-def gemm_rates(g: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=None, datasheet_tbs=None,
-               measured_tbs=None, title_layer: str = "", bandwidth_label: str = "measured copy"):
+def gemm_rates(
+    g: pd.DataFrame,
+    label: str,
+    datasheet_tflops=None,
+    gemm_tflops=None,
+    datasheet_tbs=None,
+    measured_tbs=None,
+    title_layer: str = "",
+    bandwidth_label: str = "measured copy",
+):
     """The matrix multiplies of one decoder layer: TFLOP/s (log scale) and TB/s reached in
     prefill and in decode, against the peaks (`measured_tbs`, called `bandwidth_label`: the
     measured read stream, or the copy in older runs). `g` is prefill_vs_decode.layer_gemms()."""
@@ -81,10 +97,21 @@ def gemm_rates(g: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=N
     h = 0.38
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 0.42 * len(mods) + 2.4), sharey=True)
     for ax, col, title, unit, peaks in (
-            (axes[0], "tflops", "Math reached (TFLOP/s, log scale)", "TFLOP/s",
-             ((gemm_tflops, "measured GEMM", OURS), (datasheet_tflops, "datasheet", "#888"))),
-            (axes[1], "tbs", "Memory bandwidth reached (TB/s)", "TB/s",
-             ((measured_tbs, bandwidth_label, OURS), (datasheet_tbs, "datasheet", "#888")))):
+        (
+            axes[0],
+            "tflops",
+            "Math reached (TFLOP/s, log scale)",
+            "TFLOP/s",
+            ((gemm_tflops, "measured GEMM", OURS), (datasheet_tflops, "datasheet", "#888")),
+        ),
+        (
+            axes[1],
+            "tbs",
+            "Memory bandwidth reached (TB/s)",
+            "TB/s",
+            ((measured_tbs, bandwidth_label, OURS), (datasheet_tbs, "datasheet", "#888")),
+        ),
+    ):
         for off, ph in ((-h / 2, "prefill"), (h / 2, "decode")):
             x = g[g.phase == ph].set_index("module").reindex(mods)[col]
             ax.barh([i + off for i in y], x.fillna(0), h, color=PHASE_COLORS[ph], label=ph)
@@ -93,8 +120,13 @@ def gemm_rates(g: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=N
                     ax.text(v, i + off, f" {v:.0f}" if v >= 10 else f" {v:.1f}", va="center", fontsize=7.5)
         for value, text, color in peaks:
             if value:
-                ax.axvline(value, color=color, lw=1, ls="--",
-                           label=f"{text}: {value:.0f} {unit}" if value >= 10 else f"{text}: {value:.2f} {unit}")
+                ax.axvline(
+                    value,
+                    color=color,
+                    lw=1,
+                    ls="--",
+                    label=f"{text}: {value:.0f} {unit}" if value >= 10 else f"{text}: {value:.2f} {unit}",
+                )
         if col == "tflops":
             ax.set_xscale("log")
             ax.set_xlim(max(g[col].min(), 1e-12) / 2, max(g[col].max(), datasheet_tflops or 0) * 4)
@@ -110,8 +142,16 @@ def gemm_rates(g: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=N
     return fig
 
 
-def prompt_sweep_figure(sweep: pd.DataFrame, roof: pd.DataFrame, label: str, datasheet_tflops=None, gemm_tflops=None,
-                 crossover_tokens=None, datasheet_ridge_tokens=None, measured_ridge_tokens=None):
+def prompt_sweep_figure(
+    sweep: pd.DataFrame,
+    roof: pd.DataFrame,
+    label: str,
+    datasheet_tflops=None,
+    gemm_tflops=None,
+    crossover_tokens=None,
+    datasheet_ridge_tokens=None,
+    measured_ridge_tokens=None,
+):
     """Prefill against prompt length: time per token (left) and the FLOP/s the matrix
     multiplies reached, under the roofline (right). `sweep` is prefill_vs_decode.prompt_sweep(),
     `roof` prefill_vs_decode.roofline()."""
@@ -128,8 +168,14 @@ def prompt_sweep_figure(sweep: pd.DataFrame, roof: pd.DataFrame, label: str, dat
     if roof["datasheet TFLOP/s"].notna().any():
         b.plot(roof.prompt_len, roof["datasheet TFLOP/s"], color="#999", lw=1.2, label="roofline, datasheet")
     if roof["measured TFLOP/s"].notna().any():
-        b.plot(roof.prompt_len, roof["measured TFLOP/s"], color=OURS, lw=1.2, alpha=0.6,
-               label="roofline, measured ceilings")
+        b.plot(
+            roof.prompt_len,
+            roof["measured TFLOP/s"],
+            color=OURS,
+            lw=1.2,
+            alpha=0.6,
+            label="roofline, measured ceilings",
+        )
     b.plot(n, sweep["matmul TFLOP/s"], "o-", color=PHASE_COLORS["prefill"], label="matrix multiplies reached (GPU)")
     b.plot(n, sweep["TFLOP/s"], "s--", color="#777", ms=4, label="whole prefill, on wall time")
     b.set_yscale("log")
@@ -140,13 +186,16 @@ def prompt_sweep_figure(sweep: pd.DataFrame, roof: pd.DataFrame, label: str, dat
     for value, text, color in ((datasheet_tflops, "datasheet peak", "#999"), (gemm_tflops, "measured GEMM", OURS)):
         if value:
             b.axhline(value, color=color, lw=0.8, ls=":", label=f"{text}: {value:.0f} TFLOP/s")
-    for value, text, color, ls in ((datasheet_ridge_tokens, "ridge, datasheet", "#999", "--"),
-                                   (measured_ridge_tokens, "ridge, measured ceilings", OURS, "--"),
-                                   (crossover_tokens, "crossover in this sweep", PHASE_COLORS["decode"], "-")):
+    for value, text, color, ls in (
+        (datasheet_ridge_tokens, "ridge, datasheet", "#999", "--"),
+        (measured_ridge_tokens, "ridge, measured ceilings", OURS, "--"),
+        (crossover_tokens, "crossover in this sweep", PHASE_COLORS["decode"], "-"),
+    ):
         if value:
             for axis in ax:
-                axis.axvline(value, color=color, lw=0.9, ls=ls,
-                             label=f"{text}: {value:.0f} tokens" if axis is b else None)
+                axis.axvline(
+                    value, color=color, lw=0.9, ls=ls, label=f"{text}: {value:.0f} tokens" if axis is b else None
+                )
     for axis in ax:
         axis.set_xscale("log", base=2)
         length_ticks(axis, n)

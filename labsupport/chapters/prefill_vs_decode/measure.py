@@ -49,20 +49,30 @@ def model_record(model, preset: str) -> dict:
     sh = model_shape(model)
     layer = sh.layers // 2
     block = getattr(model, model.base_model_prefix).layers[layer]
-    return {"model": counts.as_record(), "shape": asdict(sh), "gemm_layer": layer,
-            "gemm_shapes": {name: [m.in_features, m.out_features] for name, m in block.named_modules()
-                            if isinstance(m, torch.nn.Linear)}}
+    return {
+        "model": counts.as_record(),
+        "shape": asdict(sh),
+        "gemm_layer": layer,
+        "gemm_shapes": {
+            name: [m.in_features, m.out_features] for name, m in block.named_modules() if isinstance(m, torch.nn.Linear)
+        },
+    }
 
 
 def merge(what: str, timings: list[harness.Timing]) -> harness.Timing:
     """Several timings of one region, as one (their repeats in order)."""
-    return harness.Timing(what=what, wall_ms=[x for t in timings for x in t.wall_ms],
-                          issue_ms=[x for t in timings for x in t.issue_ms],
-                          gpu_ms=[x for t in timings for x in t.gpu_ms], clean=all(t.clean for t in timings))
+    return harness.Timing(
+        what=what,
+        wall_ms=[x for t in timings for x in t.wall_ms],
+        issue_ms=[x for t in timings for x in t.issue_ms],
+        gpu_ms=[x for t in timings for x in t.gpu_ms],
+        clean=all(t.clean for t in timings),
+    )
 
 
-def time_prefills(model, prompts: dict, repeats: dict[int, int], device: str, warmup: int = 2,
-                  progress=print) -> dict[int, harness.Timing | str]:
+def time_prefills(
+    model, prompts: dict, repeats: dict[int, int], device: str, warmup: int = 2, progress=print
+) -> dict[int, harness.Timing | str]:
     """Wall time of `repeats[n]` prefills of each prompt `prompts[n]`, each into a fresh cache.
 
     Round-robin: each round times one prefill of every length that still needs one, so that
@@ -77,9 +87,15 @@ def time_prefills(model, prompts: dict, repeats: dict[int, int], device: str, wa
             if isinstance(samples[n], str) or rnd >= repeats[n]:
                 continue
             try:
-                samples[n].append(harness.time_region(
-                    lambda p=p: decode.prefill(model, p), what=f"prefill, {n} tokens", device=device,
-                    repeats=1, warmup=warmup if rnd == 0 else 0))
+                samples[n].append(
+                    harness.time_region(
+                        lambda p=p: decode.prefill(model, p),
+                        what=f"prefill, {n} tokens",
+                        device=device,
+                        repeats=1,
+                        warmup=warmup if rnd == 0 else 0,
+                    )
+                )
             except torch.OutOfMemoryError:
                 samples[n] = "out of memory"
                 progress(f"prompt {n}: out of GPU memory, recorded as such")
@@ -87,13 +103,20 @@ def time_prefills(model, prompts: dict, repeats: dict[int, int], device: str, wa
     return {n: s if isinstance(s, str) else merge(f"prefill, {n} tokens", s) for n, s in samples.items()}
 
 
-def profile_prefill(model, prompt, device: str, trace_path, warmup: int = 2, label_modules: bool = True) -> pd.DataFrame:
+def profile_prefill(
+    model, prompt, device: str, trace_path, warmup: int = 2, label_modules: bool = True
+) -> pd.DataFrame:
     """Profile one prefill (after `warmup` profiled-and-discarded ones in the same session),
     timed from a "prefill" annotation; write its trace to `trace_path`; return its kernels.
     With `label_modules` each kernel is labelled with the module that launched it."""
-    return harness.profile_region(lambda: decode.prefill(model, prompt), trace_path, region=ORIGIN["prefill"],
-                                  device=device, warmup=warmup,
-                                  labels=(lambda: decode.annotated_modules(model)) if label_modules else None)
+    return harness.profile_region(
+        lambda: decode.prefill(model, prompt),
+        trace_path,
+        region=ORIGIN["prefill"],
+        device=device,
+        warmup=warmup,
+        labels=(lambda: decode.annotated_modules(model)) if label_modules else None,
+    )
 
 
 def annotate(k: pd.DataFrame) -> pd.DataFrame:
@@ -130,15 +153,32 @@ def sweep_row(n: int, k: pd.DataFrame, t: harness.Timing) -> dict:
     """The prompt sweep's row for a prompt of `n` tokens: its profiled kernels `k` and its timing `t`."""
     kind = k["name"].map(kernels.classify)
     by_kind = {col: int(k.loc[kind == name, "dur_ns"].sum()) for name, col in KIND_COLUMNS.items()}
-    return {"prompt_len": n, "status": "ok", "kernels": len(k),
-            "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns), "kernel_ns": int(k.dur_ns.sum()), **by_kind,
-            "wall_ms_median": t.median, "wall_ms_min": t.low, "wall_ms_max": t.high,
-            "wall_repeats": len(t.wall_ms), "issue_ms_median": statistics.median(t.issue_ms),
-            "wall_clean": t.clean}
+    return {
+        "prompt_len": n,
+        "status": "ok",
+        "kernels": len(k),
+        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
+        "kernel_ns": int(k.dur_ns.sum()),
+        **by_kind,
+        "wall_ms_median": t.median,
+        "wall_ms_min": t.low,
+        "wall_ms_max": t.high,
+        "wall_repeats": len(t.wall_ms),
+        "issue_ms_median": statistics.median(t.issue_ms),
+        "wall_clean": t.clean,
+    }
 
 
-def profile_sweep(model, prompts: dict, timings: dict, prompt_lens: list[int], prompt_len: int,
-                  prefill_kernels: pd.DataFrame, device: str, scratch) -> pd.DataFrame:
+def profile_sweep(
+    model,
+    prompts: dict,
+    timings: dict,
+    prompt_lens: list[int],
+    prompt_len: int,
+    prefill_kernels: pd.DataFrame,
+    device: str,
+    scratch,
+) -> pd.DataFrame:
     """prompt_sweep.csv: one row per prompt length, each other length's prefill profiled once
     (its trace written to `scratch`, then deleted). The row of `prompt_len` is the phase's own
     profile (`prefill_kernels`): one measurement per configuration. A length that ran out of
@@ -157,8 +197,9 @@ def profile_sweep(model, prompts: dict, timings: dict, prompt_lens: list[int], p
             k = profile_prefill(model, prompts[n], device, scratch, warmup=1, label_modules=False)
             rows.append(sweep_row(n, k, timings[n]))
             r = rows[-1]
-            progress(f"prompt {n}: GPU busy {r['gpu_busy_ns'] / 1e6:.2f} ms, "
-                     f"matrix multiplies {r['matmul_ns'] / 1e6:.2f} ms")
+            progress(
+                f"prompt {n}: GPU busy {r['gpu_busy_ns'] / 1e6:.2f} ms, matrix multiplies {r['matmul_ns'] / 1e6:.2f} ms"
+            )
         except torch.OutOfMemoryError:
             rows.append({"prompt_len": n, "status": "out of memory"})
             progress(f"prompt {n}: out of GPU memory while profiling, recorded as such")

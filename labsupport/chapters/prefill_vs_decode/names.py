@@ -52,6 +52,19 @@ def progress(msg: str) -> None:
 
 
 # The columns of the kernel tables (kernels-prefill.csv, kernels-decode.csv), and those read as text.
-KERNEL_COLUMNS = ["name", "start_ns", "end_ns", "dur_ns", "stream", "grid", "block", "op", "module",
-                  "kind", "short_name", "layer", "part"]
+KERNEL_COLUMNS = [
+    "name",
+    "start_ns",
+    "end_ns",
+    "dur_ns",
+    "stream",
+    "grid",
+    "block",
+    "op",
+    "module",
+    "kind",
+    "short_name",
+    "layer",
+    "part",
+]
 TEXT_COLUMNS = ["name", "stream", "grid", "block", "op", "module", "kind", "short_name", "part"]

@@ -16,6 +16,7 @@ from .names import MATMUL, PHASES
 from .tables import bandwidth, kernel_table, limits, ratio, shape
 from .work import phase_work
 
+
 @dataclass
 class Phase:
     """One phase measured: its time, its kernels, its work, and the rates it reached.
@@ -28,14 +29,14 @@ class Phase:
 
     phase: str
     new_tokens: int
-    cached_tokens: int        # tokens in the KV cache before the pass
+    cached_tokens: int  # tokens in the KV cache before the pass
     kernels: int
-    wall_ms: float            # median of the timed passes (no profiler)
+    wall_ms: float  # median of the timed passes (no profiler)
     wall_min_ms: float
     wall_max_ms: float
     wall_repeats: int
-    gpu_busy_ms: float        # union of kernel intervals in the profiled pass
-    kernel_ms: float          # sum of kernel durations
+    gpu_busy_ms: float  # union of kernel intervals in the profiled pass
+    kernel_ms: float  # sum of kernel durations
     matmul_kernels: int
     matmul_ms: float
     attention_ms: float
@@ -44,11 +45,11 @@ class Phase:
     flops: int
     bytes: int
     flop_per_byte: float
-    tflops: float             # model FLOPs / wall time
+    tflops: float  # model FLOPs / wall time
     tflops_busy: float
-    tbs: float                # bytes that must move / wall time
+    tbs: float  # bytes that must move / wall time
     tbs_busy: float
-    matmul_tflops: float      # matmul FLOPs / matmul kernel time
+    matmul_tflops: float  # matmul FLOPs / matmul kernel time
     mfu_datasheet: float | None
     mfu_gemm: float | None
     mfu_busy_datasheet: float | None
@@ -57,7 +58,7 @@ class Phase:
     mbu_measured: float | None
     mbu_busy_datasheet: float | None
     mbu_busy_measured: float | None
-    ms_per_token: float       # wall time / new tokens
+    ms_per_token: float  # wall time / new tokens
 
 
 def phases(run: runs.Run) -> dict[str, Phase]:
@@ -79,20 +80,37 @@ def phases(run: runs.Run) -> dict[str, Phase]:
         mm_ms = mm.dur_ns.sum() / 1e6
         new = n if ph == "prefill" else 1
         out[ph] = Phase(
-            phase=ph, new_tokens=new, cached_tokens=0 if ph == "prefill" else n,
-            kernels=len(k), wall_ms=wall, wall_min_ms=float(walls.min()), wall_max_ms=float(walls.max()),
+            phase=ph,
+            new_tokens=new,
+            cached_tokens=0 if ph == "prefill" else n,
+            kernels=len(k),
+            wall_ms=wall,
+            wall_min_ms=float(walls.min()),
+            wall_max_ms=float(walls.max()),
             wall_repeats=len(walls),
-            gpu_busy_ms=busy, kernel_ms=k.dur_ns.sum() / 1e6, matmul_kernels=len(mm), matmul_ms=mm_ms,
+            gpu_busy_ms=busy,
+            kernel_ms=k.dur_ns.sum() / 1e6,
+            matmul_kernels=len(mm),
+            matmul_ms=mm_ms,
             attention_ms=k.loc[k.kind == "attention", "dur_ns"].sum() / 1e6,
-            matmul_flops=work.matmul_flops, attention_flops=work.attention_flops, flops=work.flops,
-            bytes=work.bytes, flop_per_byte=work.flop_per_byte,
-            tflops=tflops, tflops_busy=tflops_busy, tbs=tbs, tbs_busy=tbs_busy,
+            matmul_flops=work.matmul_flops,
+            attention_flops=work.attention_flops,
+            flops=work.flops,
+            bytes=work.bytes,
+            flop_per_byte=work.flop_per_byte,
+            tflops=tflops,
+            tflops_busy=tflops_busy,
+            tbs=tbs,
+            tbs_busy=tbs_busy,
             matmul_tflops=work.matmul_flops / mm_ms / 1e9 if mm_ms else float("nan"),
-            mfu_datasheet=ratio(tflops, lim.datasheet_tflops), mfu_gemm=ratio(tflops, lim.gemm_tflops),
+            mfu_datasheet=ratio(tflops, lim.datasheet_tflops),
+            mfu_gemm=ratio(tflops, lim.gemm_tflops),
             mfu_busy_datasheet=ratio(tflops_busy, lim.datasheet_tflops),
             mfu_busy_gemm=ratio(tflops_busy, lim.gemm_tflops),
-            mbu_datasheet=ratio(tbs, lim.datasheet_tbs), mbu_measured=ratio(tbs, bw),
-            mbu_busy_datasheet=ratio(tbs_busy, lim.datasheet_tbs), mbu_busy_measured=ratio(tbs_busy, bw),
+            mbu_datasheet=ratio(tbs, lim.datasheet_tbs),
+            mbu_measured=ratio(tbs, bw),
+            mbu_busy_datasheet=ratio(tbs_busy, lim.datasheet_tbs),
+            mbu_busy_measured=ratio(tbs_busy, bw),
             ms_per_token=wall / new,
         )
     return out
@@ -113,7 +131,7 @@ class PrefillTiming:
     prompt_len: int
     phase_ms: float
     phase_repeats: int
-    sweep_ms: float | None    # None when the sweep has no row (that ran) for prompt_len
+    sweep_ms: float | None  # None when the sweep has no row (that ran) for prompt_len
     sweep_repeats: int | None
     shared: bool
 
@@ -129,8 +147,12 @@ def prefill_timing(run: runs.Run) -> PrefillTiming:
         return PrefillTiming(n, float(statistics.median(walls)), len(walls), None, None, False)
     r = row.loc[n]
     reps = int(r["wall_repeats"]) if "wall_repeats" in row.columns else None
-    shared = (reps == len(walls) and same(r["wall_ms_median"], statistics.median(walls))
-              and same(r["wall_ms_min"], walls.min()) and same(r["wall_ms_max"], walls.max()))
+    shared = (
+        reps == len(walls)
+        and same(r["wall_ms_median"], statistics.median(walls))
+        and same(r["wall_ms_min"], walls.min())
+        and same(r["wall_ms_max"], walls.max())
+    )
     return PrefillTiming(n, float(statistics.median(walls)), len(walls), float(r["wall_ms_median"]), reps, shared)
 
 
@@ -142,12 +164,26 @@ def utilisation(run: runs.Run) -> pd.DataFrame:
     mbu_col = f"MBU vs {bandwidth(limits(run)).short}"
     rows = []
     for ph, p in phases(run).items():
-        rows.append({"phase": ph, "time": "wall time", "MFU vs datasheet": p.mfu_datasheet or nan,
-                     "MFU vs measured GEMM": p.mfu_gemm or nan, "MBU vs datasheet": p.mbu_datasheet or nan,
-                     mbu_col: p.mbu_measured or nan})
-        rows.append({"phase": ph, "time": "GPU busy", "MFU vs datasheet": p.mfu_busy_datasheet or nan,
-                     "MFU vs measured GEMM": p.mfu_busy_gemm or nan, "MBU vs datasheet": p.mbu_busy_datasheet or nan,
-                     mbu_col: p.mbu_busy_measured or nan})
+        rows.append(
+            {
+                "phase": ph,
+                "time": "wall time",
+                "MFU vs datasheet": p.mfu_datasheet or nan,
+                "MFU vs measured GEMM": p.mfu_gemm or nan,
+                "MBU vs datasheet": p.mbu_datasheet or nan,
+                mbu_col: p.mbu_measured or nan,
+            }
+        )
+        rows.append(
+            {
+                "phase": ph,
+                "time": "GPU busy",
+                "MFU vs datasheet": p.mfu_busy_datasheet or nan,
+                "MFU vs measured GEMM": p.mfu_busy_gemm or nan,
+                "MBU vs datasheet": p.mbu_busy_datasheet or nan,
+                mbu_col: p.mbu_busy_measured or nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -164,4 +200,3 @@ def census(run: runs.Run) -> pd.DataFrame:
     out.columns = pd.MultiIndex.from_tuples(out.columns)
     out.index.name = "kind"
     return out
-

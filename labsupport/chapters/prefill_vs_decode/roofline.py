@@ -15,6 +15,7 @@ from .names import GEMM_MODULES, LM_HEAD, MATMUL, PHASES, ROOFLINE_MODULES, SHOR
 from .phases import phases
 from .tables import bandwidth, kernel_table, limits, measured_ridge, shape
 
+
 def attainable(flop_per_byte, tflops: float | None, tbs: float | None):
     """The most TFLOP/s work at `flop_per_byte` can reach under a roof of `tflops` (math) and
     `tbs` (memory): min(tflops, tbs × FLOP per byte). NaN where either limit is unknown."""
@@ -71,14 +72,25 @@ def gemm_points(run: runs.Run) -> pd.DataFrame:
             flops = instances * 2 * m_rows * fin * fout
             nbytes = instances * p * (fin * fout + m_rows * (fin + fout))
             names = g.groupby("short_name").dur_ns.sum().sort_values(ascending=False)
-            rows.append({"phase": ph, "module": mod, "rows": m_rows, "in": fin, "out": fout,
-                         "instances": instances, "kernels": len(g),
-                         "kernel": names.index[0] if len(names) else "",
-                         "split_k": bool(g.short_name.str.contains("splitK", case=False).any()),
-                         "dur_ns": ns, "flops": flops, "bytes": nbytes,
-                         "flop_per_byte": flops / nbytes if nbytes else float("nan"),
-                         "tflops": flops / ns / 1e3 if ns else float("nan"),
-                         "tbs": nbytes / ns / 1e3 if ns else float("nan")})
+            rows.append(
+                {
+                    "phase": ph,
+                    "module": mod,
+                    "rows": m_rows,
+                    "in": fin,
+                    "out": fout,
+                    "instances": instances,
+                    "kernels": len(g),
+                    "kernel": names.index[0] if len(names) else "",
+                    "split_k": bool(g.short_name.str.contains("splitK", case=False).any()),
+                    "dur_ns": ns,
+                    "flops": flops,
+                    "bytes": nbytes,
+                    "flop_per_byte": flops / nbytes if nbytes else float("nan"),
+                    "tflops": flops / ns / 1e3 if ns else float("nan"),
+                    "tbs": nbytes / ns / 1e3 if ns else float("nan"),
+                }
+            )
     out = pd.DataFrame(rows)
     out["roof_datasheet"] = attainable(out.flop_per_byte, lim.datasheet_tflops, lim.datasheet_tbs)
     out["roof_measured"] = attainable(out.flop_per_byte, lim.gemm_tflops, bandwidth(lim).tbs)
@@ -91,8 +103,9 @@ def pass_points(run: runs.Run) -> pd.DataFrame:
     """Each whole pass as one point of the roofline: model FLOPs over FLOP per byte (phases()),
     at the rate reached on GPU-busy time (every kernel, not only the matrix multiplies)."""
     lim = limits(run)
-    out = pd.DataFrame([{"phase": ph, "flop_per_byte": x.flop_per_byte, "tflops": x.tflops_busy}
-                        for ph, x in phases(run).items()])
+    out = pd.DataFrame(
+        [{"phase": ph, "flop_per_byte": x.flop_per_byte, "tflops": x.tflops_busy} for ph, x in phases(run).items()]
+    )
     out["roof_datasheet"] = attainable(out.flop_per_byte, lim.datasheet_tflops, lim.datasheet_tbs)
     out["roof_measured"] = attainable(out.flop_per_byte, lim.gemm_tflops, bandwidth(lim).tbs)
     return out
@@ -115,11 +128,11 @@ class RooflineCluster:
     of_datasheet_max: float
     of_measured_min: float
     of_measured_max: float
-    matmul_share: float          # share of the phase's matrix-multiply kernel time in its points (all)
-    bound: str                   # "memory" or "compute": every point below / above the datasheet ridge
-    slowest: str                 # the matrix furthest below its roof (datasheet)
+    matmul_share: float  # share of the phase's matrix-multiply kernel time in its points (all)
+    bound: str  # "memory" or "compute": every point below / above the datasheet ridge
+    slowest: str  # the matrix furthest below its roof (datasheet)
     fastest: str
-    others: str                  # modules of the phase's other matrix-multiply kernels ("" if none)
+    others: str  # modules of the phase's other matrix-multiply kernels ("" if none)
 
 
 def roofline_clusters(run: runs.Run) -> dict[str, RooflineCluster]:
@@ -132,22 +145,35 @@ def roofline_clusters(run: runs.Run) -> dict[str, RooflineCluster]:
         mm = kernel_table(run, ph)
         mm = mm[mm.kind == MATMUL]
         mm_ns = mm.dur_ns.sum()
-        covered = mm.module.str.fullmatch(rf"layers\.\d+\.({'|'.join(map(re.escape, GEMM_MODULES))})") | (mm.module == LM_HEAD)
+        covered = mm.module.str.fullmatch(rf"layers\.\d+\.({'|'.join(map(re.escape, GEMM_MODULES))})") | (
+            mm.module == LM_HEAD
+        )
         rest = mm[~covered]
         key = "of_datasheet_roof" if x.of_datasheet_roof.notna().any() else "of_measured_roof"
         below = bool(ridge) and (x.flop_per_byte < ridge).all()
         above = bool(ridge) and (x.flop_per_byte > ridge).all()
         out[ph] = RooflineCluster(
-            phase=ph, points=len(x), fpb_min=x.flop_per_byte.min(), fpb_max=x.flop_per_byte.max(),
-            tflops_min=x.tflops.min(), tflops_max=x.tflops.max(), tbs_min=x.tbs.min(), tbs_max=x.tbs.max(),
-            of_datasheet_min=x.of_datasheet_roof.min(), of_datasheet_max=x.of_datasheet_roof.max(),
-            of_measured_min=x.of_measured_roof.min(), of_measured_max=x.of_measured_roof.max(),
+            phase=ph,
+            points=len(x),
+            fpb_min=x.flop_per_byte.min(),
+            fpb_max=x.flop_per_byte.max(),
+            tflops_min=x.tflops.min(),
+            tflops_max=x.tflops.max(),
+            tbs_min=x.tbs.min(),
+            tbs_max=x.tbs.max(),
+            of_datasheet_min=x.of_datasheet_roof.min(),
+            of_datasheet_max=x.of_datasheet_roof.max(),
+            of_measured_min=x.of_measured_roof.min(),
+            of_measured_max=x.of_measured_roof.max(),
             matmul_share=allp.dur_ns.sum() / mm_ns if mm_ns else float("nan"),
             bound="memory" if below else "compute" if above else "mixed",
             slowest=SHORT[x.loc[x[key].idxmin(), "module"]] if x[key].notna().any() else "",
             fastest=SHORT[x.loc[x[key].idxmax(), "module"]] if x[key].notna().any() else "",
-            others="; ".join(f"`{m or 'no module'}` ({len(g)} kernel{'s' if len(g) > 1 else ''}, "
-                             f"{g.dur_ns.sum() / 1e3:,.1f} µs)" for m, g in rest.groupby("module", sort=False)))
+            others="; ".join(
+                f"`{m or 'no module'}` ({len(g)} kernel{'s' if len(g) > 1 else ''}, {g.dur_ns.sum() / 1e3:,.1f} µs)"
+                for m, g in rest.groupby("module", sort=False)
+            ),
+        )
     return out
 
 
@@ -172,7 +198,6 @@ def roofline_table(run: runs.Run) -> pd.DataFrame:
     first = pts[pts.phase == PHASES[0]].set_index("module")
     t = pd.DataFrame(out)
     t.columns = pd.MultiIndex.from_tuples(t.columns)
-    t.insert(0, ("weight", "in × out"), [f"{a:,} × {b:,}" for a, b in zip(first["in"], first["out"])])
+    t.insert(0, ("weight", "in × out"), [f"{a:,} × {b:,}" for a, b in zip(first["in"], first["out"], strict=True)])
     t.index.name = "module"
     return t
-

@@ -12,6 +12,7 @@ from .names import PHASES, SHORT
 from .roofline import attainable, gemm_points, pass_points, roofline_clusters
 from .tables import bandwidth, limits
 
+
 def spread(ys: list[float], ratio: float) -> list[float]:
     """Label heights (log scale) near `ys`, at least `ratio` apart, in the same order."""
     m = math
@@ -53,27 +54,54 @@ def roofline_figure(run: runs.Run):
     x = np.geomspace(lo_x, hi_x, 400)
     sheet = f"datasheet ({lim.datasheet_name})" if lim.datasheet_name else "datasheet"
     sheet_text = f"{sheet}: {lim.datasheet_tflops or 0:.0f} TFLOP/s, {lim.datasheet_tbs or 0:.2f} TB/s"
-    measured_text = (f"measured in this run: GEMM {lim.gemm_tflops or 0:.0f} TFLOP/s, {bw.short} {bw.tbs or 0:.2f} TB/s"
-                     + ("" if lim.read_tbs else " (bytes read + written; this run measured no read stream)"))
-    for tflops, tbs, color, ls, text in ((lim.datasheet_tflops, lim.datasheet_tbs, "#888", "-", sheet_text),
-                                         (lim.gemm_tflops, bw.tbs, OURS, "--", measured_text)):
+    measured_text = (
+        f"measured in this run: GEMM {lim.gemm_tflops or 0:.0f} TFLOP/s, {bw.short} {bw.tbs or 0:.2f} TB/s"
+        + ("" if lim.read_tbs else " (bytes read + written; this run measured no read stream)")
+    )
+    for tflops, tbs, color, ls, text in (
+        (lim.datasheet_tflops, lim.datasheet_tbs, "#888", "-", sheet_text),
+        (lim.gemm_tflops, bw.tbs, OURS, "--", measured_text),
+    ):
         if tflops and tbs:
-            ax.plot(x, attainable(x, tflops, tbs), color=color, ls=ls, lw=1.4,
-                    label=f"roof, {text}; ridge {tflops / tbs:.0f} FLOP/byte")
+            ax.plot(
+                x,
+                attainable(x, tflops, tbs),
+                color=color,
+                ls=ls,
+                lw=1.4,
+                label=f"roof, {text}; ridge {tflops / tbs:.0f} FLOP/byte",
+            )
             ax.plot([tflops / tbs], [tflops], marker="o", ms=4, color=color)
     # Points: prefill squares under decode circles (the LM head runs for one row in both).
     for ph, marker, size in (("prefill", "s", 64), ("decode", "o", 30)):
         p = ok[ok.phase == ph]
         rows = f"{n:,} rows, 1 for the LM head" if ph == "prefill" else "1 row"
-        ax.scatter(p.flop_per_byte, p.tflops, s=size, marker=marker, color=PHASE_COLORS[ph], zorder=3,
-                   label=f"{ph}: one weight matrix, its kernels summed over the layers ({rows})")
+        ax.scatter(
+            p.flop_per_byte,
+            p.tflops,
+            s=size,
+            marker=marker,
+            color=PHASE_COLORS[ph],
+            zorder=3,
+            label=f"{ph}: one weight matrix, its kernels summed over the layers ({rows})",
+        )
     for r in whole.itertuples():
-        ax.scatter([r.flop_per_byte], [r.tflops], s=80, marker="D", facecolors="none",
-                   edgecolors=PHASE_COLORS[r.phase], linewidths=1.3, zorder=3,
-                   label=f"whole {r.phase} pass: model FLOPs over GPU-busy time")
+        ax.scatter(
+            [r.flop_per_byte],
+            [r.tflops],
+            s=80,
+            marker="D",
+            facecolors="none",
+            edgecolors=PHASE_COLORS[r.phase],
+            linewidths=1.3,
+            zorder=3,
+            label=f"whole {r.phase} pass: model FLOPs over GPU-busy time",
+        )
     # Labels, one per shape, in a column beside each cluster (one row: decode's; more: prefill's).
-    for one_row, color, fx_of in ((True, PHASE_COLORS["decode"], lambda f: f * 2.2),
-                                  (False, PHASE_COLORS["prefill"], lambda f: f * 2.0)):
+    for one_row, color, fx_of in (
+        (True, PHASE_COLORS["decode"], lambda f: f * 2.2),
+        (False, PHASE_COLORS["prefill"], lambda f: f * 2.0),
+    ):
         p = ok[(ok.rows == 1) == one_row]
         if p.empty:
             continue
@@ -89,23 +117,38 @@ def roofline_figure(run: runs.Run):
         if not one_row and max(ys) > 0.8 * roof:  # keep the labels under the roof lines
             ys = [y * 0.8 * roof / max(ys) for y in ys]
         lx = fx_of(max(g[1] for g in groups))
-        for (text, fx, fy), ly in zip(groups, ys):
-            ax.annotate(text, (fx, fy), xytext=(lx, ly), textcoords="data", fontsize=7.5, va="center",
-                        color=color, arrowprops={"arrowstyle": "-", "color": color, "lw": 0.5, "alpha": 0.6})
+        for (text, fx, fy), ly in zip(groups, ys, strict=True):
+            ax.annotate(
+                text,
+                (fx, fy),
+                xytext=(lx, ly),
+                textcoords="data",
+                fontsize=7.5,
+                va="center",
+                color=color,
+                arrowprops={"arrowstyle": "-", "color": color, "lw": 0.5, "alpha": 0.6},
+            )
     clusters = roofline_clusters(run)
     for ph in PHASES:
         c = clusters[ph]
         if not c.points or c.tflops_max != c.tflops_max:
             continue
         where = {"memory": "on the bandwidth slope", "compute": "under the math roof"}.get(c.bound, "")
-        fpb = (f"{c.fpb_min:,.0f}–{c.fpb_max:,.0f}" if c.fpb_max - c.fpb_min >= 1 else f"{c.fpb_max:.1f}")
+        fpb = f"{c.fpb_min:,.0f}–{c.fpb_max:,.0f}" if c.fpb_max - c.fpb_min >= 1 else f"{c.fpb_max:.1f}"
         title = f"{ph.upper()} ({n:,} tokens)" if ph == "prefill" else f"{ph.upper()} (1 token)"
         if ph == "decode":
             xy, ha = (c.fpb_max * 0.8, c.tflops_min / 1.8), "left"
         else:
             xy, ha = ((c.fpb_min * c.fpb_max) ** 0.5, c.tflops_min / 3.5), "center"
-        ax.text(*xy, f"{title}\n{fpb} FLOP/byte" + (f", {where}" if where else ""), ha=ha, va="top", fontsize=9, fontweight="bold",
-                color=PHASE_COLORS[ph])
+        ax.text(
+            *xy,
+            f"{title}\n{fpb} FLOP/byte" + (f", {where}" if where else ""),
+            ha=ha,
+            va="top",
+            fontsize=9,
+            fontweight="bold",
+            color=PHASE_COLORS[ph],
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo_x, hi_x)
@@ -117,4 +160,3 @@ def roofline_figure(run: runs.Run):
     ax.legend(fontsize=7.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)
     finish(fig, run.label)
     return fig
-

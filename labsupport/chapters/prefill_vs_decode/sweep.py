@@ -14,6 +14,7 @@ from .names import GEMM_MODULES, MATMUL, PHASES
 from .tables import bandwidth, kernel_table, limits, measured_ridge, shape
 from .work import forward_work, matmul_intensity, tokens_at_intensity
 
+
 def layer_gemms(run: runs.Run) -> pd.DataFrame:
     """The matrix multiplies of one decoder layer in both phases: one row per weight matrix
     and phase, with its kernels (the longest, and the names of any helpers such as a split-K
@@ -38,13 +39,25 @@ def layer_gemms(run: runs.Run) -> pd.DataFrame:
             nbytes = p * (fin * fout + m_rows * fin + m_rows * fout)
             main = g.loc[g.dur_ns.idxmax()] if len(g) else None
             helpers = g.drop(index=main.name).short_name if main is not None else []
-            rows.append({"module": mod, "phase": ph, "rows": m_rows, "in": fin, "out": fout,
-                         "kernels": len(g), "kernel": main.short_name if main is not None else "",
-                         "helpers": "; ".join(dict.fromkeys(helpers)),
-                         "grid": main.grid if main is not None else "", "dur_ns": ns,
-                         "flops": flops, "bytes": nbytes, "flop_per_byte": flops / nbytes,
-                         "tflops": flops / ns / 1e3 if ns else float("nan"),
-                         "tbs": nbytes / ns / 1e3 if ns else float("nan")})
+            rows.append(
+                {
+                    "module": mod,
+                    "phase": ph,
+                    "rows": m_rows,
+                    "in": fin,
+                    "out": fout,
+                    "kernels": len(g),
+                    "kernel": main.short_name if main is not None else "",
+                    "helpers": "; ".join(dict.fromkeys(helpers)),
+                    "grid": main.grid if main is not None else "",
+                    "dur_ns": ns,
+                    "flops": flops,
+                    "bytes": nbytes,
+                    "flop_per_byte": flops / nbytes,
+                    "tflops": flops / ns / 1e3 if ns else float("nan"),
+                    "tbs": nbytes / ns / 1e3 if ns else float("nan"),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -61,7 +74,7 @@ def layer_gemm_table(run: runs.Run) -> pd.DataFrame:
     first = g[g.phase == PHASES[0]].set_index("module")
     t = pd.DataFrame(out)
     t.columns = pd.MultiIndex.from_tuples(t.columns)
-    t.insert(0, ("weight", "in × out"), [f"{a:,} × {b:,}" for a, b in zip(first["in"], first["out"])])
+    t.insert(0, ("weight", "in × out"), [f"{a:,} × {b:,}" for a, b in zip(first["in"], first["out"], strict=True)])
     t.index.name = "matrix"
     return t
 
@@ -70,8 +83,9 @@ def layer_gemm_kernels(run: runs.Run) -> pd.DataFrame:
     """Which kernels did each of those matrix multiplies, in each phase: the one that did the
     work, then (after a +) any helper that ran with it."""
     g = layer_gemms(run)
-    return pd.DataFrame({"matrix": g.module, "phase": g.phase,
-                         "kernels": g.kernel + g.helpers.map(lambda h: f" + {h}" if h else "")})
+    return pd.DataFrame(
+        {"matrix": g.module, "phase": g.phase, "kernels": g.kernel + g.helpers.map(lambda h: f" + {h}" if h else "")}
+    )
 
 
 def prompt_sweep(run: runs.Run) -> pd.DataFrame:
@@ -108,15 +122,15 @@ class Crossover:
     FLOP/s over the peak bandwidth.
     """
 
-    floor_ms: float               # matmul time of the shortest prompts (median over <= 8 tokens)
-    ms_per_token: float           # matmul time per token at the longest prompt
-    measured_tokens: float        # floor_ms / ms_per_token
-    flat_until: int               # longest prompt whose matmul time is within 25% of the floor
+    floor_ms: float  # matmul time of the shortest prompts (median over <= 8 tokens)
+    ms_per_token: float  # matmul time per token at the longest prompt
+    measured_tokens: float  # floor_ms / ms_per_token
+    flat_until: int  # longest prompt whose matmul time is within 25% of the floor
     best_matmul_tflops: float
-    saturates_at: int             # shortest prompt whose matmul FLOP/s reach 90% of the best
-    datasheet_ridge: float | None     # FLOP/byte
-    measured_ridge: float | None      # measured GEMM rate over measured bandwidth() for reading weights
-    datasheet_tokens: float | None    # the prompt length at the datasheet ridge
+    saturates_at: int  # shortest prompt whose matmul FLOP/s reach 90% of the best
+    datasheet_ridge: float | None  # FLOP/byte
+    measured_ridge: float | None  # measured GEMM rate over measured bandwidth() for reading weights
+    datasheet_tokens: float | None  # the prompt length at the datasheet ridge
     measured_ridge_tokens: float | None
 
 
@@ -130,11 +144,14 @@ def crossover(run: runs.Run) -> Crossover:
     best = float(s["matmul TFLOP/s"].max())
     ridge = measured_ridge(lim)
     return Crossover(
-        floor_ms=floor, ms_per_token=per_token, measured_tokens=floor / per_token,
+        floor_ms=floor,
+        ms_per_token=per_token,
+        measured_tokens=floor / per_token,
         flat_until=int(s.loc[s["matmul ms"] <= 1.25 * floor, "prompt_len"].max()),
         best_matmul_tflops=best,
         saturates_at=int(s.loc[s["matmul TFLOP/s"] >= 0.9 * best, "prompt_len"].min()),
-        datasheet_ridge=lim.datasheet_ridge, measured_ridge=ridge,
+        datasheet_ridge=lim.datasheet_ridge,
+        measured_ridge=ridge,
         datasheet_tokens=tokens_at_intensity(sh, lim.datasheet_ridge) if lim.datasheet_ridge else None,
         measured_ridge_tokens=tokens_at_intensity(sh, ridge) if ridge else None,
     )
@@ -152,8 +169,9 @@ def roofline(run: runs.Run, points: int = 200) -> pd.DataFrame:
     grid = np.unique(np.geomspace(max(int(lens.min()), 1), int(lens.max()), points).round().astype(int))
     out = pd.DataFrame({"prompt_len": grid, "FLOP/byte": [matmul_intensity(sh, int(t)) for t in grid]})
     nan = float("nan")
-    for col, tflops, tbs in (("datasheet TFLOP/s", lim.datasheet_tflops, lim.datasheet_tbs),
-                             ("measured TFLOP/s", lim.gemm_tflops, bandwidth(lim).tbs)):
+    for col, tflops, tbs in (
+        ("datasheet TFLOP/s", lim.datasheet_tflops, lim.datasheet_tbs),
+        ("measured TFLOP/s", lim.gemm_tflops, bandwidth(lim).tbs),
+    ):
         out[col] = np.minimum(tflops, tbs * out["FLOP/byte"]) if tflops and tbs else nan
     return out
-

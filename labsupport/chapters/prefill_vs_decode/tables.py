@@ -15,6 +15,7 @@ from .measure import annotated_kernels
 from .names import TEXT_COLUMNS, kernels_table_name, trace_file
 from .work import ModelShape
 
+
 def shape(run: runs.Run) -> ModelShape:
     return ModelShape(**run.results["shape"])
 
@@ -48,8 +49,8 @@ class Bandwidth:
     kernel that mostly reads can beat it)."""
 
     tbs: float | None
-    name: str     # for prose: "measured read stream", ...
-    short: str    # for labels: "measured read", "measured copy"
+    name: str  # for prose: "measured read stream", ...
+    short: str  # for labels: "measured read", "measured copy"
 
 
 def bandwidth(lim: Limits) -> Bandwidth:
@@ -69,4 +70,3 @@ def measured_ridge(lim: Limits) -> float | None:
 
 def ratio(value: float, limit: float | None) -> float | None:
     return value / limit if limit else None
-

@@ -9,6 +9,7 @@ from labsupport.measure import models
 
 from .names import PHASES
 
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the FLOP and byte counts need to know of a model (batch 1, BF16)."""
@@ -17,9 +18,9 @@ class ModelShape:
     heads: int
     kv_heads: int
     head_dim: int
-    matmul_parameters: int     # every nn.Linear weight, the LM head included
+    matmul_parameters: int  # every nn.Linear weight, the LM head included
     lm_head_parameters: int
-    weight_bytes: int          # every weight outside the embedding table (models.ModelCounts.decode_bytes)
+    weight_bytes: int  # every weight outside the embedding table (models.ModelCounts.decode_bytes)
     bytes_per_value: int = 2
 
     @property
@@ -41,11 +42,16 @@ def model_shape(model) -> ModelShape:
     """The shape of a built model (works on the `meta` device, too)."""
     counts = models.count_model(model)
     cfg = model.config
-    return ModelShape(layers=cfg.num_hidden_layers, heads=cfg.num_attention_heads,
-                      kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                      matmul_parameters=counts.matmul_weight_parameters,
-                      lm_head_parameters=model.get_output_embeddings().weight.numel(),
-                      weight_bytes=counts.decode_bytes, bytes_per_value=counts.bytes_per_parameter)
+    return ModelShape(
+        layers=cfg.num_hidden_layers,
+        heads=cfg.num_attention_heads,
+        kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        matmul_parameters=counts.matmul_weight_parameters,
+        lm_head_parameters=model.get_output_embeddings().weight.numel(),
+        weight_bytes=counts.decode_bytes,
+        bytes_per_value=counts.bytes_per_parameter,
+    )
 
 
 def preset_shape(name: str) -> ModelShape:
@@ -119,6 +125,6 @@ def tokens_at_intensity(shape: ModelShape, flop_per_byte: float) -> float:
     """The prompt length whose matrix multiplies reach `flop_per_byte` (matmul_intensity inverted)."""
     p = shape.bytes_per_value
     p = shape.bytes_per_value
-    return (flop_per_byte * p * shape.matmul_parameters - 2 * shape.lm_head_parameters) / (2 * shape.layer_matmul_parameters)
-
-
+    return (flop_per_byte * p * shape.matmul_parameters - 2 * shape.lm_head_parameters) / (
+        2 * shape.layer_matmul_parameters
+    )
