@@ -186,6 +186,7 @@ def test_phases_are_consistent_with_the_run_files(tiny_run):
     assert list(table.columns) == list(ch.PHASES) and table.loc["kernels", "decode"] == dec.kernels
     u = ch.utilisation(tiny_run)
     assert len(u) == 4 and u.drop(columns=["phase", "time"]).isna().all().all()
+    assert set(zip(u.phase, u.time, strict=True)) == {(ph, t) for ph in ch.PHASES for t in ch.TIME_LABELS}
 
 
 def test_every_wall_time_is_clean_and_recorded_with_its_method(tiny_run):

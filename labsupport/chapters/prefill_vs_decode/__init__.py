@@ -61,7 +61,7 @@ from .names import (
     progress,
     trace_file,
 )
-from .phases import Phase, PrefillTiming, census, phase_table, phases, prefill_timing, utilisation
+from .phases import TIME_LABELS, Phase, PrefillTiming, census, phase_table, phases, prefill_timing, utilisation
 from .ridges import RIDGE_GPUS, Ridge, none_as_nan, ridge_table, ridge_text, ridges
 from .roofline import (
     RooflineCluster,
@@ -164,6 +164,7 @@ __all__ = [
     "SHORT",
     "sweep_row",
     "time_prefills",
+    "TIME_LABELS",
     "tokens_at_intensity",
     "trace_file",
     "utilisation",

@@ -9,6 +9,8 @@ import pandas as pd
 from labsupport.figures import OURS, PHASE_COLORS, THEIRS, finish
 from labsupport.traces.kernels import KINDS
 
+from .phases import TIME_LABELS
+
 
 def utilisation_bars(df: pd.DataFrame, label: str):
     """MFU and MBU of prefill and decode (wall time and GPU busy), against the datasheet and
@@ -16,7 +18,7 @@ def utilisation_bars(df: pd.DataFrame, label: str):
     the measured bandwidth ("MBU vs measured read", or copy in older runs)."""
     mbu_measured = next(c for c in df.columns if c.startswith("MBU vs measured"))
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6), sharey=True)
-    names = [f"{r.phase}, {r.time}" for r in df.itertuples()]
+    names = [f"{r.phase}, {TIME_LABELS[r.time]}" for r in df.itertuples()]
     y = list(range(len(df)))
     h = 0.38
     for ax, (sheet_col, meas_col, title) in zip(

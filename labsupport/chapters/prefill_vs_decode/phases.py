@@ -156,10 +156,15 @@ def prefill_timing(run: runs.Run) -> PrefillTiming:
     return PrefillTiming(n, float(statistics.median(walls)), len(walls), float(r["wall_ms_median"]), reps, shared)
 
 
+# Display labels of utilisation()'s `time` keys.
+TIME_LABELS = {"wall": "wall time", "busy": "GPU busy"}
+
+
 def utilisation(run: runs.Run) -> pd.DataFrame:
     """MFU and MBU of both phases, on wall time and on GPU-busy time, against the datasheet
     and against the ceilings measured in the run (NaN where a limit is unknown). The last
-    column is named after the measured bandwidth used ("MBU vs measured read", or copy)."""
+    column is named after the measured bandwidth used ("MBU vs measured read", or copy).
+    `time` is "wall" or "busy" (TIME_LABELS names them for display)."""
     nan = float("nan")
     mbu_col = f"MBU vs {bandwidth(limits(run)).short}"
     rows = []
@@ -167,7 +172,7 @@ def utilisation(run: runs.Run) -> pd.DataFrame:
         rows.append(
             {
                 "phase": ph,
-                "time": "wall time",
+                "time": "wall",
                 "MFU vs datasheet": p.mfu_datasheet or nan,
                 "MFU vs measured GEMM": p.mfu_gemm or nan,
                 "MBU vs datasheet": p.mbu_datasheet or nan,
@@ -177,7 +182,7 @@ def utilisation(run: runs.Run) -> pd.DataFrame:
         rows.append(
             {
                 "phase": ph,
-                "time": "GPU busy",
+                "time": "busy",
                 "MFU vs datasheet": p.mfu_busy_datasheet or nan,
                 "MFU vs measured GEMM": p.mfu_busy_gemm or nan,
                 "MBU vs datasheet": p.mbu_busy_datasheet or nan,
