@@ -3,14 +3,13 @@ shows twice is one measurement, or two measurements that agree within their own 
 
 Runs recorded before the measuring harness (no `method` in their results) timed steps after
 profiling and are skipped: these checks are for runs the book publishes from now on."""
-from __future__ import annotations
 
-import statistics
+from __future__ import annotations
 
 import pytest
 
-from labsupport.chapters import kernels_in_one_token as one_token, prefill_vs_decode as prefill_decode
 from labsupport import runs
+from labsupport.chapters import kernels_in_one_token as one_token
 
 
 def _harnessed(run: runs.Run) -> bool:
@@ -50,11 +49,3 @@ def test_eager_256_token_step_agrees_across_chapters():
     eager = t.loc[t.variant == "eager", "wall_ms"]
     assert t.loc[t.variant == "eager", "clean"].all()
     assert _overlap(band, (float(eager.min()), float(eager.max()))), (band, eager.describe())
-
-
-def test_prompt_prefill_is_one_measurement():
-    """The prefill of the chapter's prompt is shown in the phase table and in the prompt sweep:
-    one measurement."""
-    run = _require("prefill-vs-decode")
-    p = prefill_decode.prefill_timing(run)
-    assert p.sweep_ms is not None and p.shared, p

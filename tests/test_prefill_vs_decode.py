@@ -1,7 +1,9 @@
 """Chapter "Prompt phase vs decode phase": the FLOP and byte arithmetic against hand counts
-for Qwen3-8B, the live path on a CPU with the tiny model and the analysis of its run (every
-wall time before the first profile, one measurement per configuration), the analysis of the
-published run, and the chapter notebook executed live through papermill."""
+for Qwen3-8B, the notebook's live cells on a CPU with the tiny model and the analysis of their
+run (every wall time before the first profile, one measurement per configuration), the
+analysis of a recorded H200 run (the frozen copy under tests/fixtures/runs), and the chapter
+notebook executed live and in replay through papermill."""
+
 import json
 import re
 import statistics
@@ -13,12 +15,12 @@ import pytest
 import torch
 
 from labsupport import chapters, runs
-from labsupport.measure import decode, hardware, harness, models
-from labsupport.traces import kernels, trace
-from labsupport.ops import validate
 from labsupport.chapters import prefill_vs_decode as ch
+from labsupport.measure import decode, hardware, harness, models
+from labsupport.ops import validate
+from labsupport.traces import kernels, trace
 
-from .conftest import REPO
+from .conftest import FIXTURES, REPO, fixture_run
 
 NOTEBOOK = REPO / "notebooks" / "prefill_vs_decode.ipynb"
 # The sweep contains prompt_len, so the phase table and the sweep share one measurement; the
@@ -27,13 +29,15 @@ TINY = dict(preset="tiny", prompt_len=16, prompt_lens=[1, 8, 16, 32], repeats=3,
 
 # Qwen3-8B, counted by hand from its configuration.
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 12288, 36, 32, 8, 128, 151_936
-LAYER_MATMUL = LAYERS * (2 * HIDDEN * HEADS * HEAD_DIM      # q_proj, o_proj
-                         + 2 * HIDDEN * KV_HEADS * HEAD_DIM  # k_proj, v_proj
-                         + 3 * HIDDEN * INTER)               # gate, up, down
+LAYER_MATMUL = LAYERS * (
+    2 * HIDDEN * HEADS * HEAD_DIM  # q_proj, o_proj
+    + 2 * HIDDEN * KV_HEADS * HEAD_DIM  # k_proj, v_proj
+    + 3 * HIDDEN * INTER
+)  # gate, up, down
 LM_HEAD = VOCAB * HIDDEN
-NORMS = LAYERS * (2 * HIDDEN + 2 * HEAD_DIM) + HIDDEN      # two RMSNorms a layer, q/k norms, final norm
-KV_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2       # K and V, every layer, BF16
-PER_PAIR = 4 * LAYERS * HEADS * HEAD_DIM                  # QK^T and PV, one query-key pair
+NORMS = LAYERS * (2 * HIDDEN + 2 * HEAD_DIM) + HIDDEN  # two RMSNorms a layer, q/k norms, final norm
+KV_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2  # K and V, every layer, BF16
+PER_PAIR = 4 * LAYERS * HEADS * HEAD_DIM  # QK^T and PV, one query-key pair
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +94,33 @@ def test_weights_are_set_against_the_read_stream_where_measured():
 
 # --- the live path on a CPU ------------------------------------------------------------------
 
+
+def run_live_cells(**params) -> runs.Run:
+    """Run the notebook's live cells in this process, as papermill would with `params` (the
+    parameters cell, then every code cell up to the one that loads the run), and return the run."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    end = next(i for i, src in enumerate(code) if "run = ch.load(run_id)" in src)
+    ns: dict = {}
+    exec(code[0], ns)
+    ns.update({"mode": "live", **params})
+    for src in code[1 : end + 1]:
+        exec(src, ns)
+    return ns["run"]
+
+
+def live_params(preset, prompt_len, prompt_lens, repeats, sweep_repeats, device) -> dict:
+    """The notebook's parameters for the run that ch.Params(...) describes."""
+    return {
+        "preset": preset,
+        "prompt_len": prompt_len,
+        "prompt_lens": prompt_lens,
+        "repeats": repeats,
+        "sweep_repeats": sweep_repeats,
+        "allow_cpu": device == "cpu",
+    }
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A run of the tiny model on the CPU, recorded as on a GPU: every profile counts as one
@@ -106,7 +137,7 @@ def tiny_run(tmp_path_factory):
         mp.setenv("LABSUPPORT_RUNS", str(root))
         mp.setattr(harness, "_profiles_in_process", 0)
         mp.setattr(harness, "profile_region", profile_as_on_a_gpu)
-        run = ch.record(ch.Params(**TINY), allow_cpu=True, progress=lambda m: None)
+        run = run_live_cells(**live_params(**TINY))
         assert harness.profiled(), "the run profiled"
     assert run.path.parent.parent == root
     return run
@@ -120,8 +151,7 @@ def test_live_run_on_cpu_has_every_artifact(tiny_run):
     assert tiny_run.provenance["device"] == "cpu"
     assert tiny_run.parameters == {**TINY}
     assert not list(tiny_run.path.parent.glob(".incomplete-*"))
-    chapter = chapters.Chapter(ch.CHAPTER, "notebooks/prefill_vs_decode.ipynb", "prefill_decode", ch.ARTIFACTS)
-    assert validate.check_run(chapter, tiny_run) == []
+    assert validate.check_run(chapters.by_slug(ch.CHAPTER), tiny_run) == []
 
 
 def test_phases_are_consistent_with_the_run_files(tiny_run):
@@ -156,6 +186,7 @@ def test_phases_are_consistent_with_the_run_files(tiny_run):
     assert list(table.columns) == list(ch.PHASES) and table.loc["kernels", "decode"] == dec.kernels
     u = ch.utilisation(tiny_run)
     assert len(u) == 4 and u.drop(columns=["phase", "time"]).isna().all().all()
+    assert set(zip(u.phase, u.time, strict=True)) == {(ph, t) for ph in ch.PHASES for t in ch.TIME_LABELS}
 
 
 def test_every_wall_time_is_clean_and_recorded_with_its_method(tiny_run):
@@ -164,8 +195,9 @@ def test_every_wall_time_is_clean_and_recorded_with_its_method(tiny_run):
     assert "issue_ms" in times and (times.issue_ms <= times.wall_ms).all()
     sweep = tiny_run.table("prompt_sweep")
     assert sweep.wall_clean.all()
-    assert list(sweep.wall_repeats) == [TINY["repeats"] if n == TINY["prompt_len"] else TINY["sweep_repeats"]
-                                        for n in TINY["prompt_lens"]]
+    assert list(sweep.wall_repeats) == [
+        TINY["repeats"] if n == TINY["prompt_len"] else TINY["sweep_repeats"] for n in TINY["prompt_lens"]
+    ]
     assert set(tiny_run.results["method"]) >= {"wall_times", "gpu_times", "teardown_cupti", "host"}
 
 
@@ -216,9 +248,10 @@ def test_the_same_matrices_in_both_phases(tiny_run):
     assert tiny_run.results["gemm_layer"] == cfg["num_hidden_layers"] // 2
     assert list(g.module) == list(ch.GEMM_MODULES) * 2 and list(g.phase) == ["prefill"] * 7 + ["decode"] * 7
     assert (g.rows == g.phase.map({"prefill": TINY["prompt_len"], "decode": 1})).all()
-    gate = g[g.module == "mlp.gate_proj"].iloc[0]
+    by_key = g.set_index(["phase", "module"])
+    gate = by_key.loc[("prefill", "mlp.gate_proj")]
     assert (gate["in"], gate["out"]) == (cfg["hidden_size"], cfg["intermediate_size"])
-    k_proj = g[g.module == "self_attn.k_proj"].iloc[0]
+    k_proj = by_key.loc[("decode", "self_attn.k_proj")]
     assert k_proj["out"] == cfg["num_key_value_heads"] * cfg["head_dim"]
     assert (g.flops == 2 * g.rows * g["in"] * g["out"]).all()
     assert (g.bytes == 2 * (g["in"] * g["out"] + g.rows * (g["in"] + g["out"]))).all()
@@ -237,21 +270,29 @@ def test_prompt_sweep_rows_follow_the_parameters(tiny_run):
     assert (kinds == raw.kernel_ns).all(), "every kernel's time is in one kind's column"
     s = ch.prompt_sweep(tiny_run)
     sh = ch.shape(tiny_run)
-    assert s["FLOP/byte"].iloc[0] == 1.0
+    assert s.set_index("prompt_len").loc[1, "FLOP/byte"] == 1.0
     assert list(s["matmul flops"]) == [ch.forward_work(sh, n).matmul_flops for n in TINY["prompt_lens"]]
     assert (s["ms per token"] == s["wall ms"] / s.prompt_len).all()
     c = ch.crossover(tiny_run)
     assert c.measured_tokens == pytest.approx(c.floor_ms / c.ms_per_token)
     assert c.flat_until in TINY["prompt_lens"] and c.saturates_at in TINY["prompt_lens"]
     assert c.datasheet_ridge is None and c.measured_ridge_tokens is None
-    assert ch.ceiling_notes(tiny_run) == {"gemm": "This run measured no GEMM rate.",
-                                          "bandwidth": "This run measured no bandwidth."}
+    assert ch.ceiling_notes(tiny_run) == {
+        "gemm": "This run measured no GEMM rate.",
+        "bandwidth": "This run measured no bandwidth.",
+    }
     roof = ch.roofline(tiny_run)
     assert roof.prompt_len.min() == 1 and roof.prompt_len.max() == 32
     assert roof["datasheet TFLOP/s"].isna().all()
     h = ch.headline(tiny_run)
-    assert set(h) == {"prefill ms", "decode ms", "prefill GPU ms", "decode GPU ms", "prefill TFLOP/s (GPU busy)",
-                      "crossover tokens"}
+    assert set(h) == {
+        "prefill ms",
+        "decode ms",
+        "prefill GPU ms",
+        "decode GPU ms",
+        "prefill TFLOP/s (GPU busy)",
+        "crossover tokens",
+    }
     assert all(isinstance(float(v), float) and v == v for v in h.values())
 
 
@@ -271,7 +312,7 @@ def test_out_of_memory_rows_are_kept_and_skipped(tiny_run, tmp_path):
 
 def test_unknown_preset_is_a_clear_error(runs_root):
     with pytest.raises(models.UnknownPresetError, match="unknown model preset 'no-such-model'"):
-        ch.record(ch.Params(preset="no-such-model", device="cpu"), allow_cpu=True)
+        run_live_cells(**live_params(**{**TINY, "preset": "no-such-model"}))
     assert not list(runs_root.rglob("*.csv"))
 
 
@@ -279,41 +320,65 @@ def test_live_mode_without_a_gpu_is_refused(runs_root):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     with pytest.raises(decode.NoGPUError, match="live mode needs a CUDA GPU"):
-        ch.record(ch.Params())
+        run_live_cells(**live_params(**{**TINY, "device": "cuda"}))
     with pytest.raises(decode.NoGPUError, match="only allowed for tests"):
-        ch.record(ch.Params(device="cpu"))
-    with pytest.raises(decode.NoGPUError, match="only allowed for tests"):
-        ch.record(ch.Params(preset="qwen3-8b", device="cpu"), allow_cpu=True)
+        run_live_cells(**live_params(**{**TINY, "preset": "qwen3-8b"}))
     assert not list(runs_root.rglob("*.csv"))
 
 
 # --- the notebook ----------------------------------------------------------------------------
 
-def test_notebook_is_committed_clean():
+
+def test_notebook_shows_its_measuring_code():
+    """The cells that measure are shown (not collapsed or removed), run in live mode only, and
+    call the harness; the parameters cell names this chapter's defaults. (Clean outputs and the
+    kernel are checked for every notebook in test_notebooks.py.)"""
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert nb.metadata["kernelspec"]["name"] == "python3"
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(not c.outputs and c.execution_count is None for c in code)
-    params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
-    assert len(params) == 1
+    (params,) = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     for line in ('mode = "replay"', "run_id = None", 'preset = "qwen3-8b"', "allow_cpu = False"):
-        assert line in params[0].source
-    assert "ch.record(" in "".join(c.source for c in code)
+        assert line in params.source
+    assert not [c for c in code if {"remove-input", "remove-cell"} & set(c.metadata.get("tags", []))]
+    live = [c for c in code if 'if mode == "live":' in c.source]
+    assert len(live) == 4 and not any(c.metadata.get("tags") for c in live)
+    shown = "".join(c.source for c in live)
+    for call in (
+        "recording.recording(",
+        "models.build_model(",
+        "harness.time_region(",
+        "harness.profile_region(",
+        "w.write_table(",
+        "ch.load(run_id)",
+    ):
+        assert call in shown or any(call in c.source and not c.metadata.get("tags") for c in code), call
 
 
 def _glued(nb) -> set[str]:
-    return {o["metadata"]["scrapbook"]["name"] for c in nb.cells if c.cell_type == "code"
-            for o in c.get("outputs", []) if "scrapbook" in o.get("metadata", {})}
+    return {
+        o["metadata"]["scrapbook"]["name"]
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "scrapbook" in o.get("metadata", {})
+    }
 
 
 def test_notebook_runs_live_on_cpu_through_papermill(runs_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     out = tmp_path / NOTEBOOK.name
-    params = {"mode": "live", "preset": "tiny", "prompt_len": 16, "prompt_lens": [1, 8, 32],
-              "repeats": 2, "sweep_repeats": 1, "allow_cpu": True}
-    pm.execute_notebook(str(NOTEBOOK), str(out), parameters=params, cwd=str(NOTEBOOK.parent),
-                        kernel_name="python3", progress_bar=False)
+    params = {
+        "mode": "live",
+        "preset": "tiny",
+        "prompt_len": 16,
+        "prompt_lens": [1, 8, 32],
+        "repeats": 2,
+        "sweep_repeats": 1,
+        "allow_cpu": True,
+    }
+    pm.execute_notebook(
+        str(NOTEBOOK), str(out), parameters=params, cwd=str(NOTEBOOK.parent), kernel_name="python3", progress_bar=False
+    )
     nb = nbformat.read(out, as_version=4)
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "Traceback" not in text
@@ -327,42 +392,43 @@ def test_notebook_runs_live_on_cpu_through_papermill(runs_root, tmp_path, monkey
     assert used and used <= _glued(nb), used - _glued(nb)
 
 
-# --- the published run -----------------------------------------------------------------------
+# --- a recorded H200 run (the frozen copy under tests/fixtures/runs) --------------------------
+
 
 @pytest.fixture(scope="module")
-def published_run():
-    return ch.load()
+def recorded():
+    run = fixture_run(ch.CHAPTER)
+    assert "method" in run.results and run.provenance["device"] == "cuda", "a run recorded with the harness"
+    return run
 
 
-def test_published_run_shows_one_prefill_timing_where_it_was_recorded_so(published_run):
-    """Runs recorded with the harness (their meta.json says how numbers were taken) time the
-    prefill of prompt_len once; an older run says in the prose that it timed it twice."""
-    pt = ch.prefill_timing(published_run)
-    assert pt.prompt_len == published_run.parameters["prompt_len"]
-    assert pt.phase_ms == ch.phases(published_run)["prefill"].wall_ms
-    if "method" in published_run.results:
-        assert pt.shared, "a run recorded with the harness shows one measurement of the prefill"
-        s = ch.prompt_sweep(published_run).set_index("prompt_len")
-        assert s.loc[pt.prompt_len, "wall ms"] == pytest.approx(pt.phase_ms, rel=1e-12)
-    elif pt.sweep_ms is not None:
-        assert not pt.shared
+def test_recorded_run_shows_one_prefill_timing(recorded):
+    """The prefill of the chapter's prompt is shown in the phase table and in the prompt sweep:
+    one measurement (a run recorded with the harness times it once)."""
+    pt = ch.prefill_timing(recorded)
+    assert pt.prompt_len == recorded.parameters["prompt_len"]
+    assert pt.phase_ms == ch.phases(recorded)["prefill"].wall_ms
+    assert pt.sweep_ms is not None and pt.shared, pt
+    assert pt.phase_repeats == pt.sweep_repeats == recorded.parameters["repeats"]
+    s = ch.prompt_sweep(recorded).set_index("prompt_len")
+    assert s.loc[pt.prompt_len, "wall ms"] == pytest.approx(pt.phase_ms, rel=1e-12)
 
 
-def test_published_census_counts_every_kernel_by_todays_kinds(published_run):
-    c = ch.census(published_run)
+def test_recorded_census_counts_every_kernel_by_todays_kinds(recorded):
+    c = ch.census(recorded)
     assert [k for k in c.index if k != "total"] == list(kernels.KINDS)
     for ph in ch.PHASES:
-        k = ch.kernel_table(published_run, ph)
-        assert c.loc["total", (ph, "kernels")] == len(k) == ch.phases(published_run)[ph].kernels
+        k = ch.kernel_table(recorded, ph)
+        assert c.loc["total", (ph, "kernels")] == len(k) == ch.phases(recorded)[ph].kernels
         assert list(k.kind) == list(k.name.map(kernels.classify))
 
 
-def test_published_rates_stay_under_the_datasheet_and_every_excess_is_explained(published_run):
-    lim = ch.limits(published_run)
-    a = ch.achieved_rates(published_run)
+def test_recorded_rates_stay_under_the_datasheet_and_every_excess_is_explained(recorded):
+    lim = ch.limits(recorded)
+    a = ch.achieved_rates(recorded)
     assert set(a.unit) == {"TFLOP/s", "TB/s"} and (a.value > 0).all()
     assert not a["above datasheet"].any(), a[a["above datasheet"]]
-    notes = ch.ceiling_notes(published_run)
+    notes = ch.ceiling_notes(recorded)
     bw = ch.bandwidth(lim)
     assert bw.tbs == (lim.read_tbs or lim.copy_tbs)
     for unit, key, measured in (("TFLOP/s", "gemm", lim.gemm_tflops), ("TB/s", "bandwidth", bw.tbs)):
@@ -371,18 +437,23 @@ def test_published_rates_stay_under_the_datasheet_and_every_excess_is_explained(
         assert top.measured == measured
         if top["above measured"]:
             shown = f"{top.value:.0f}" if unit == "TFLOP/s" else f"{top.value:.2f}"
-            assert top.figure in notes[key] and shown in notes[key] and "not a limit of the hardware" in notes[key] \
+            assert (
+                top.figure in notes[key]
+                and shown in notes[key]
+                and "not a limit of the hardware" in notes[key]
                 or "counts the bytes it reads plus those it writes" in notes[key]
+            )
             assert "datasheet" in notes[key]
         else:
             assert notes[key].startswith("No ")
     # The phase table's MBU is against the read stream where the run measured one.
-    d = ch.phases(published_run)["decode"]
+    d = ch.phases(recorded)["decode"]
     assert d.mbu_busy_measured == pytest.approx(d.tbs_busy / bw.tbs)
-    assert list(ch.utilisation(published_run).columns)[-1] == f"MBU vs {bw.short}"
+    assert list(ch.utilisation(recorded).columns)[-1] == f"MBU vs {bw.short}"
 
 
 # --- the roofline and the ridges ---------------------------------------------------------------
+
 
 def _check_points(run):
     """gemm_points() of any run: one point per weight matrix and phase, FLOPs and bytes from
@@ -397,9 +468,11 @@ def _check_points(run):
     layer = pts[pts.module != ch.LM_HEAD]
     assert (layer.rows == layer.phase.map({"prefill": n, "decode": 1})).all()
     assert (layer.instances == sh.layers).all(), "every decoder layer's kernels are in the profile"
-    assert [list(shapes[m]) for m in layer.module] == [[i, o] for i, o in zip(layer["in"], layer["out"])]
+    assert [list(shapes[m]) for m in layer.module] == [[i, o] for i, o in zip(layer["in"], layer["out"], strict=True)]
     assert (pts.flops == pts.instances * 2 * pts.rows * pts["in"] * pts["out"]).all()
-    assert (pts.bytes == pts.instances * sh.bytes_per_value * (pts["in"] * pts["out"] + pts.rows * (pts["in"] + pts["out"]))).all()
+    assert (
+        pts.bytes == pts.instances * sh.bytes_per_value * (pts["in"] * pts["out"] + pts.rows * (pts["in"] + pts["out"]))
+    ).all()
     assert (pts.tflops == pts.flops / pts.dur_ns / 1e3).all() and (pts.tbs == pts.bytes / pts.dur_ns / 1e3).all()
     for ph in ch.PHASES:
         k = ch.kernel_table(run, ph)
@@ -412,8 +485,10 @@ def _check_points(run):
         assert 0 < c.matmul_share <= 1
     # The roofs: the lesser of the math and bandwidth times FLOP per byte.
     bw = ch.bandwidth(lim).tbs
-    for col, tflops, tbs in (("roof_datasheet", lim.datasheet_tflops, lim.datasheet_tbs),
-                             ("roof_measured", lim.gemm_tflops, bw)):
+    for col, tflops, tbs in (
+        ("roof_datasheet", lim.datasheet_tflops, lim.datasheet_tbs),
+        ("roof_measured", lim.gemm_tflops, bw),
+    ):
         if tflops and tbs:
             assert (pts[col] == [min(tflops, tbs * x) for x in pts.flop_per_byte]).all()
         else:
@@ -425,17 +500,19 @@ def test_roofline_points_of_the_tiny_run(tiny_run):
     pts = _check_points(tiny_run)
     assert pts.roof_datasheet.isna().all(), "no limits known on a CPU"
     t = ch.roofline_table(tiny_run)
-    assert list(t.index) == [ch.SHORT[m] for m in ch.ROOFLINE_MODULES]
-    assert t.loc["LM head", ("prefill", "rows")] == 1 and t.loc["q", ("prefill", "rows")] == TINY["prompt_len"]
+    assert list(t.index) == list(ch.ROOFLINE_MODULES) and set(ch.SHORT) == set(ch.ROOFLINE_MODULES)
+    assert t.loc[ch.LM_HEAD, ("prefill", "rows")] == 1
+    assert t.loc["self_attn.q_proj", ("prefill", "rows")] == TINY["prompt_len"]
     assert not ch.ridges(tiny_run)[0].this_gpu, "no datasheet for a CPU: the rows are other GPUs'"
     assert "No datasheet is known" in ch.ridge_text(tiny_run)
     import matplotlib.pyplot as plt
+
     plt.close(ch.roofline_figure(tiny_run))
 
 
-def test_roofline_of_the_published_run(published_run):
-    pts = _check_points(published_run)
-    lim = ch.limits(published_run)
+def test_roofline_of_the_recorded_run(recorded):
+    pts = _check_points(recorded)
+    lim = ch.limits(recorded)
     assert (pts.tflops <= pts.roof_datasheet).all(), "nothing above the datasheet's roof"
     one_row = pts[pts.rows == 1]
     assert set(one_row.phase[one_row.module != ch.LM_HEAD]) == {"decode"}
@@ -443,33 +520,34 @@ def test_roofline_of_the_published_run(published_run):
     assert (pts[pts.rows > 1].flop_per_byte > lim.datasheet_ridge).all()
     # On the slope, the share of the roof is the share of the bandwidth.
     assert one_row.of_datasheet_roof.values == pytest.approx((one_row.tbs / lim.datasheet_tbs).values, rel=1e-3)
-    c = ch.roofline_clusters(published_run)
+    c = ch.roofline_clusters(recorded)
     assert (c["decode"].bound, c["prefill"].bound) == ("memory", "compute")
     assert c["decode"].points == 8 and c["prefill"].points == 7, "the prefill's LM head is one row, like decode's"
     p = pts[(pts.phase == "prefill") & (pts.rows > 1)]
     assert (c["prefill"].tflops_min, c["prefill"].tflops_max) == (p.tflops.min(), p.tflops.max())
-    w = ch.pass_points(published_run).set_index("phase")
-    for ph, x in ch.phases(published_run).items():
+    w = ch.pass_points(recorded).set_index("phase")
+    for ph, x in ch.phases(recorded).items():
         assert w.loc[ph, "tflops"] == x.tflops_busy and w.loc[ph, "flop_per_byte"] == x.flop_per_byte
     # Every rate the roofline shows is in achieved_rates(), so an excess over a ceiling is explained.
-    a = ch.achieved_rates(published_run)
+    a = ch.achieved_rates(recorded)
     top = pts.loc[pts.tbs.idxmax()]
     assert top.tbs in set(a.value)
     import matplotlib.pyplot as plt
-    fig = ch.roofline_figure(published_run)
+
+    fig = ch.roofline_figure(recorded)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any(f"ridge {lim.datasheet_ridge:.0f} FLOP/byte" in s for s in labels)
     assert any(f"{ch.bandwidth(lim).short} {ch.bandwidth(lim).tbs:.2f} TB/s" in s for s in labels)
     plt.close(fig)
 
 
-def test_each_gpus_ridge_raw_and_normalised(published_run):
-    rs = ch.ridges(published_run)
-    sh, lim, cr = ch.shape(published_run), ch.limits(published_run), ch.crossover(published_run)
-    pre = ch.phases(published_run)["prefill"]
-    fpb = ch.matmul_intensity(sh, published_run.parameters["prompt_len"])
-    names = {r.gpu for r in rs if r.source == "datasheet"}
-    assert {"H100 SXM", "H200 SXM"} <= names and len(names) == len([r for r in rs if r.source == "datasheet"])
+def test_each_gpus_ridge_raw_and_normalised(recorded):
+    rs = ch.ridges(recorded)
+    sh, lim, cr = ch.shape(recorded), ch.limits(recorded), ch.crossover(recorded)
+    pre = ch.phases(recorded)["prefill"]
+    fpb = ch.matmul_intensity(sh, recorded.parameters["prompt_len"])
+    names = {r.gpu for r in rs if r.limits == "datasheet"}
+    assert {"H100 SXM", "H200 SXM"} <= names and len(names) == len([r for r in rs if r.limits == "datasheet"])
     for r in rs:
         assert r.ridge == pytest.approx(r.peak_tflops / r.bandwidth_tbs)
         assert r.ridge_tokens == pytest.approx(ch.tokens_at_intensity(sh, r.ridge))
@@ -480,76 +558,58 @@ def test_each_gpus_ridge_raw_and_normalised(published_run):
             assert r.mfu_busy == pytest.approx(pre.tflops_busy / r.peak_tflops)
         else:  # a measurement on one GPU is never set against another GPU's limit
             assert r.crossover_over_ridge is None and r.mfu is None and r.mfu_busy is None
-    own = [r for r in rs if r.this_gpu and r.source == "datasheet"]
-    assert [r.gpu for r in own] == [lim.datasheet_name] and rs[0] is own[0]
-    assert rs[-1].source.startswith("measured in this run") and rs[-1].ridge == pytest.approx(ch.measured_ridge(lim))
+    own = [r for r in rs if r.this_gpu and r.limits == "datasheet"]
+    assert [r.gpu for r in own] == [lim.datasheet_name]
+    (meas,) = [r for r in rs if r.limits == "measured"]
+    assert meas.this_gpu and meas.source == "measured in this run (GEMM rate, measured read)"
+    assert meas.ridge == pytest.approx(ch.measured_ridge(lim)) == pytest.approx(lim.gemm_tflops / lim.read_tbs)
     h100 = next(r for r in rs if r.gpu == "H100 SXM")
     assert h100.ridge == pytest.approx(989 / 3.35)
-    text = ch.ridge_text(published_run)
+    text = ch.ridge_text(recorded)
     assert f"{h100.ridge:.0f} FLOP per byte on an H100 SXM" in text and "not known" in text
     assert f"{h100.ridge / own[0].ridge:.2f} times this GPU's" in text
     assert f"{own[0].mfu:.1%} of {own[0].peak_tflops:.0f} TFLOP/s" in text
-    t = ch.ridge_table(published_run)
+    t = ch.ridge_table(recorded)
     assert len(t) == len(rs) and t["prefill MFU, wall"].isna().sum() == sum(r.mfu is None for r in rs)
 
 
-def new_style_run(run, root):
-    """The published run as today's record() writes it: a read stream among the ceilings,
-    CUDA-event times and `clean` in phase_times, the sweep's new columns, and `method`."""
-    tables = {}
-    ceil = run.table("ceilings")
-    read_bytes = 4 * 2**30
-    read_ms = read_bytes / 4.4e12 * 1e3  # a read stream of 4.4 TB/s
-    tables["ceilings"] = ceil.assign(read_bytes=read_bytes, read_ms_median=read_ms, read_ms_min=read_ms * 0.99,
-                                     read_ms_max=read_ms * 1.02, read_by="sum", read_tbs=4.4)
-    t = run.table("phase_times")
-    tables["phase_times"] = t.assign(issue_ms=t.wall_ms * 0.6, gpu_ms=t.wall_ms * 0.5, clean=True)
-    s = run.table("prompt_sweep")
-    reps = [run.parameters["repeats"] if n == run.parameters["prompt_len"] else run.parameters["sweep_repeats"]
-            for n in s.prompt_len]
-    tables["prompt_sweep"] = s.assign(convolution_ns=0, wall_repeats=reps, issue_ms_median=s.wall_ms_min * 0.6,
-                                      wall_clean=True)
-    with runs.RunWriter(run.chapter, run.parameters, run.run_id, root=root,
-                        meta={"provenance": run.provenance}) as w:
-        for name in run.meta["files"]:
-            if name.endswith(".csv") and name[:-4] not in tables:
-                w.write_table(name[:-4], run.table(name[:-4]))
-            elif not name.endswith(".csv"):
-                import shutil
-                shutil.copy(run.path / name, w.path / name)
-        for name, df in tables.items():
-            w.write_table(name, df)
-        w.extra.update({**run.results, "method": harness.method()})
-    return runs.load_run(run.chapter, run.run_id, root=root)
-
-
-def test_a_run_with_a_read_stream(published_run, tmp_path):
-    run = new_style_run(published_run, tmp_path / "runs")
-    lim = ch.limits(run)
-    assert lim.read_tbs == pytest.approx(4.4) and ch.bandwidth(lim).short == "measured read"
-    pts = _check_points(run)
-    assert (pts.roof_measured == [min(lim.gemm_tflops, 4.4 * x) for x in pts.flop_per_byte]).all()
-    meas = ch.ridges(run)[-1]
-    assert "measured read" in meas.source and meas.ridge == pytest.approx(lim.gemm_tflops / 4.4)
+def test_the_recorded_run_sets_weights_against_its_read_stream(recorded):
+    """A run with a read stream among its ceilings sets every pass that reads weights against
+    it (not against the copy, which counts bytes read plus written)."""
+    lim = ch.limits(recorded)
+    assert lim.read_tbs and lim.copy_tbs and ch.bandwidth(lim).tbs == lim.read_tbs
+    pts = ch.gemm_points(recorded)
+    assert (pts.roof_measured == [min(lim.gemm_tflops, lim.read_tbs * x) for x in pts.flop_per_byte]).all()
     import matplotlib.pyplot as plt
-    fig = ch.roofline_figure(run)
+
+    fig = ch.roofline_figure(recorded)
     labels = " ".join(t.get_text() for t in fig.axes[0].get_legend().get_texts())
-    assert "measured read 4.40 TB/s" in labels and "no read stream" not in labels
+    assert f"measured read {lim.read_tbs:.2f} TB/s" in labels and "no read stream" not in labels
     plt.close(fig)
-    assert "read stream" in ch.ceiling_notes(run)["bandwidth"] or ch.ceiling_notes(run)["bandwidth"].startswith("No ")
+    note = ch.ceiling_notes(recorded)["bandwidth"]
+    assert note == f"No figure here is above the measured read stream, {lim.read_tbs:.2f} TB/s."
 
 
-def test_notebook_replays_a_run_with_a_read_stream(published_run, tmp_path, monkeypatch):
+def test_notebook_replays_the_recorded_run(recorded, tmp_path, monkeypatch):
+    import shutil
+
     root = tmp_path / "runs"
-    run = new_style_run(published_run, root)
+    shutil.copytree(FIXTURES / ch.CHAPTER, root / ch.CHAPTER)
     monkeypatch.setenv("LABSUPPORT_RUNS", str(root))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     out = tmp_path / NOTEBOOK.name
-    pm.execute_notebook(str(NOTEBOOK), str(out), parameters={"mode": "replay", "run_id": run.run_id},
-                        cwd=str(NOTEBOOK.parent), kernel_name="python3", progress_bar=False)
+    pm.execute_notebook(
+        str(NOTEBOOK),
+        str(out),
+        parameters={"mode": "replay", "run_id": recorded.run_id},
+        cwd=str(NOTEBOOK.parent),
+        kernel_name="python3",
+        progress_bar=False,
+    )
     nb = nbformat.read(out, as_version=4)
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
-    assert "Traceback" not in text and run.run_id in text
+    assert "Traceback" not in text and recorded.run_id in text
+    assert [p.name for p in (root / ch.CHAPTER).iterdir()] == [recorded.run_id], "replay writes no run"
     prose = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
     used = set(re.findall(r"\{glue:(?:text|md)\}`([^`:]+)", prose))
     assert used <= _glued(nb), used - _glued(nb)
