@@ -1,6 +1,5 @@
 """The analysis of chapters 1-4 and 6 on their recorded H200 runs (and, for chapters 1-3, on
 new-style runs built from them), and the order in which chapters 1-3 measure (on a CPU)."""
-import math
 import re
 import shutil
 
@@ -221,107 +220,6 @@ def test_why_a_gpu_out_of_memory_stops_the_sweep(runs_root, calls, monkeypatch):
     assert list(zip(s.batch, s.status)) == [(1, "ok"), (2, "out of memory")], "batch 4 is skipped"
     assert [w for k, w in calls if k == "profile"] == ["decode_step", "matvec"]
     assert list(why_a_gpu.sweep(run).batch) == [1]
-
-
-# What a kernel is -----------------------------------------------------------------------
-
-def test_vector_add_launches(run_of):
-    run = run_of(what_a_kernel)
-    k = what_a_kernel.add_kernels(run)
-    cfg = what_a_kernel.launch_config(k).assign(impl=k.implementation.values)
-    assert list(cfg.impl) == ["torch (a + b)", "ours (Triton)"], "one kernel each"
-    n, block, warps = (run.parameters[p] for p in ("n", "block", "num_warps"))
-    assert (cfg.threads == cfg.blocks * cfg["threads per block"]).all()
-    ours = cfg.iloc[1]
-    assert ours.kernel == "add_kernel" and kernels.source(k.name.iloc[1]) == "Triton (ours)"
-    assert ours.blocks == math.ceil(n / block) and ours["threads per block"] == warps * 32
-    torch_row = cfg.iloc[0]
-    assert "CUDAFunctor_add" in torch_row.kernel and n % torch_row.threads == 0  # each thread: n/threads pairs
-    assert run.results["triton_matches_torch"] is True
-    assert set(k.kind) == {"elementwise"}, "kinds by today's rules"
-
-
-def test_launch_config_without_launch_dimensions():
-    empty = pd.DataFrame(columns=["name", "grid", "block", "registers", "dur_ns"])
-    assert what_a_kernel.launch_config(empty).empty
-    odd = pd.DataFrame({"name": ["a", "b", "c"], "grid": ["", None, "4,2,1"], "block": ["128,1,1", "odd", "32"],
-                        "registers": [1, 2, 3], "dur_ns": [1, 2, 3]})
-    cfg = what_a_kernel.launch_config(odd)
-    assert cfg.blocks.isna().tolist() == [True, True, False] and cfg.threads.isna().tolist() == [True, True, False]
-    assert cfg.blocks.iloc[2] == 8 and cfg["threads per block"].iloc[0] == 128 and cfg.threads.iloc[2] == 256
-
-
-def test_the_queue(run_of):
-    run = run_of(what_a_kernel)
-    q = run.table("queue")
-    assert len(q) == run.parameters["burst"]
-    assert (q.call_return_us >= q.call_start_us).all() and q.gpu_done_us.is_monotonic_increasing
-    s = what_a_kernel.queue_summary(run)
-    assert s["host_issue_all_ms"] < s["gpu_done_all_ms"] <= s["host_sync_returned_ms"] + 1e-3
-    assert 0 < s["queue_depth_at_last_launch"] <= run.parameters["burst"]
-    assert s["add_mb"] == 3 * run.parameters["burst_n"] * 4 / 1e6
-    bk = what_a_kernel.burst_kernels(run)
-    assert len(bk) == 40 and (bk.launch_ns <= bk.start_ns).all()
-
-
-def test_l2_and_the_add_out_of_the_cache(run_of, tmp_path):
-    """A new-style run built from the recorded one: the L2 size the GPU reports, the ceilings
-    (the H200's, as recorded by "Why a GPU") and the add on vectors far larger than L2 (here the
-    burst's recorded adds, 805 MB each)."""
-    run = run_of(what_a_kernel)
-    if "method" in run.results:  # recorded with the harness: the L2 size and the add out of the cache
-        c, h = what_a_kernel.cache(run), what_a_kernel.hbm_add(run)
-        assert c.l2_bytes > 0 and c.fits == (c.working_set_bytes <= c.l2_bytes)
-        assert h is not None and (h["GB/s"] > 0).all()
-        assert "L2" in what_a_kernel.l2_text(run) and "GB/s" in what_a_kernel.hbm_text(run)
-        return
-    assert what_a_kernel.cache(run).l2_bytes is None and what_a_kernel.hbm_add(run) is None
-    assert "did not record the cache's size" in what_a_kernel.l2_text(run)
-    assert "did not time an add larger" in what_a_kernel.hbm_text(run)
-    q = what_a_kernel.queue_summary(run)
-    n = run.parameters["burst_n"]
-    ms = q["gpu_per_add_us"] / 1e3
-    hbm = pd.DataFrame([{"implementation": impl, "n": n, "ms_median": ms, "ms_min": ms, "ms_max": ms, "repeats": 1,
-                         "bytes": 3 * n * 4, "clean": True} for impl in (what_a_kernel.TORCH_ADD, what_a_kernel.OUR_ADD)])
-    l2 = 50 * 2**20
-    ceilings = why_a_gpu.load().table("ceilings")
-    new = derived_run(run, tmp_path, {"hbm_add": hbm, "ceilings": ceilings}, {"l2_cache_bytes": l2})
-    c = what_a_kernel.cache(new)
-    assert c.working_set_bytes == 3 * run.parameters["n"] * 4 and c.fits
-    h = what_a_kernel.hbm_add(new)
-    assert h["GB/s"].iloc[0] == pytest.approx(q["add_tbs"] * 1e3)
-    assert h["of datasheet"].iloc[0] == pytest.approx(h["GB/s"].iloc[0] / 4800)
-    lim = hardware.run_limits(new)
-    assert h["of measured copy"].iloc[0] == pytest.approx(h["GB/s"].iloc[0] / (lim.copy_tbs * 1e3))
-    text = what_a_kernel.hbm_text(new)
-    assert f"{h['GB/s'].iloc[0]:,.0f} GB/s" in text and "datasheet" in text and "copy" in text
-    l2_text = what_a_kernel.l2_text(new)
-    assert "50 MiB L2 cache" in l2_text
-    kernel_gbs = what_a_kernel.add_table(new)["GB/s during the kernel"].iloc[0]
-    assert ("faster than the H200 SXM datasheet" in l2_text) == (kernel_gbs > 4800)
-    small = derived_run(run, tmp_path / "small", extra={"l2_cache_bytes": 2**20})
-    assert not what_a_kernel.cache(small).fits and "larger than this GPU's" in what_a_kernel.l2_text(small)
-
-
-def test_what_a_kernel_times_everything_before_it_profiles(runs_root, calls, monkeypatch):
-    from labsupport.measure import decode, triton_kernels
-    monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)
-    monkeypatch.setattr(triton_kernels, "add", lambda a, b, block=1024, num_warps=4: a + b)
-    params = what_a_kernel.Params(n=4096, hbm_n=8192, burst_n=1024, repeats=3, device="cpu")
-    run = what_a_kernel.record(params, progress=lambda m: None)
-    assert_times_before_profiles(calls)
-    assert [w for k, w in calls if k == "profile"] == ["torch add", "triton add", "burst"]
-    h = run.table("hbm_add")
-    assert list(h.implementation) == [what_a_kernel.TORCH_ADD, what_a_kernel.OUR_ADD] and (h.n == 8192).all()
-    assert (h.bytes == 3 * 8192 * 4).all() and h.clean.all()
-    assert len(run.table("sync")) == 3 and run.table("add_times").clean.all()
-    assert set(what_a_kernel.add_kernels(run).implementation) == {what_a_kernel.TORCH_ADD, what_a_kernel.OUR_ADD}
-
-
-def test_the_queue_refuses_after_a_profile(monkeypatch):
-    monkeypatch.setattr(harness, "profiled", lambda: True)
-    with pytest.raises(harness.TimingError, match="the queue"):
-        what_a_kernel.measure_queue(2, 16)
 
 
 # From model code to kernels -------------------------------------------------------------
