@@ -65,12 +65,6 @@ def assert_times_before_profiles(order):
     assert "time" not in kinds[first_profile:], f"a time after a profile: {order[first_profile:]}"
 
 
-def torch_rmsnorm(x, w, eps=1e-6):
-    """Stand-in for our Triton RMSNorm on a CPU (Triton's interpreter has no bfloat16)."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
-
-
 # Why a GPU ------------------------------------------------------------------------------
 
 def test_per_token_arithmetic(run_of):
@@ -220,56 +214,6 @@ def test_why_a_gpu_out_of_memory_stops_the_sweep(runs_root, calls, monkeypatch):
     assert list(zip(s.batch, s.status)) == [(1, "ok"), (2, "out of memory")], "batch 4 is skipped"
     assert [w for k, w in calls if k == "profile"] == ["decode_step", "matvec"]
     assert list(why_a_gpu.sweep(run).batch) == [1]
-
-
-# From model code to kernels -------------------------------------------------------------
-
-def test_mlp_lines_and_kernels(run_of):
-    run = run_of(code_to_kernels)
-    t = code_to_kernels.mlp_table(run)
-    assert list(t.line) == list(code_to_kernels.MLP_LINES)
-    k = run.table("mlp_kernels")
-    kinds = k.groupby("module").kind.apply(set)
-    assert kinds["gate = x @ W_gate"] == {"matrix multiply"} and kinds["up = x @ W_up"] == {"matrix multiply"}
-    assert kinds["h = silu(gate) * up"] == {"elementwise"}
-    assert t.kernels.iloc[2] == 2, "silu and the multiply are two kernels"
-    assert t["MB moved"].iloc[0] == pytest.approx((12288 * 4096 + 4096 + 12288) * 2 / 1e6)
-
-
-def test_rmsnorm_as_written_and_fused(run_of):
-    run = run_of(code_to_kernels)
-    as_written = code_to_kernels.rmsnorm_kernels(run)
-    assert list(as_written.kind) == ["copy/convert/concat", "elementwise", "reduction", "elementwise",
-                                     "elementwise", "elementwise", "copy/convert/concat", "elementwise"]
-    assert list(as_written.step) == [step for _, step in code_to_kernels.RMSNORM_AS_WRITTEN]
-    t = code_to_kernels.rmsnorm_table(run).set_index("variant")
-    ours = t.loc["ours (one Triton kernel)"]
-    assert ours.kernels == 1 and ours["max |difference|"] < 0.05
-    assert ours["GPU µs (profiler)"] < t.loc["transformers (as written)", "GPU µs (profiler)"]
-
-
-def test_code_to_kernels_times_everything_before_it_profiles(runs_root, calls, monkeypatch):
-    from labsupport.measure import triton_kernels
-    monkeypatch.setattr(triton_kernels, "rmsnorm", torch_rmsnorm)
-    run = code_to_kernels.record(code_to_kernels.Params(preset="tiny", repeats=3, device="cpu"), allow_cpu=True,
-                                 progress=lambda m: None)
-    assert_times_before_profiles(calls)
-    assert [w for k, w in calls if k == "profile"] == ["mlp"] + ["rmsnorm"] * 3
-    times = run.table("rmsnorm_times")
-    assert list(times.columns) == ["variant", "kernels", "us_median", "us_min", "us_max", "max_abs_diff_vs_transformers"]
-    assert (times.us_min <= times.us_median).all() and (times.us_median <= times.us_max).all()
-    k = run.table("rmsnorm_kernels")
-    assert list(times.kernels) == [int((k.variant == v).sum()) for v in times.variant]
-    assert set(code_to_kernels.mlp_table(run).line) == set(code_to_kernels.MLP_LINES)
-    mlp = run.results["mlp"]
-    assert mlp["ms_min"] <= mlp["ms_median"] <= mlp["ms_max"]
-
-
-def test_operator_to_kernel_table(run_of):
-    decode = one_token.load()
-    table = code_to_kernels.op_to_kernels(decode, one_token.middle_layer(decode))
-    assert table.kernels.sum() == one_token.summary(decode).kernels_per_layer
-    assert {"self_attn.q_proj", "mlp.down_proj", "input_layernorm"} <= set(table.module)
 
 
 # Where kernels come from ----------------------------------------------------------------
