@@ -1,6 +1,6 @@
-"""The analysis of chapters 1-4 and 6 on their recorded H200 runs (and, for chapters 1-3, on
-new-style runs built from them), and the order in which chapters 1-3 measure (on a CPU)."""
-import re
+"""The analysis of chapters 1 and 6 on their recorded H200 runs (and, for chapter 1, on new-style
+runs built from them), and the order in which chapter 1 measures (on a CPU); chapters 2-4 have
+their own test files."""
 import shutil
 
 import pandas as pd
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labsupport import chapters, runs
-from labsupport.chapters import model_code_to_kernels as code_to_kernels, where_kernels_come_from as kernel_sources, launch_overhead, kernels_in_one_token as one_token, what_a_kernel, why_a_gpu
+from labsupport.chapters import model_code_to_kernels as code_to_kernels, launch_overhead, kernels_in_one_token as one_token, why_a_gpu
 from labsupport.measure import hardware, harness
 from labsupport.traces import kernels
 from labsupport.ops import status
@@ -214,47 +214,6 @@ def test_why_a_gpu_out_of_memory_stops_the_sweep(runs_root, calls, monkeypatch):
     assert list(zip(s.batch, s.status)) == [(1, "ok"), (2, "out of memory")], "batch 4 is skipped"
     assert [w for k, w in calls if k == "profile"] == ["decode_step", "matvec"]
     assert list(why_a_gpu.sweep(run).batch) == [1]
-
-
-# Where kernels come from ----------------------------------------------------------------
-
-def test_every_recorded_kernel_has_a_known_source():
-    for chapter_run, table in ((one_token.load(), "kernels"), (code_to_kernels.load(), "mlp_kernels"),
-                               (what_a_kernel.load(), "add_kernels"), (kernel_sources.load(), "fusion_kernels")):
-        names = set(chapter_run.table(table).name)
-        assert not [n for n in names if kernels.source(n) == "other"], table
-
-
-def test_decode_step_by_source():
-    k = one_token.kernel_table(one_token.load())
-    src = kernel_sources.by_source(k)
-    assert src.kernels.sum() == len(k)
-    assert set(src.index) == {"cuBLAS/cuBLASLt", "cuDNN", "PyTorch (ATen)"}
-    assert src.loc["cuBLAS/cuBLASLt", "kernels"] == (k.kind == "matrix multiply").sum()
-    assert src["share of GPU time"].sum() == pytest.approx(1.0)
-
-
-def test_fusion_and_generated_source(run_of):
-    run = run_of(kernel_sources)
-    f = kernel_sources.fusion_kernels(run)
-    eager, compiled = f[f.variant == "eager (as written)"], f[f.variant == "torch.compile"]
-    assert len(eager) == 8 and set(eager.source) == {"PyTorch (ATen)"}
-    assert len(compiled) == 1 and compiled.source.iloc[0] == "Triton (torch.compile)"
-    assert re.match(r"triton_\w+_fused_", compiled.kernel.iloc[0])
-    excerpt = kernel_sources.fused_kernel_excerpt(run)
-    assert excerpt.startswith("@triton.jit") and "def triton_" in excerpt and "tl.load" in excerpt
-    assert run.results["fusion_max_abs_diff"] < 0.05
-
-
-def test_attention_backends(run_of):
-    a = kernel_sources.attention_backends(run_of(kernel_sources))
-    assert set(a.backend) == set(kernel_sources.BACKENDS)
-    ok = a[a.status == "ok"].set_index(["backend", "context"])
-    assert "cuDNN" in ok.loc[("CUDNN_ATTENTION", 256), "source"]
-    assert "FlashAttention" in ok.loc[("FLASH_ATTENTION", 256), "source"]
-    assert "PyTorch (ATen)" in ok.loc[("EFFICIENT_ATTENTION", 256), "source"]
-    assert ok.loc[("MATH", 256), "kernels"] > 3 and "cuBLAS" in ok.loc[("MATH", 256), "source"]
-    assert (ok.max_abs_diff < 0.05).all()
 
 
 # Launch overhead ------------------------------------------------------------------------
