@@ -4,7 +4,7 @@ from, a fusion made by torch.compile, and the attention backends side by side.
 Live, the notebook times RMSNorm (transformers' Qwen3RMSNorm, one token) eager and compiled,
 and one decode step's attention under each SDPA backend at each context (CUDA events and the
 host clock, before anything is profiled in the process: labsupport.measure.harness), then
-profiles the same calls; `fusion` and `attention` here build what it measures. The decode step
+profiles the same calls; `attention` here builds the attention it measures. The decode step
 whose kernels are sorted by source is the published run of "The kernels in one token".
 
 Replay: the analysis below reads the run's tables:
@@ -66,23 +66,6 @@ def by_source(k: pd.DataFrame) -> pd.DataFrame:
     top = kernels.top_kernels(k, "source")
     g["example kernel"] = [kernels.short_name(top[s]) for s in g.index]
     return g.drop(columns="gpu_ns")
-
-
-def fusion(hidden: int, eps: float) -> tuple[dict, str, float]:
-    """RMSNorm as transformers writes it, and compiled by torch.compile: the two callables,
-    the generated source and the largest difference between their outputs."""
-    import torch
-    from torch._inductor.utils import run_and_get_code
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
-
-    norm = Qwen3RMSNorm(hidden, eps=eps).to(device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
-    compiled = torch.compile(norm)
-    with torch.inference_mode():
-        _, codes = run_and_get_code(compiled, x)
-        err = (compiled(x).float() - norm(x).float()).abs().max().item()
-    variants = {EAGER: lambda: norm(x), COMPILED: lambda: compiled(x)}
-    return variants, "\n\n".join(codes), err
 
 
 def attention(heads: int, kv_heads: int, head_dim: int, ctx: int) -> dict[str, tuple]:
