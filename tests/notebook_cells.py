@@ -27,6 +27,18 @@ def run_live(notebook: str, **parameters):
     raise AssertionError(f"{notebook}: no cell loads the run")
 
 
+def definitions(notebook: str, **parameters) -> dict:
+    """The names the notebook's code cells define before its measuring cell (the first that
+    starts `if mode == "live":`), executed in replay mode."""
+    ns = {"mode": "replay", "run_id": None, **parameters}
+    for cell in code_cells(notebook):
+        if cell.source.startswith('if mode == "live":'):
+            return ns
+        if "parameters" not in cell.metadata.get("tags", []):
+            exec(compile(cell.source, notebook, "exec"), ns)
+    raise AssertionError(f"{notebook}: no measuring cell")
+
+
 @pytest.fixture
 def calls(monkeypatch):
     """Every time_region and profile_region call, in order, as ("time"/"profile", what)."""

@@ -15,7 +15,9 @@ from labsupport.measure import decode, hardware, harness, triton_kernels
 from labsupport.traces import kernels
 
 from .conftest import fixture_run
-from .notebook_cells import assert_times_before_profiles, calls, run_live  # noqa: F401
+from .notebook_cells import assert_times_before_profiles, calls, definitions, run_live  # noqa: F401
+
+NOTEBOOK = "what_a_kernel.ipynb"
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +129,7 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monk
     monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)
     monkeypatch.setattr(triton_kernels, "add", lambda a, b, block=1024, num_warps=4: a + b)
     monkeypatch.setattr(ch, "Params", functools.partial(ch.Params, n=4096, burst_n=1024, device="cpu"))
-    run = run_live("what_a_kernel.ipynb", repeats=3, burst=50, hbm_n=8192)
+    run = run_live(NOTEBOOK, repeats=3, burst=50, hbm_n=8192)
     assert_times_before_profiles(calls)
     assert [w for k, w in calls if k == "profile"] == ["torch add", "triton add", "burst"]
     h = run.table("hbm_add")
@@ -141,5 +143,6 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monk
 
 def test_the_queue_refuses_after_a_profile(monkeypatch):
     monkeypatch.setattr(harness, "profiled", lambda: True)
+    measure_queue = definitions(NOTEBOOK, repeats=3, burst=2, hbm_n=16)["measure_queue"]
     with pytest.raises(harness.TimingError, match="the queue"):
-        ch.measure_queue(2, 16)
+        measure_queue(2, 16)

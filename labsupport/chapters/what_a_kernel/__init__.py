@@ -33,7 +33,6 @@ from .measure import (
     TORCH_ADD,
     Params,
     l2_cache_bytes,
-    measure_queue,
     per_call_row,
     progress,
 )
@@ -61,7 +60,6 @@ __all__ = [
     "launch_config",
     "launches",
     "load",
-    "measure_queue",
     "per_call_row",
     "progress",
     "queue",

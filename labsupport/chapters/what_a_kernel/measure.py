@@ -1,5 +1,5 @@
-"""What the chapter's measuring cell uses: its parameters, the names of what it measures (the
-keys of its tables' rows), the queue timed by hand, and one add's time per call as a row.
+"""What the chapter's measuring cells use: its parameters, the names of what they measure (the
+keys of its tables' rows), the GPU's L2 cache size, and one add's time per call as a row.
 
 Live, every time is taken before the first profile of the process (labsupport.measure.harness):
 the ceilings, the adds per call, the adds out of the cache, the queue, what a
@@ -7,7 +7,6 @@ synchronisation costs; then the profiles (the two adds' kernels, the burst's tra
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import pandas as pd
@@ -64,56 +63,3 @@ def per_call_row(impl: str, t: harness.Timing, n: int) -> dict:
         "bytes": 3 * n * 4,
         "clean": t.clean,
     }
-
-
-def _before_any_profile(what: str) -> None:
-    """The queue is timed by hand (a clock reading around every launch); like every time, it
-    must come before the process's first profile."""
-    if harness.profiled():
-        raise harness.TimingError(f"{CHAPTER}: {what}: must be timed before the first profile in the process")
-
-
-def measure_queue(burst: int, n: int) -> tuple[pd.DataFrame, dict]:
-    """Launch `burst` vector adds back to back and time both sides.
-
-    Host side: the time each launch call takes to return. GPU side: a CUDA event recorded
-    after each launch says when that kernel finished. The CPU is done launching long before
-    the GPU is done computing: the launches wait in a queue (a CUDA stream).
-    """
-    import torch
-
-    _before_any_profile("the queue")
-    a = torch.randn(n, device="cuda")
-    b = torch.randn(n, device="cuda")
-    out = torch.empty_like(a)
-    for _ in range(3):
-        torch.add(a, b, out=out)
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(burst)]
-    host = []
-    t0 = time.perf_counter_ns()
-    start.record()
-    for i in range(burst):
-        t = time.perf_counter_ns()
-        torch.add(a, b, out=out)
-        ends[i].record()
-        host.append((t - t0, time.perf_counter_ns() - t0))
-    t_issued = time.perf_counter_ns() - t0
-    torch.cuda.synchronize()
-    t_done = time.perf_counter_ns() - t0
-    rows = [
-        {
-            "launch": i,
-            "call_start_us": s / 1e3,
-            "call_return_us": e / 1e3,
-            "gpu_done_us": start.elapsed_time(ends[i]) * 1e3,
-        }
-        for i, (s, e) in enumerate(host)
-    ]
-    summary = {
-        "host_issue_all_us": t_issued / 1e3,
-        "host_sync_returned_us": t_done / 1e3,
-        "bytes_per_add": 3 * n * 4,
-    }
-    return pd.DataFrame(rows), summary
