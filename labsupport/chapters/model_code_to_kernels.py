@@ -45,25 +45,6 @@ def mlp_bytes(hidden: int, inter: int, tokens: int, elem: int = 2) -> dict:
     }
 
 
-def rmsnorm_variants(hidden: int, eps: float, device: str = "cuda") -> dict:
-    """transformers' Qwen3RMSNorm (random weights near 1), PyTorch's rms_norm and ours (one
-    Triton kernel), each a function of x."""
-    import torch
-    import torch.nn.functional as F
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
-
-    from labsupport.measure import triton_kernels
-
-    norm = Qwen3RMSNorm(hidden, eps=eps).to(device=device, dtype=torch.bfloat16)
-    with torch.no_grad():
-        norm.weight.normal_(1.0, 0.1)
-    return {
-        AS_WRITTEN: lambda x: norm(x),
-        F_RMS_NORM: lambda x: F.rms_norm(x.float(), (hidden,), norm.weight.float(), eps).to(x.dtype),
-        OURS: lambda x: triton_kernels.rmsnorm(x, norm.weight, eps),
-    }
-
-
 def per_call(t: harness.Timing) -> pd.Series:
     """Times per call in ms: CUDA events around each call (the host clock on a CPU)."""
     return pd.Series(t.gpu_ms or t.wall_ms, dtype=float)
