@@ -1,11 +1,11 @@
 """Chapter "Where kernels come from": which library each kernel of a decode step comes
 from, a fusion made by torch.compile, and the attention backends side by side.
 
-Live: RMSNorm (transformers' Qwen3RMSNorm, one token) eager and compiled, and one decode
-step's attention under each SDPA backend at each context, are all timed first (CUDA events
-and the host clock, before anything is profiled in the process: labsupport.measure.harness), then
-profiled. The decode step whose kernels are sorted by source is the run of the chapter
-"The kernels in one token".
+Live, the notebook times RMSNorm (transformers' Qwen3RMSNorm, one token) eager and compiled,
+and one decode step's attention under each SDPA backend at each context (CUDA events and the
+host clock, before anything is profiled in the process: labsupport.measure.harness), then
+profiles the same calls; `attention` here builds the attention it measures. The decode step
+whose kernels are sorted by source is the published run of "The kernels in one token".
 
 Replay: the analysis below reads the run's tables:
 
@@ -15,21 +15,23 @@ Replay: the analysis below reads the run's tables:
     fused_rmsnorm_source.py  the code torch.compile generated
     attention_backends.csv   per backend and context: status, kernels, GPU time, µs per call
 """
+
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from labsupport.measure import harness, models, profiler
-from labsupport.traces import kernels
 from labsupport import runs
-from labsupport.measure import recording
+from labsupport.traces import kernels, trace
 
 CHAPTER = "where-kernels-come-from"
 FUSED_SOURCE = "fused_rmsnorm_source.py"
 BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+# RMSNorm's two variants: the key of the rows of fusion_times and fusion_kernels.
+EAGER, COMPILED = "eager (as written)", "torch.compile"
+# The recorded decode step whose kernels are sorted by source.
+DECODE_CHAPTER, DECODE_TRACE = "kernels-in-one-token", "trace.json.gz"
 
 
 @dataclass
@@ -38,12 +40,18 @@ class Params:
 
     preset: str = "qwen3-8b"
     contexts: list[int] = field(default_factory=lambda: [256, 4096])
-    repeats: int = 100         # timed calls of each RMSNorm variant and each attention backend
+    repeats: int = 100  # timed calls of each RMSNorm variant and each attention backend
     device: str = "cuda"
 
 
-def _progress(msg: str) -> None:
+def progress(msg: str) -> None:
     print(f"[{CHAPTER}] {msg}", flush=True)
+
+
+def decode_kernels(decode_run: runs.Run) -> pd.DataFrame:
+    """Every kernel of the recorded decode step, read from its trace (kinds by today's rules)."""
+    device = decode_run.provenance.get("device", "cuda")
+    return kernels.annotate(trace.read_kernels(decode_run.file(DECODE_TRACE), device=device))
 
 
 def by_source(k: pd.DataFrame) -> pd.DataFrame:
@@ -60,24 +68,7 @@ def by_source(k: pd.DataFrame) -> pd.DataFrame:
     return g.drop(columns="gpu_ns")
 
 
-def _fusion(hidden: int, eps: float) -> tuple[dict, str, float]:
-    """RMSNorm as transformers writes it, and compiled by torch.compile: the two callables,
-    the generated source and the largest difference between their outputs."""
-    import torch
-    from torch._inductor.utils import run_and_get_code
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
-
-    norm = Qwen3RMSNorm(hidden, eps=eps).to(device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
-    compiled = torch.compile(norm)
-    with torch.inference_mode():
-        _, codes = run_and_get_code(compiled, x)
-        err = (compiled(x).float() - norm(x).float()).abs().max().item()
-    variants = {"eager (as written)": lambda: norm(x), "torch.compile": lambda: compiled(x)}
-    return variants, "\n\n".join(codes), err
-
-
-def _attention(heads: int, kv_heads: int, head_dim: int, ctx: int) -> dict[str, tuple]:
+def attention(heads: int, kv_heads: int, head_dim: int, ctx: int) -> dict[str, tuple]:
     """One decode step's attention (one query token) under each SDPA backend: for each,
     (callable, largest difference from an FP32 reference), or (None, why it is not available)."""
     import torch
@@ -93,9 +84,11 @@ def _attention(heads: int, kv_heads: int, head_dim: int, ctx: int) -> dict[str, 
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
     out = {}
     for backend in BACKENDS:
+
         def fn(backend=backend):
             with sdpa_kernel(getattr(SDPBackend, backend)):
                 return F.scaled_dot_product_attention(q, k, v)
+
         try:
             diff = (fn().float() - ref).abs().max().item()
         except RuntimeError as e:
@@ -104,70 +97,6 @@ def _attention(heads: int, kv_heads: int, head_dim: int, ctx: int) -> dict[str, 
             continue
         out[backend] = (fn, diff)
     return out
-
-
-def _time(fn, what: str, repeats: int, warmup: int) -> dict:
-    """Per-call times of fn() in µs (labsupport.measure.harness: before any profile in the process)."""
-    t = harness.time_region(fn, what=what, device="cuda", repeats=repeats, warmup=warmup)
-    return {"us_median": statistics.median(t.gpu_ms) * 1e3, "wall_us_median": t.median * 1e3,
-            "issue_us_median": statistics.median(t.issue_ms) * 1e3, "repeats": repeats, "clean": t.clean}
-
-
-def record(params: Params | None = None, run_id: str | None = None, progress=_progress) -> runs.Run:
-    """Measure this GPU now and write a new run (not published). Returns the run.
-
-    First every timing (RMSNorm eager and compiled; attention under each backend at each
-    context), before anything is profiled in the process; then the profiles of the same
-    calls, which give the kernels."""
-    import torch
-
-    params = params or Params()
-    cfg = models.preset_config(params.preset)
-    harness.for_chapter(CHAPTER)
-    # Inference mode throughout, as RMSNorm was compiled in it (outside, torch.compile would
-    # compile it again, for autograd).
-    with recording.writer(CHAPTER, params, run_id) as w, torch.inference_mode():
-        w.extra["method"] = harness.method()
-        progress("torch.compile fuses RMSNorm: compiling")
-        fusion, code, err = _fusion(cfg["hidden_size"], cfg["rms_norm_eps"])
-        (w.path / FUSED_SOURCE).write_text(code)
-        w.extra["fusion_max_abs_diff"] = err
-        attention = {ctx: _attention(cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], ctx)
-                     for ctx in params.contexts}
-
-        # 1. Every timing, before the first profile in this process.
-        progress(f"timing RMSNorm, eager and compiled ({params.repeats} calls each)")
-        fusion_times = {name: _time(fn, f"RMSNorm, {name}", params.repeats, warmup=10) for name, fn in fusion.items()}
-        progress(f"timing attention under each SDPA backend at contexts {params.contexts}")
-        attention_times = {(ctx, b): _time(fn, f"SDPA {b}, context {ctx}", params.repeats, warmup=5)
-                           for ctx, by_backend in attention.items() for b, (fn, _) in by_backend.items() if fn}
-
-        # 2. Then the profiles.
-        tmp = w.path / ".t.json.gz"
-        tables, rows = [], []
-        for name, fn in fusion.items():
-            k = profiler.kernels_of(fn, tmp, origin="rmsnorm")
-            k["variant"] = name
-            tables.append(k)
-            rows.append({"variant": name, "kernels": len(k), **fusion_times[name]})
-        k = pd.concat(tables, ignore_index=True)
-        k["kind"] = k["name"].map(kernels.classify)
-        w.write_table("fusion_kernels", k)
-        w.write_table("fusion_times", pd.DataFrame(rows))
-        progress(f"  RMSNorm: {rows[0]['kernels']} kernels eager, {rows[1]['kernels']} compiled")
-        rows = []
-        for ctx, by_backend in attention.items():
-            for backend, (fn, diff_or_why) in by_backend.items():
-                if fn is None:
-                    rows.append({"backend": backend, "context": ctx, "status": diff_or_why})
-                    continue
-                kt = profiler.kernels_of(fn, tmp, origin="sdpa")
-                rows.append({"backend": backend, "context": ctx, "status": "ok", "kernels": len(kt),
-                             "kernel_names": ";".join(dict.fromkeys(kt["name"])), "gpu_ns": int(kt["dur_ns"].sum()),
-                             **attention_times[(ctx, backend)], "max_abs_diff": diff_or_why})
-        w.write_table("attention_backends", pd.DataFrame(rows))
-        tmp.unlink(missing_ok=True)
-    return runs.load_run(CHAPTER, w.run_id)
 
 
 def load(run_id: str | None = None) -> runs.Run:
@@ -193,45 +122,70 @@ def fused_kernel_excerpt(run: runs.Run, lines: int = 40) -> str:
 def fusion_kernels(run: runs.Run) -> pd.DataFrame:
     """The kernels of RMSNorm, eager and compiled: short name, source and kind (today's rules)."""
     k = run.table("fusion_kernels")
-    return pd.DataFrame({"variant": k["variant"], "kernel": k["name"].map(lambda n: kernels.short_name(n, 46)),
-                         "source": k["name"].map(kernels.source), "kind": k["name"].map(kernels.classify),
-                         "µs": (k["dur_ns"] / 1e3).round(2)})
+    return pd.DataFrame(
+        {
+            "variant": k["variant"],
+            "kernel": k["name"].map(lambda n: kernels.short_name(n, 46)),
+            "source": k["name"].map(kernels.source),
+            "kind": k["name"].map(kernels.classify),
+            "µs": (k["dur_ns"] / 1e3).round(2),
+        }
+    )
 
 
 def timing_note(run: runs.Run) -> str:
     """How the run's per-call times were taken, in a sentence for the chapter."""
     t = run.table("fusion_times")
     if "clean" not in t.columns:
-        return ("This run was recorded before the chapter timed everything ahead of its profiles: each "
-                "per-call time was taken right after that call had been profiled, in a process where the "
-                "profiler stays attached, so it includes the profiler's cost on every launch (the methodology "
-                "page says more).")
+        return (
+            "This run was recorded before the chapter timed everything ahead of its profiles: each "
+            "per-call time was taken right after that call had been profiled, in a process where the "
+            "profiler stays attached, so it includes the profiler's cost on every launch (the methodology "
+            "page says more)."
+        )
     a = run.table("attention_backends")
     ok = a[a["status"] == "ok"]
     clean = bool(t["clean"].all() and ok["clean"].all())
     n = sorted({int(r) for r in pd.concat([t["repeats"], ok["repeats"]])})
     calls = " or ".join(f"{r:,}" for r in n)
-    return (f"Every per-call time is the median of {calls} timed calls, with CUDA events around each, "
-            + ("taken before anything was profiled in the process." if clean else
-               "but some were taken after a profile in the same process, with the profiler attached."))
+    return f"Every per-call time is the median of {calls} timed calls, with CUDA events around each, " + (
+        "taken before anything was profiled in the process."
+        if clean
+        else "but some were taken after a profile in the same process, with the profiler attached."
+    )
 
 
 def attention_backends(run: runs.Run) -> pd.DataFrame:
     a = run.table("attention_backends")
+
     def names(s):
         found = [kernels.short_name(n, 40) for n in s.split(";") if n]
         return "; ".join(found) if len(found) <= 2 else f"{found[0]}; {found[1]}; … ({len(found)} distinct)"
 
     a["kernel"] = a.kernel_names.fillna("").map(names)
-    a["source"] = a.kernel_names.fillna("").map(lambda s: "; ".join(dict.fromkeys(kernels.source(n) for n in s.split(";") if n)))
+    a["source"] = a.kernel_names.fillna("").map(
+        lambda s: "; ".join(dict.fromkeys(kernels.source(n) for n in s.split(";") if n))
+    )
     return a
 
 
 def headline(run: runs.Run) -> dict:
     t = run.table("fusion_times")
     a = run.table("attention_backends")
-    return {"RMSNorm kernels eager": int(t.kernels.iloc[0]), "RMSNorm kernels compiled": int(t.kernels.iloc[1]),
-            "attention backends available": int(a.loc[a.status == "ok", "backend"].nunique())}
+    n = t.set_index("variant").kernels
+    return {
+        "RMSNorm kernels eager": int(n[EAGER]),
+        "RMSNorm kernels compiled": int(n[COMPILED]),
+        "attention backends available": int(a.loc[a.status == "ok", "backend"].nunique()),
+    }
+
+
+def math_kernels(run: runs.Run) -> int:
+    """The kernels of the MATH backend (plain PyTorch) at the shortest context it ran at; 0
+    where it did not run."""
+    a = run.table("attention_backends")
+    m = a[(a.status == "ok") & (a.backend == "MATH")]
+    return int(m.set_index("context").kernels[m.context.min()]) if len(m) else 0
 
 
 def fusion_table(run: runs.Run) -> pd.DataFrame:
@@ -239,5 +193,11 @@ def fusion_table(run: runs.Run) -> pd.DataFrame:
     k = run.table("fusion_kernels")
     gpu = k.groupby("variant").dur_ns.sum() / 1e3
     t = run.table("fusion_times")
-    return pd.DataFrame({"variant": t.variant, "kernels": t.kernels, "GPU µs (profiler)": t.variant.map(gpu).values,
-                         "per call µs (CUDA events)": t.us_median})
+    return pd.DataFrame(
+        {
+            "variant": t.variant,
+            "kernels": t.kernels,
+            "GPU µs (profiler)": t.variant.map(gpu).values,
+            "per call µs (CUDA events)": t.us_median,
+        }
+    )

@@ -1,40 +1,53 @@
-"""Chapter "Where kernels come from": the analysis on the recorded runs' tables (the decode
-step by source, with each source's most time-consuming kernel as its example; the fusion;
-the attention backends; how the per-call times were taken), and the notebook committed with
-the parameters a smoke run sets; and record() on the CPU with its two GPU-only parts replaced
-by CPU stand-ins, profiling as on a GPU, to check that every time is taken before a profile."""
+"""Chapter "Where kernels come from": the analysis on the recorded runs (tests/fixtures: the
+decode step by source, with each source's most time-consuming kernel as its example; the
+fusion; the attention backends; how the per-call times were taken), the notebook committed
+with the parameters a smoke run sets, and its measuring cells run live on the CPU with the two
+GPU-only parts replaced by CPU stand-ins, profiling as on a GPU, to check that every time is
+taken before a profile."""
+
 import functools
+import re
 import shutil
 
-import nbformat
 import pandas as pd
 import pytest
 
-from labsupport.chapters import where_kernels_come_from as ch
-from labsupport.measure import harness, profiler
-from labsupport.traces import kernels
-from labsupport.chapters import kernels_in_one_token as one_token
 from labsupport import runs
-from labsupport.measure import recording
+from labsupport.chapters import where_kernels_come_from as ch
+from labsupport.measure import decode, harness, profiler
+from labsupport.traces import kernels
 
-from .conftest import REPO
+from .conftest import fixture_run
+from .notebook_cells import code_cells, run_live
 
-NOTEBOOK = REPO / "notebooks" / "where_kernels_come_from.ipynb"
+NOTEBOOK = "where_kernels_come_from.ipynb"
 
 
 @pytest.fixture(scope="module")
 def run():
-    return ch.load()
+    return fixture_run(ch.CHAPTER)
 
 
 @pytest.fixture(scope="module")
 def decode_kernels():
-    return one_token.kernel_table(one_token.load())
+    return ch.decode_kernels(fixture_run(ch.DECODE_CHAPTER))
+
+
+def test_every_recorded_kernel_has_a_known_source():
+    for chapter, table in (
+        ("kernels-in-one-token", "kernels"),
+        ("model-code-to-kernels", "mlp_kernels"),
+        ("what-a-kernel", "add_kernels"),
+        (ch.CHAPTER, "fusion_kernels"),
+    ):
+        names = set(fixture_run(chapter).table(table).name)
+        assert not [n for n in names if kernels.source(n) == "other"], table
 
 
 def test_example_kernel_is_the_sum_of_launches_not_the_first_or_the_longest():
-    k = pd.DataFrame({"name": ["cutlass_80_simt_sgemm_first"] + ["nvjet_small"] * 10 + ["gemv_big"],
-                      "dur_ns": [1] + [3] * 10 + [20]})
+    k = pd.DataFrame(
+        {"name": ["cutlass_80_simt_sgemm_first"] + ["nvjet_small"] * 10 + ["gemv_big"], "dur_ns": [1] + [3] * 10 + [20]}
+    )
     src = ch.by_source(k)
     assert list(src.index) == ["cuBLAS/cuBLASLt"] and src.loc["cuBLAS/cuBLASLt", "kernels"] == 12
     assert src.loc["cuBLAS/cuBLASLt", "example kernel"] == "nvjet_small", "30 ns in all beats one 20 ns launch"
@@ -44,6 +57,8 @@ def test_decode_step_by_source(decode_kernels):
     k = decode_kernels
     src = ch.by_source(k)
     assert src.kernels.sum() == len(k)
+    assert set(src.index) == {"cuBLAS/cuBLASLt", "cuDNN", "PyTorch (ATen)"}
+    assert src.loc["cuBLAS/cuBLASLt", "kernels"] == (k.kind == "matrix multiply").sum()
     assert src["GPU ms"].sum() == pytest.approx(k.dur_ns.sum() / 1e6)
     assert src["share of GPU time"].sum() == pytest.approx(1.0)
     assert list(src.index) == [s for s in kernels.SOURCES if s in set(src.index)]
@@ -56,17 +71,28 @@ def test_decode_step_by_source(decode_kernels):
 
 def test_fusion_kernels_and_table(run):
     f = ch.fusion_kernels(run)
-    assert set(f.variant) == {"eager (as written)", "torch.compile"}
+    assert set(f.variant) == {ch.EAGER, ch.COMPILED}
     assert list(f.kind) == list(run.table("fusion_kernels").name.map(kernels.classify)), "today's kinds"
     assert set(f.kind) <= set(kernels.KINDS) and "other" not in set(f.kind)
+    eager, compiled = f[f.variant == ch.EAGER], f[f.variant == ch.COMPILED]
+    assert len(eager) == 8 and set(eager.source) == {"PyTorch (ATen)"}
+    assert len(compiled) == 1 and set(compiled.source) == {"Triton (torch.compile)"}
+    assert re.match(r"triton_\w+_fused_", compiled.kernel.item())
     t = ch.fusion_table(run).set_index("variant")
     counts = f.variant.value_counts()
     assert (t.kernels == counts.reindex(t.index)).all()
     raw = run.table("fusion_kernels")
     assert (t["GPU µs (profiler)"] == raw.groupby("variant").dur_ns.sum().reindex(t.index) / 1e3).all()
-    assert t.loc["torch.compile", "kernels"] < t.loc["eager (as written)", "kernels"]
     h = ch.headline(run)
-    assert (h["RMSNorm kernels eager"], h["RMSNorm kernels compiled"]) == tuple(t.kernels)
+    assert h["RMSNorm kernels eager"] == t.loc[ch.EAGER, "kernels"] == 8
+    assert h["RMSNorm kernels compiled"] == t.loc[ch.COMPILED, "kernels"] == 1
+    assert run.results["fusion_max_abs_diff"] < 0.05
+
+
+def test_generated_source(run):
+    excerpt = ch.fused_kernel_excerpt(run)
+    assert excerpt.startswith("@triton.jit") and "def triton_" in excerpt and "tl.load" in excerpt
+    assert len(excerpt.splitlines()) <= 40
 
 
 def test_attention_backends_table(run):
@@ -78,6 +104,13 @@ def test_attention_backends_table(run):
     assert (distinct >= 1).all() and (ok.kernels >= distinct).all()
     assert ok.source.map(lambda s: s != "" and "other" not in s).all()
     assert a.loc[a.status != "ok", "status"].str.startswith("not available").all()
+    by = ok.set_index(["backend", "context"])
+    assert "cuDNN" in by.loc[("CUDNN_ATTENTION", 256), "source"]
+    assert "FlashAttention" in by.loc[("FLASH_ATTENTION", 256), "source"]
+    assert "PyTorch (ATen)" in by.loc[("EFFICIENT_ATTENTION", 256), "source"]
+    assert by.loc[("MATH", 256), "kernels"] > 3 and "cuBLAS" in by.loc[("MATH", 256), "source"]
+    assert ch.math_kernels(run) == by.loc[("MATH", min(run.parameters["contexts"])), "kernels"]
+    assert (ok.max_abs_diff < 0.05).all()
 
 
 def _copy(run, tmp_path):
@@ -87,26 +120,21 @@ def _copy(run, tmp_path):
 
 
 def test_timing_note_says_how_the_times_were_taken(run, tmp_path):
-    note = ch.timing_note(run)
-    if "clean" not in run.table("fusion_times").columns:
-        assert note.startswith("This run was recorded before the chapter timed everything ahead of its profiles")
-    # A run recorded with the harness: every time clean, the repeats named.
+    assert ch.timing_note(run) == (
+        "Every per-call time is the median of 100 timed calls, with CUDA events around "
+        "each, taken before anything was profiled in the process."
+    )
     new = _copy(run, tmp_path)
-    t, a = new.table("fusion_times"), new.table("attention_backends")
-    t["repeats"], t["clean"] = 100, True
-    a["repeats"], a["clean"] = 100, True
-    t.to_csv(new.path / "fusion_times.csv", index=False)
-    a.to_csv(new.path / "attention_backends.csv", index=False)
-    assert ch.timing_note(new) == ("Every per-call time is the median of 100 timed calls, with CUDA events around "
-                                   "each, taken before anything was profiled in the process.")
-    t.loc[0, "clean"] = False
+    t = new.table("fusion_times")
+    t["clean"] = t.variant != ch.EAGER
     t.to_csv(new.path / "fusion_times.csv", index=False)
     assert "after a profile" in ch.timing_note(new)
+    t.drop(columns=["repeats", "clean"]).to_csv(new.path / "fusion_times.csv", index=False)
+    assert ch.timing_note(new).startswith("This run was recorded before the chapter timed everything ahead of its")
 
 
 def test_notebook_has_the_parameters_a_smoke_run_sets():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
+    code = code_cells(NOTEBOOK)
     assert all(not c.outputs and c.execution_count is None for c in code)
     (params,) = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert params is code[0]
@@ -115,18 +143,13 @@ def test_notebook_has_the_parameters_a_smoke_run_sets():
     assert "ch.Params(preset=preset, contexts=contexts, repeats=repeats)" in "".join(c.source for c in code)
 
 
-def test_record_times_everything_before_it_profiles(runs_root, monkeypatch):
-    """record() with CPU stand-ins for the GPU-only parts (the compiled RMSNorm, the SDPA
-    backends other than MATH), and every profile counted as one that leaves CUPTI attached:
-    a time taken after a profile would raise harness.TimingError."""
+def test_the_notebook_times_everything_before_it_profiles(runs_root, monkeypatch):
+    """The notebook's measuring cells with CPU stand-ins for the GPU-only parts (torch.compile,
+    the SDPA backends other than MATH), and every profile counted as one that leaves
+    CUPTI attached: a time taken after a profile would raise harness.TimingError."""
     import torch
     import torch.nn.functional as F
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
-
-    def fusion(hidden, eps):
-        norm = Qwen3RMSNorm(hidden, eps=eps).to(dtype=torch.bfloat16)
-        x = torch.randn(1, hidden, dtype=torch.bfloat16)
-        return {"eager (as written)": lambda: norm(x), "torch.compile": lambda: norm(x)}, "@triton.jit\n", 0.0
+    from torch._inductor import utils as inductor_utils
 
     def attention(heads, kv_heads, head_dim, ctx):
         q, k = torch.randn(1, heads, 1, head_dim), torch.randn(1, heads, ctx, head_dim)
@@ -146,22 +169,28 @@ def test_record_times_everything_before_it_profiles(runs_root, monkeypatch):
         harness._profiles_in_process += 1
         return k
 
-    monkeypatch.setattr(ch, "_fusion", fusion)
-    monkeypatch.setattr(ch, "_attention", attention)
+    monkeypatch.setattr(torch, "compile", lambda module: module)  # no compiler for a CPU here
+    monkeypatch.setattr(inductor_utils, "run_and_get_code", lambda fn, *args: (fn(*args), ["@triton.jit\n"]))
+    monkeypatch.setattr(ch, "attention", attention)
     monkeypatch.setattr(harness, "_profiles_in_process", 0)
     monkeypatch.setattr(harness, "time_region", time_on_cpu)
     monkeypatch.setattr(profiler, "kernels_of", profile_as_on_a_gpu)
-    monkeypatch.setattr(recording, "writer", functools.partial(recording.writer, allow_cpu=True))
-    run = ch.record(ch.Params(preset="tiny", contexts=[8, 32], repeats=2, device="cpu"), progress=lambda m: None)
+    monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)
+    monkeypatch.setattr(ch, "Params", functools.partial(ch.Params, device="cpu"))
+    run = run_live(NOTEBOOK, preset="tiny", contexts=[8, 32], repeats=2)
     assert harness.profiled()
-    assert set(run.meta["files"]) == {"fusion_kernels.csv", "fusion_times.csv", "fused_rmsnorm_source.py",
-                                      "attention_backends.csv"}
+    assert set(run.meta["files"]) == {
+        "fusion_kernels.csv",
+        "fusion_times.csv",
+        "fused_rmsnorm_source.py",
+        "attention_backends.csv",
+    }
     assert set(run.results["method"]) >= {"wall_times", "gpu_times", "host"}
     t = run.table("fusion_times")
-    assert list(t.variant) == ["eager (as written)", "torch.compile"] and t.clean.all() and (t.repeats == 2).all()
+    assert list(t.variant) == [ch.EAGER, ch.COMPILED] and t.clean.all() and (t.repeats == 2).all()
     assert (t.kernels == run.table("fusion_kernels").groupby("variant").size().reindex(t.variant).values).all()
     a = run.table("attention_backends")
-    assert list(zip(a.context, a.backend)) == [(c, b) for c in (8, 32) for b in ch.BACKENDS]
+    assert list(zip(a.context, a.backend, strict=True)) == [(c, b) for c in (8, 32) for b in ch.BACKENDS]
     ok = a[a.status == "ok"]
     assert list(ok.backend) == ["MATH", "MATH"] and ok.clean.all() and (ok.kernels > 0).all()
     assert ch.timing_note(run).endswith("taken before anything was profiled in the process.")

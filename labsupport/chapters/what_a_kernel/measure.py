@@ -1,0 +1,65 @@
+"""What the chapter's measuring cells use: its parameters, the names of what they measure (the
+keys of its tables' rows), the GPU's L2 cache size, and one add's time per call as a row.
+
+Live, every time is taken before the first profile of the process (labsupport.measure.harness):
+the ceilings, the adds per call, the adds out of the cache, the queue, what a
+synchronisation costs; then the profiles (the two adds' kernels, the burst's trace)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from labsupport.measure import harness
+
+CHAPTER = "what-a-kernel"
+BURST_TRACE = "burst_trace.json.gz"
+# The two implementations of the add: the key of each row of add_times, hbm_add and add_kernels.
+TORCH_ADD, OUR_ADD = "torch (a + b)", "ours (Triton)"
+# The region each add is profiled in (its kernels are those launched inside it).
+PROFILE_REGION = {TORCH_ADD: "torch add", OUR_ADD: "triton add"}
+# What a synchronisation costs: the key of each row of sync.
+SYNC_IDLE = "torch.cuda.synchronize() on an idle GPU"
+SYNC_ITEM = "x.item(): read one number back to the CPU"
+SYNC_TINY = "launch one tiny kernel and wait for it"
+
+
+@dataclass
+class Params:
+    n: int = 1 << 20  # elements of the vector add (fits in the L2 cache)
+    block: int = 1024  # elements per program of our Triton kernel
+    num_warps: int = 4
+    burst: int = 200  # launches in the queue demonstration
+    burst_n: int = 1 << 26  # elements per add in the burst: big enough that the GPU lags
+    hbm_n: int = 1 << 28  # elements per vector of the add that does not fit in L2 (3 GiB moved)
+    repeats: int = 100
+    device: str = "cuda"
+
+
+def progress(msg: str) -> None:
+    print(f"[{CHAPTER}] {msg}", flush=True)
+
+
+def l2_cache_bytes() -> int | None:
+    """The L2 cache size the GPU reports (None where torch does not say)."""
+    import torch
+
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", None)
+    return int(l2) if l2 else None
+
+
+def per_call_row(impl: str, t: harness.Timing, n: int) -> dict:
+    """One implementation's time per call: CUDA events around the call (the host clock on a
+    CPU), median, min and max."""
+    ms = pd.Series(t.gpu_ms or t.wall_ms)
+    return {
+        "implementation": impl,
+        "n": n,
+        "ms_median": float(ms.median()),
+        "ms_min": float(ms.min()),
+        "ms_max": float(ms.max()),
+        "repeats": len(ms),
+        "bytes": 3 * n * 4,
+        "clean": t.clean,
+    }

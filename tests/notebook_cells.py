@@ -1,0 +1,65 @@
+"""Run a chapter notebook's measuring cells in this process (live mode), as papermill would,
+to test on a CPU the order in which they measure: every code cell up to the one that loads
+the run, with the notebook's parameters replaced by the test's."""
+
+import nbformat
+import pytest
+
+from labsupport.measure import harness
+
+from .conftest import REPO
+
+
+def code_cells(notebook: str) -> list:
+    nb = nbformat.read(REPO / "notebooks" / notebook, as_version=4)
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def run_live(notebook: str, **parameters):
+    """Execute the notebook's cells in live mode until the run is loaded; return that run."""
+    ns = {"mode": "live", "run_id": None, **parameters}
+    for cell in code_cells(notebook):
+        if "parameters" in cell.metadata.get("tags", []):
+            continue
+        exec(compile(cell.source, notebook, "exec"), ns)
+        if "run" in ns:
+            return ns["run"]
+    raise AssertionError(f"{notebook}: no cell loads the run")
+
+
+def definitions(notebook: str, **parameters) -> dict:
+    """The names the notebook's code cells define before its measuring cell (the first that
+    starts `if mode == "live":`), executed in replay mode."""
+    ns = {"mode": "replay", "run_id": None, **parameters}
+    for cell in code_cells(notebook):
+        if cell.source.startswith('if mode == "live":'):
+            return ns
+        if "parameters" not in cell.metadata.get("tags", []):
+            exec(compile(cell.source, notebook, "exec"), ns)
+    raise AssertionError(f"{notebook}: no measuring cell")
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every time_region and profile_region call, in order, as ("time"/"profile", what)."""
+    order = []
+    real_time, real_profile = harness.time_region, harness.profile_region
+
+    def time_region(fn, *, what, **kw):
+        order.append(("time", what))
+        return real_time(fn, what=what, **kw)
+
+    def profile_region(fn, path, *, region, **kw):
+        order.append(("profile", region))
+        return real_profile(fn, path, region=region, **kw)
+
+    monkeypatch.setattr(harness, "time_region", time_region)
+    monkeypatch.setattr(harness, "profile_region", profile_region)
+    return order
+
+
+def assert_times_before_profiles(order):
+    kinds = [k for k, _ in order]
+    assert "time" in kinds and "profile" in kinds
+    first_profile = kinds.index("profile")
+    assert "time" not in kinds[first_profile:], f"a time after a profile: {order[first_profile:]}"

@@ -1,0 +1,99 @@
+"""Chapter "From model code to kernels": the analysis on its recorded H200 run and on the
+recorded decode step it reads (tests/fixtures), and the notebook's measuring cells run live on
+a CPU (tiny model) to check that every time is taken before a profile."""
+
+import functools
+
+import pytest
+import torch
+
+from labsupport.chapters import model_code_to_kernels as ch
+from labsupport.measure import decode, triton_kernels
+
+from .conftest import fixture_run
+from .notebook_cells import assert_times_before_profiles, calls, run_live  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def run():
+    return fixture_run(ch.CHAPTER)
+
+
+def torch_rmsnorm(x, w, eps=1e-6):
+    """Stand-in for our Triton RMSNorm on a CPU (Triton's interpreter has no bfloat16)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def test_mlp_lines_and_kernels(run):
+    t = ch.mlp_table(run).set_index("line")
+    assert list(t.index) == list(ch.MLP_LINES)
+    kinds = run.table("mlp_kernels").groupby("module").kind.apply(set)
+    assert kinds[ch.GATE] == {"matrix multiply"} and kinds[ch.UP] == {"matrix multiply"}
+    assert kinds[ch.ACT] == {"elementwise"}
+    assert t.loc[ch.ACT, "kernels"] == 2, "silu and the multiply are two kernels"
+    assert t.loc[ch.GATE, "MB moved"] == pytest.approx((12288 * 4096 + 4096 + 12288) * 2 / 1e6)
+    assert t.loc[ch.ACT, "MB moved"] == pytest.approx(3 * 12288 * 2 / 1e6)
+
+
+def test_rmsnorm_as_written_and_fused(run):
+    as_written = ch.rmsnorm_kernels(run)
+    assert list(as_written.kind) == [
+        "copy/convert/concat",
+        "elementwise",
+        "reduction",
+        "elementwise",
+        "elementwise",
+        "elementwise",
+        "copy/convert/concat",
+        "elementwise",
+    ]
+    assert list(as_written.step) == [step for _, step in ch.RMSNORM_AS_WRITTEN]
+    assert "step" not in ch.rmsnorm_kernels(run, ch.OURS), "one kernel: no steps to name"
+    t = ch.rmsnorm_table(run).set_index("variant")
+    assert set(t.index) == {ch.AS_WRITTEN, ch.F_RMS_NORM, ch.OURS}
+    ours = t.loc[ch.OURS]
+    assert ours.kernels == 1 and ours["max |difference|"] < 0.05
+    assert ours["GPU µs (profiler)"] < t.loc[ch.AS_WRITTEN, "GPU µs (profiler)"]
+    h = ch.headline(run)
+    times = run.table("rmsnorm_times").set_index("variant")
+    assert h["RMSNorm kernels"] == t.loc[ch.AS_WRITTEN, "kernels"] == 8
+    assert h["fused RMSNorm µs"] == times.loc[ch.OURS, "us_median"]
+    assert h["MLP kernels"] == len(run.table("mlp_kernels"))
+
+
+def test_operator_to_kernel_table():
+    decode_run = fixture_run(ch.DECODE_CHAPTER)
+    k = ch.decode_kernels(decode_run)
+    assert len(k) == len(decode_run.table("kernels"))
+    layer = ch.middle_layer(decode_run)
+    assert layer == decode_run.results["model"]["layers"] // 2
+    table = ch.op_to_kernels(k, layer)
+    assert table.kernels.sum() == (k.layer == layer).sum() == ch.kernels_per_layer(k)
+    assert {"self_attn.q_proj", "mlp.down_proj", "input_layernorm"} <= set(table.module)
+
+
+def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)
+    monkeypatch.setattr(triton_kernels, "rmsnorm", torch_rmsnorm)
+    monkeypatch.setattr(ch, "Params", functools.partial(ch.Params, device="cpu"))
+    run = run_live("model_code_to_kernels.ipynb", preset="tiny", repeats=3)
+    assert_times_before_profiles(calls)
+    assert [w for k, w in calls if k == "profile"] == ["mlp"] + ["rmsnorm"] * 3
+    times = run.table("rmsnorm_times")
+    assert list(times.columns) == [
+        "variant",
+        "kernels",
+        "us_median",
+        "us_min",
+        "us_max",
+        "max_abs_diff_vs_transformers",
+    ]
+    assert list(times.variant) == [ch.AS_WRITTEN, ch.F_RMS_NORM, ch.OURS]
+    assert (times.us_min <= times.us_median).all() and (times.us_median <= times.us_max).all()
+    k = run.table("rmsnorm_kernels")
+    assert list(times.kernels) == [int((k.variant == v).sum()) for v in times.variant]
+    assert set(ch.mlp_table(run).line) == set(ch.MLP_LINES)
+    assert set(run.table("mlp_kernels").module) >= set(ch.MLP_LINES), "each line's kernels under its annotation"
+    mlp = run.results["mlp"]
+    assert mlp["ms_min"] <= mlp["ms_median"] <= mlp["ms_max"]

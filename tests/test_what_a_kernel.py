@@ -1,0 +1,148 @@
+"""Chapter "What a kernel is": the analysis on its recorded H200 run (tests/fixtures), the
+sentences for runs without the cache's size or the add out of the cache, and the notebook's
+measuring cells run live on a CPU to check that every time is taken before a profile."""
+
+import functools
+import math
+import shutil
+
+import pandas as pd
+import pytest
+
+from labsupport import runs
+from labsupport.chapters import what_a_kernel as ch
+from labsupport.measure import decode, hardware, harness, triton_kernels
+from labsupport.traces import kernels
+
+from .conftest import fixture_run
+from .notebook_cells import assert_times_before_profiles, calls, definitions, run_live  # noqa: F401
+
+NOTEBOOK = "what_a_kernel.ipynb"
+
+
+@pytest.fixture(scope="module")
+def run():
+    return fixture_run(ch.CHAPTER)
+
+
+def without(run, root, files=(), results=None):
+    """A copy of `run` under `root` without some of its files, with some results replaced."""
+    with runs.RunWriter(run.chapter, run.parameters, run.run_id, root=root, meta={"provenance": run.provenance}) as w:
+        for name in run.meta["files"]:
+            if name not in files:
+                shutil.copy(run.path / name, w.path / name)
+        w.extra.update({**run.results, **(results or {})})
+    return runs.load_run(run.chapter, run.run_id, root=root)
+
+
+def test_vector_add_launches(run):
+    k = ch.add_kernels(run)
+    assert sorted(k.implementation) == sorted([ch.TORCH_ADD, ch.OUR_ADD]), "one kernel each"
+    cfg = ch.launches(run)
+    n, block, warps = (run.parameters[p] for p in ("n", "block", "num_warps"))
+    assert (cfg.threads == cfg.blocks * cfg["threads per block"]).all()
+    ours = cfg.loc[ch.OUR_ADD]
+    assert ours.kernel == "add_kernel"
+    assert kernels.source(k.loc[k.implementation == ch.OUR_ADD, "name"].item()) == "Triton (ours)"
+    assert ours.blocks == math.ceil(n / block) and ours["threads per block"] == warps * 32
+    torch_row = cfg.loc[ch.TORCH_ADD]
+    assert "CUDAFunctor_add" in torch_row.kernel and n % torch_row.threads == 0  # each thread: n/threads pairs
+    assert run.results["triton_matches_torch"] is True
+    assert set(k.kind) == {"elementwise"}, "kinds by today's rules"
+
+
+def test_add_table_and_headline(run):
+    at = ch.add_table(run)
+    t = run.table("add_times").set_index("implementation")
+    k = run.table("add_kernels").groupby("implementation").dur_ns.sum() / 1e3
+    assert (at["kernel µs (profiler)"] == k.reindex(at.index)).all()
+    assert (at["per call µs (CUDA events)"] == t.ms_median.reindex(at.index) * 1e3).all()
+    assert (at["kernel µs (profiler)"] < at["per call µs (CUDA events)"]).all(), "the launch costs more than the add"
+    h = ch.headline(run)
+    assert h["torch add µs"] == at.loc[ch.TORCH_ADD, "per call µs (CUDA events)"]
+    assert h["Triton add µs"] == at.loc[ch.OUR_ADD, "per call µs (CUDA events)"]
+
+
+def test_sync_costs_by_what(run):
+    s = ch.sync_costs(run)
+    assert set(s.index) == {ch.SYNC_IDLE, ch.SYNC_ITEM, ch.SYNC_TINY}
+    assert (s > 0).all()
+
+
+def test_launch_config_without_launch_dimensions():
+    empty = pd.DataFrame(columns=["name", "grid", "block", "registers", "dur_ns"])
+    assert ch.launch_config(empty).empty
+    odd = pd.DataFrame(
+        {
+            "name": ["a", "b", "c"],
+            "grid": ["", None, "4,2,1"],
+            "block": ["128,1,1", "odd", "32"],
+            "registers": [1, 2, 3],
+            "dur_ns": [1, 2, 3],
+        }
+    )
+    cfg = ch.launch_config(odd).set_index(odd.name)
+    assert cfg.blocks.isna().tolist() == [True, True, False] and cfg.threads.isna().tolist() == [True, True, False]
+    assert cfg.blocks["c"] == 8 and cfg["threads per block"]["a"] == 128 and cfg.threads["c"] == 256
+
+
+def test_the_queue(run):
+    q = run.table("queue")
+    assert len(q) == run.parameters["burst"]
+    assert (q.call_return_us >= q.call_start_us).all() and q.gpu_done_us.is_monotonic_increasing
+    s = ch.queue_summary(run)
+    assert s["host_issue_all_ms"] < s["gpu_done_all_ms"] <= s["host_sync_returned_ms"] + 1e-3
+    assert s["gpu_done_all_ms"] == q.gpu_done_us.max() / 1e3
+    assert 0 < s["queue_depth_at_last_launch"] <= run.parameters["burst"]
+    assert s["add_mb"] == 3 * run.parameters["burst_n"] * 4 / 1e6
+    bk = ch.burst_kernels(run)
+    assert len(bk) == 40 and (bk.launch_ns <= bk.start_ns).all()
+
+
+def test_l2_and_the_add_out_of_the_cache(run):
+    c, h = ch.cache(run), ch.hbm_add(run)
+    assert c.working_set_bytes == 3 * run.parameters["n"] * 4
+    assert c.l2_bytes == 60 * 2**20 and c.fits
+    assert (h.n == run.parameters["hbm_n"]).all() and (h["GB/s"] == h.bytes / (h.ms_median * 1e-3) / 1e9).all()
+    assert (h["of datasheet"] == h["GB/s"] / 4800).all()
+    lim = hardware.run_limits(run)
+    assert (h["of measured copy"] == h["GB/s"] / (lim.copy_tbs * 1e3)).all()
+    torch_gbs = h.set_index("implementation").loc[ch.TORCH_ADD, "GB/s"]
+    text = ch.hbm_text(run)
+    assert f"{torch_gbs:,.0f} GB/s" in text and "datasheet" in text and "copy" in text
+    l2_text = ch.l2_text(run)
+    assert "60 MiB L2 cache" in l2_text
+    kernel_gbs = ch.add_table(run).loc[ch.TORCH_ADD, "GB/s during the kernel"]
+    assert ("faster than the H200 SXM datasheet" in l2_text) == (kernel_gbs > 4800)
+
+
+def test_runs_without_the_cache_size_or_the_add_out_of_it(run, tmp_path):
+    old = without(run, tmp_path / "old", files={"hbm_add.csv"}, results={"l2_cache_bytes": None})
+    assert ch.cache(old).l2_bytes is None and ch.cache(old).fits is None and ch.hbm_add(old) is None
+    assert "did not record the cache's size" in ch.l2_text(old)
+    assert "did not time an add larger" in ch.hbm_text(old)
+    small = without(run, tmp_path / "small", results={"l2_cache_bytes": 2**20})
+    assert not ch.cache(small).fits and "larger than this GPU's" in ch.l2_text(small)
+
+
+def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)
+    monkeypatch.setattr(triton_kernels, "add", lambda a, b, block=1024, num_warps=4: a + b)
+    monkeypatch.setattr(ch, "Params", functools.partial(ch.Params, n=4096, burst_n=1024, device="cpu"))
+    run = run_live(NOTEBOOK, repeats=3, burst=50, hbm_n=8192)
+    assert_times_before_profiles(calls)
+    assert [w for k, w in calls if k == "profile"] == ["torch add", "triton add", "burst"]
+    h = run.table("hbm_add")
+    assert list(h.implementation) == [ch.TORCH_ADD, ch.OUR_ADD] and (h.n == 8192).all()
+    assert (h.bytes == 3 * 8192 * 4).all() and h.clean.all()
+    assert list(run.table("sync").what) == [ch.SYNC_IDLE, ch.SYNC_ITEM, ch.SYNC_TINY]
+    assert run.table("add_times").clean.all()
+    assert set(ch.add_kernels(run).implementation) == {ch.TORCH_ADD, ch.OUR_ADD}
+    assert set(run.results["method"]) == set(harness.method())
+
+
+def test_the_queue_refuses_after_a_profile(monkeypatch):
+    monkeypatch.setattr(harness, "profiled", lambda: True)
+    measure_queue = definitions(NOTEBOOK, repeats=3, burst=2, hbm_n=16)["measure_queue"]
+    with pytest.raises(harness.TimingError, match="the queue"):
+        measure_queue(2, 16)
