@@ -1,26 +1,23 @@
-"""One number per configuration, checked on the published runs: a configuration that the book
+"""One number per configuration, checked on the fixture runs: a configuration that the book
 shows twice is one measurement, or two measurements that agree within their own spread.
 
-Runs recorded before the measuring harness (no `method` in their results) timed steps after
-profiling and are skipped: these checks are for runs the book publishes from now on."""
-from __future__ import annotations
+The fixtures are frozen copies of harnessed H200 runs (tests/fixtures/runs); the published
+runs that replace them every night are checked by validation, not here."""
 
-import statistics
+from __future__ import annotations
 
 import pytest
 
-from labsupport.chapters import kernels_in_one_token as one_token, prefill_vs_decode as prefill_decode
 from labsupport import runs
+from labsupport.chapters import kernels_in_one_token as one_token
+from labsupport.chapters import prefill_vs_decode as prefill_decode
+
+from .conftest import fixture_run
 
 
-def _harnessed(run: runs.Run) -> bool:
-    return "method" in run.results
-
-
-def _require(chapter: str) -> runs.Run:
-    run = runs.load_run(chapter)
-    if not _harnessed(run):
-        pytest.skip(f"the published {chapter} run predates the measuring harness")
+def _harnessed(chapter: str) -> runs.Run:
+    run = fixture_run(chapter)
+    assert "method" in run.results, f"the fixture run of {chapter} predates the measuring harness"
     return run
 
 
@@ -29,7 +26,7 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
 
 
 def test_context_sweep_row_at_the_prompt_length_is_the_step_itself():
-    run = _require("kernels-in-one-token")
+    run = _harnessed("kernels-in-one-token")
     s = one_token.summary(run)
     sweep = run.table("context_sweep").set_index("context")
     n = int(run.parameters["prompt_len"])
@@ -40,9 +37,9 @@ def test_context_sweep_row_at_the_prompt_length_is_the_step_itself():
 def test_eager_256_token_step_agrees_across_chapters():
     """The eager step at the same prompt length: the census chapter's (fresh processes and its own
     process) and launch overhead's eager variant overlap within the spread of their repeats."""
-    census = _require("kernels-in-one-token")
-    launch = _require("launch-overhead")
-    assert census.parameters["prompt_len"] == launch.parameters["prompt_len"]
+    census = _harnessed("kernels-in-one-token")
+    launch = _harnessed("launch-overhead")
+    assert census.parameters["prompt_len"] == launch.parameters["prompt_len"] == 256
     effect = census.table("profiler_effect")
     clean = effect[effect.condition.isin(["fresh process", "before profiling"])]
     band = (float(clean.wall_ms_min.min()), float(clean.wall_ms_max.max()))
@@ -53,8 +50,8 @@ def test_eager_256_token_step_agrees_across_chapters():
 
 
 def test_prompt_prefill_is_one_measurement():
-    """The prefill of the chapter's prompt is shown in the phase table and in the prompt sweep:
-    one measurement."""
-    run = _require("prefill-vs-decode")
+    """The prefill of the chapter's prompt (512 tokens) is shown in the phase table and in the
+    prompt sweep: one measurement."""
+    run = _harnessed("prefill-vs-decode")
     p = prefill_decode.prefill_timing(run)
     assert p.sweep_ms is not None and p.shared, p
