@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from labsupport import chapters, runs
-from labsupport.chapters import model_code_to_kernels as code_to_kernels, where_kernels_come_from as kernel_sources, launch_overhead, kernels_in_one_token as one_token, what_a_kernel, why_a_gpu
+from labsupport.chapters import model_code_to_kernels as code_to_kernels, where_kernels_come_from as kernel_sources, kernels_in_one_token as one_token, what_a_kernel, why_a_gpu
 from labsupport.measure import hardware, harness
 from labsupport.traces import kernels
 from labsupport.ops import status
@@ -413,41 +413,6 @@ def test_attention_backends(run_of):
     assert "PyTorch (ATen)" in ok.loc[("EFFICIENT_ATTENTION", 256), "source"]
     assert ok.loc[("MATH", 256), "kernels"] > 3 and "cuBLAS" in ok.loc[("MATH", 256), "source"]
     assert (ok.max_abs_diff < 0.05).all()
-
-
-# Launch overhead ------------------------------------------------------------------------
-
-def test_the_fixes_table(run_of):
-    run = run_of(launch_overhead)
-    v = launch_overhead.variants(run).set_index("variant")
-    V = launch_overhead.VARIANTS
-    assert list(v.index) == list(V.values()) and (v.status == "ok").all()
-    eager = v.loc[V["eager"]]
-    assert eager["launch calls"] == eager.kernels, "eager: one launch call per kernel"
-    assert v.loc[V["cuda-graph"], "launch calls"] == 1
-    assert v.loc[V["compile-reduce-overhead"], "kernels"] < eager.kernels
-    assert (v["of datasheet limit"] < 1).all() and (v[launch_overhead.measured_column(run)] < 1).all()
-    assert (v["tokens/s"] == 1e3 / v["wall ms"]).all()
-    sheet = hardware.datasheet("NVIDIA H200")
-    assert eager["of datasheet limit"] == pytest.approx(15_136_811_008 / (eager["wall ms"] / 1e3) / 4.8e12)
-    assert sheet.bandwidth_tbs == 4.8
-
-
-def test_breakdown_adds_up(run_of):
-    b = launch_overhead.breakdown(run_of(launch_overhead))
-    parts = b[["before first kernel ms", "kernels running ms", "gaps between kernels ms", "after last kernel ms"]]
-    assert (parts.sum(axis=1) - b["profiled step ms"]).abs().max() < 1e-9
-    assert (parts >= 0).all().all()
-
-
-def test_eager_summary_and_layer_labels(run_of):
-    run = run_of(launch_overhead)
-    e = launch_overhead.eager_summary(run)
-    assert e.kernels == 2218 == launch_overhead.kernel_table(run, "eager").shape[0]
-    assert e.gpu_busy_ms < e.wall_ms and e.issue_ms <= e.wall_ms
-    k = launch_overhead.kernel_table(run, "eager")
-    sel, what = launch_overhead.one_layer(k, 36)
-    assert what.startswith("decoder layer") and len(sel) == one_token.summary(one_token.load()).kernels_per_layer
 
 
 # The status page --------------------------------------------------------------------------
