@@ -16,7 +16,8 @@ from labsupport.measure import gated_deltanet, hardware, models
 from labsupport.traces import kernels, trace
 
 from .conftest import REPO, fixture_run
-from .test_launch_overhead import modern_copy, replay_notebook, watch_harness
+from .live_cells import watch_harness
+from .test_launch_overhead import modern_copy, replay_notebook
 
 NOTEBOOK = "notebooks/hybrid_model_token.ipynb"
 # The registry's CPU parameters for this chapter, with the contexts the tests ask for.

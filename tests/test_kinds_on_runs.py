@@ -5,6 +5,7 @@ trace (`*.json.gz`) and every kernel name listed in an attention-backend table, 
 recorded run (published or not), is classified with today's rules. Each trace is parsed
 once per session.
 """
+
 from __future__ import annotations
 
 import functools
@@ -72,17 +73,31 @@ def all_names() -> frozenset:
 
 def _leftovers(names) -> dict:
     names = sorted(set(names))
-    return {"kind": [n for n in names if kernels.classify(n) == "other"],
-            "source": [n for n in names if kernels.source(n) == "other"]}
+    return {
+        "kind": [n for n in names if kernels.classify(n) == "other"],
+        "source": [n for n in names if kernels.source(n) == "other"],
+    }
 
 
 def test_the_runs_hold_what_these_tests_read():
     tables = {p.name for p in TABLES}
-    assert {"kernels.csv", "kernels-decode.csv", "kernels-prefill.csv", "mlp_kernels.csv", "rmsnorm_kernels.csv",
-            "add_kernels.csv", "fusion_kernels.csv"} <= tables
+    assert {
+        "kernels.csv",
+        "kernels-decode.csv",
+        "kernels-prefill.csv",
+        "mlp_kernels.csv",
+        "rmsnorm_kernels.csv",
+        "add_kernels.csv",
+        "fusion_kernels.csv",
+    } <= tables
     chapters = {p.parent.parent.name for p in TRACES}
-    assert {"kernels-in-one-token", "launch-overhead", "prefill-vs-decode", "hybrid-model-token",
-            "what-a-kernel"} <= chapters
+    assert {
+        "kernels-in-one-token",
+        "launch-overhead",
+        "prefill-vs-decode",
+        "hybrid-model-token",
+        "what-a-kernel",
+    } <= chapters
     assert len(TRACES) >= 20 and BACKEND_TABLES
     assert all(len(table_kernels(p)) > 0 for p in TABLES)
     assert len(all_names()) > 150
@@ -106,7 +121,7 @@ def test_every_attention_backend_kernel_has_a_kind_and_a_source():
 
 # Kernels by family: (pattern over the recorded names, kind, source).
 FAMILIES = [
-    (r"^void cudnn::fusion::lean_reduction_kernel<", "attention", "cuDNN"),        # cuDNN SDPA's split-KV reduction
+    (r"^void cudnn::fusion::lean_reduction_kernel<", "attention", "cuDNN"),  # cuDNN SDPA's split-KV reduction
     (r"^cudnn_generated_fort_native_sdpa_", "attention", "cuDNN"),
     (r"^void pytorch_flash::flash_fwd_", "attention", "FlashAttention"),
     (r"^fused_recurrent_gated_delta_rule_fwd_kernel$", "attention", "flash-linear-attention (Triton)"),
@@ -117,7 +132,7 @@ FAMILIES = [
     (r"^triton_poi_fused_", "elementwise", "Triton (torch.compile)"),
     (r"^add_kernel$", "elementwise", "Triton (ours)"),
     (r"^rmsnorm_kernel$", "reduction", "Triton (ours)"),
-    (r"conv_depthwise2d_forward_kernel", "convolution", "PyTorch (ATen)"),      # the hybrid's causal conv1d
+    (r"conv_depthwise2d_forward_kernel", "convolution", "PyTorch (ATen)"),  # the hybrid's causal conv1d
     (r"^nvjet_sm90_", "matrix multiply", "cuBLAS/cuBLASLt"),
     (r"cutlass_80_simt_sgemm", "matrix multiply", "cuBLAS/cuBLASLt"),
 ]
@@ -147,7 +162,7 @@ def test_kind_agrees_with_the_launching_operator(path):
     k = k[k.op.str.startswith("aten::")]
     by_op = k.op.map(kernels.classify)
     by_name = k.name.map(kernels.classify)
-    odd = sorted(set(zip(k.op[by_op != by_name], by_name[by_op != by_name])))
+    odd = sorted(set(zip(k.op[by_op != by_name], by_name[by_op != by_name], strict=True)))
     assert odd == []
 
 

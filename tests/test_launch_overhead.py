@@ -1,34 +1,19 @@
-"""The chapter "Launch overhead": its live path on a CPU (tiny model, the two eager variants),
-the order it measures in (every timing before every profile), and its analysis."""
+"""The chapter "Launch overhead": its live cells on a CPU (tiny model, the two eager variants),
+the order they measure in (every timing before every profile), and its analysis of its fixture
+run."""
+
 from pathlib import Path
 
 import pytest
 
-from labsupport.measure import hardware, harness, steps
 from labsupport import runs
 from labsupport.chapters import launch_overhead as lo
+from labsupport.measure import hardware, harness, steps
 
+from .conftest import fixture_run
+from .live_cells import run_live_cells, watch_harness
 
-def watch_harness(mp: pytest.MonkeyPatch, calls: list, fail_profile=None):
-    """Log every timing and profile the record makes, and make a CPU profile count as a GPU
-    one (CUPTI attached): a timing after it then raises TimingError, as it would on a GPU.
-    `fail_profile(kwargs)` returning True makes that profile fail with a RuntimeError."""
-    real_time, real_profile = harness.time_region, harness.profile_region
-
-    def time_region(fn, **kw):
-        calls.append(("time", kw["what"]))
-        return real_time(fn, **kw)
-
-    def profile_region(fn, path, **kw):
-        calls.append(("profile", kw["region"]))
-        if fail_profile is not None and fail_profile(kw):
-            raise RuntimeError("profile failed on purpose")
-        k = real_profile(fn, path, **kw)
-        mp.setattr(harness, "profiled", lambda: True)
-        return k
-
-    mp.setattr(harness, "time_region", time_region)
-    mp.setattr(harness, "profile_region", profile_region)
+NOTEBOOK = "notebooks/launch_overhead.ipynb"
 
 
 def _record(tmp_path_factory, fail_profile=None, **params):
@@ -38,8 +23,9 @@ def _record(tmp_path_factory, fail_profile=None, **params):
     mp.setenv("LABSUPPORT_RUNS", str(root))
     watch_harness(mp, calls, fail_profile)
     try:
-        p = lo.Params(**{"preset": "tiny", "prompt_len": 16, "repeats": 3, "device": "cpu", **params})
-        run = lo.record(p, allow_cpu=True, progress=lambda msg: None)
+        run = run_live_cells(
+            NOTEBOOK, **{"preset": "tiny", "prompt_len": 16, "repeats": 3, "allow_cpu": True, **params}
+        )["run"]
     finally:
         mp.undo()
     return run, calls
@@ -85,12 +71,12 @@ def test_every_variant_has_a_row_and_only_ok_rows_have_timings(tiny_run):
 def test_analysis_of_a_cpu_run(tiny_run):
     run, _ = tiny_run
     v = lo.variants(run).set_index("variant")
-    eager = v.loc[lo.VARIANTS["eager"]]
+    eager = v.loc["eager"]
     assert eager["wall min ms"] <= eager["wall ms"] <= eager["wall max ms"]
     assert eager["tokens/s"] == pytest.approx(1e3 / eager["wall ms"])
     assert lo.measured_column(run) in v  # no ceilings on a CPU: the column is there, empty
     assert v[lo.measured_column(run)].isna().all()
-    assert v.loc[lo.VARIANTS["cuda-graph"], ["kernels", "wall ms"]].isna().all()
+    assert v.loc["cuda-graph", ["kernels", "wall ms"]].isna().all()
     e = lo.eager_summary(run)
     assert e.kernels == len(lo.kernel_table(run, "eager")) == eager.kernels
     b = lo.breakdown(run)
@@ -120,8 +106,7 @@ def test_an_empty_gpu_profile_stops_the_recording(runs_root, monkeypatch):
 
     monkeypatch.setattr(harness, "profile_region", empty)
     with pytest.raises(harness.ProfileError, match="captured no GPU kernels"):
-        lo.record(lo.Params(preset="tiny", prompt_len=8, repeats=1, device="cpu"), allow_cpu=True,
-                  progress=lambda msg: None)
+        run_live_cells(NOTEBOOK, preset="tiny", prompt_len=8, repeats=1, allow_cpu=True)
     assert not any(runs_root.rglob("meta.json"))
 
 
@@ -136,15 +121,17 @@ def test_two_compiled_modes_keep_their_own_entries():
     model = models.build_model("tiny")
     ids = decode.Prompt.random(model.config.vocab_size, 1, 8, "cpu").ids
     statics = [steps.StaticStep(model, ids), steps.StaticStep(model, ids)]
-    fns = [torch.compile(statics[0].forward, backend="eager", fullgraph=True),
-           torch.compile(statics[1].forward, backend="aot_eager", fullgraph=True)]
+    fns = [
+        torch.compile(statics[0].forward, backend="eager", fullgraph=True),
+        torch.compile(statics[1].forward, backend="aot_eager", fullgraph=True),
+    ]
     before = steps.graphs_compiled()
     with torch.no_grad():
-        for s, f in zip(statics, fns):
+        for s, f in zip(statics, fns, strict=True):
             s.prepare()
             f(s.tok, s.pos)
         assert steps.graphs_compiled() - before == 2, "each backend compiled its own graph"
-        for s, f in zip(statics, fns):
+        for s, f in zip(statics, fns, strict=True):
             s.prepare()
             f(s.tok, s.pos)
     assert steps.graphs_compiled() - before == 2, "calling either again recompiled nothing"
@@ -152,9 +139,16 @@ def test_two_compiled_modes_keep_their_own_entries():
 
 # Ceilings ------------------------------------------------------------------------------
 
+
 def _limits(read=None, copy=4.2, sheet=4.8):
-    return hardware.Limits(datasheet_name="H200 SXM" if sheet else None, datasheet_tflops=989.0 if sheet else None,
-                           datasheet_tbs=sheet, gemm_tflops=800.0, copy_tbs=copy, read_tbs=read)
+    return hardware.Limits(
+        datasheet_name="H200 SXM" if sheet else None,
+        datasheet_tflops=989.0 if sheet else None,
+        datasheet_tbs=sheet,
+        gemm_tflops=800.0,
+        copy_tbs=copy,
+        read_tbs=read,
+    )
 
 
 def test_weight_reads_are_compared_with_the_read_stream_or_the_copy():
@@ -177,25 +171,36 @@ def test_a_rate_above_a_measured_ceiling_gets_its_sentence():
     assert "datasheet" not in hardware.above_ceiling_note("It", 4.4, _limits(sheet=None))
 
 
-# The published run (recorded before the harness) -------------------------------------------
+# The fixture run (a recorded H200 run) -----------------------------------------------------
 
-def test_published_run_still_replays():
-    run = lo.load()
+
+def test_fixture_run_replays(runs_root):
+    run = fixture_run("launch-overhead")
     v = lo.variants(run)
-    col = lo.measured_column(run)
-    assert col == ("of measured read" if hardware.run_limits(run).read_tbs else "of measured copy") and col in v
+    assert hardware.run_limits(run).read_tbs and lo.measured_column(run) == "of measured read" in v
     ok = v[v.status == "ok"]
     assert (ok["wall min ms"] <= ok["wall ms"]).all() and (ok["wall ms"] <= ok["wall max ms"]).all()
-    note = lo.timing_note(run)
-    if "clean" in run.table("step_times"):
-        assert "before the first profile" in note
-    else:
-        assert "older than the book's measuring harness" in note
+    assert "before the first profile" in lo.timing_note(run)
     with pytest.raises(runs.RunError):
-        lo.load("no-such-run")
+        lo.load("no-such-run")  # from the empty runs folder of runs_root
 
 
-# A run recorded with today's code, made from the published one -----------------------------
+def test_timing_note_of_older_runs():
+    t = fixture_run("launch-overhead").table("step_times")
+
+    class Run:  # all timing_note reads of a run: its step times
+        def __init__(self, times):
+            self.times = times
+
+        def table(self, name):
+            return self.times
+
+    assert "older than the book's measuring harness" in lo.timing_note(Run(t.drop(columns=["clean"])))
+    assert "after a profile" in lo.timing_note(Run(t.assign(clean=t.repeat > 0)))
+
+
+# A run recorded with today's code, made from a recorded one -------------------------------
+
 
 def modern_copy(run: runs.Run, root, run_id: str | None = None) -> runs.Run:
     """A copy of a published GPU run, under `root`, with the columns today's record() writes
@@ -256,8 +261,14 @@ def replay_notebook(notebook: str, run: runs.Run, tmp_path) -> str:
     os.environ["LABSUPPORT_RUNS"] = str(run.path.parents[1])
     try:
         out = tmp_path / Path(notebook).name
-        pm.execute_notebook(str(REPO / notebook), str(out), parameters={"mode": "replay", "run_id": run.run_id},
-                            cwd=str(REPO / "notebooks"), kernel_name="python3", progress_bar=False)
+        pm.execute_notebook(
+            str(REPO / notebook),
+            str(out),
+            parameters={"mode": "replay", "run_id": run.run_id},
+            cwd=str(REPO / "notebooks"),
+            kernel_name="python3",
+            progress_bar=False,
+        )
     finally:
         if env["LABSUPPORT_RUNS"] is None:
             os.environ.pop("LABSUPPORT_RUNS", None)
@@ -268,10 +279,13 @@ def replay_notebook(notebook: str, run: runs.Run, tmp_path) -> str:
 
 # What the static cache adds ------------------------------------------------------------------
 
+
 def _check_static_cache(run):
     k_eager, k_static = lo.kernel_table(run, "eager"), lo.kernel_table(run, "eager-static")
     d = lo.static_cache_diff(run)
-    total, rest, shown = d.iloc[-1], d.iloc[-2], d.iloc[:-2]
+    assert list(d.row) == ["differs"] * (len(d) - 2) + ["rest", "total"]
+    total, rest = d.set_index("row").loc["total"], d.set_index("row").loc["rest"]
+    shown = d[d.row == "differs"]
     assert total["call path"] == "total" and rest["call path"].startswith("every other path")
     assert (total["eager kernels"], total["static kernels"]) == (len(k_eager), len(k_static))
     assert total["Δ kernels"] == len(k_static) - len(k_eager)
@@ -284,21 +298,22 @@ def _check_static_cache(run):
     assert total["eager µs"] * 1e3 == pytest.approx(k_eager.dur_ns.sum())
     s = lo.static_cache_summary(run)
     assert (s.eager_kernels, s.static_kernels) == (len(k_eager), len(k_static))
-    assert s.static_busy_ms * 1e6 == pytest.approx(int(run.table("variants").set_index("variant").loc["eager-static",
-                                                                                                     "gpu_busy_ns"]))
+    assert s.static_busy_ms * 1e6 == pytest.approx(
+        int(run.table("variants").set_index("variant").loc["eager-static", "gpu_busy_ns"])
+    )
     assert s.eager_attn_kernels <= s.eager_layer_kernels and s.static_attn_kernels <= s.static_layer_kernels
     return d, s
 
 
-def test_static_cache_diff_on_the_published_run():
-    run = lo.load()
+def test_static_cache_diff_on_the_fixture_run():
+    run = fixture_run("launch-overhead")
     d, s = _check_static_cache(run)
     # every decoder layer runs the same kernels, so the layers and what is outside them make the whole step
     assert s.eager_layer_kernels * s.layers + s.eager_outside_kernels == s.eager_kernels
     assert s.static_layer_kernels * s.layers + s.static_outside_kernels == s.static_kernels
     assert s.graph_busy_ms is not None
-    known = d.iloc[:-2]
-    assert (known["what it is"] != "").all(), "every differing path of the published run is explained"
+    known = d[d.row == "differs"]
+    assert (known["what it is"] != "").all(), "every differing path of the recorded run is explained"
     paths = lo.call_paths(run, "eager-static")
     inner = paths.call.str.split(" › ").str[-1]
     assert (inner == paths.op.str.removeprefix("aten::")).all(), "a call path ends at the kernel's own operator"
@@ -312,10 +327,55 @@ def test_static_cache_diff_on_a_cpu_run(tiny_run):
 
 
 def test_the_page_replays_a_run_recorded_with_todays_columns(tmp_path):
-    run = modern_copy(lo.load(), tmp_path / "runs")
+    run = modern_copy(fixture_run("launch-overhead"), tmp_path / "runs")
     assert "clean" in run.table("step_times") and hardware.run_limits(run).read_tbs
     assert "before the first profile" in lo.timing_note(run)
     _check_static_cache(run)
     text = replay_notebook("notebooks/launch_overhead.ipynb", run, tmp_path)
     assert "Traceback" not in text and "image/png" in text
     assert "The static cache" in text and "of measured read" in text
+
+
+# The fixes, on the fixture run ---------------------------------------------------------------
+
+
+def test_the_fixes_table():
+    run = fixture_run("launch-overhead")
+    v = lo.variants(run).set_index("variant")
+    assert list(v.index) == list(lo.VARIANTS) and (v.status == "ok").all()
+    eager = v.loc["eager"]
+    assert eager["launch calls"] == eager.kernels, "eager: one launch call per kernel"
+    assert v.loc["cuda-graph", "launch calls"] == 1
+    assert v.loc["compile-reduce-overhead", "kernels"] < eager.kernels
+    assert (v["of datasheet limit"] < 1).all() and (v[lo.measured_column(run)] < 1).all()
+    assert (v["tokens/s"] == 1e3 / v["wall ms"]).all()
+    sheet = hardware.datasheet("NVIDIA H200")
+    assert eager["of datasheet limit"] == pytest.approx(15_136_811_008 / (eager["wall ms"] / 1e3) / 4.8e12)
+    assert sheet.bandwidth_tbs == 4.8
+    h = lo.headline(run)
+    assert h == {
+        "eager wall ms": eager["wall ms"],
+        "best wall ms": v["wall ms"].min(),
+        "CUDA graph wall ms": v.loc["cuda-graph", "wall ms"],
+    }
+
+
+def test_breakdown_adds_up():
+    b = lo.breakdown(fixture_run("launch-overhead"))
+    assert list(b.variant) == list(lo.VARIANTS)
+    parts = b[["before first kernel ms", "kernels running ms", "gaps between kernels ms", "after last kernel ms"]]
+    assert (parts.sum(axis=1) - b["profiled step ms"]).abs().max() < 1e-9
+    assert (parts >= 0).all().all()
+
+
+def test_eager_summary_and_layer_labels():
+    from labsupport.chapters import kernels_in_one_token as one_token
+
+    run = fixture_run("launch-overhead")
+    e = lo.eager_summary(run)
+    assert e.kernels == 2218 == lo.kernel_table(run, "eager").shape[0]
+    assert e.gpu_busy_ms < e.wall_ms and e.issue_ms <= e.wall_ms
+    k = lo.kernel_table(run, "eager")
+    sel, what = lo.one_layer(k, 36)
+    census = one_token.summary(fixture_run("kernels-in-one-token"))
+    assert what.startswith("decoder layer") and len(sel) == census.kernels_per_layer

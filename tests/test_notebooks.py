@@ -1,4 +1,5 @@
 """Chapter notebooks: committed clean, executed in replay and live (CPU) through papermill."""
+
 import json
 import subprocess
 import sys
@@ -27,8 +28,14 @@ def test_notebook_is_committed_clean(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_replays_the_published_run(path, tmp_path):
     out = tmp_path / path.name
-    pm.execute_notebook(str(path), str(out), parameters={"mode": "replay"}, cwd=str(path.parent),
-                        kernel_name="python3", progress_bar=False)
+    pm.execute_notebook(
+        str(path),
+        str(out),
+        parameters={"mode": "replay"},
+        cwd=str(path.parent),
+        kernel_name="python3",
+        progress_bar=False,
+    )
     nb = nbformat.read(out, as_version=4)
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "Traceback" not in text
@@ -36,18 +43,37 @@ def test_notebook_replays_the_published_run(path, tmp_path):
 
 
 def _live(args, env):
-    return subprocess.run([sys.executable, "-m", "labsupport", "live", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "labsupport", "live", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture
 def live_env(runs_root, monkeypatch):
     import os
+
     return {**os.environ, "LABSUPPORT_RUNS": str(runs_root), "PYTHONPATH": str(REPO)}
 
 
-TINY_ARGS = ["kernels-in-one-token", "--allow-cpu", "--param", 'preset="tiny"', "--param", "prompt_len=16",
-             "--param", "contexts=[8, 32]", "--param", "repeats=2", "--param", "fresh_processes=1"]
+TINY_ARGS = [
+    "kernels-in-one-token",
+    "--allow-cpu",
+    "--param",
+    'preset="tiny"',
+    "--param",
+    "prompt_len=16",
+    "--param",
+    "contexts=[8, 32]",
+    "--param",
+    "repeats=2",
+    "--param",
+    "fresh_processes=1",
+]
 
 
 def test_live_run_through_papermill_on_cpu_records_and_publishes(live_env, runs_root):
@@ -72,6 +98,7 @@ def test_failing_notebook_leaves_the_published_run_untouched(copied_runs, live_e
 
 def test_live_without_gpu_stops_with_a_clear_message(live_env):
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     r = _live([], live_env)

@@ -1,8 +1,8 @@
-"""One number per configuration, checked on the published runs: a configuration that the book
+"""One number per configuration, checked on the fixture runs: a configuration that the book
 shows twice is one measurement, or two measurements that agree within their own spread.
 
-Runs recorded before the measuring harness (no `method` in their results) timed steps after
-profiling and are skipped: these checks are for runs the book publishes from now on."""
+The fixtures are frozen copies of harnessed H200 runs (tests/fixtures/runs); the published
+runs that replace them every night are checked by validation, not here."""
 
 from __future__ import annotations
 
@@ -11,15 +11,12 @@ import pytest
 from labsupport import runs
 from labsupport.chapters import kernels_in_one_token as one_token
 
-
-def _harnessed(run: runs.Run) -> bool:
-    return "method" in run.results
+from .conftest import fixture_run
 
 
-def _require(chapter: str) -> runs.Run:
-    run = runs.load_run(chapter)
-    if not _harnessed(run):
-        pytest.skip(f"the published {chapter} run predates the measuring harness")
+def _harnessed(chapter: str) -> runs.Run:
+    run = fixture_run(chapter)
+    assert "method" in run.results, f"the fixture run of {chapter} predates the measuring harness"
     return run
 
 
@@ -28,7 +25,7 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
 
 
 def test_context_sweep_row_at_the_prompt_length_is_the_step_itself():
-    run = _require("kernels-in-one-token")
+    run = _harnessed("kernels-in-one-token")
     s = one_token.summary(run)
     sweep = run.table("context_sweep").set_index("context")
     n = int(run.parameters["prompt_len"])
@@ -39,9 +36,9 @@ def test_context_sweep_row_at_the_prompt_length_is_the_step_itself():
 def test_eager_256_token_step_agrees_across_chapters():
     """The eager step at the same prompt length: the census chapter's (fresh processes and its own
     process) and launch overhead's eager variant overlap within the spread of their repeats."""
-    census = _require("kernels-in-one-token")
-    launch = _require("launch-overhead")
-    assert census.parameters["prompt_len"] == launch.parameters["prompt_len"]
+    census = _harnessed("kernels-in-one-token")
+    launch = _harnessed("launch-overhead")
+    assert census.parameters["prompt_len"] == launch.parameters["prompt_len"] == 256
     effect = census.table("profiler_effect")
     clean = effect[effect.condition.isin(["fresh process", "before profiling"])]
     band = (float(clean.wall_ms_min.min()), float(clean.wall_ms_max.max()))

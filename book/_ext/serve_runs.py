@@ -6,6 +6,7 @@ can link to the raw profiler trace behind a figure. Only what a published run's 
 lists is copied, each run checked whole first, and a symbolic link anywhere on the way is
 refused (labsupport.runs.copy_published): nothing outside the runs folder reaches the HTML.
 """
+
 import os
 import shutil
 from pathlib import Path

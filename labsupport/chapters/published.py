@@ -3,6 +3,7 @@
 Kept apart from measured data: chapters show these beside a run, labelled with
 their source, and never feed them into our own arithmetic.
 """
+
 from __future__ import annotations
 
 import pandas as pd

@@ -1,17 +1,19 @@
-"""The chapter's analysis on the recorded run, and its live path on a CPU (tiny model)."""
+"""The chapter's analysis on its fixture run, and its live cells on a CPU (tiny model)."""
+
 import statistics
 
 import pandas as pd
 import pytest
 import torch
 
-from labsupport.measure import decode
 from labsupport.chapters import kernels_in_one_token as one_token
+from labsupport.measure import decode, harness
 
 from .conftest import tree_bytes
+from .live_cells import run_live_cells, watch_harness
 
-TINY = dict(preset="tiny", prompt_len=16, contexts=[16, 32], repeats=2, context_repeats=1, fresh_processes=1,
-            device="cpu")
+NOTEBOOK = "notebooks/kernels_in_one_token.ipynb"
+TINY = dict(preset="tiny", prompt_len=16, contexts=[16, 32], repeats=2, fresh_processes=1, allow_cpu=True)
 
 
 def test_summary_is_consistent_with_the_tables(published, published_kernels):
@@ -37,14 +39,15 @@ def test_census_beside_published_keeps_them_apart(published):
     t = one_token.census_beside_published(published)
     assert [c[0] for c in t.columns].count("H100 (published)") == 3
     assert t.loc["total", ("H100 (published)", "kernels")] == 2398
-    assert t.loc["total", ("H200 (this run)", "kernels")] == published.table("census").kernels.iloc[-1]
+    total = published.table("census").set_index("kind").loc["total", "kernels"]
+    assert t.loc["total", ("H200 (this run)", "kernels")] == total
 
 
 def test_layer_views(published):
     s = one_token.summary(published)
     layer = one_token.layer_kernels(published, one_token.middle_layer(published))
     assert len(layer) == s.kernels_per_layer
-    assert layer["start µs"].iloc[0] == 0 and layer["start µs"].is_monotonic_increasing
+    assert layer["start µs"].min() == 0 and layer["start µs"].is_monotonic_increasing
     assert {"self_attn.q_proj", "mlp.down_proj", "input_layernorm"} <= set(layer.module)
     per_layer = one_token.per_layer(published)
     assert (per_layer["all kernels"] == s.kernels_per_layer).all()
@@ -61,11 +64,27 @@ def test_context_sweep_table(published):
     assert sweep.attention_kernels.isin([layers, 2 * layers]).all()
 
 
-def test_live_path_on_cpu_writes_a_valid_run(runs_root):
-    run = one_token.record(one_token.Params(**TINY), allow_cpu=True, progress=lambda m: None)
+def test_kv_cache_text_is_about_the_longest_context(published):
+    longest = max(one_token.context_sweep(published).context)
+    text = one_token.kv_cache_text(published)
+    assert text.startswith(f"At {longest:,} tokens the cache holds")
+    assert "With a static cache" in text
+
+
+def test_live_cells_on_cpu_write_a_valid_run(runs_root, monkeypatch):
+    calls = []
+    watch_harness(monkeypatch, calls)
+    run = run_live_cells(NOTEBOOK, **TINY)["run"]
     assert run.path.parent.parent == runs_root
     assert run.provenance["device"] == "cpu"
-    assert {"kernels.csv", "census.csv", "step_times.csv", "context_sweep.csv", "trace.json.gz"} <= set(run.meta["files"])
+    assert {"kernels.csv", "census.csv", "step_times.csv", "context_sweep.csv", "trace.json.gz"} <= set(
+        run.meta["files"]
+    )
+    assert set(run.results) == {"method", "model"}
+    # Every timing before the first profile, but the one that measures the profiler's effect.
+    first = calls.index(("profile", "decode_step"))
+    assert [c for c in calls[first:] if c[0] == "time"] == [("time", "decode step, 16 tokens")]
+    assert ("time", "static-cache step, 32 tokens") in calls[:first]
     pd.testing.assert_frame_equal(one_token.recompute_census(run), run.table("census"), check_dtype=False)
     k = one_token.kernel_table(run)
     assert {"matrix multiply", "attention", "reduction"} <= set(k.kind)
@@ -83,22 +102,22 @@ def test_live_path_on_cpu_writes_a_valid_run(runs_root):
     assert (sweep.static_kernels > 0).all() and (sweep.cat_ns > 0).all()
     assert set(run.table("context_census").cache) == {"dynamic", "static"}
     assert list(run.table("context_sweep").status) == ["ok", "ok"]
-    assert not list(runs_root.rglob(".incomplete-*"))
+    assert not list(runs_root.rglob(".incomplete-*")) and not list(run.path.glob(".*"))
 
 
 def test_live_mode_without_a_gpu_is_refused(runs_root):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     with pytest.raises(decode.NoGPUError, match="live mode needs a CUDA GPU"):
-        one_token.record(one_token.Params(preset="qwen3-8b"))
+        run_live_cells(NOTEBOOK, preset="qwen3-8b")
     with pytest.raises(decode.NoGPUError, match="only allowed for tests"):
-        one_token.record(one_token.Params(preset="qwen3-8b", device="cpu"), allow_cpu=True)
+        run_live_cells(NOTEBOOK, preset="qwen3-8b", allow_cpu=True)
     assert list(runs_root.iterdir()) == []
 
 
 def test_unknown_preset_fails_before_any_work(runs_root):
     with pytest.raises(ValueError, match="unknown model preset 'qwen9'"):
-        one_token.record(one_token.Params(preset="qwen9", device="cpu"), allow_cpu=True)
+        run_live_cells(NOTEBOOK, **{**TINY, "preset": "qwen9"})
     assert list(runs_root.iterdir()) == []
 
 
@@ -108,9 +127,9 @@ def test_interrupted_live_run_leaves_published_run_untouched(copied_runs, monkey
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(decode, "time_decode_steps", interrupted)
+    monkeypatch.setattr(harness, "time_region", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        one_token.record(one_token.Params(**TINY), allow_cpu=True, progress=lambda m: None)
+        run_live_cells(NOTEBOOK, **TINY)
     assert tree_bytes(copied_runs) == before
 
 
@@ -123,7 +142,7 @@ def test_out_of_memory_at_a_long_context_is_recorded(runs_root, monkeypatch):
         return real(model, prompt, *a, **k)
 
     monkeypatch.setattr(decode, "profile_decode_step", oom_at_long_context)
-    run = one_token.record(one_token.Params(**TINY), allow_cpu=True, progress=lambda m: None)
+    run = run_live_cells(NOTEBOOK, **TINY)["run"]
     sweep = run.table("context_sweep")
     assert list(sweep.status) == ["ok", "out of memory (profile)"]
     assert list(one_token.context_sweep(run).context) == [16]

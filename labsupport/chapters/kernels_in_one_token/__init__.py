@@ -1,0 +1,94 @@
+"""Chapter "The kernels in one token": the helpers its notebook's live cells call, and the
+analysis of a run.
+
+Live (the notebook's visible cells): time the eager decode step in fresh processes and in this
+process, time it at longer contexts with a dynamic and a static cache, then profile the step
+(trace, kernel table, census), time it once more with the profiler attached, and profile the
+context sweep. Replay: every table and number of the chapter is computed from the run here.
+
+    params       Params, CHAPTER, TRACE_FILE, load
+    measuring    PendingRun (the run the cells fill), ContextSweep, profiler_effect_table
+    analysis     kernel table, summary, census beside the published one, layers, context sweep
+    matrices     the weight matrices by shape, the KV cache's traffic by context
+    figures      the chapter's figures
+"""
+
+from labsupport.chapters.kernels_in_one_token.analysis import (
+    Summary,
+    attention_kernel_names,
+    census_beside_published,
+    context_sweep,
+    fresh_processes,
+    headline,
+    kernel_table,
+    layer_kernels,
+    layer_parts,
+    middle_layer,
+    outside_layers,
+    per_layer,
+    profiler_effect,
+    recompute_census,
+    summary,
+)
+from labsupport.chapters.kernels_in_one_token.figures import (
+    attention_share_figure,
+    bandwidth_figure,
+    census_figure,
+    gemv_figure,
+    kv_cache_figure,
+    layer_parts_figure,
+)
+from labsupport.chapters.kernels_in_one_token.matrices import (
+    PROJECTIONS,
+    gemv_by_shape,
+    kv_bytes_per_token,
+    kv_cache_text,
+    kv_cache_traffic,
+    projection_shapes,
+)
+from labsupport.chapters.kernels_in_one_token.measuring import (
+    ContextSweep,
+    PendingRun,
+    context_row,
+    profiler_effect_table,
+)
+from labsupport.chapters.kernels_in_one_token.params import CHAPTER, TRACE_FILE, Params, load, progress
+
+__all__ = [
+    "CHAPTER",
+    "TRACE_FILE",
+    "Params",
+    "load",
+    "progress",
+    "PendingRun",
+    "ContextSweep",
+    "context_row",
+    "profiler_effect_table",
+    "Summary",
+    "summary",
+    "kernel_table",
+    "recompute_census",
+    "fresh_processes",
+    "profiler_effect",
+    "census_beside_published",
+    "per_layer",
+    "outside_layers",
+    "layer_kernels",
+    "layer_parts",
+    "middle_layer",
+    "context_sweep",
+    "attention_kernel_names",
+    "headline",
+    "PROJECTIONS",
+    "projection_shapes",
+    "gemv_by_shape",
+    "kv_bytes_per_token",
+    "kv_cache_traffic",
+    "kv_cache_text",
+    "census_figure",
+    "bandwidth_figure",
+    "layer_parts_figure",
+    "attention_share_figure",
+    "gemv_figure",
+    "kv_cache_figure",
+]

@@ -1,0 +1,226 @@
+"""The chapter's analysis: every table and number of the page, from a recorded run."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import pandas as pd
+
+from labsupport import runs
+from labsupport.chapters.kernels_in_one_token.params import TRACE_FILE
+from labsupport.measure import hardware
+from labsupport.traces import kernels, trace
+
+_TEXT_COLUMNS = ["name", "stream", "grid", "block", "launch_api", "op", "module", "kind", "short_name", "part"]
+
+
+def kernel_table(run: runs.Run) -> pd.DataFrame:
+    """The run's kernel table, with the column types it was written with."""
+    k = run.table("kernels", dtype={c: str for c in _TEXT_COLUMNS})
+    k[_TEXT_COLUMNS] = k[_TEXT_COLUMNS].fillna("")
+    k["kind"] = k["name"].map(kernels.classify)  # today's rules, also for runs recorded before them
+    return k.astype({"layer": "Int64"})
+
+
+def recompute_census(run: runs.Run) -> pd.DataFrame:
+    """The census recomputed from the raw trace, with today's classification rules."""
+    device = run.provenance.get("device", "cuda")
+    return kernels.census(kernels.annotate(trace.read_kernels(run.file(TRACE_FILE), device=device)))
+
+
+@dataclass
+class Summary:
+    """The chapter's headline numbers, all from one run."""
+
+    gpu: str
+    kernels: int
+    kernel_ms: float  # sum of kernel durations
+    gpu_busy_ms: float  # union of kernel intervals
+    wall_ms: float  # median of the timed steps (no profiler)
+    wall_min_ms: float
+    wall_max_ms: float
+    issue_ms: float  # median time until the CPU had queued the whole step
+    idle_ms: float
+    busy_fraction: float
+    kernel_interval_us: float  # mean time between kernel starts, over the unprofiled wall time
+    kernel_mean_us: float
+    matmul_kernels: int
+    matmul_ms: float
+    matmul_gb: float
+    matmul_tbs: float
+    datasheet_tbs: float | None
+    datasheet_name: str | None
+    matmul_fraction_datasheet: float | None
+    best_case_ms: float | None  # all weights at datasheet bandwidth
+    copy_tbs: float | None
+    gemm_tflops: float | None
+    matmul_fraction_copy: float | None
+    best_case_copy_ms: float | None
+    read_tbs: float | None  # read stream measured in the run (the ceiling for weight reads)
+    matmul_fraction_read: float | None
+    best_case_read_ms: float | None
+    decode_gb: float
+    math_ms_datasheet: float | None
+    layers: int
+    kernels_per_layer: int
+    attention_kernels: int
+
+
+def summary(run: runs.Run) -> Summary:
+    k = kernel_table(run)
+    times = run.table("step_times")
+    model = run.results["model"]
+    busy = trace.busy_ns(k.start_ns, k.end_ns) / 1e6
+    wall = statistics.median(times.wall_ms)
+    mm = k[k.kind == "matrix multiply"]
+    mm_ms = mm.dur_ns.sum() / 1e6
+    gb = model["matmul_bytes"] / 1e9
+    tbs = gb / mm_ms if mm_ms else float("nan")  # GB/ms == TB/s
+    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    lim = hardware.run_limits(run)
+    per_layer = k.dropna(subset=["layer"]).groupby("layer").size()
+    return Summary(
+        gpu=run.provenance["gpu"],
+        kernels=len(k),
+        kernel_ms=k.dur_ns.sum() / 1e6,
+        gpu_busy_ms=busy,
+        wall_ms=wall,
+        wall_min_ms=float(times.wall_ms.min()),
+        wall_max_ms=float(times.wall_ms.max()),
+        issue_ms=statistics.median(times.issue_ms),
+        idle_ms=max(wall - busy, 0.0),
+        busy_fraction=busy / wall,
+        kernel_interval_us=wall * 1e3 / len(k),
+        kernel_mean_us=k.dur_ns.mean() / 1e3,
+        matmul_kernels=len(mm),
+        matmul_ms=mm_ms,
+        matmul_gb=gb,
+        matmul_tbs=tbs,
+        datasheet_tbs=sheet.bandwidth_tbs if sheet else None,
+        datasheet_name=sheet.name if sheet else None,
+        matmul_fraction_datasheet=tbs / sheet.bandwidth_tbs if sheet else None,
+        best_case_ms=model["decode_bytes"] / 1e9 / sheet.bandwidth_tbs if sheet else None,
+        copy_tbs=lim.copy_tbs,
+        gemm_tflops=lim.gemm_tflops,
+        matmul_fraction_copy=tbs / lim.copy_tbs if lim.copy_tbs else None,
+        best_case_copy_ms=model["decode_bytes"] / 1e9 / lim.copy_tbs if lim.copy_tbs else None,
+        read_tbs=lim.read_tbs,
+        matmul_fraction_read=tbs / lim.read_tbs if lim.read_tbs else None,
+        best_case_read_ms=model["decode_bytes"] / 1e9 / lim.read_tbs if lim.read_tbs else None,
+        decode_gb=model["decode_bytes"] / 1e9,
+        math_ms_datasheet=model["decode_flops"] / (sheet.bf16_tflops * 1e12) * 1e3 if sheet else None,
+        layers=model["layers"],
+        kernels_per_layer=int(min(per_layer.mode())) if len(per_layer) else 0,  # the most common count
+        attention_kernels=int((k.kind == "attention").sum()),
+    )
+
+
+def fresh_processes(run: runs.Run) -> pd.DataFrame | None:
+    """The eager step timed in fresh processes, one row each (None for older runs)."""
+    if "fresh_processes.csv" not in run.meta["files"]:
+        return None
+    return run.table("fresh_processes")
+
+
+def profiler_effect(run: runs.Run) -> pd.DataFrame | None:
+    """The same step: in fresh processes, before and after this process profiled, and the
+    span of the profiled step (None for runs recorded before this was measured)."""
+    if "profiler_effect.csv" not in run.meta["files"]:
+        return None
+    return run.table("profiler_effect")
+
+
+def census_beside_published(run: runs.Run) -> pd.DataFrame:
+    """Our census and the published H100 one, side by side, each under its own heading."""
+    from labsupport.chapters.published import QWEN3_8B_H100_CENSUS as pub
+
+    ours = run.table("census").set_index("kind")
+    theirs = pub.set_index("kind")
+    gpu = run.provenance["gpu"].replace("NVIDIA ", "")
+    out = pd.DataFrame(
+        {
+            (f"{gpu} (this run)", "kernels"): ours["kernels"],
+            (f"{gpu} (this run)", "GPU ms"): (ours["gpu_ns"] / 1e6).round(2),
+            (f"{gpu} (this run)", "share"): (ours["share"] * 100).round(0).astype(int).astype(str) + "%",
+            ("H100 (published)", "kernels"): theirs["kernels"],
+            ("H100 (published)", "GPU ms"): theirs["gpu_ms"],
+            ("H100 (published)", "share"): (theirs["share"] * 100).round(0).astype(int).astype(str) + "%",
+        }
+    )
+    out.index.name = "kind"
+    out.columns = pd.MultiIndex.from_tuples(out.columns)
+    # A kind neither profile has (convolution, in a model without one) is left out.
+    empty = (out[(f"{gpu} (this run)", "kernels")].fillna(0) == 0) & out[("H100 (published)", "kernels")].isna()
+    return out[~empty]
+
+
+def per_layer(run: runs.Run) -> pd.DataFrame:
+    """Kernels and GPU time of each decoder layer, split by part (attention, MLP, norms)."""
+    k = kernel_table(run).dropna(subset=["layer"])
+    counts = k.pivot_table(index="layer", columns="part", values="dur_ns", aggfunc="count", fill_value=0)
+    counts["all kernels"] = counts.sum(axis=1)
+    counts["GPU µs"] = (k.groupby("layer")["dur_ns"].sum() / 1e3).round(1)
+    return counts
+
+
+def outside_layers(run: runs.Run) -> pd.DataFrame:
+    """Kernels that belong to no decoder layer (embedding, final norm, LM head, sampling)."""
+    k = kernel_table(run)
+    k = k[k["layer"].isna()]
+    g = k.groupby("part", sort=False).agg(kernels=("dur_ns", "count"), gpu_us=("dur_ns", "sum"))
+    g["gpu_us"] = (g["gpu_us"] / 1e3).round(1)
+    return g
+
+
+def layer_kernels(run: runs.Run, layer: int) -> pd.DataFrame:
+    """The kernels of one decoder layer, in order, with the module and operator that launched them."""
+    k = kernel_table(run)
+    k = k[k["layer"] == layer].copy()
+    t0 = k.start_ns.min()
+    return pd.DataFrame(
+        {
+            "start µs": ((k.start_ns - t0) / 1e3).round(2),
+            "module": k.module.str.replace(rf"^layers\.{layer}\.?", "", regex=True).replace("", "(layer)"),
+            "operator": k.op,
+            "kernel": k.name.map(lambda n: kernels.short_name(n, width=48)),
+            "kind": k.kind,
+            "µs": (k.dur_ns / 1e3).round(2),
+        }
+    ).reset_index(drop=True)
+
+
+def context_sweep(run: runs.Run) -> pd.DataFrame:
+    """Attention's share of GPU time at each context length."""
+    s = run.table("context_sweep")
+    ok = s[s.status == "ok"].copy()
+    ok["attention share"] = ok.attention_ns / ok.kernel_ns
+    ok["attention ms"] = ok.attention_ns / 1e6
+    ok["GPU ms"] = ok.kernel_ns / 1e6
+    return ok
+
+
+def attention_kernel_names(run: runs.Run) -> list[str]:
+    """Distinct (short) names of the attention kernels in the profiled step."""
+    k = kernel_table(run)
+    return sorted(set(k.loc[k.kind == "attention", "name"].map(lambda n: kernels.short_name(n, width=44))))
+
+
+def middle_layer(run: runs.Run) -> int:
+    return int(run.results["model"]["layers"]) // 2
+
+
+def headline(run: runs.Run) -> dict:
+    s = summary(run)
+    return {"kernels": s.kernels, "GPU busy ms": s.gpu_busy_ms, "wall ms": s.wall_ms, "matmul TB/s": s.matmul_tbs}
+
+
+def layer_parts(run: runs.Run, layer: int) -> pd.DataFrame:
+    """Kernels and GPU time of each part (norms, projections, attention, MLP) of one layer,
+    in the order the parts run."""
+    k = kernel_table(run)
+    k = k[k.layer == layer]
+    part = k.module.str.replace(rf"^layers\.{layer}\.?", "", regex=True).replace("", "(residual add)")
+    g = k.assign(part=part).groupby("part", sort=False).agg(kernels=("dur_ns", "size"), gpu_us=("dur_ns", "sum"))
+    g["gpu_us"] = g.gpu_us / 1e3
+    return g.rename(columns={"gpu_us": "GPU µs"})

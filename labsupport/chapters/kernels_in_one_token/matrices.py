@@ -1,0 +1,161 @@
+"""The weight matrices of the step by shape (how close each one's kernels come to the memory
+ceiling), and what the KV cache costs at longer contexts (dynamic against static cache)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from labsupport import runs
+from labsupport.chapters.kernels_in_one_token.analysis import kernel_table
+from labsupport.measure import hardware
+from labsupport.traces import kernels
+
+# The weight matrices of a decoder layer and the LM head, by the name of their module.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+
+
+def projection_shapes(preset: str) -> dict[str, tuple[int, int]]:
+    """(rows, columns) of each weight matrix of a Qwen3-style model, from its configuration."""
+    from labsupport.measure import models
+
+    c = models.preset_config(preset)
+    q, kv, h, i = (
+        c["num_attention_heads"] * c["head_dim"],
+        c["num_key_value_heads"] * c["head_dim"],
+        c["hidden_size"],
+        c["intermediate_size"],
+    )
+    return {
+        "q_proj": (q, h),
+        "k_proj": (kv, h),
+        "v_proj": (kv, h),
+        "o_proj": (h, q),
+        "gate_proj": (i, h),
+        "up_proj": (i, h),
+        "down_proj": (h, i),
+        "lm_head": (c["vocab_size"], h),
+    }
+
+
+def gemv_by_shape(run: runs.Run) -> pd.DataFrame:
+    """Every weight matrix of the step by shape: bytes it holds, its kernels' time per call
+    (the matrix-vector kernel plus cuBLAS's split-K reduction where there is one), the read
+    bandwidth that makes, and which kernel cuBLAS chose."""
+    k = kernel_table(run)
+    mm = k[k.kind == "matrix multiply"].copy()
+    mm["projection"] = mm.module.str.extract(r"(?:^|\.)(\w+)$")[0]
+    mm = mm[mm.projection.isin(PROJECTIONS)]
+    mm["call"] = mm.layer.astype("string").fillna("") + ":" + mm.projection
+    shapes = projection_shapes(run.parameters["preset"])
+    lim = hardware.run_limits(run)
+    rows = []
+    for proj, g in mm.groupby("projection", sort=False):
+        per_call = g.groupby("call").dur_ns.sum()
+        main = g[~g.name.str.contains("splitKreduce")]
+        rows_, cols = shapes[proj]
+        nbytes = rows_ * cols * 2
+        us = float(per_call.median()) / 1e3
+        rows.append(
+            {
+                "projection": proj,
+                "shape": f"{rows_:,} x {cols:,}",
+                "bytes": nbytes,
+                "calls": len(per_call),
+                "us_per_call": us,
+                "tbs": nbytes / (us * 1e-6) / 1e12,
+                "kernel": kernels.short_name(min(main.name.mode()), width=48),  # the most common kernel
+                "split_k": bool(g.name.str.contains("splitKreduce").any()),
+                "of_datasheet": hardware.of_bandwidth(nbytes, us / 1e3, lim.datasheet_tbs),
+                "of_measured": hardware.of_bandwidth(nbytes, us / 1e3, lim.read_or_copy_tbs),
+            }
+        )
+    order = {p: i for i, p in enumerate(PROJECTIONS)}
+    return pd.DataFrame(rows).sort_values("projection", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def kv_bytes_per_token(preset: str) -> int:
+    """Bytes of keys and values one token adds to the cache, over all layers (BF16)."""
+    from labsupport.measure import models
+
+    c = models.preset_config(preset)
+    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2
+
+
+def kv_cache_traffic(run: runs.Run) -> pd.DataFrame:
+    """Per context: the KV cache's size; what transformers' dynamic cache does with it every
+    step (concatenate the new token: read the whole cache and write it again, 2x its bytes)
+    and what attention does (read it once); the time and bandwidth of each; and, where the run
+    measured it, the same step with a static cache, which writes the new token in place.
+
+    `cat ms` is every concatenation in the step (aten::cat); at long contexts they are almost
+    all the cache's (the rotary embedding's small ones stay constant)."""
+    s = run.table("context_sweep")
+    s = s[s.status == "ok"].copy()
+    per_token = kv_bytes_per_token(run.parameters["preset"]) * int(run.parameters.get("batch", 1))
+    out = pd.DataFrame({"context": s.context})
+    out["cache GB"] = s.context * per_token / 1e9
+    out["concat GB moved"] = 2 * out["cache GB"]
+    out["copy ms"] = s.copy_ns / 1e6 if "copy_ns" in s else census_copy_ms(run, s.context)
+    out["cat ms"] = s.cat_ns / 1e6 if "cat_ns" in s else float("nan")
+    out["concat TB/s"] = out["concat GB moved"] / out["cat ms"]
+    out["attention ms"] = s.attention_ns / 1e6
+    out["attention TB/s"] = out["cache GB"] / out["attention ms"]
+    out["GPU ms, dynamic"] = s.kernel_ns / 1e6
+    has_static = "static_kernel_ns" in s
+    out["GPU ms, static"] = s.static_kernel_ns / 1e6 if has_static else float("nan")
+    out["cat ms, static"] = s.static_cat_ns / 1e6 if has_static else float("nan")
+    out["copy ms, static"] = s.static_copy_ns / 1e6 if has_static else float("nan")
+    out["attention ms, static"] = s.static_attention_ns / 1e6 if has_static else float("nan")
+    out["wall ms, dynamic"] = s.wall_ms_median
+    out["wall ms, static"] = s.static_wall_ms_median if has_static else float("nan")
+    return out.reset_index(drop=True)
+
+
+def census_copy_ms(run: runs.Run, contexts) -> list[float]:
+    """Copy/convert/concat time per context from the context census (runs before `copy_ns`)."""
+    c = run.table("context_census")
+    c = c[c.kind == "copy/convert/concat"].set_index("context")
+    return [float(c.gpu_ns.get(x, float("nan"))) / 1e6 for x in contexts]
+
+
+def kv_cache_text(run: runs.Run) -> str:
+    """What the long-context steps say about the KV cache, in two or three sentences."""
+    traffic = kv_cache_traffic(run)
+    t = traffic.loc[traffic.context.idxmax()]  # the longest context measured
+    lim = hardware.run_limits(run)
+    sheet = (
+        f" ({t['attention TB/s'] / lim.datasheet_tbs:.0%} of the datasheet's {lim.datasheet_tbs:.1f})"
+        if lim.datasheet_tbs
+        else ""
+    )
+    ctx = f"{int(t.context):,}"
+    if t["cat ms"] == t["cat ms"]:
+        concat = (
+            f"every step it reads the whole cache and writes it again, {t['concat GB moved']:.1f} GB moved, "
+            f"and its concatenations take {t['cat ms']:.2f} ms ({t['concat TB/s']:.2f} TB/s)"
+        )
+    else:
+        concat = (
+            f"every step it reads the whole cache and writes it again, {t['concat GB moved']:.1f} GB moved; "
+            f"this run recorded the copy kernels' time only as a kind, {t['copy ms']:.2f} ms"
+        )
+    text = (
+        f"At {ctx} tokens the cache holds {t['cache GB']:.1f} GB. transformers' dynamic cache appends each new "
+        f"token by concatenation: {concat}. Attention itself reads the cache once, {t['cache GB']:.1f} GB in "
+        f"{t['attention ms']:.2f} ms, {t['attention TB/s']:.2f} TB/s{sheet}."
+    )
+    if t["GPU ms, static"] == t["GPU ms, static"]:
+        text += (
+            f" With a static cache, allocated once at its full length so that the new token's keys and values "
+            f"are written in place, the concatenations at {ctx} tokens take {t['cat ms, static']:.2f} ms. Yet "
+            f"transformers' eager step does not get faster for it: all its copies and conversions take "
+            f"{t['copy ms, static']:.2f} ms ({t['copy ms']:.2f} ms with the dynamic cache) and attention over "
+            f"the preallocated cache {t['attention ms, static']:.2f} ms, so the step's GPU time is "
+            f"{t['GPU ms, static']:.2f} ms instead of {t['GPU ms, dynamic']:.2f} ms (wall "
+            f"{t['wall ms, static']:.1f} ms against {t['wall ms, dynamic']:.1f} ms). Which operations make "
+            "those copies is not broken down by this run; the static step's own trace at long context would "
+            "tell."
+        )
+    else:
+        text += " This run did not measure the same step with a static cache; runs recorded since do."
+    return text

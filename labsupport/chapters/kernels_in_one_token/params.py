@@ -1,0 +1,34 @@
+"""What one run of "The kernels in one token" measures, and where it lies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from labsupport import runs
+
+CHAPTER = "kernels-in-one-token"
+TRACE_FILE = "trace.json.gz"
+
+
+@dataclass
+class Params:
+    """What one run of the chapter measures."""
+
+    preset: str = "qwen3-8b"
+    batch: int = 1
+    prompt_len: int = 256
+    contexts: list[int] = field(default_factory=lambda: [256, 1024, 4096, 8192, 16384, 32768])
+    repeats: int = 20
+    context_repeats: int = 5
+    fresh_processes: int = 3  # fresh processes that time the eager step (none of them profiles)
+    device: str = "cuda"
+
+
+def progress(msg: str) -> None:
+    """A line of the live recording's log, naming the chapter."""
+    print(f"[{CHAPTER}] {msg}", flush=True)
+
+
+def load(run_id: str | None = None) -> runs.Run:
+    """The published run (or `run_id`) of this chapter."""
+    return runs.load_run(CHAPTER, run_id)

@@ -1,0 +1,62 @@
+"""Chapter "Launch overhead": the eager decode step's wall time against its GPU time, and the
+fixes measured side by side on the same model and prompt: a static cache, CUDA graphs, and
+torch.compile.
+
+Live (the notebook's visible cells): build and time every variant, then profile each (no wall
+time after a profile). Replay: the fixes table, the eager step's summary, the breakdown of each
+profiled step and what the static cache adds, all computed from the run here.
+
+    params        Params, CHAPTER, VARIANTS (data key -> label shown), the tables' columns, load
+    measuring     PendingRun (the run the cells fill), failure, variant_row, variants_table
+    analysis      the fixes table, the eager step's summary, the breakdown of each profiled step
+    static_cache  the two eager steps compared call path by call path
+    figures       the breakdown figure
+"""
+
+from labsupport.chapters.launch_overhead.analysis import (
+    EagerSummary,
+    breakdown,
+    eager_summary,
+    headline,
+    kernel_table,
+    measured_column,
+    one_layer,
+    timing_note,
+    variants,
+)
+from labsupport.chapters.launch_overhead.figures import breakdown_figure
+from labsupport.chapters.launch_overhead.measuring import (
+    PendingRun,
+    failure,
+    first_line,
+    variant_row,
+    variants_table,
+)
+from labsupport.chapters.launch_overhead.params import (
+    CHAPTER,
+    STEP_TIME_COLUMNS,
+    VARIANT_COLUMNS,
+    VARIANTS,
+    Params,
+    load,
+    progress,
+    trace_file,
+)
+from labsupport.chapters.launch_overhead.static_cache import (
+    STATIC_CACHE_CALLS,
+    StaticCacheSummary,
+    call_paths,
+    static_cache_diff,
+    static_cache_summary,
+    what_call,
+)
+from labsupport.measure.steps import StaticStep, graphs_compiled  # what tests/test_hybrid.py imports from here
+
+__all__ = [
+    "CHAPTER", "VARIANTS", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "Params", "load", "progress", "trace_file",
+    "PendingRun", "failure", "first_line", "variant_row", "variants_table",
+    "kernel_table", "one_layer", "measured_column", "timing_note", "variants", "breakdown", "EagerSummary",
+    "eager_summary", "headline",
+    "call_paths", "STATIC_CACHE_CALLS", "what_call", "static_cache_diff", "StaticCacheSummary", "static_cache_summary",
+    "breakdown_figure", "StaticStep", "graphs_compiled",
+]  # fmt: skip

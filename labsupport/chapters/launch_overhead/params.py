@@ -1,0 +1,48 @@
+"""What one run of "Launch overhead" measures: the variants of the decode step, the columns of
+the run's tables, and where the run lies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labsupport import runs
+
+CHAPTER = "launch-overhead"
+# The variants of the step, by data key, with the label the page shows for each (at display time).
+VARIANTS = {
+    "eager": "eager, dynamic cache (as written)",
+    "eager-static": "eager, static cache",
+    "cuda-graph": "CUDA graph of the static-cache step",
+    "compile-reduce-overhead": 'torch.compile, mode "reduce-overhead"',
+    "compile-max-autotune": 'torch.compile, mode "max-autotune"',
+}
+# The columns of the run's tables, written even when no variant ran.
+VARIANT_COLUMNS = [
+    "variant", "status", "kernels", "gpu_busy_ns", "first_kernel_ns", "last_kernel_end_ns", "profiled_step_ns",
+    "launch_calls", "wall_ms_median", "wall_ms_min", "wall_ms_max", "issue_ms_median", "clean",
+    "graphs_compiled_while_profiling", "compile_s",
+]  # fmt: skip
+STEP_TIME_COLUMNS = ["variant", "repeat", "wall_ms", "issue_ms", "gpu_ms", "clean"]
+
+
+@dataclass
+class Params:
+    preset: str = "qwen3-8b"
+    prompt_len: int = 256
+    repeats: int = 20
+    max_autotune: bool = True
+    device: str = "cuda"
+
+
+def progress(msg: str) -> None:
+    """A line of the live recording's log, naming the chapter."""
+    print(f"[{CHAPTER}] {msg}", flush=True)
+
+
+def trace_file(variant: str) -> str:
+    return f"trace-{variant}.json.gz"
+
+
+def load(run_id: str | None = None) -> runs.Run:
+    """The published run (or `run_id`) of this chapter."""
+    return runs.load_run(CHAPTER, run_id)
