@@ -9,7 +9,12 @@ the writer that leaves nothing behind unless the whole block succeeds.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
 
 from labsupport import runs
 from labsupport.measure import decode, hardware, harness, models
@@ -41,3 +46,48 @@ def recording(
         if ceilings and getattr(params, "device", "cuda") == "cuda":
             hardware.record_ceilings(w, progress)
         yield w
+
+
+class PendingRun:
+    """A run measured across several notebook cells and written by the last one, whole.
+
+    Created first: the checks every live run makes (a known preset, a GPU), the provenance and
+    the run id (writer), how the numbers are taken (harness.method) and, on a GPU, the ceilings
+    (hardware.record_ceilings). Then each cell adds tables (`write_table`), results (`extra`)
+    and traces (under `path`, a scratch folder); `write()` puts them all into the run at once.
+    A cell that fails leaves no run behind."""
+
+    def __init__(
+        self,
+        chapter: str,
+        params,
+        run_id: str | None = None,
+        *,
+        allow_cpu: bool = False,
+        ceilings: bool = True,
+        progress=print,
+    ):
+        harness.for_chapter(chapter)
+        self.chapter = chapter
+        self.writer = writer(chapter, params, run_id, allow_cpu=allow_cpu)
+        self.tables: dict[str, pd.DataFrame] = {}
+        self.extra: dict = {"method": harness.method()}
+        self._scratch = tempfile.TemporaryDirectory(prefix=f"{chapter}-")
+        self.path = Path(self._scratch.name)
+        if ceilings and getattr(params, "device", "cuda") == "cuda":
+            hardware.record_ceilings(self, progress)
+
+    def write_table(self, name: str, df: pd.DataFrame) -> None:
+        self.tables[name] = df
+
+    def write(self) -> str:
+        """Write the run (tables, traces, results); returns its id."""
+        with self.writer as w:
+            for name, df in self.tables.items():
+                w.write_table(name, df)
+            for p in sorted(self.path.iterdir()):
+                if p.is_file() and not p.name.startswith("."):
+                    shutil.copyfile(p, w.path / p.name)
+            w.extra.update(self.extra)
+        self._scratch.cleanup()
+        return w.run_id

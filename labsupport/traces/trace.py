@@ -305,6 +305,3 @@ def region_kernels(path: Path, device: str = "cuda", region: str = "decode_step"
     events = load_events(path)
     span = origin_span_ns(events, region)
     return inside_region(kernel_table(events, device=device, origin=region), span)
-
-
-_ns = ns  # until launch_overhead moves to the public name

@@ -7,7 +7,7 @@ process, time it at longer contexts with a dynamic and a static cache, then prof
 context sweep. Replay: every table and number of the chapter is computed from the run here.
 
     params       Params, CHAPTER, TRACE_FILE, load
-    measuring    PendingRun (the run the cells fill), ContextSweep, profiler_effect_table
+    measuring    pending_run (the run the cells fill), ContextSweep, profiler_effect_table
     analysis     kernel table, summary, census beside the published one, layers, context sweep
     matrices     the weight matrices by shape, the KV cache's traffic by context
     figures      the chapter's figures
@@ -48,8 +48,8 @@ from labsupport.chapters.kernels_in_one_token.matrices import (
 )
 from labsupport.chapters.kernels_in_one_token.measuring import (
     ContextSweep,
-    PendingRun,
     context_row,
+    pending_run,
     profiler_effect_table,
 )
 from labsupport.chapters.kernels_in_one_token.params import CHAPTER, TRACE_FILE, Params, load, progress
@@ -60,7 +60,7 @@ __all__ = [
     "Params",
     "load",
     "progress",
-    "PendingRun",
+    "pending_run",
     "ContextSweep",
     "context_row",
     "profiler_effect_table",

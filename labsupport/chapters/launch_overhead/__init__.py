@@ -7,7 +7,7 @@ time after a profile). Replay: the fixes table, the eager step's summary, the br
 profiled step and what the static cache adds, all computed from the run here.
 
     params        Params, CHAPTER, VARIANTS (data key -> label shown), the tables' columns, load
-    measuring     PendingRun (the run the cells fill), failure, variant_row, variants_table
+    measuring     pending_run (the run the cells fill), failure, variant_row, variants_table
     analysis      the fixes table, the eager step's summary, the breakdown of each profiled step
     static_cache  the two eager steps compared call path by call path
     figures       the breakdown figure
@@ -26,9 +26,9 @@ from labsupport.chapters.launch_overhead.analysis import (
 )
 from labsupport.chapters.launch_overhead.figures import breakdown_figure
 from labsupport.chapters.launch_overhead.measuring import (
-    PendingRun,
     failure,
     first_line,
+    pending_run,
     variant_row,
     variants_table,
 )
@@ -54,7 +54,7 @@ from labsupport.measure.steps import StaticStep, graphs_compiled  # what tests/t
 
 __all__ = [
     "CHAPTER", "VARIANTS", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "Params", "load", "progress", "trace_file",
-    "PendingRun", "failure", "first_line", "variant_row", "variants_table",
+    "pending_run", "failure", "first_line", "variant_row", "variants_table",
     "kernel_table", "one_layer", "measured_column", "timing_note", "variants", "breakdown", "EagerSummary",
     "eager_summary", "headline",
     "call_paths", "STATIC_CACHE_CALLS", "what_call", "static_cache_diff", "StaticCacheSummary", "static_cache_summary",

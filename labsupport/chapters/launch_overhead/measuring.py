@@ -3,52 +3,20 @@ by cell, the status a variant that fails gets, and the row of each profiled vari
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import tempfile
-from pathlib import Path
 
 import pandas as pd
 
 from labsupport.chapters.launch_overhead.params import CHAPTER, VARIANT_COLUMNS, VARIANTS, Params, progress
-from labsupport.measure import hardware, harness, recording
+from labsupport.measure import harness, recording
 from labsupport.measure.steps import CompiledStep
 from labsupport.traces import trace
 
 
-class PendingRun:
-    """A run measured across several notebook cells and written by the last one, whole.
-
-    Created first: the checks every live run makes (a known preset, a GPU), the provenance and
-    the run id (recording.writer), how the numbers are taken (harness.method) and, on a GPU,
-    the ceilings (hardware.record_ceilings). Then each cell adds tables (`write_table`),
-    results (`extra`) and traces (under `path`, a scratch folder); `write()` puts them all into
-    the run at once. A cell that fails leaves no run behind."""
-
-    def __init__(self, params: Params, run_id: str | None = None, allow_cpu: bool = False):
-        harness.for_chapter(CHAPTER)
-        self.writer = recording.writer(CHAPTER, params, run_id, allow_cpu=allow_cpu)
-        self.tables: dict[str, pd.DataFrame] = {}
-        self.extra: dict = {"method": harness.method()}
-        self._scratch = tempfile.TemporaryDirectory(prefix=f"{CHAPTER}-")
-        self.path = Path(self._scratch.name)
-        if params.device == "cuda":
-            hardware.record_ceilings(self, progress)
-
-    def write_table(self, name: str, df: pd.DataFrame) -> None:
-        self.tables[name] = df
-
-    def write(self) -> str:
-        """Write the run (tables, traces, results); returns its id."""
-        with self.writer as w:
-            for name, df in self.tables.items():
-                w.write_table(name, df)
-            for p in sorted(self.path.iterdir()):
-                if p.is_file() and not p.name.startswith("."):
-                    shutil.copyfile(p, w.path / p.name)
-            w.extra.update(self.extra)
-        self._scratch.cleanup()
-        return w.run_id
+def pending_run(params: Params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
+    """The chapter's run, filled cell by cell and written by the last live cell
+    (recording.PendingRun)."""
+    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, progress=progress)
 
 
 def first_line(e: BaseException) -> str:

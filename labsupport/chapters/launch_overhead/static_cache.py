@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from decimal import Decimal
 
 import pandas as pd
 
@@ -13,11 +12,6 @@ from labsupport import runs
 from labsupport.chapters.launch_overhead.analysis import kernel_table
 from labsupport.chapters.launch_overhead.params import trace_file
 from labsupport.traces import trace
-
-
-def us_to_ns(x) -> int:
-    """A trace's microsecond timestamp in integer nanoseconds, exactly (as labsupport.traces.trace reads them)."""
-    return int((Decimal(x) * 1000).to_integral_value())
 
 
 def call_paths(run: runs.Run, variant: str) -> pd.DataFrame:
@@ -39,13 +33,13 @@ def call_paths(run: runs.Run, variant: str) -> pd.DataFrame:
     ops: dict = {}
     for e in events:
         if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "dur" in e:
-            s = us_to_ns(e["ts"])
-            ops.setdefault((e["pid"], e["tid"]), []).append((s, s + us_to_ns(e["dur"]), e["name"]))
+            s = trace.ns(e["ts"])
+            ops.setdefault((e["pid"], e["tid"]), []).append((s, s + trace.ns(e["dur"]), e["name"]))
     queries: dict = {}
     for c in dict.fromkeys(k.correlation):
         launch = launches.get(c)
         if launch is not None:
-            queries.setdefault((launch["pid"], launch["tid"]), []).append((c, us_to_ns(launch["ts"])))
+            queries.setdefault((launch["pid"], launch["tid"]), []).append((c, trace.ns(launch["ts"])))
     paths = {}
     for key, items in queries.items():
         for (c, _), stack in zip(items, trace.enclosing(ops.get(key, []), [t for _, t in items]), strict=True):
