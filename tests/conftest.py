@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from labsupport import runs  # noqa: E402
+from labsupport import runs
 from labsupport.chapters import kernels_in_one_token as one_token
+from labsupport.measure import harness  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "runs"
@@ -95,3 +96,22 @@ def built_book(tmp_path_factory):
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return out / "_build" / "html"
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every time_region and profile_region call, in order, as ("time"/"profile", what)."""
+    order = []
+    real_time, real_profile = harness.time_region, harness.profile_region
+
+    def time_region(fn, *, what, **kw):
+        order.append(("time", what))
+        return real_time(fn, what=what, **kw)
+
+    def profile_region(fn, path, *, region, **kw):
+        order.append(("profile", region))
+        return real_profile(fn, path, region=region, **kw)
+
+    monkeypatch.setattr(harness, "time_region", time_region)
+    monkeypatch.setattr(harness, "profile_region", profile_region)
+    return order

@@ -3,9 +3,6 @@ to test on a CPU the order in which they measure: every code cell up to the one 
 the run, with the notebook's parameters replaced by the test's."""
 
 import nbformat
-import pytest
-
-from labsupport.measure import harness
 
 from .conftest import REPO
 
@@ -37,25 +34,6 @@ def definitions(notebook: str, **parameters) -> dict:
         if "parameters" not in cell.metadata.get("tags", []):
             exec(compile(cell.source, notebook, "exec"), ns)
     raise AssertionError(f"{notebook}: no measuring cell")
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    """Every time_region and profile_region call, in order, as ("time"/"profile", what)."""
-    order = []
-    real_time, real_profile = harness.time_region, harness.profile_region
-
-    def time_region(fn, *, what, **kw):
-        order.append(("time", what))
-        return real_time(fn, what=what, **kw)
-
-    def profile_region(fn, path, *, region, **kw):
-        order.append(("profile", region))
-        return real_profile(fn, path, region=region, **kw)
-
-    monkeypatch.setattr(harness, "time_region", time_region)
-    monkeypatch.setattr(harness, "profile_region", profile_region)
-    return order
 
 
 def assert_times_before_profiles(order):

@@ -11,7 +11,7 @@ from labsupport.chapters import model_code_to_kernels as ch
 from labsupport.measure import decode, triton_kernels
 
 from .conftest import fixture_run
-from .notebook_cells import assert_times_before_profiles, calls, run_live  # noqa: F401
+from .notebook_cells import assert_times_before_profiles, run_live
 
 
 @pytest.fixture(scope="module")

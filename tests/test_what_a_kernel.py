@@ -15,7 +15,7 @@ from labsupport.measure import decode, hardware, harness, triton_kernels
 from labsupport.traces import kernels
 
 from .conftest import fixture_run
-from .notebook_cells import assert_times_before_profiles, calls, definitions, run_live  # noqa: F401
+from .notebook_cells import assert_times_before_profiles, definitions, run_live
 
 NOTEBOOK = "what_a_kernel.ipynb"
 

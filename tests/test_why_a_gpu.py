@@ -441,25 +441,6 @@ def run_live_cells(**given):
     raise AssertionError("no cell of the notebook loads the run")
 
 
-@pytest.fixture
-def calls(monkeypatch):
-    """Every time_region and profile_region call, in order, as ("time"/"profile", what)."""
-    order = []
-    real_time, real_profile = harness.time_region, harness.profile_region
-
-    def time_region(fn, *, what, **kw):
-        order.append(("time", what))
-        return real_time(fn, what=what, **kw)
-
-    def profile_region(fn, path, *, region, **kw):
-        order.append(("profile", region))
-        return real_profile(fn, path, region=region, **kw)
-
-    monkeypatch.setattr(harness, "time_region", time_region)
-    monkeypatch.setattr(harness, "profile_region", profile_region)
-    return order
-
-
 def test_the_notebook_times_everything_before_it_profiles(runs_root, calls):
     run = run_live_cells(**TINY)
     kinds = [k for k, _ in calls]
