@@ -1,0 +1,1 @@
+"""Operations: live and nightly runs, validation, drift, history, status, notebook parameters and the book build."""

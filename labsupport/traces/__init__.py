@@ -1,0 +1,1 @@
+"""Reading profiler traces; kernel kinds, sources and kernel tables."""
