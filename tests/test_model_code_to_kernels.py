@@ -73,7 +73,7 @@ def test_operator_to_kernel_table():
     assert {"self_attn.q_proj", "mlp.down_proj", "input_layernorm"} <= set(table.module)
 
 
-def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monkeypatch):  # noqa: F811
+def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monkeypatch):
     monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)
     monkeypatch.setattr(triton_kernels, "rmsnorm", torch_rmsnorm)
     monkeypatch.setattr(ch, "Params", functools.partial(ch.Params, device="cpu"))

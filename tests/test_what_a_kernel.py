@@ -125,7 +125,7 @@ def test_runs_without_the_cache_size_or_the_add_out_of_it(run, tmp_path):
     assert not ch.cache(small).fits and "larger than this GPU's" in ch.l2_text(small)
 
 
-def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monkeypatch):  # noqa: F811
+def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monkeypatch):
     monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)
     monkeypatch.setattr(triton_kernels, "add", lambda a, b, block=1024, num_warps=4: a + b)
     monkeypatch.setattr(ch, "Params", functools.partial(ch.Params, n=4096, burst_n=1024, device="cpu"))
