@@ -149,8 +149,27 @@ COLLECT = """async () => {
           tr => Array.from(tr.querySelectorAll('td')).map(td => td.textContent.trim())),
     })),
     nav: Array.from(document.querySelectorAll('nav.bd-docs-nav a[href]')).map(a => a.href),
+    links: Array.from(main.querySelectorAll('a[href]')).map(a => a.href),
+    // Each table against the text column: a wider table must scroll inside a box of its own
+    // (itself or an ancestor with overflow-x auto/scroll) that fits the column.
+    column: main.getBoundingClientRect().width,
+    table_fit: Array.from(main.querySelectorAll('table')).map(t => {
+      const w = t.getBoundingClientRect().width;
+      let box = null;
+      for (let e = t; e && e !== main; e = e.parentElement) {
+        const o = getComputedStyle(e).overflowX;
+        if (o === 'auto' || o === 'scroll') { box = e; break; }
+      }
+      return {width: w, box: box ? box.getBoundingClientRect().width : null,
+              head: Array.from(t.querySelectorAll('th')).slice(0, 3).map(h => h.textContent.trim())};
+    }),
+    explorers: main.querySelectorAll('.explorer, .jupyter-widgets, .widget-box').length,
   };
 }"""
+
+# How far the page scrolls sideways on a phone-sized screen.
+OVERFLOW = "() => document.documentElement.scrollWidth - window.innerWidth"
+NARROW = {"width": 390, "height": 844}
 
 
 @dataclass
@@ -164,6 +183,8 @@ class PageVisit:
     failed_requests: list = field(default_factory=list)  # to 127.0.0.1, status >= 400 or no answer
     blocked_requests: list = field(default_factory=list)  # to outside hosts, aborted
     screenshot: str = ""
+    narrow_overflow_px: int | None = None  # sideways scroll at 390 px
+    narrow_screenshot: str = ""
     seconds: float = 0.0
     shown: dict = field(default_factory=dict)  # what COLLECT returned
 
@@ -246,6 +267,19 @@ class Site:
                 v.screenshot = str(shot.relative_to(REPO))
         finally:
             ctx.close()
+        narrow = self.browser.new_context(viewport=NARROW, service_workers="block")
+        try:
+            q = narrow.new_page()
+            q.set_default_timeout(PAGE_TIMEOUT_MS)
+            q.route("**/*", route)
+            q.goto(self.base + page + ".html", wait_until="load")
+            v.narrow_overflow_px = int(q.evaluate(OVERFLOW))
+            if page != "index":
+                shot = SCREENSHOTS / f"{_shot_name(page)}-390px.png"
+                q.screenshot(path=str(shot), full_page=True)
+                v.narrow_screenshot = str(shot.relative_to(REPO))
+        finally:
+            narrow.close()
             v.seconds = round(time.monotonic() - t0, 2)
         return v
 
@@ -355,3 +389,47 @@ def test_sidebar_reaches_every_page_of_the_toc(site):
     reached = {_page_name(urlsplit(u).path.lstrip("/")) for u in v.shown["nav"] if u.startswith(site.base)}
     missing = [p for p in TOC_PAGES if p not in reached]
     assert not missing, f"the sidebar of the root page does not reach {missing}; it reaches {sorted(reached)}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_table_wider_than_the_text_column(site, page):
+    """At 1280 px a table fits the text column, or scrolls inside a box of its own that does."""
+    v = site.visit(page)
+    column = v.shown["column"]
+    cut = [
+        t["head"]
+        for t in v.shown["table_fit"]
+        if t["width"] > column + 1 and (t["box"] is None or t["box"] > column + 1)
+    ]
+    assert not cut, f"{page}: tables wider than the {column:.0f} px column: {cut}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_sideways_scrolling_on_a_phone(site, page):
+    v = site.visit(page)
+    assert v.narrow_overflow_px is not None and v.narrow_overflow_px <= 1, (
+        f"{page}: the page scrolls {v.narrow_overflow_px} px sideways at 390 px ({v.narrow_screenshot})"
+    )
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_local_links_resolve(site, page):
+    """Every link of the page's text to a file of the book reaches a file that was built."""
+    v = site.visit(page)
+    broken = []
+    for url in v.shown["links"]:
+        if not url.startswith(site.base):
+            continue
+        path = urlsplit(url).path.lstrip("/") or "index.html"
+        target = site.html_root / path
+        if not (target.is_file() or (target / "index.html").is_file()):
+            broken.append(url[len(site.base) :])
+    assert not broken, f"{page}: links to nothing: {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_shows_what_it_mentions(site, page):
+    """A page that sends the reader to an explorer shows one."""
+    v = site.visit(page)
+    if re.search(r"explorer (below|above)", v.shown["text"], re.I):
+        assert v.shown["explorers"] > 0, f"{page} mentions an explorer it does not show"
