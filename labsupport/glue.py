@@ -198,10 +198,13 @@ def table(
             subset=[c], **{"white-space": "normal", "overflow-wrap": "anywhere", "min-width": "8em"}
         )
     out = styler.set_table_attributes('class="book-table"').to_html()
-    if len(df) > max_rows or csv_href:
-        more = f"the first {max_rows} of {len(df):,d} rows; " if len(df) > max_rows else ""
-        link = f'<a href="{html.escape(csv_href)}" download>the full table as CSV</a>' if csv_href else ""
-        out += f'<p class="table-note">{more}{link}</p>'
+    parts = []
+    if len(df) > max_rows:
+        parts.append(f"the first {max_rows} of {len(df):,d} rows")
+    if csv_href:
+        parts.append(f'<a href="{html.escape(csv_href)}" download>the full table as CSV</a>')
+    if parts:
+        out += f'<p class="table-note">{"; ".join(parts)}</p>'
     return HTML(f'<div class="table-wrap">{out}</div>')
 
 

@@ -498,4 +498,8 @@ def test_the_notebook_shows_its_measuring_code_and_reads_no_other_chapters_modul
     assert not [src for src, tags in code if "remove-input" in tags or "hide-output" in tags]
     assert [src for src, tags in code if "remove-cell" in tags] == ["ch.explorer(run)"]  # a live widget only
     imports = [line for src, _ in code for line in src.splitlines() if "labsupport.chapters" in line]
-    assert imports == ["from labsupport.chapters import why_a_gpu as ch"]
+    # its own chapter module, and the closing list of the run's data
+    assert sorted(imports) == [
+        "from labsupport.chapters import data_files",
+        "from labsupport.chapters import why_a_gpu as ch",
+    ]
