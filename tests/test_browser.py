@@ -273,6 +273,8 @@ class Site:
             q.set_default_timeout(PAGE_TIMEOUT_MS)
             q.route("**/*", route)
             q.goto(self.base + page + ".html", wait_until="load")
+            if page == "index":  # a redirect to the root page of the toc
+                q.wait_for_url(self.base + ROOT_PAGE + ".html", wait_until="load")
             v.narrow_overflow_px = int(q.evaluate(OVERFLOW))
             if page != "index":
                 shot = SCREENSHOTS / f"{_shot_name(page)}-390px.png"
