@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 from pathlib import Path
@@ -59,6 +60,17 @@ def copied_runs(tmp_path, monkeypatch):
     shutil.copytree(RUNS, root)
     monkeypatch.setenv("LABSUPPORT_RUNS", str(root))
     return root
+
+
+def cpu_args(slug: str) -> list[str]:
+    """Command-line arguments that run chapter `slug` live on a CPU with its tiny parameters
+    (the registry's `cpu` entry), for `python -m labsupport live/nightly`."""
+    from labsupport import chapters
+
+    args = [slug, "--allow-cpu"]
+    for name, value in chapters.by_slug(slug).cpu.items():
+        args += ["--param", f"{name}={json.dumps(value)}"]
+    return args
 
 
 def tree_bytes(root: Path) -> dict:

@@ -12,22 +12,9 @@ import pytest
 
 from labsupport import runs
 
-from .conftest import REPO, tree_bytes
+from .conftest import REPO, cpu_args, tree_bytes
 
-TINY = [
-    "kernels-in-one-token",
-    "--allow-cpu",
-    "--param",
-    'preset="tiny"',
-    "--param",
-    "prompt_len=16",
-    "--param",
-    "contexts=[8, 32]",
-    "--param",
-    "repeats=2",
-    "--param",
-    "fresh_processes=1",
-]
+TINY = cpu_args("kernels-in-one-token")
 
 
 @pytest.fixture

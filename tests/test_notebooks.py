@@ -10,7 +10,7 @@ import pytest
 
 from labsupport import chapters, runs
 
-from .conftest import REPO, tree_bytes
+from .conftest import REPO, cpu_args, tree_bytes
 
 NOTEBOOKS = [c.path for c in chapters.CHAPTERS]
 
@@ -60,20 +60,7 @@ def live_env(runs_root, monkeypatch):
     return {**os.environ, "LABSUPPORT_RUNS": str(runs_root), "PYTHONPATH": str(REPO)}
 
 
-TINY_ARGS = [
-    "kernels-in-one-token",
-    "--allow-cpu",
-    "--param",
-    'preset="tiny"',
-    "--param",
-    "prompt_len=16",
-    "--param",
-    "contexts=[8, 32]",
-    "--param",
-    "repeats=2",
-    "--param",
-    "fresh_processes=1",
-]
+TINY_ARGS = cpu_args("kernels-in-one-token")
 
 
 def test_live_run_through_papermill_on_cpu_records_and_publishes(live_env, runs_root):
