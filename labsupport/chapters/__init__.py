@@ -184,6 +184,30 @@ CHAPTERS = [
         cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
     ),
     Chapter(
+        "closing-the-gap",
+        "notebooks/closing_the_gap.ipynb",
+        ("ceilings.csv", "rungs.csv", "step_times.csv", "trace-eager.json.gz"),
+        columns={
+            "ceilings.csv": CEILINGS,
+            "rungs.csv": (
+                "rung",
+                "status",
+                "kernels",
+                "gpu_busy_ns",
+                "wall_ms_median",
+                "max_abs_diff",
+                "same_token",
+                "passed",
+            ),
+            "step_times.csv": ("rung", "repeat", "wall_ms"),
+            "matmuls.csv": ("matrix", "n", "k", "bytes", "cublas_us", "triton_us"),
+            "gemv_tuning.csv": ("n", "k", "block_n", "block_k", "num_warps", "num_stages", "us", "chosen"),
+        },
+        checks={"preset": preset("qwen3-8b", "tiny"), "prompt_len": at_least(1), "repeats": REPEATS},
+        smoke={"preset": "tiny", "prompt_len": 64, "repeats": 3},
+        cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
+    ),
+    Chapter(
         "prefill-vs-decode",
         "notebooks/prefill_vs_decode.ipynb",
         (

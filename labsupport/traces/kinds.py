@@ -39,8 +39,8 @@ FLA = re.compile(
 
 KINDS = ("matrix multiply", "elementwise", "copy/convert/concat", "reduction", "attention", "convolution", "other")
 
-# Our own Triton kernels (labsupport.measure.triton_kernels), by their exact names.
-OUR_TRITON = {"add_kernel": "elementwise", "rmsnorm_kernel": "reduction"}
+# Our own Triton kernels (labsupport.measure.triton_kernels and .gemv), by their exact names.
+OUR_TRITON = {"add_kernel": "elementwise", "rmsnorm_kernel": "reduction", "gemv_kernel": "matrix multiply"}
 
 
 def _aten(*ops: str) -> str:

@@ -1,0 +1,69 @@
+"""Chapter "Closing the gap": one Qwen3-8B decode step taken from eager to as close to the
+bandwidth floor as we can get, one rung at a time, every rung measured in the same run and
+checked against eager's answers.
+
+Live (the notebook's visible cells): tune and time our Triton GEMV shape by shape, build and
+time every rung, check its logits, then profile each (no wall time after a profile). Replay:
+the ladder, where each rung's time goes, the kernels by kind, the matmuls by shape and what
+remains, all computed from the run here.
+
+    params     Params, CHAPTER, RUNGS (data key -> label shown), OWN_OPTIONS, TOLERANCE, load
+    measuring  pending_run, reference (eager's logits), build (each rung's step), fidelity,
+               rung_row, rungs_table, weight_shapes, time_matmuls
+    analysis   floor, ladder, best, time_split, census, fidelity table, matmuls, remaining, tuning
+    figures    the ladder figure and the matmul figure
+"""
+
+from labsupport.chapters.closing_the_gap.analysis import (
+    Floor,
+    best,
+    census,
+    floor,
+    headline,
+    kernel_table,
+    ladder,
+    matmuls,
+    next_to_published,
+    remaining,
+    time_split,
+    tolerance_text,
+    tuning,
+)
+from labsupport.chapters.closing_the_gap.analysis import fidelity as fidelity_table
+from labsupport.chapters.closing_the_gap.figures import ladder_figure, matmul_figure
+from labsupport.chapters.closing_the_gap.measuring import (
+    REFERENCE_ROW,
+    build,
+    fidelity,
+    pending_run,
+    reference,
+    rung_row,
+    rungs_table,
+    runs_here,
+    time_matmuls,
+    weight_shapes,
+)
+from labsupport.chapters.closing_the_gap.params import (
+    CHAPTER,
+    MATMUL_COLUMNS,
+    OWN_OPTIONS,
+    RUNG_COLUMNS,
+    RUNGS,
+    STEP_TIME_COLUMNS,
+    TARGET_X_FLOOR,
+    TOLERANCE,
+    Params,
+    load,
+    progress,
+    trace_file,
+)
+
+__all__ = [
+    "CHAPTER", "RUNGS", "OWN_OPTIONS", "RUNG_COLUMNS", "STEP_TIME_COLUMNS", "MATMUL_COLUMNS", "TOLERANCE",
+    "TARGET_X_FLOOR", "Params", "load", "progress", "trace_file",
+    "pending_run", "reference", "build", "runs_here", "fidelity", "REFERENCE_ROW", "rung_row", "rungs_table",
+    "weight_shapes", "time_matmuls",
+    "Floor", "floor", "kernel_table", "ladder", "best", "time_split", "census", "fidelity_table", "matmuls",
+    "remaining", "tuning", "headline", "tolerance_text", "next_to_published",
+    "ladder_figure", "matmul_figure",
+]  # fmt: skip

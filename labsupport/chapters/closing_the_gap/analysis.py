@@ -1,0 +1,218 @@
+"""The chapter's analysis, from a recorded run: the floor, the ladder of rungs (time, kernels,
+bandwidth, gap to the floor, same answers), where each rung's time goes, the kernels of each
+rung by kind, the matmuls shape by shape, and the best rung's remaining time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from labsupport import runs
+from labsupport.chapters.closing_the_gap.params import TARGET_X_FLOOR, TOLERANCE, trace_file
+from labsupport.measure import hardware
+from labsupport.traces import kernels, trace
+
+
+@dataclass
+class Floor:
+    """The shortest a step can take: its weight bytes read once at a bandwidth."""
+
+    decode_bytes: int
+    measured_tbs: float | None  # the read stream (or, in older runs, the copy) measured in the run
+    measured_word: str  # "read" or "copy"
+    datasheet_tbs: float | None
+
+    @property
+    def measured_ms(self) -> float:
+        return self.decode_bytes / self.measured_tbs / 1e9 if self.measured_tbs else float("nan")
+
+    @property
+    def datasheet_ms(self) -> float:
+        return self.decode_bytes / self.datasheet_tbs / 1e9 if self.datasheet_tbs else float("nan")
+
+    @property
+    def target_ms(self) -> float:
+        return TARGET_X_FLOOR * self.measured_ms
+
+
+def floor(run: runs.Run) -> Floor:
+    lim = hardware.run_limits(run)
+    tbs, word = hardware.measured_read(lim)
+    return Floor(int(run.results["model"]["decode_bytes"]), tbs, word, lim.datasheet_tbs)
+
+
+def kernel_table(run: runs.Run, rung: str) -> pd.DataFrame:
+    """Kernels of one rung's profiled step (from its raw trace), with kind and source."""
+    device = run.provenance.get("device", "cuda")
+    return kernels.annotate(trace.read_kernels(run.file(trace_file(rung)), device=device))
+
+
+def ladder(run: runs.Run) -> pd.DataFrame:
+    """One row per rung, by key: status, whether it gives eager's answers, kernels, GPU-busy
+    (profiled), wall (median, fastest, slowest; clean), idle (wall - busy), the weight
+    bandwidth it reaches (weights / wall), and its wall over the measured and datasheet floors."""
+    r = run.table("rungs")
+    f = floor(run)
+    ok = r.status == "ok"
+    out = pd.DataFrame({"rung": r.rung, "status": r.status})
+    out["same answers"] = r.passed.astype(str).eq("True")
+    out["kernels"] = r.kernels
+    out["GPU busy ms"] = r.gpu_busy_ns / 1e6
+    out["wall ms"] = r.wall_ms_median
+    out["wall min ms"] = r.wall_ms_min
+    out["wall max ms"] = r.wall_ms_max
+    out["idle ms"] = out["wall ms"] - out["GPU busy ms"]
+    out["TB/s"] = f.decode_bytes / 1e9 / out["wall ms"]
+    out["x floor"] = out["wall ms"] / f.measured_ms
+    out["x datasheet floor"] = out["wall ms"] / f.datasheet_ms
+    out["compile s"] = r.compile_s
+    out.loc[~ok, out.columns[3:]] = float("nan")
+    return out.reset_index(drop=True)
+
+
+def best(run: runs.Run) -> str:
+    """The fastest rung that gives eager's answers (a rung that fails the check is not a result)."""
+    d = ladder(run)
+    good = d[(d.status == "ok") & d["same answers"]]
+    return str(good.loc[good["wall ms"].idxmin(), "rung"])
+
+
+def time_split(run: runs.Run) -> pd.DataFrame:
+    """Where each rung's wall time goes, in three parts that add up to it: the floor (the weights
+    read once at the measured bandwidth), kernel time above the floor (GPU-busy - floor), and
+    the GPU idle (wall - GPU-busy, from the clean wall and the profiled busy time)."""
+    d = ladder(run)
+    d = d[d.status == "ok"]
+    f = floor(run)
+    fl = f.measured_ms if f.measured_tbs else 0.0  # a run without a measured ceiling (a CPU) has no floor
+    return pd.DataFrame(
+        {
+            "rung": d.rung,
+            "floor ms": fl,
+            "kernels above floor ms": d["GPU busy ms"] - fl,
+            "GPU idle ms": d["idle ms"],
+            "wall ms": d["wall ms"],
+        }
+    ).reset_index(drop=True)
+
+
+def census(run: runs.Run) -> pd.DataFrame:
+    """Kernels and GPU ms by kind, one column pair per rung that ran (index: kind, total last)."""
+    r = run.table("rungs")
+    parts = []
+    for rung in r.rung[r.status == "ok"]:
+        c = kernels.census(kernel_table(run, rung)).set_index("kind")
+        parts.append(c[["kernels", "gpu_ms"]].rename(columns=lambda col, rung=rung: (rung, col)))
+    out = pd.concat(parts, axis=1)
+    out.columns = pd.MultiIndex.from_tuples(out.columns)
+    return out
+
+
+def fidelity(run: runs.Run) -> pd.DataFrame:
+    """Same answers, per rung: the largest logit difference from eager, as a number and as a
+    fraction of eager's largest logit (the tolerance), cosine similarity, same greedy token."""
+    r = run.table("rungs")
+    r = r[r.status == "ok"]
+    return pd.DataFrame(
+        {
+            "rung": r.rung,
+            "max |Δ logit|": r.max_abs_diff,
+            "of largest logit": r.max_abs_diff / r.max_abs_logit,
+            "cosine": r.cosine,
+            "same token": r.same_token.astype(str).eq("True"),
+            "passed": r.passed.astype(str).eq("True"),
+        }
+    ).reset_index(drop=True)
+
+
+def matmuls(run: runs.Run) -> pd.DataFrame:
+    """Each weight shape's matmul for one token: cuBLAS against our Triton GEMV, µs and TB/s,
+    and each as a fraction of the run's measured read bandwidth."""
+    m = run.table("matmuls")
+    f = floor(run)
+    out = m[["matrix", "n", "k", "bytes", "cublas_us", "triton_us", "cublas_tbs", "triton_tbs"]].copy()
+    out["MB"] = out.bytes / 1e6
+    for lib in ("cublas", "triton"):
+        out[f"{lib} of read"] = out[f"{lib}_tbs"] / f.measured_tbs if f.measured_tbs else float("nan")
+    out["speed-up"] = out.cublas_us / out.triton_us
+    return out
+
+
+def remaining(run: runs.Run, rung: str) -> pd.DataFrame:
+    """The profiled step of `rung`, split into what its time went to: matmul kernels (and what
+    their weights would take at the floor), every other kind of kernel, gaps between kernels,
+    and the time before the first and after the last kernel. Rows add up to the profiled step."""
+    k = kernel_table(run, rung)
+    row = run.table("rungs").set_index("rung").loc[rung]
+    f = floor(run)
+    busy = trace.busy_ns(k.start_ns, k.end_ns)
+    span = int(row.last_kernel_end_ns - row.first_kernel_ns)
+    step = max(int(row.profiled_step_ns), int(row.last_kernel_end_ns))
+    c = kernels.census(k).set_index("kind")
+    rows = [("matrix multiply kernels", c.loc["matrix multiply", "gpu_ns"], f.measured_ms * 1e6)]
+    rows += [
+        (f"{kind} kernels", c.loc[kind, "gpu_ns"], 0.0) for kind in c.index if kind not in ("matrix multiply", "total")
+    ]
+    rows = [r for r in rows if r[1] > 0]
+    overlap = int(c.loc["total", "gpu_ns"]) - busy  # kernels that ran at the same time (streams)
+    rows += [
+        ("kernels overlapping each other", -overlap, 0.0),
+        ("gaps between kernels", span - busy, 0.0),
+        ("before the first kernel", int(row.first_kernel_ns), 0.0),
+        ("after the last kernel", step - int(row.last_kernel_end_ns), 0.0),
+    ]
+    out = pd.DataFrame(rows, columns=["part", "ns", "floor_ns"])
+    out = out[out.ns != 0]
+    out["ms"] = out.ns / 1e6
+    out["floor ms"] = out.floor_ns / 1e6
+    out["above floor ms"] = out.ms - out["floor ms"]
+    return out[["part", "ms", "floor ms", "above floor ms"]].reset_index(drop=True)
+
+
+def tuning(run: runs.Run) -> pd.DataFrame:
+    """Every GEMV config tried on every weight shape, and which won."""
+    t = run.table("gemv_tuning")
+    t["chosen"] = t.chosen.astype(str).eq("True")
+    return t
+
+
+def headline(run: runs.Run) -> dict:
+    d = ladder(run).set_index("rung")
+    b = best(run)
+    f = floor(run)
+    return {
+        "eager wall ms": float(d.loc["eager", "wall ms"]),
+        "best wall ms": float(d.loc[b, "wall ms"]),
+        "best x floor": float(d.loc[b, "x floor"]),
+        "floor ms": f.measured_ms,
+    }
+
+
+def tolerance_text() -> str:
+    return f"{TOLERANCE:.0%} of eager's largest logit"
+
+
+def next_to_published(run: runs.Run, published: pd.DataFrame) -> pd.DataFrame:
+    """The best rung's multiple of its floor (measured, and datasheet where the GPU is known),
+    in the columns of the published references (`published`), above them."""
+    from labsupport.chapters.closing_the_gap.params import RUNGS
+
+    b, f = best(run), floor(run)
+    d = ladder(run).set_index("rung")
+    rows = []
+    base = {"system": f"this book: {RUNGS[b]}", "model": "Qwen3-8B, batch 1", "GPU": run.provenance["gpu"],
+            "source": f"run {run.run_id}"}  # fmt: skip
+    if f.measured_tbs:
+        rows.append(
+            {
+                **base,
+                "x floor": d.loc[b, "x floor"],
+                "floor from": f"measured {f.measured_word} ({f.measured_tbs:.2f} TB/s)",
+            }
+        )
+    if f.datasheet_tbs:
+        rows.append(
+            {**base, "x floor": d.loc[b, "x datasheet floor"], "floor from": f"datasheet ({f.datasheet_tbs:.1f} TB/s)"}
+        )
+    return pd.concat([pd.DataFrame(rows, columns=published.columns), published], ignore_index=True)

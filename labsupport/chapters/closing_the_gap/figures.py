@@ -1,0 +1,66 @@
+"""The chapter's own figures (the generic ones are in labsupport.figures)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from labsupport import figures as plots
+from labsupport.chapters.closing_the_gap.params import RUNGS
+
+
+def ladder_figure(split: pd.DataFrame, floor_ms: float, target_ms: float, passed: dict, label: str):
+    """Each rung's wall time as three stacked parts (time_split): the floor, kernel time above
+    it, and GPU idle; a dashed line at the floor and one at the target; each bar labelled with
+    its wall time and its multiple of the floor. A rung that fails the same-answers check is
+    hatched and labelled so."""
+    parts = [("floor ms", "#2f4b7c"), ("kernels above floor ms", "#f2b880"), ("GPU idle ms", "#c9c9c9")]
+    fig, ax = plt.subplots(figsize=(7.2, 0.5 * len(split) + 1.9))
+    names = split.rung.map(RUNGS)
+    left = pd.Series(0.0, index=split.index)
+    for col, color in parts:
+        width = split[col].clip(lower=0)
+        ax.barh(names, width, left=left, color=color, label=col.removesuffix(" ms"))
+        left = left + width
+    for y, (i, rung, wall) in enumerate(zip(split.index, split.rung, split["wall ms"], strict=True)):
+        bad = not passed.get(rung, False)
+        text = f"{wall:.2f} ms" + (f", {wall / floor_ms:.2f}x floor" if floor_ms == floor_ms else "")
+        text += " (wrong answers)" if bad else ""
+        ax.text(left[i] + 0.3, y, text, va="center", fontsize=9)
+    if floor_ms == floor_ms:  # not NaN: the run measured the read bandwidth
+        ax.axvline(floor_ms, color="#2f4b7c", ls="--", lw=1)
+        ax.axvline(target_ms, color="#b94a48", ls=":", lw=1.2, label=f"target ({target_ms:.2f} ms)")
+    ax.invert_yaxis()
+    ax.set_xlim(0, float(left.max()) * 1.45)
+    ax.set_xlabel("ms per token (wall time, median)")
+    ax.set_title("From eager to the floor, one rung at a time", loc="left")
+    ax.legend(ncol=2, fontsize=9, frameon=False, loc="upper center", bbox_to_anchor=(0.45, -0.18))
+    ax.grid(axis="y", visible=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    plots.footer(fig, label)
+    return fig
+
+
+def matmul_figure(m: pd.DataFrame, read_tbs: float | None, datasheet_tbs: float | None, label: str):
+    """TB/s of each weight shape's matmul for one token: cuBLAS and our Triton GEMV side by side,
+    with the measured read bandwidth and the datasheet's as lines."""
+    fig, ax = plt.subplots(figsize=(7.2, 0.55 * len(m) + 1.9))
+    y = pd.Series(range(len(m)), dtype=float)
+    ax.barh(y - 0.2, m.cublas_tbs, height=0.4, color=plots.THEIRS, label="cuBLAS (torch)")
+    ax.barh(y + 0.2, m.triton_tbs, height=0.4, color=plots.OURS, label="our Triton GEMV")
+    for i, r in enumerate(m.itertuples()):
+        ax.text(r.triton_tbs + 0.05, i + 0.2, f"{r.triton_tbs:.2f}", va="center", fontsize=8.5)
+        ax.text(r.cublas_tbs + 0.05, i - 0.2, f"{r.cublas_tbs:.2f}", va="center", fontsize=8.5, color="#555")
+    ax.set_yticks(list(y), [f"{r.matrix} ({r.bytes / 1e6:,.0f} MB)" for r in m.itertuples()])
+    if read_tbs:
+        ax.axvline(read_tbs, color="#2f4b7c", ls="--", lw=1, label=f"read stream measured ({read_tbs:.2f})")
+    if datasheet_tbs:
+        ax.axvline(datasheet_tbs, color="#b94a48", ls=":", lw=1.2, label=f"datasheet ({datasheet_tbs:.1f})")
+    ax.invert_yaxis()
+    ax.set_xlabel("TB/s of weights read (one token, inside a CUDA graph)")
+    ax.set_title("Every matmul of a token, by weight shape", loc="left")
+    ax.legend(ncol=2, fontsize=9, frameon=False, loc="upper center", bbox_to_anchor=(0.4, -0.16))
+    ax.grid(axis="y", visible=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    plots.footer(fig, label)
+    return fig

@@ -1,0 +1,63 @@
+"""What one run of "Closing the gap" measures: the rungs of the ladder from the eager decode
+step to the bandwidth floor, the columns of the run's tables, and where the run lies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labsupport import runs
+
+CHAPTER = "closing-the-gap"
+# The rungs, by data key, in ladder order, with the label the page shows for each. The first
+# three are transformers' model; the rest are our own decode step (labsupport.measure.qwen3_decode).
+RUNGS = {
+    "eager": "eager, as written (transformers)",
+    "cuda-graph": "static cache + CUDA graph (transformers)",
+    "compile": 'torch.compile "reduce-overhead" (transformers)',
+    "own-compiled": "our decode step, compiled, one CUDA graph",
+    "fused-projections": "+ Q/K/V and gate/up as one matmul each",
+    "triton-gemv": "+ our Triton GEMV for every matmul",
+    "fused-gemv": "+ norms, SiLU and residual adds inside the GEMVs",
+}
+# The rungs that are our own decode step, and the options of each (qwen3_decode.Options).
+OWN_OPTIONS = {
+    "own-compiled": {},
+    "fused-projections": {"fused": True},
+    "triton-gemv": {"fused": True, "matmul": "triton"},
+    "fused-gemv": {"fused": True, "matmul": "triton", "fuse_gemv": True},
+}
+RUNG_COLUMNS = [
+    "rung", "status", "kernels", "gpu_busy_ns", "first_kernel_ns", "last_kernel_end_ns", "profiled_step_ns",
+    "wall_ms_median", "wall_ms_min", "wall_ms_max", "clean", "compile_s",
+    "max_abs_diff", "max_abs_logit", "cosine", "same_token", "passed",
+]  # fmt: skip
+STEP_TIME_COLUMNS = ["rung", "repeat", "wall_ms", "issue_ms", "gpu_ms", "clean"]
+MATMUL_COLUMNS = ["matrix", "n", "k", "bytes", "cublas_us", "triton_us", "cublas_tbs", "triton_tbs"]
+# Same answers: a rung passes when its greedy token equals eager's and no logit differs from
+# eager's by more than this fraction of eager's largest logit (BF16 keeps 8 bits of mantissa,
+# so rounding alone moves a logit of size L by about L / 256 per operation that touches it).
+TOLERANCE = 0.02
+# The issue's target: 1.15x the floor set by the read bandwidth measured on the same GPU.
+TARGET_X_FLOOR = 1.15
+
+
+@dataclass
+class Params:
+    preset: str = "qwen3-8b"
+    prompt_len: int = 256
+    repeats: int = 30
+    device: str = "cuda"
+
+
+def progress(msg: str) -> None:
+    """A line of the live recording's log, naming the chapter."""
+    print(f"[{CHAPTER}] {msg}", flush=True)
+
+
+def trace_file(rung: str) -> str:
+    return f"trace-{rung}.json.gz"
+
+
+def load(run_id: str | None = None) -> runs.Run:
+    """The published run (or `run_id`) of this chapter."""
+    return runs.load_run(CHAPTER, run_id)
