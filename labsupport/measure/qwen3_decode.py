@@ -5,6 +5,7 @@ forward pass in one screen, using the weights of a transformers model, so that e
     Options.fused      Q/K/V as one matrix multiply, gate/up as one (weights concatenated once)
     Options.matmul     "torch" (cuBLAS through F.linear) or "triton" (labsupport.measure.gemv)
     Options.fuse_gemv  with "triton": RMSNorm, SiLU x up and the residual adds done inside the GEMVs
+    Options.fused_attention  q/k norms, rotary, cache write and attention as one kernel of ours
 
 The decoder layer is compiled once with torch.compile (every layer has the same shapes, its
 weights are arguments) and the whole step, 36 compiled layers and the LM head, is captured
@@ -26,33 +27,52 @@ class Options:
     fused: bool = False
     matmul: str = "torch"  # or "triton"
     fuse_gemv: bool = False
+    fused_attention: bool = False  # q/k norms, rotary, cache write and attention as one kernel of ours
 
     def __post_init__(self):
         if self.matmul not in ("torch", "triton"):
             raise ValueError(f"matmul must be 'torch' or 'triton', not {self.matmul!r}")
         if self.fuse_gemv and not (self.fused and self.matmul == "triton"):
             raise ValueError("fuse_gemv needs fused=True and matmul='triton'")
+        if self.fused_attention and not self.fused:
+            raise ValueError("fused_attention needs fused=True (it reads the fused q|k|v vector)")
 
 
 @cache
-def gemv_op():
-    """Our Triton GEMV as a PyTorch custom operator, which torch.compile calls as it is."""
+def ops():
+    """Our Triton kernels as PyTorch custom operators, which torch.compile calls as they are:
+    (gemv, decode_attention)."""
     import torch
 
-    from labsupport.measure import gemv
+    from labsupport.measure import decode_attention, gemv
 
-    # The schema is written out: this module's annotations are strings (PEP 563).
-    schema = "(Tensor x, Tensor w, Tensor? norm_weight, float eps, bool silu_mul, Tensor? residual) -> Tensor"
+    # The schemas are written out: this module's annotations are strings (PEP 563).
+    @torch.library.custom_op(
+        "labsupport::gemv",
+        mutates_args=(),
+        schema="(Tensor x, Tensor w, Tensor? norm_weight, float eps, bool silu, Tensor? residual) -> Tensor",
+    )
+    def gemv_op(x, w, norm_weight, eps, silu, residual):
+        return gemv.gemv(x, w, norm_weight=norm_weight, eps=eps, silu=silu, residual=residual)
 
-    @torch.library.custom_op("labsupport::gemv", mutates_args=(), schema=schema)
-    def op(x, w, norm_weight, eps, silu_mul, residual):
-        return gemv.gemv(x, w, norm_weight=norm_weight, eps=eps, silu_mul=silu_mul, residual=residual)
+    @gemv_op.register_fake
+    def _(x, w, norm_weight, eps, silu, residual):
+        return x.new_empty(*x.shape[:-1], w.shape[0] // 2 if silu else w.shape[0])
 
-    @op.register_fake
-    def _(x, w, norm_weight, eps, silu_mul, residual):
-        return x.new_empty(*x.shape[:-1], w.shape[0])
+    @torch.library.custom_op(
+        "labsupport::decode_attention",
+        mutates_args=("k_cache", "v_cache"),
+        schema="(Tensor qkv, Tensor q_norm, Tensor k_norm, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+        "Tensor(b!) v_cache, Tensor pos, int heads, float eps) -> Tensor",
+    )
+    def attention_op(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps):
+        return decode_attention.decode_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps)
 
-    return op
+    @attention_op.register_fake
+    def _(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps):
+        return qkv.new_empty(heads * k_cache.shape[-1])
+
+    return gemv_op, attention_op
 
 
 def rmsnorm(x, weight, eps):
@@ -78,12 +98,11 @@ class Shape:
     eps: float
 
 
-def layer(x, pos, cos, sin, k_cache, v_cache, *w, shape: Shape, opts: Options, gemv=None):
+def layer(x, pos, cos, sin, k_cache, v_cache, *w, shape: Shape, opts: Options, kernels=None):
     """One decoder layer on x [B, T, hidden] at positions pos [T]; writes the cache in place.
     `w`: input norm, post-attention norm, q norm, k norm, the attention input weight(s)
     (Q, K, V or QKV), o_proj, the MLP input weight(s) (gate, up or gate-up), down_proj.
-    `gemv`: gemv_op(), used for the matmuls of a single token when opts.matmul is "triton"."""
-    import torch
+    `kernels`: ops(), our kernels, used for a single token as opts asks."""
     import torch.nn.functional as F
 
     s, eps = shape, shape.eps
@@ -91,18 +110,41 @@ def layer(x, pos, cos, sin, k_cache, v_cache, *w, shape: Shape, opts: Options, g
     in_norm, post_norm, q_norm, k_norm = w[:4]
     attn_in, wo = w[4 : 4 + n_in], w[4 + n_in]
     mlp_in, wdown = w[5 + n_in : -1], w[-1]
-    linear = gemv if opts.matmul == "triton" and x.shape[1] == 1 else None
+    one_token = x.shape[1] == 1 and kernels is not None
+    gemv = kernels[0] if one_token and opts.matmul == "triton" else None
 
-    def mm(v, weight, **fuse):
-        if linear is None:
+    def mm(v, weight, norm=None, silu=False, residual=None):
+        if gemv is None:
             return F.linear(v, weight)
-        return linear(v, weight, fuse.get("norm"), eps, fuse.get("silu", False), fuse.get("residual"))
+        return gemv(v, weight, norm, eps, silu, residual)
 
-    fuse = opts.fuse_gemv and linear is not None
-    b, t, _ = x.shape
+    fuse = opts.fuse_gemv and gemv is not None
     h = x if fuse else rmsnorm(x, in_norm, eps)
     qkv = [mm(h, wi, norm=in_norm if fuse else None) for wi in attn_in]
-    if not opts.fused:
+    if opts.fused_attention and one_token:
+        a = kernels[1](qkv[0], q_norm, k_norm, cos, sin, k_cache, v_cache, pos, s.heads, eps).view(1, 1, -1)
+    else:
+        a = attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s, opts.fused)
+    x = mm(a, wo, residual=x) if fuse else x + mm(a, wo)
+    if fuse:  # the gate/up weight is interleaved (gemv.interleave): its GEMV writes silu(gate) * up
+        return mm(mm(x, mlp_in[0], norm=post_norm, silu=True), wdown, residual=x)
+    h = rmsnorm(x, post_norm, eps)
+    gu = [mm(h, wi) for wi in mlp_in]
+    if opts.fuse_gemv:  # the prompt, with the interleaved gate/up weight: rows gate_i, up_i
+        gate, up = gu[0].unflatten(-1, (-1, 2)).unbind(-1)
+    else:
+        gate, up = gu[0].chunk(2, dim=-1) if opts.fused else gu
+    return x + mm(F.silu(gate) * up, wdown)
+
+
+def attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s: Shape, fused: bool):
+    """Qwen3's attention between the QKV and o_proj matmuls, in PyTorch: q/k norms, rotary
+    embedding, the new k and v written into the cache, grouped attention over the cache."""
+    import torch
+
+    eps = s.eps
+    b, t, _ = qkv[0].shape
+    if not fused:
         q, k, v = qkv
     else:
         q, k, v = qkv[0].split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], dim=-1)
@@ -113,21 +155,14 @@ def layer(x, pos, cos, sin, k_cache, v_cache, *w, shape: Shape, opts: Options, g
     q, k = q * c + rotate_half(q) * sn, k * c + rotate_half(k) * sn
     k_cache.index_copy_(2, pos, k)
     v_cache.index_copy_(2, pos, v)
-    # Attention over the cache, grouped: each K/V head serves heads // kv_heads query heads.
+    # Each K/V head serves heads // kv_heads query heads.
     g = s.heads // s.kv_heads
     qg = q.reshape(b, s.kv_heads, g * t, s.head_dim)
     scores = (qg @ k_cache.transpose(2, 3)).float() * s.head_dim**-0.5
-    visible = torch.arange(k_cache.shape[2], device=x.device)[None, :] <= pos[:, None]  # [T, slots]
+    visible = torch.arange(k_cache.shape[2], device=qg.device)[None, :] <= pos[:, None]  # [T, slots]
     scores = scores.masked_fill(~visible.repeat(g, 1), float("-inf"))
-    a = (scores.softmax(-1).to(x.dtype) @ v_cache).reshape(b, s.heads, t, s.head_dim)
-    a = a.transpose(1, 2).reshape(b, t, s.heads * s.head_dim)
-    x = mm(a, wo, residual=x) if fuse else x + mm(a, wo)
-    h = x if fuse else rmsnorm(x, post_norm, eps)
-    gu = [mm(h, wi, norm=post_norm if fuse else None) for wi in mlp_in]
-    if fuse:
-        return mm(gu[0], wdown, silu=True, residual=x)
-    gate, up = gu[0].chunk(2, dim=-1) if opts.fused else gu
-    return x + mm(F.silu(gate) * up, wdown)
+    a = (scores.softmax(-1).to(qg.dtype) @ v_cache).reshape(b, s.heads, t, s.head_dim)
+    return a.transpose(1, 2).reshape(b, t, s.heads * s.head_dim)
 
 
 class Qwen3Decoder:
@@ -136,6 +171,8 @@ class Qwen3Decoder:
 
     def __init__(self, model, max_len: int, opts: Options):
         import torch
+
+        from labsupport.measure import gemv
 
         cfg, m = model.config, model.model
         self.opts, self.max_len = opts, max_len
@@ -147,7 +184,8 @@ class Qwen3Decoder:
             attn = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
             mlp = [p.gate_proj.weight, p.up_proj.weight]
             if opts.fused:
-                attn, mlp = [torch.cat(attn).contiguous()], [torch.cat(mlp).contiguous()]
+                attn = [torch.cat(attn).contiguous()]
+                mlp = [gemv.interleave(*mlp) if opts.fuse_gemv else torch.cat(mlp).contiguous()]
             norms = [lyr.input_layernorm.weight, lyr.post_attention_layernorm.weight, a.q_norm.weight, a.k_norm.weight]
             self.weights.append((*norms, *attn, a.o_proj.weight, *mlp, p.down_proj.weight))
         dev, dt = self.embed.device, self.embed.dtype
@@ -159,8 +197,8 @@ class Qwen3Decoder:
         freqs = torch.outer(torch.arange(max_len, device=dev, dtype=torch.float32), inv)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(dt), emb.sin().to(dt)
-        self.gemv = gemv_op() if opts.matmul == "triton" else None
-        self.layer_eager = partial(layer, shape=self.shape, opts=opts, gemv=self.gemv)
+        self.kernels = ops() if opts.matmul == "triton" or opts.fused_attention else None
+        self.layer_eager = partial(layer, shape=self.shape, opts=opts, kernels=self.kernels)
         self.layer_step = self.layer_eager
 
     def compile(self):
@@ -180,7 +218,7 @@ class Qwen3Decoder:
             x = fn(x, pos, self.cos, self.sin, kc, vc, *w)
         x = x[:, -1:]
         if step and self.opts.fuse_gemv:
-            return self.gemv(x, self.lm_head, self.norm, self.shape.eps, False, None)[:, -1]
+            return self.kernels[0](x, self.lm_head, self.norm, self.shape.eps, False, None)[:, -1]
         logits = F.linear(rmsnorm(x, self.norm, self.shape.eps), self.lm_head)
         return logits[:, -1]
 

@@ -7,7 +7,7 @@ time every rung, check its logits, then profile each (no wall time after a profi
 the ladder, where each rung's time goes, the kernels by kind, the matmuls by shape and what
 remains, all computed from the run here.
 
-    params     Params, CHAPTER, RUNGS (data key -> label shown), OWN_OPTIONS, TOLERANCE, load
+    params     Params, CHAPTER, RUNGS (data key -> label shown), OWN_OPTIONS, ERROR_FACTOR, load
     measuring  pending_run, reference (eager's logits), build (each rung's step), fidelity,
                rung_row, rungs_table, weight_shapes, time_matmuls
     analysis   floor, ladder, best, time_split, census, fidelity table, matmuls, remaining, tuning
@@ -32,8 +32,9 @@ from labsupport.chapters.closing_the_gap.analysis import (
 from labsupport.chapters.closing_the_gap.analysis import fidelity as fidelity_table
 from labsupport.chapters.closing_the_gap.figures import ladder_figure, matmul_figure
 from labsupport.chapters.closing_the_gap.measuring import (
-    REFERENCE_ROW,
+    Reference,
     build,
+    eager_fidelity,
     fidelity,
     pending_run,
     reference,
@@ -41,17 +42,18 @@ from labsupport.chapters.closing_the_gap.measuring import (
     rungs_table,
     runs_here,
     time_matmuls,
+    tuning_cases,
     weight_shapes,
 )
 from labsupport.chapters.closing_the_gap.params import (
     CHAPTER,
+    ERROR_FACTOR,
     MATMUL_COLUMNS,
     OWN_OPTIONS,
     RUNG_COLUMNS,
     RUNGS,
     STEP_TIME_COLUMNS,
     TARGET_X_FLOOR,
-    TOLERANCE,
     Params,
     load,
     progress,
@@ -59,10 +61,11 @@ from labsupport.chapters.closing_the_gap.params import (
 )
 
 __all__ = [
-    "CHAPTER", "RUNGS", "OWN_OPTIONS", "RUNG_COLUMNS", "STEP_TIME_COLUMNS", "MATMUL_COLUMNS", "TOLERANCE",
+    "CHAPTER", "RUNGS", "OWN_OPTIONS", "RUNG_COLUMNS", "STEP_TIME_COLUMNS", "MATMUL_COLUMNS", "ERROR_FACTOR",
     "TARGET_X_FLOOR", "Params", "load", "progress", "trace_file",
-    "pending_run", "reference", "build", "runs_here", "fidelity", "REFERENCE_ROW", "rung_row", "rungs_table",
-    "weight_shapes", "time_matmuls",
+    "pending_run", "reference", "build", "runs_here", "fidelity", "Reference", "eager_fidelity", "rung_row",
+    "rungs_table",
+    "weight_shapes", "tuning_cases", "time_matmuls",
     "Floor", "floor", "kernel_table", "ladder", "best", "time_split", "census", "fidelity_table", "matmuls",
     "remaining", "tuning", "headline", "tolerance_text", "next_to_published",
     "ladder_figure", "matmul_figure",

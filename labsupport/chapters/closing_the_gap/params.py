@@ -17,7 +17,8 @@ RUNGS = {
     "own-compiled": "our decode step, compiled, one CUDA graph",
     "fused-projections": "+ Q/K/V and gate/up as one matmul each",
     "triton-gemv": "+ our Triton GEMV for every matmul",
-    "fused-gemv": "+ norms, SiLU and residual adds inside the GEMVs",
+    "fused-gemv": "+ norms, SiLU × up and residual adds inside the GEMVs",
+    "fused-attention": "+ q/k norms, rotary, cache write and attention as one kernel of ours",
 }
 # The rungs that are our own decode step, and the options of each (qwen3_decode.Options).
 OWN_OPTIONS = {
@@ -25,18 +26,20 @@ OWN_OPTIONS = {
     "fused-projections": {"fused": True},
     "triton-gemv": {"fused": True, "matmul": "triton"},
     "fused-gemv": {"fused": True, "matmul": "triton", "fuse_gemv": True},
+    "fused-attention": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True},
 }
 RUNG_COLUMNS = [
     "rung", "status", "kernels", "gpu_busy_ns", "first_kernel_ns", "last_kernel_end_ns", "profiled_step_ns",
     "wall_ms_median", "wall_ms_min", "wall_ms_max", "clean", "compile_s",
-    "max_abs_diff", "max_abs_logit", "cosine", "same_token", "passed",
+    "max_abs_diff", "max_abs_err", "eager_abs_err", "max_abs_logit", "cosine", "same_token", "passed",
 ]  # fmt: skip
 STEP_TIME_COLUMNS = ["rung", "repeat", "wall_ms", "issue_ms", "gpu_ms", "clean"]
 MATMUL_COLUMNS = ["matrix", "n", "k", "bytes", "cublas_us", "triton_us", "cublas_tbs", "triton_tbs"]
-# Same answers: a rung passes when its greedy token equals eager's and no logit differs from
-# eager's by more than this fraction of eager's largest logit (BF16 keeps 8 bits of mantissa,
-# so rounding alone moves a logit of size L by about L / 256 per operation that touches it).
-TOLERANCE = 0.02
+# Same answers. BF16 rounds at every operation, so no two implementations give identical
+# logits; the reference for "correct" is the same step computed in float32 from the same
+# weights. Eager BF16 itself is some distance from it; a rung passes when its greedy token is
+# eager's and its largest logit error against float32 is at most ERROR_FACTOR times eager's.
+ERROR_FACTOR = 2.0
 # The issue's target: 1.15x the floor set by the read bandwidth measured on the same GPU.
 TARGET_X_FLOOR = 1.15
 
