@@ -1,12 +1,15 @@
-"""Everything between the QKV matmul and o_proj of one decode step, as one Triton kernel.
+"""Everything between the QKV matmul and o_proj of one decode step, as Triton kernels of ours.
 
 After the fused Q/K/V matmul, Qwen3's attention does, per head: RMSNorm of q and of k over the
 head (q_norm, k_norm), the rotary embedding, the new k and v written into the KV cache, then
 attention of q over every cached position. Written in PyTorch and compiled, that is about six
-kernels, each a few microseconds; here it is one. One program per query head: it normalises
-and rotates its q (and its group's k), the first head of each group writes k and v into the
-cache, and it attends over the cache in chunks of BLOCK_S positions with a running softmax
-(the new position's k and v come from registers, not from the cache another program writes).
+kernels, each a few microseconds. Here it is two, split the way flash-decoding splits it: the
+first runs one program per (query head, stretch of BLOCK_S positions), so that a few hundred
+programs share the work instead of one per head; each normalises and rotates its q (and its
+group's k), one per K/V head writes the new k and v into the cache, and each returns its
+stretch's softmax maximum, sum and weighted values. The second combines the stretches of each
+head. (The new position's k and v come from registers, not from the cache another program is
+writing.)
 
 Triton is imported on first use; on a CPU set TRITON_INTERPRET=1 first (no bfloat16 there).
 """
@@ -36,11 +39,11 @@ def _kernel():
     globals()["norm_rope"] = norm_rope
 
     @triton.jit
-    def decode_attention_kernel(
-        qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, out_ptr, eps, scale,
+    def attention_part_kernel(
+        qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, eps, scale,
         H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
     ):  # fmt: skip
-        h = tl.program_id(0)
+        h, part = tl.program_id(0), tl.program_id(1)
         kvh = h // (H // KVH)
         pos = tl.load(pos_ptr)
         d = tl.arange(0, D)
@@ -52,43 +55,59 @@ def _kernel():
         k = norm_rope(qkv_ptr + (H + kvh) * D, kn_ptr, d, d_rot, sign, cos, sin, eps, D)
         v = tl.load(qkv_ptr + (H + KVH + kvh) * D + d)
         cache_at = kvh * SLOTS * D
-        if h % (H // KVH) == 0:  # one program per group writes the new position into the cache
+        if (h % (H // KVH) == 0) & (part == 0):  # one program per K/V head writes the new position
             tl.store(kc_ptr + cache_at + pos * D + d, k)
             tl.store(vc_ptr + cache_at + pos * D + d, v)
-        kf, vf = k.to(tl.float32), v.to(tl.float32)
-        m = tl.full((), float("-inf"), tl.float32)
-        total = tl.zeros((), tl.float32)
-        acc = tl.zeros((D,), tl.float32)
-        for start in range(0, pos + 1, BLOCK_S):
-            s = start + tl.arange(0, BLOCK_S)
-            old = (s < pos)[:, None]
-            at = cache_at + s[:, None] * D + d[None, :]
-            kt = tl.load(kc_ptr + at, mask=old, other=0.0).to(tl.float32)
-            vt = tl.load(vc_ptr + at, mask=old, other=0.0).to(tl.float32)
-            now = (s == pos)[:, None]
-            kt = tl.where(now, kf[None, :], kt)
-            vt = tl.where(now, vf[None, :], vt)
-            scores = tl.where(s <= pos, tl.sum(kt * q[None, :], axis=1) * scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=0))
-            p = tl.exp(scores - m_new)
-            alpha = tl.exp(m - m_new)
-            total = total * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
-            m = m_new
-        tl.store(out_ptr + h * D + d, (acc / total).to(v.dtype))
+        # This program's stretch of positions; the new one's k and v come from registers.
+        s = part * BLOCK_S + tl.arange(0, BLOCK_S)
+        old = (s < pos)[:, None]
+        at = cache_at + s[:, None] * D + d[None, :]
+        kt = tl.load(kc_ptr + at, mask=old, other=0.0).to(tl.float32)
+        vt = tl.load(vc_ptr + at, mask=old, other=0.0).to(tl.float32)
+        now = (s == pos)[:, None]
+        kt = tl.where(now, k.to(tl.float32)[None, :], kt)
+        vt = tl.where(now, v.to(tl.float32)[None, :], vt)
+        scores = tl.where(s <= pos, tl.sum(kt * q[None, :], axis=1) * scale, float("-inf"))
+        m = tl.max(scores, axis=0)
+        p = tl.exp(scores - tl.where(m == float("-inf"), 0.0, m))  # a stretch past `pos`: all zero
+        row = part_ptr + (h * tl.num_programs(1) + part) * (D + 2)
+        tl.store(row + d, tl.sum(p[:, None] * vt, axis=0))
+        tl.store(row + D, m)
+        tl.store(row + D + 1, tl.sum(p, axis=0))
 
-    return decode_attention_kernel
+    @triton.jit
+    def attention_combine_kernel(part_ptr, out_ptr, PARTS, D: tl.constexpr, BLOCK_P: tl.constexpr):
+        # softmax over all positions from each stretch's (max, sum, weighted values)
+        h = tl.program_id(0)
+        i = tl.arange(0, BLOCK_P)
+        d = tl.arange(0, D)
+        ok = i < PARTS
+        rows = part_ptr + (h * PARTS + i) * (D + 2)
+        m = tl.load(rows + D, mask=ok, other=float("-inf"))
+        total = tl.load(rows + D + 1, mask=ok, other=0.0)
+        acc = tl.load(rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        w = tl.exp(m - tl.max(m, axis=0))
+        out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * total, axis=0)
+        tl.store(out_ptr + h * D + d, out.to(out_ptr.dtype.element_ty))
+
+    return triton, attention_part_kernel, attention_combine_kernel
 
 
-def decode_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads: int, eps: float, block_s: int = 64):
+def decode_attention(
+    qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads: int, eps: float, block_s: int = 32
+):  # fmt: skip
     """Attention output [heads * head_dim] of one token from its fused q|k|v vector; writes the
     token's k and v into k_cache / v_cache ([1, kv_heads, slots, head_dim]) at `pos` ([1])."""
     import torch
 
+    triton, part_kernel, combine_kernel = _kernel()
     _, kv_heads, slots, head_dim = k_cache.shape
-    out = torch.empty(heads * head_dim, device=qkv.device, dtype=qkv.dtype)
-    _kernel()[(heads,)](
-        qkv.reshape(-1), q_norm, k_norm, cos, sin, k_cache, v_cache, pos, out, eps, head_dim**-0.5,
+    parts = triton.cdiv(slots, block_s)
+    partial = torch.empty(heads, parts, head_dim + 2, device=qkv.device, dtype=torch.float32)
+    part_kernel[(heads, parts)](
+        qkv.reshape(-1), q_norm, k_norm, cos, sin, k_cache, v_cache, pos, partial, eps, head_dim**-0.5,
         H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=block_s, num_warps=4,
     )  # fmt: skip
+    out = torch.empty(heads * head_dim, device=qkv.device, dtype=qkv.dtype)
+    combine_kernel[(heads,)](partial, out, parts, D=head_dim, BLOCK_P=triton.next_power_of_2(parts), num_warps=4)
     return out

@@ -6,8 +6,11 @@ every SM to stream W at the memory's speed, whatever its shape. Each program (th
 owns BLOCK_N consecutive rows and walks along K in BLOCK_K chunks, accumulating in float32.
 
 Three optional fusions (`Fusion`), so that one kernel does what would otherwise be two or three:
-- `norm`: x is first scaled by RMSNorm (each program recomputes the statistic from x, which is
-  small and sits in L2), so the norm kernel before the matmul goes away;
+- `norm`: x goes through RMSNorm first, so the norm kernel before the matmul goes away. Its
+  scale is one number for the whole vector, so it factors out of the product: each program
+  sums x's squares while it reads x for the product and applies the scale at the end, reading
+  x once. (The model as written rounds the normalised x to BF16 before the norm's weight;
+  here it stays in float32, which is closer to the exact result.)
 - `silu`: the weight's rows come in (gate, up) pairs, interleaved, and the kernel writes
   silu(gate) * up, one value per pair, so the activation kernel after gate/up goes away;
 - `residual`: the output is residual + W x (the residual add after o_proj and down_proj).
@@ -77,25 +80,21 @@ def _kernel():
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
-        scale = 1.0
-        if NORM:  # RMSNorm's statistic of x, recomputed by every program (x is small, in L2)
-            sq = tl.zeros((BLOCK_K,), tl.float32)
-            for k in range(0, K, BLOCK_K):
-                cols = k + tl.arange(0, BLOCK_K)
-                xs = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-                sq += xs * xs
-            scale = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
         acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        sq = tl.zeros((BLOCK_K,), tl.float32)
         for k in range(0, K, BLOCK_K):
             cols = k + tl.arange(0, BLOCK_K)
             col_ok = cols < K
-            xv = tl.load(x_ptr + cols, mask=col_ok, other=0.0)
-            if NORM:  # as Qwen3's RMSNorm: normalise in float32, round, then scale by the weight
-                nw = tl.load(norm_w_ptr + cols, mask=col_ok, other=0.0)
-                xv = (xv.to(tl.float32) * scale).to(nw.dtype) * nw
+            xv = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            if NORM:  # the sum of squares on the way; the norm's weight now, its scale at the end
+                sq += xv * xv
+                xv = xv * tl.load(norm_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
-        y = tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty)  # rounded, as a matmul's output is
+            acc += w.to(tl.float32) * xv[None, :]
+        y = tl.sum(acc, axis=1)
+        if NORM:
+            y = y / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+        y = y.to(y_ptr.dtype.element_ty)  # rounded, as a matmul's output is
         if SILU:  # rows 2i and 2i+1 are gate_i and up_i: write silu(gate_i) * up_i at i
             gate, up = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
             g = gate.to(tl.float32)
