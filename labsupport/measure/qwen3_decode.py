@@ -216,11 +216,17 @@ class Qwen3Decoder:
         x = F.embedding(tokens, self.embed)
         for w, kc, vc in zip(self.weights, self.k_cache, self.v_cache, strict=True):
             x = fn(x, pos, self.cos, self.sin, kc, vc, *w)
-        x = x[:, -1:]
-        if step and self.opts.fuse_gemv:
-            return self.kernels[0](x, self.lm_head, self.norm, self.shape.eps, False, None)[:, -1]
-        logits = F.linear(rmsnorm(x, self.norm, self.shape.eps), self.lm_head)
-        return logits[:, -1]
+        x, eps = x[:, -1:], self.shape.eps
+        if not (step and self.opts.matmul == "triton"):
+            return F.linear(rmsnorm(x, self.norm, eps), self.lm_head)[:, -1]
+        if self.opts.fuse_gemv:  # the final norm as one Triton kernel: inside the LM head's GEMV, the
+            # norm's weight would be read again by each of its ~19,000 programs (measured slower)
+            from labsupport.measure import triton_kernels
+
+            x = triton_kernels.rmsnorm(x, self.norm, eps)
+        else:
+            x = rmsnorm(x, self.norm, eps)
+        return self.kernels[0](x, self.lm_head, None, eps, False, None)[:, -1]
 
 
 class OwnStep:

@@ -170,7 +170,7 @@ def weight_shapes(model) -> dict[str, tuple[int, int]]:
 def tuning_cases(model) -> list:
     """What gemv.tune times: every weight shape plain, and the fused GEMVs of the last rungs
     (each with the fusion it runs with: qkv and gate/up after a norm, gate/up writing
-    silu(gate) * up, o_proj and down_proj adding the residual, the LM head after the final norm)."""
+    silu(gate) * up, o_proj and down_proj adding the residual)."""
     from labsupport.measure.gemv import PLAIN, Fusion
 
     s = weight_shapes(model)
@@ -180,7 +180,6 @@ def tuning_cases(model) -> list:
         (*s["o_proj"], Fusion(residual=True)),
         (*s["gate_up (fused)"], Fusion(norm=True, silu=True)),
         (*s["down_proj"], Fusion(residual=True)),
-        (*s["lm_head"], Fusion(norm=True)),
     ]
 
 
