@@ -68,6 +68,7 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "trace-fused-projections.json.gz": "the raw trace of our step with fused Q/K/V and gate/up",
         "trace-triton-gemv.json.gz": "the raw trace of our step with our Triton GEMV",
         "trace-fused-gemv.json.gz": "the raw trace of our step with norms, SiLU and residual adds inside the GEMVs",
+        "trace-fused-attention.json.gz": "the raw trace of our step with our attention kernels (the best rung)",
     },
     "prefill-vs-decode": {
         "ceilings.csv": _CEILINGS,

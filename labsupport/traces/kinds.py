@@ -39,8 +39,14 @@ FLA = re.compile(
 
 KINDS = ("matrix multiply", "elementwise", "copy/convert/concat", "reduction", "attention", "convolution", "other")
 
-# Our own Triton kernels (labsupport.measure.triton_kernels and .gemv), by their exact names.
-OUR_TRITON = {"add_kernel": "elementwise", "rmsnorm_kernel": "reduction", "gemv_kernel": "matrix multiply"}
+# Our own Triton kernels (labsupport.measure.triton_kernels, .gemv, .decode_attention), by their exact names.
+OUR_TRITON = {
+    "add_kernel": "elementwise",
+    "rmsnorm_kernel": "reduction",
+    "gemv_kernel": "matrix multiply",
+    "attention_part_kernel": "attention",
+    "attention_combine_kernel": "attention",
+}
 
 
 def _aten(*ops: str) -> str:

@@ -18,6 +18,7 @@ from labsupport.chapters.closing_the_gap.analysis import (
     Floor,
     best,
     census,
+    census_by_rung,
     floor,
     headline,
     kernel_table,
@@ -66,7 +67,8 @@ __all__ = [
     "pending_run", "reference", "build", "runs_here", "fidelity", "Reference", "eager_fidelity", "rung_row",
     "rungs_table",
     "weight_shapes", "tuning_cases", "time_matmuls",
-    "Floor", "floor", "kernel_table", "ladder", "best", "time_split", "census", "fidelity_table", "matmuls",
+    "Floor", "floor", "kernel_table", "ladder", "best", "time_split", "census", "census_by_rung", "fidelity_table",
+    "matmuls",
     "remaining", "tuning", "headline", "tolerance_text", "next_to_published",
     "ladder_figure", "matmul_figure",
 ]  # fmt: skip

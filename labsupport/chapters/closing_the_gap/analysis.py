@@ -98,7 +98,8 @@ def time_split(run: runs.Run) -> pd.DataFrame:
 
 
 def census(run: runs.Run) -> pd.DataFrame:
-    """Kernels and GPU ms by kind, one column pair per rung that ran (index: kind, total last)."""
+    """Kernels and GPU ms by kind, one column pair (rung, "kernels" / "gpu_ms") per rung that
+    ran (index: kind, total last)."""
     r = run.table("rungs")
     parts = []
     for rung in r.rung[r.status == "ok"]:
@@ -142,27 +143,26 @@ def matmuls(run: runs.Run) -> pd.DataFrame:
 
 
 def remaining(run: runs.Run, rung: str) -> pd.DataFrame:
-    """The profiled step of `rung`, split into what its time went to: matmul kernels (and what
-    their weights would take at the floor), every other kind of kernel, gaps between kernels,
-    and the time before the first and after the last kernel. Rows add up to the profiled step."""
+    """What the kernels of `rung`'s profiled step spent their time on, from its first kernel's
+    start to its last kernel's end: matmul kernels (beside what their weights take at the floor),
+    every other kind of kernel, and the gaps between kernels. The rows add up to that span.
+    (The time before the first kernel and after the last is the profiler's and the replay
+    call's; the clean wall time, measured without the profiler, is in `ladder`.)"""
     k = kernel_table(run, rung)
-    row = run.table("rungs").set_index("rung").loc[rung]
     f = floor(run)
     busy = trace.busy_ns(k.start_ns, k.end_ns)
-    span = int(row.last_kernel_end_ns - row.first_kernel_ns)
-    step = max(int(row.profiled_step_ns), int(row.last_kernel_end_ns))
+    span = int(k.end_ns.max() - k.start_ns.min())
     c = kernels.census(k).set_index("kind")
-    rows = [("matrix multiply kernels", c.loc["matrix multiply", "gpu_ns"], f.measured_ms * 1e6)]
+    fl = f.measured_ms * 1e6 if f.measured_tbs else 0.0
+    rows = [("matrix multiply kernels", int(c.loc["matrix multiply", "gpu_ns"]), fl)]
     rows += [
-        (f"{kind} kernels", c.loc[kind, "gpu_ns"], 0.0) for kind in c.index if kind not in ("matrix multiply", "total")
+        (f"{kind} kernels", int(c.loc[kind, "gpu_ns"]), 0.0)
+        for kind in c.index
+        if kind not in ("matrix multiply", "total")
     ]
-    rows = [r for r in rows if r[1] > 0]
-    overlap = int(c.loc["total", "gpu_ns"]) - busy  # kernels that ran at the same time (streams)
     rows += [
-        ("kernels overlapping each other", -overlap, 0.0),
+        ("kernels overlapping each other", busy - int(c.loc["total", "gpu_ns"]), 0.0),  # streams in parallel
         ("gaps between kernels", span - busy, 0.0),
-        ("before the first kernel", int(row.first_kernel_ns), 0.0),
-        ("after the last kernel", step - int(row.last_kernel_end_ns), 0.0),
     ]
     out = pd.DataFrame(rows, columns=["part", "ns", "floor_ns"])
     out = out[out.ns != 0]
@@ -170,6 +170,15 @@ def remaining(run: runs.Run, rung: str) -> pd.DataFrame:
     out["floor ms"] = out.floor_ns / 1e6
     out["above floor ms"] = out.ms - out["floor ms"]
     return out[["part", "ms", "floor ms", "above floor ms"]].reset_index(drop=True)
+
+
+def census_by_rung(run: runs.Run, column: str = "kernels") -> pd.DataFrame:
+    """census() turned for the page: one row per rung (key), one column per kind that has any
+    kernel in some rung, and the total; `column` is "kernels" or "gpu_ms"."""
+    c = census(run)
+    counts = c.xs("kernels", axis=1, level=1)
+    kinds = [k for k in c.index if k == "total" or (counts.loc[k] > 0).any()]
+    return c.xs(column, axis=1, level=1).loc[kinds].T.rename_axis("rung").reset_index()
 
 
 def tuning(run: runs.Run) -> pd.DataFrame:
