@@ -6,35 +6,41 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from labsupport import figures as plots
-from labsupport.chapters.closing_the_gap.params import RUNGS
+from labsupport.chapters.closing_the_gap.params import RUNG_SHORT
 
 
 def ladder_figure(split: pd.DataFrame, floor_ms: float, target_ms: float, passed: dict, label: str):
     """Each rung's wall time as three stacked parts (time_split): the floor, kernel time above
-    it, and GPU idle; a dashed line at the floor and one at the target; each bar labelled with
-    its wall time and its multiple of the floor. A rung that fails the same-answers check is
-    hatched and labelled so."""
+    it, and GPU idle; a dashed line at the floor and a dotted one at the target; each bar
+    labelled with its wall time and its multiple of the floor. A bar far longer than the others
+    (eager's) is cut at the axis's end, its label saying so. A rung that fails the same-answers
+    check is labelled so."""
     parts = [("floor ms", "#2f4b7c"), ("kernels above floor ms", "#f2b880"), ("GPU idle ms", "#c9c9c9")]
-    fig, ax = plt.subplots(figsize=(7.2, 0.5 * len(split) + 1.9))
-    names = split.rung.map(RUNGS)
+    fig, ax = plt.subplots(figsize=(7.2, 0.48 * len(split) + 1.9))
+    names = split.rung.map(RUNG_SHORT)
+    walls = split["wall ms"].sort_values(ascending=False)
+    xmax = float(walls.iloc[0]) * 1.45
+    if len(walls) > 1 and walls.iloc[0] > 2.5 * walls.iloc[1]:
+        xmax = float(walls.iloc[1]) * 1.9
     left = pd.Series(0.0, index=split.index)
     for col, color in parts:
         width = split[col].clip(lower=0)
         ax.barh(names, width, left=left, color=color, label=col.removesuffix(" ms"))
         left = left + width
     for y, (i, rung, wall) in enumerate(zip(split.index, split.rung, split["wall ms"], strict=True)):
-        bad = not passed.get(rung, False)
-        text = f"{wall:.2f} ms" + (f", {wall / floor_ms:.2f}x floor" if floor_ms == floor_ms else "")
-        text += " (wrong answers)" if bad else ""
-        ax.text(left[i] + 0.3, y, text, va="center", fontsize=9)
+        text = f"{wall:.2f} ms" + (f", {wall / floor_ms:.2f}x" if floor_ms == floor_ms else "")
+        text += " (wrong answers)" if not passed.get(rung, False) else ""
+        cut = left[i] > xmax
+        ax.text(xmax * 0.99 if cut else left[i] + xmax * 0.01, y, text + (" →" if cut else ""), va="center",
+                ha="right" if cut else "left", fontsize=9.5, color="#222")  # fmt: skip
     if floor_ms == floor_ms:  # not NaN: the run measured the read bandwidth
         ax.axvline(floor_ms, color="#2f4b7c", ls="--", lw=1)
         ax.axvline(target_ms, color="#b94a48", ls=":", lw=1.2, label=f"target ({target_ms:.2f} ms)")
     ax.invert_yaxis()
-    ax.set_xlim(0, float(left.max()) * 1.45)
-    ax.set_xlabel("ms per token (wall time, median)")
+    ax.set_xlim(0, xmax)
+    ax.set_xlabel("ms per token (wall time, median; x = multiple of the floor)")
     ax.set_title("From eager to the floor, one rung at a time", loc="left")
-    ax.legend(ncol=2, fontsize=9, frameon=False, loc="upper center", bbox_to_anchor=(0.45, -0.18))
+    ax.legend(ncol=2, fontsize=9, frameon=False, loc="upper center", bbox_to_anchor=(0.4, -0.18))
     ax.grid(axis="y", visible=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     plots.footer(fig, label)

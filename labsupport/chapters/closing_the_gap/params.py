@@ -20,6 +20,17 @@ RUNGS = {
     "fused-gemv": "+ norms, SiLU × up and residual adds inside the GEMVs",
     "fused-attention": "+ q/k norms, rotary, cache write and attention as one kernel of ours",
 }
+# Short names for the figure's axis, by the same keys.
+RUNG_SHORT = {
+    "eager": "1 eager",
+    "cuda-graph": "2 CUDA graph",
+    "compile": "3 torch.compile",
+    "own-compiled": "4 our decode step",
+    "fused-projections": "5 fused projections",
+    "triton-gemv": "6 our Triton GEMV",
+    "fused-gemv": "7 fused into the GEMVs",
+    "fused-attention": "8 our attention kernel",
+}
 # The rungs that are our own decode step, and the options of each (qwen3_decode.Options).
 OWN_OPTIONS = {
     "own-compiled": {},
