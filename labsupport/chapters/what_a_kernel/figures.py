@@ -19,5 +19,5 @@ def queue(q: pd.DataFrame, label: str):
     ax.set_xlabel("launch number")
     ax.set_ylabel("ms since the first launch")
     ax.set_title("The CPU runs ahead; the GPU works through the queue")
-    ax.legend(fontsize=8, frameon=False)
+    ax.legend(fontsize=10, frameon=False)
     return finish(fig, label)
