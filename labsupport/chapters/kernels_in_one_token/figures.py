@@ -14,7 +14,7 @@ from labsupport.traces.kernels import KINDS
 def gemv_figure(g: pd.DataFrame, run: runs.Run):
     """Read bandwidth of each weight matrix's kernels against the ceilings."""
     lim = hardware.run_limits(run)
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     labels = [f"{p}  ({s}, {b / 1e6:,.0f} MB)" for p, s, b in zip(g.projection, g["shape"], g.bytes, strict=True)]
     ax.barh(labels, g.tbs, color=[plots.OURS if not s else "#8fb0d6" for s in g.split_k])
     for tbs, name, style in (
@@ -113,7 +113,7 @@ def bandwidth_figure(values: dict[str, float], label: str):
 
 def layer_parts_figure(table: pd.DataFrame, label: str):
     """Kernels (bars) and GPU time (labels) of each part of one decoder layer, in order."""
-    fig, ax = plt.subplots(figsize=(9, 0.36 * len(table) + 1.4))
+    fig, ax = plt.subplots(figsize=(7, 0.36 * len(table) + 1.4))
     ax.barh(list(table.index), table.kernels, color=plots.OURS)
     for i, (n, us) in enumerate(zip(table.kernels, table["GPU µs"], strict=True)):
         ax.text(n, i, f" {n} kernels, {us:.1f} µs", va="center", fontsize=10)

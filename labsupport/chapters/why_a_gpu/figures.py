@@ -16,7 +16,7 @@ def bytes_figure(run: runs.Run):
 
     s = sweep(run)
     x = range(len(s))
-    fig, ax = plt.subplots(figsize=(9, 3.4))
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
     ax.bar(x, s["weights bytes"] / 1e9, color=plots.KIND_COLORS["matrix multiply"], label="weights")
     ax.bar(
         x,
