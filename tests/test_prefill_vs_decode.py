@@ -613,3 +613,15 @@ def test_notebook_replays_the_recorded_run(recorded, tmp_path, monkeypatch):
     prose = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
     used = set(re.findall(r"\{glue:(?:text|md)\}`([^`:]+)", prose))
     assert used <= _glued(nb), used - _glued(nb)
+
+
+def test_the_passes_table_holds_every_number_of_the_page_table_unrounded(recorded):
+    """The page shows 15 rounded rows; the CSV link under them downloads every number."""
+    t = ch.passes_table(recorded).set_index("field")
+    p, lim = ch.phases(recorded), ch.limits(recorded)
+    assert len(t) > 15 and t.index.is_unique
+    assert t.loc["wall_ms", "prefill"] == p["prefill"].wall_ms
+    assert t.loc["wall_max_ms", "decode"] == p["decode"].wall_max_ms
+    assert t.loc["mbu_busy_measured", "decode"] == p["decode"].mbu_busy_measured
+    assert t.loc["datasheet_tflops", "prefill"] == lim.datasheet_tflops
+    assert t.loc["measured_tbs", "decode"] == ch.bandwidth(lim).tbs
