@@ -55,7 +55,7 @@ def test_an_old_package_is_one_note(monkeypatch, capsys):
 
 def test_live_without_a_gpu_stops_and_replay_does_not(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(environment.EnvironmentProblem, match=r"^no CUDA GPU is visible: live mode .*replay"):
+    with pytest.raises(environment.EnvironmentProblem, match=r"^live mode needs a CUDA GPU and none is .*replay"):
         environment.check("kernels-in-one-token", "live", "qwen3-8b")
     assert environment.check("kernels-in-one-token", "replay", "qwen3-8b") == []
     assert environment.check("kernels-in-one-token", "live", "tiny", allow_cpu=True) == []
@@ -169,7 +169,7 @@ def test_the_first_cell_stops_a_live_run_without_a_gpu(chapter, monkeypatch):
     ns = {}
     exec(params, ns)
     ns["mode"] = "live"
-    with pytest.raises(environment.EnvironmentProblem, match="^no CUDA GPU is visible"):
+    with pytest.raises(environment.EnvironmentProblem, match="^live mode needs a CUDA GPU and none is visible"):
         exec(first, ns)
 
 
@@ -180,7 +180,7 @@ def test_live_command_checks_in_a_child_process_before_any_notebook(capsys):
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a CUDA GPU")
     assert live.check_environment([ch], {ch.slug: {}}, allow_cpu=False) == (
-        "kernels-in-one-token: no CUDA GPU is visible: live mode measures a GPU (mode='replay' shows the recorded run)"
+        "kernels-in-one-token: live mode needs a CUDA GPU and none is visible (mode='replay' shows the recorded run)"
     )
     assert live.check_environment([ch], {ch.slug: {"preset": "tiny"}}, allow_cpu=True) is None
 

@@ -16,7 +16,7 @@ import torch
 
 from labsupport import chapters, runs
 from labsupport.chapters import prefill_vs_decode as ch
-from labsupport.measure import decode, hardware, harness, models
+from labsupport.measure import decode, environment, hardware, harness, models
 from labsupport.ops import validate
 from labsupport.traces import kernels, trace
 
@@ -319,7 +319,7 @@ def test_unknown_preset_is_a_clear_error(runs_root):
 def test_live_mode_without_a_gpu_is_refused(runs_root):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    with pytest.raises(decode.NoGPUError, match="live mode needs a CUDA GPU"):
+    with pytest.raises(environment.EnvironmentProblem, match="live mode needs a CUDA GPU"):  # first cell
         run_live_cells(**live_params(**{**TINY, "device": "cuda"}))
     with pytest.raises(decode.NoGPUError, match="only allowed for tests"):
         run_live_cells(**live_params(**{**TINY, "preset": "qwen3-8b"}))

@@ -136,7 +136,7 @@ def gpu_lines(preset: str | None) -> tuple[list[str], list[str]]:
     import torch
 
     if not torch.cuda.is_available():
-        return ["no CUDA GPU is visible: live mode measures a GPU (mode='replay' shows the recorded run)"], []
+        return ["live mode needs a CUDA GPU and none is visible (mode='replay' shows the recorded run)"], []
     name = torch.cuda.get_device_name(0)
     note = []
     if hardware.datasheet_or_none(name) is None:

@@ -171,7 +171,8 @@ class ModelCounts:
     @property
     def decode_bytes(self) -> int:
         """Bytes of weights one decode step reads: every weight outside the embedding table
-        (the embedding lookup reads one row, which is negligible)."""
+        (the embedding lookup reads one row, which is negligible). A table tied to the LM head
+        is read whole by it: count_model then counts no embedding parameters."""
         return self.non_embedding_parameters * self.bytes_per_parameter
 
     @property
