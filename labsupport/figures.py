@@ -1,9 +1,18 @@
-"""Figures in one style, each with a one-line provenance footer (GPU, run id, date)."""
+"""Figures in one style, each with a one-line provenance footer (GPU, run id, date), legible on
+a phone as on a laptop.
+
+The rule that keeps them legible: a figure is at most 9 inches wide and no text in it is under
+10 pt. The book shows a figure's PNG (bbox "tight") shrunk to the text column, 688 px wide at
+1280 px; on a 390 px phone the column is 358 px, and book/_static/book.css keeps a figure at
+least 500 px wide there, in a scroll box of its own, so 10 pt stays about 7 px high.
+`text_heights_px` computes that height for every text of a figure (tests/test_figures.py)."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.text import Text
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from labsupport.traces.kernels import KINDS
 
@@ -22,20 +31,65 @@ plt.rcParams.update(
     {
         "figure.dpi": 110,
         "savefig.dpi": 110,
-        "font.size": 10,
+        "font.size": 11,
+        "axes.labelsize": 11,
+        "xtick.labelsize": 10,
+        "ytick.labelsize": 10,
+        "legend.fontsize": 10,
+        "figure.titlesize": 12,
         "axes.spines.top": False,
         "axes.spines.right": False,
         "axes.grid": True,
         "grid.alpha": 0.25,
         "axes.titleweight": "bold",
-        "axes.titlesize": 11,
+        "axes.titlesize": 12,
     }
 )
+
+# How the book shows a figure (book/_static/book.css): the text column's width at each page
+# width, and the least width a figure keeps on a phone (it scrolls sideways in its own box).
+COLUMN_PX = {1280: 688, 390: 358}  # measured in the built book (Chromium)
+PHONE_FIGURE_MIN_PX = 500
+PHONE_PAGE_PX = 540  # book.css's media query: pages at most this wide keep the minimum
+MIN_TEXT_PX = 7.0
+
+
+def shown_width_px(natural_px: float, page_px: int) -> float:
+    """The width the book shows a figure whose PNG is `natural_px` wide, on a page `page_px` wide."""
+    shown = min(natural_px, COLUMN_PX[page_px])
+    return max(shown, PHONE_FIGURE_MIN_PX) if page_px <= PHONE_PAGE_PX else shown
+
+
+def text_heights_px(fig, page_px: int) -> list[tuple[float, str]]:
+    """Every visible text of `fig` (titles, labels, ticks, legends, notes) with the height in
+    screen pixels of its font as the book shows the figure on a page `page_px` wide, smallest
+    first: font size in pt × dpi / 72 × shown width / natural width of the PNG."""
+    if not hasattr(fig.canvas, "get_renderer"):  # a figure pyplot has closed: draw it with Agg
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    natural_px = fig.get_tightbbox(renderer).padded(0.1).width * fig.dpi  # as savefig(bbox_inches="tight")
+    scale = shown_width_px(natural_px, page_px) / natural_px
+    texts = {id(t): t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()}
+    return sorted((t.get_fontsize() * fig.dpi / 72 * scale, t.get_text()) for t in texts.values())
+
+
+def plain_ticks(ax, axis: str = "y") -> None:
+    """Tick labels of a log axis written as plain numbers (0.5, 20, 1,000), not as 6×10⁰."""
+
+    def plain(v, _pos):
+        return f"{v:,.0f}" if v >= 1 else f"{v:.3g}"
+
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_formatter(FuncFormatter(plain))
+    target.set_minor_formatter(NullFormatter())
 
 
 def footer(fig, label: str) -> None:
     """Stamp the run's provenance under the figure."""
-    fig.text(0.01, 0.005, f"Measured: {label}", fontsize=8.5, color="#444", ha="left", va="bottom")
+    fig.text(0.01, 0.005, f"Measured: {label}", fontsize=10, color="#444", ha="left", va="bottom")
 
 
 def finish(fig, label: str):
@@ -51,7 +105,7 @@ def timeline(kernels: pd.DataFrame, label: str, title: str):
         kernels.start_ns.min(),
         kernels.launch_ns[kernels.launch_ns > 0].min() if (kernels.launch_ns > 0).any() else kernels.start_ns.min(),
     )
-    fig, ax = plt.subplots(figsize=(11, 2.9))
+    fig, ax = plt.subplots(figsize=(9, 2.9))
     for r in kernels.itertuples():
         ax.broken_barh(
             [((r.start_ns - t0) / 1e3, r.dur_ns / 1e3)], (0, 0.8), color=KIND_COLORS.get(r.kind, KIND_COLORS["other"])
@@ -66,8 +120,8 @@ def timeline(kernels: pd.DataFrame, label: str, title: str):
     ax.legend(
         handles,
         [k for k in KINDS if k in set(kernels.kind)],
-        ncol=6,
-        fontsize=7.5,
+        ncol=4,
+        fontsize=10,
         loc="upper center",
         bbox_to_anchor=(0.5, -0.32),
         frameon=False,
@@ -85,20 +139,19 @@ def hbars(
     xlabel: str,
     colors=None,
     fmt="{:.2f}",
-    log=False,
-    width: float = 8,
+    width: float = 7,
     annotate: bool = True,
 ):
-    """Horizontal bars with their values written at the end."""
+    """Horizontal bars with their values written at the end, on a linear axis (a ratio of 200
+    looks like one)."""
     fig, ax = plt.subplots(figsize=(width, 0.45 * len(labels) + 1.3))
     ax.barh(list(labels), list(values), color=colors or OURS)
     if annotate:
         for i, v in enumerate(values):
             if v == v:  # not NaN
-                ax.text(v, i, " " + fmt.format(v), va="center", fontsize=8.5)
+                ax.text(v, i, " " + fmt.format(v), va="center", fontsize=10)
     ax.invert_yaxis()
-    if log:
-        ax.set_xscale("log")
+    ax.set_xlim(0, max((v for v in values if v == v), default=1) * 1.25)
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.grid(axis="y", visible=False)

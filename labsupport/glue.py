@@ -212,3 +212,17 @@ def run_csv_href(run, name: str) -> str:
     """Where a chapter page finds a table of the run it shows (book/_ext/serve_runs.py)."""
     run.file(name)
     return f"../runs/{run.chapter}/{run.run_id}/{name}"
+
+
+def csv_download(df: pd.DataFrame, filename: str, text: str):
+    """A line under a table with a link that downloads `df` as a CSV file, the data carried in
+    the link itself (for a table computed from the run, which no run file holds)."""
+    import base64
+
+    from IPython.display import HTML
+
+    data = base64.b64encode(df.to_csv(index=False).encode()).decode()
+    return HTML(
+        f'<p class="table-note"><a href="data:text/csv;base64,{data}" download="{html.escape(filename)}">'
+        f"{html.escape(text)}</a> ({len(df)} rows, CSV)</p>"
+    )

@@ -46,3 +46,16 @@ def test_table_limits_rows_formats_numbers_and_links_the_csv():
     assert "4.640000" not in h and "4.64" in h and "14,000" in h
     assert "the first 15 of 40 rows" in h and 'href="../runs/x/1/t.csv"' in h
     assert "overflow-wrap: anywhere" in h and "index_name" not in h
+
+
+def test_csv_download_carries_the_whole_table_in_the_link():
+    import base64
+    import io
+    import re
+
+    df = pd.DataFrame({"quantity": [f"q{i}" for i in range(19)], "prefill": [i / 3 for i in range(19)]})
+    h = glue.csv_download(df, "a<b>.csv", "every <number>").data
+    data = re.search(r'href="data:text/csv;base64,([^"]+)"', h).group(1)
+    back = pd.read_csv(io.StringIO(base64.b64decode(data).decode()))
+    pd.testing.assert_frame_equal(back, df)
+    assert 'download="a&lt;b&gt;.csv"' in h and "every &lt;number&gt;" in h and "(19 rows, CSV)" in h

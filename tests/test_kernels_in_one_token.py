@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from labsupport.chapters import kernels_in_one_token as one_token
-from labsupport.measure import decode, harness
+from labsupport.measure import decode, environment, harness
 
 from .conftest import tree_bytes
 from .live_cells import run_live_cells, watch_harness
@@ -108,7 +108,7 @@ def test_live_cells_on_cpu_write_a_valid_run(runs_root, monkeypatch):
 def test_live_mode_without_a_gpu_is_refused(runs_root):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    with pytest.raises(decode.NoGPUError, match="live mode needs a CUDA GPU"):
+    with pytest.raises(environment.EnvironmentProblem, match="live mode needs a CUDA GPU"):  # first cell
         run_live_cells(NOTEBOOK, preset="qwen3-8b")
     with pytest.raises(decode.NoGPUError, match="only allowed for tests"):
         run_live_cells(NOTEBOOK, preset="qwen3-8b", allow_cpu=True)

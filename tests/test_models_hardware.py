@@ -19,7 +19,7 @@ def test_qwen3_8b_counts_match_the_published_model():
 def test_unknown_preset_is_a_clear_error():
     with pytest.raises(
         models.UnknownPresetError,
-        match="unknown model preset 'llama-70b'; known presets: qwen3-8b, qwen3.5-27b, tiny, tiny-hybrid",
+        match="unknown model preset 'llama-70b'; known presets: qwen3-1.7b, qwen3-8b, qwen3.5-27b, tiny, tiny-hybrid",
     ):
         models.build_model("llama-70b")
 

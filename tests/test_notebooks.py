@@ -97,3 +97,19 @@ def test_live_without_gpu_stops_with_a_clear_message(live_env):
 def test_unknown_chapter(live_env):
     r = _live(["--allow-cpu", "no-such-chapter"], live_env)
     assert r.returncode != 0 and "unknown chapter(s) no-such-chapter" in r.stderr
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_markdown_table_in_the_prose_is_longer_than_15_rows(path):
+    """Longer tables are shown by glue.table (15 rows and a CSV link), not typed into the prose."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        rows = 0
+        for line in [*cell.source.splitlines(), ""]:
+            if line.startswith("|"):
+                rows += 1
+                continue
+            assert rows - 2 <= 15, f"a table of {rows - 2} rows in: {cell.source[:60]!r}"
+            rows = 0

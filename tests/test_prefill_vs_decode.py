@@ -16,7 +16,7 @@ import torch
 
 from labsupport import chapters, runs
 from labsupport.chapters import prefill_vs_decode as ch
-from labsupport.measure import decode, hardware, harness, models
+from labsupport.measure import decode, environment, hardware, harness, models
 from labsupport.ops import validate
 from labsupport.traces import kernels, trace
 
@@ -319,7 +319,7 @@ def test_unknown_preset_is_a_clear_error(runs_root):
 def test_live_mode_without_a_gpu_is_refused(runs_root):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    with pytest.raises(decode.NoGPUError, match="live mode needs a CUDA GPU"):
+    with pytest.raises(environment.EnvironmentProblem, match="live mode needs a CUDA GPU"):  # first cell
         run_live_cells(**live_params(**{**TINY, "device": "cuda"}))
     with pytest.raises(decode.NoGPUError, match="only allowed for tests"):
         run_live_cells(**live_params(**{**TINY, "preset": "qwen3-8b"}))
@@ -613,3 +613,15 @@ def test_notebook_replays_the_recorded_run(recorded, tmp_path, monkeypatch):
     prose = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
     used = set(re.findall(r"\{glue:(?:text|md)\}`([^`:]+)", prose))
     assert used <= _glued(nb), used - _glued(nb)
+
+
+def test_the_passes_table_holds_every_number_of_the_page_table_unrounded(recorded):
+    """The page shows 15 rounded rows; the CSV link under them downloads every number."""
+    t = ch.passes_table(recorded).set_index("field")
+    p, lim = ch.phases(recorded), ch.limits(recorded)
+    assert len(t) > 15 and t.index.is_unique
+    assert t.loc["wall_ms", "prefill"] == p["prefill"].wall_ms
+    assert t.loc["wall_max_ms", "decode"] == p["decode"].wall_max_ms
+    assert t.loc["mbu_busy_measured", "decode"] == p["decode"].mbu_busy_measured
+    assert t.loc["datasheet_tflops", "prefill"] == lim.datasheet_tflops
+    assert t.loc["measured_tbs", "decode"] == ch.bandwidth(lim).tbs

@@ -404,7 +404,7 @@ def test_figures_build(any_run):
         assert fig.axes
         plt.close(fig)
     fig = ch.limits_figure(any_run)
-    labels = " ".join(t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts())
+    labels = " ".join(t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts())
     _, name = hardware.measured_read(hardware.run_limits(any_run))
     assert "datasheet" in labels and f"measured {name}" in labels
     plt.close(fig)

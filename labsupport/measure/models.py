@@ -28,6 +28,20 @@ QWEN3_8B = dict(
     attention_bias=False,
 )
 
+# Qwen3-1.7B's published configuration (config.json of Qwen/Qwen3-1.7B on Hugging Face): the
+# same architecture as Qwen3-8B, smaller, with the LM head tied to the embedding table. It is
+# the preset offered on a GPU too small for Qwen3-8B (labsupport.measure.environment).
+QWEN3_1_7B = dict(
+    QWEN3_8B,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+)
+
 # Same architecture at toy size: used by the tests to run the live path on a CPU.
 TINY = dict(
     QWEN3_8B,
@@ -86,7 +100,13 @@ TINY_HYBRID = dict(
     max_position_embeddings=4096,
 )
 
-PRESETS = {"qwen3-8b": QWEN3_8B, "tiny": TINY, "qwen3.5-27b": QWEN3_5_27B, "tiny-hybrid": TINY_HYBRID}
+PRESETS = {
+    "qwen3-8b": QWEN3_8B,
+    "qwen3-1.7b": QWEN3_1_7B,
+    "tiny": TINY,
+    "qwen3.5-27b": QWEN3_5_27B,
+    "tiny-hybrid": TINY_HYBRID,
+}
 
 
 class UnknownPresetError(ValueError):
@@ -151,7 +171,8 @@ class ModelCounts:
     @property
     def decode_bytes(self) -> int:
         """Bytes of weights one decode step reads: every weight outside the embedding table
-        (the embedding lookup reads one row, which is negligible)."""
+        (the embedding lookup reads one row, which is negligible). A table tied to the LM head
+        is read whole by it: count_model then counts no embedding parameters."""
         return self.non_embedding_parameters * self.bytes_per_parameter
 
     @property
@@ -183,6 +204,9 @@ def count_model(model, preset: str = "") -> ModelCounts:
     params = list(model.parameters())
     total = sum(p.numel() for p in params)
     embed = model.get_input_embeddings().weight.numel()
+    out = model.get_output_embeddings()
+    if out is not None and out.weight is model.get_input_embeddings().weight:
+        embed = 0  # tied: the table is also the LM head's weight, which every step reads whole
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     return ModelCounts(
         preset=preset,

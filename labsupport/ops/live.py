@@ -39,6 +39,34 @@ def check_gpu(allow_cpu: bool) -> None:
         )
 
 
+def check_environment(selected: list[chapters.Chapter], per_chapter: dict, allow_cpu: bool) -> str | None:
+    """Each chapter's environment check (labsupport.measure.environment: packages, GPU, whether
+    its preset fits in the GPU's memory) in a child process, so that this process never holds a
+    CUDA context; its notes are printed. Returns the line that stops a chapter, or None."""
+    import json
+    import subprocess
+
+    from labsupport.ops import params
+
+    todo = [
+        [ch.slug, {**params.notebook_parameters(ch), **per_chapter[ch.slug]}.get("preset"), allow_cpu]
+        for ch in selected
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run(
+        [sys.executable, "-m", "labsupport.measure.environment", json.dumps(todo)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    for line in done.stdout.splitlines():
+        print(f"note: {line}", flush=True)
+    if done.returncode:
+        lines = done.stderr.strip().splitlines()
+        return lines[-1] if lines else f"the environment check failed (exit status {done.returncode})"
+    return None
+
+
 def gpu_tag() -> str:
     import torch
 
@@ -137,6 +165,10 @@ def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: b
     from labsupport.ops import params
 
     per_chapter = params.resolve(selected, parameters, allow_cpu)  # ParamError before anything runs
+    problem = check_environment(selected, per_chapter, allow_cpu)  # before any model is built
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     root = runs.runs_root()
     try:
         lk = lock.acquire(root, "live" if publish else "live --no-publish")

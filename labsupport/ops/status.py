@@ -53,7 +53,7 @@ def history_figure(label: str):
         return fig
     cols = 2
     rows = -(-len(by_chapter) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(10, 2.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(9, 2.6 * rows), squeeze=False)
     for ax, (chapter, g) in zip(axes.flat, by_chapter, strict=False):
         for metric, m in g.groupby("metric", sort=False):
             x = [order.index(p) + 1 for p in m.published_as]
@@ -61,12 +61,12 @@ def history_figure(label: str):
         ax.axhline(1, color="#888", lw=0.8, zorder=0)
         ax.set_title(chapter, fontsize=10)
         ax.set_xticks(range(1, len(order) + 1))
-        ax.set_ylabel("relative to newest", fontsize=8.5)
-        ax.tick_params(labelsize=8)
-        ax.legend(fontsize=7.5, loc="best", frameon=False)
+        ax.set_ylabel("relative to newest", fontsize=10)
+        ax.tick_params(labelsize=10)
+        ax.legend(fontsize=10, loc="best", frameon=False)
     for ax in list(axes.flat)[len(by_chapter) :]:
         ax.set_visible(False)
-    fig.supxlabel("publication (numbered as in the table below)", fontsize=9)
+    fig.supxlabel("publication (numbered as in the table below)", fontsize=10)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     plots.footer(fig, label)
     return fig

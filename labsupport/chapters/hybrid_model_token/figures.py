@@ -9,7 +9,7 @@ import html
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from labsupport.figures import KIND_COLORS, OURS, finish, footer
+from labsupport.figures import KIND_COLORS, OURS, finish, footer, plain_ticks
 
 
 def cache_growth_figure(growth: pd.DataFrame, label: str):
@@ -27,6 +27,8 @@ def cache_growth_figure(growth: pd.DataFrame, label: str):
     )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    plain_ticks(ax, "x")
+    plain_ticks(ax, "y")
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("MB held by the cache")
     ax.set_title("Cache size as the context grows")
@@ -38,7 +40,7 @@ def stacked_parts(df: pd.DataFrame, parts: list[str], label: str, title: str, xl
     """One horizontal bar per row of `df` (named by its `variant` column), split into the
     columns `parts`, stacked left to right."""
     colors = [OURS, KIND_COLORS["elementwise"], "#c9c9c9", "#8c8c8c", KIND_COLORS["attention"]]
-    fig, ax = plt.subplots(figsize=(10, 0.55 * len(df) + 1.6))
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(df) + 1.6))
     left = pd.Series(0.0, index=df.index)
     for col, color in zip(parts, colors, strict=False):  # at most as many parts as colours
         ax.barh(df.variant, df[col], left=left, color=color, label=col.replace(" ms", ""))
@@ -46,7 +48,7 @@ def stacked_parts(df: pd.DataFrame, parts: list[str], label: str, title: str, xl
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_title(title)
-    ax.legend(ncol=len(parts), fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.legend(ncol=len(parts), fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     ax.grid(axis="y", visible=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     footer(fig, label)

@@ -14,7 +14,7 @@ from labsupport.traces.kernels import KINDS
 def gemv_figure(g: pd.DataFrame, run: runs.Run):
     """Read bandwidth of each weight matrix's kernels against the ceilings."""
     lim = hardware.run_limits(run)
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     labels = [f"{p}  ({s}, {b / 1e6:,.0f} MB)" for p, s, b in zip(g.projection, g["shape"], g.bytes, strict=True)]
     ax.barh(labels, g.tbs, color=[plots.OURS if not s else "#8fb0d6" for s in g.split_k])
     for tbs, name, style in (
@@ -25,10 +25,10 @@ def gemv_figure(g: pd.DataFrame, run: runs.Run):
         if tbs:
             ax.axvline(tbs, color="#555", ls=style, lw=1, label=f"{name}: {tbs:.2f} TB/s")
     for y, v in enumerate(g.tbs):
-        ax.text(v, y, f" {v:.2f}", va="center", fontsize=8)
+        ax.text(v, y, f" {v:.2f}", va="center", fontsize=10)
     ax.invert_yaxis()
     ax.set_xlim(0, max(g.tbs.max(), lim.datasheet_tbs or 0) * 1.25)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=8, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=10, frameon=False)
     ax.set_xlabel("TB/s read (weights / kernel time per call; light bars: split-K)")
     ax.set_title("Read bandwidth of each matrix-vector product of the step")
     return plots.finish(fig, run.label)
@@ -60,12 +60,13 @@ def kv_cache_figure(t: pd.DataFrame, run: runs.Run):
         )
         ax.plot(x, t["copy ms, static"], "^:", color="#555", label="all copies and conversions, static cache")
         ax.set_yscale("log")
+        plots.plain_ticks(ax, "y")
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(x), [f"{v:,}" for v in x])
     ax.set_xlabel("tokens of context")
     ax.set_ylabel("GPU ms per decode step" + (" (log)" if t["GPU ms, static"].notna().any() else ""))
     ax.set_title("The KV cache: copied every step (dynamic cache) vs read once (attention)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=10)
     return plots.finish(fig, run.label)
 
 
@@ -76,7 +77,7 @@ def census_figure(ours: pd.DataFrame, published: pd.DataFrame, label: str, gpu: 
     kinds = [k for k in KINDS if o_all["kernels"].get(k, 0) or k in p_all.index]
     o = o_all.reindex(kinds)
     p = p_all.reindex(kinds)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     y = range(len(kinds))
     h = 0.38
     for ax, ours_col, pub_col, title in (
@@ -92,7 +93,7 @@ def census_figure(ours: pd.DataFrame, published: pd.DataFrame, label: str, gpu: 
         ax.set_title(title)
         ax.grid(axis="y", visible=False)
     axes[1].set_yticklabels([])
-    axes[0].legend(loc="lower right", fontsize=8, frameon=False)
+    axes[0].legend(loc="lower right", fontsize=10, frameon=False)
     return plots.finish(fig, label)
 
 
@@ -102,7 +103,7 @@ def bandwidth_figure(values: dict[str, float], label: str):
     names = list(values)
     ax.barh(names, [values[n] for n in names], color=[plots.OURS if "reached" in n else plots.THEIRS for n in names])
     for i, n in enumerate(names):
-        ax.text(values[n], i, f" {values[n]:.2f}", va="center", fontsize=9)
+        ax.text(values[n], i, f" {values[n]:.2f}", va="center", fontsize=10)
     ax.invert_yaxis()
     ax.set_xlabel("TB/s")
     ax.set_title("Memory bandwidth: reached by the matrix multiplies vs the limits")
@@ -112,10 +113,10 @@ def bandwidth_figure(values: dict[str, float], label: str):
 
 def layer_parts_figure(table: pd.DataFrame, label: str):
     """Kernels (bars) and GPU time (labels) of each part of one decoder layer, in order."""
-    fig, ax = plt.subplots(figsize=(9, 0.36 * len(table) + 1.4))
+    fig, ax = plt.subplots(figsize=(7, 0.36 * len(table) + 1.4))
     ax.barh(list(table.index), table.kernels, color=plots.OURS)
     for i, (n, us) in enumerate(zip(table.kernels, table["GPU µs"], strict=True)):
-        ax.text(n, i, f" {n} kernels, {us:.1f} µs", va="center", fontsize=8.5)
+        ax.text(n, i, f" {n} kernels, {us:.1f} µs", va="center", fontsize=10)
     ax.invert_yaxis()
     ax.set_xlabel("kernels")
     ax.set_xlim(0, table.kernels.max() * 1.6)
@@ -126,7 +127,7 @@ def layer_parts_figure(table: pd.DataFrame, label: str):
 
 def attention_share_figure(sweep: pd.DataFrame, label: str):
     """Attention's share of the step's GPU time as the context grows."""
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
     ax[0].plot(sweep.context, sweep["attention share"] * 100, "o-", color=plots.KIND_COLORS["attention"])
     ax[0].set_xscale("log", base=2)
     ax[0].set_xlabel("tokens in the KV cache")
@@ -143,7 +144,7 @@ def attention_share_figure(sweep: pd.DataFrame, label: str):
     ax[1].set_xlabel("tokens in the KV cache")
     ax[1].set_ylabel("GPU time per token (ms)")
     ax[1].set_title("GPU time per token")
-    ax[1].legend(loc="upper left", fontsize=8, frameon=False)
+    ax[1].legend(loc="upper left", fontsize=10, frameon=False)
     for a in ax:
         a.set_xticks(list(sweep.context), [f"{c // 1024}k" if c >= 1024 else str(c) for c in sweep.context])
     return plots.finish(fig, label)

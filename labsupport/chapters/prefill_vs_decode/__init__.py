@@ -61,7 +61,17 @@ from .names import (
     progress,
     trace_file,
 )
-from .phases import TIME_LABELS, Phase, PrefillTiming, census, phase_table, phases, prefill_timing, utilisation
+from .phases import (
+    TIME_LABELS,
+    Phase,
+    PrefillTiming,
+    census,
+    passes_table,
+    phase_table,
+    phases,
+    prefill_timing,
+    utilisation,
+)
 from .ridges import RIDGE_GPUS, Ridge, none_as_nan, ridge_table, ridge_text, ridges
 from .roofline import (
     RooflineCluster,
@@ -139,6 +149,7 @@ __all__ = [
     "phase_table",
     "phase_work",
     "PHASES",
+    "passes_table",
     "phases",
     "prefill_timing",
     "PrefillTiming",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from labsupport.figures import OURS, PHASE_COLORS, THEIRS, finish
+from labsupport.figures import OURS, PHASE_COLORS, THEIRS, finish, plain_ticks
 from labsupport.traces.kernels import KINDS
 
 from .phases import TIME_LABELS
@@ -17,7 +17,7 @@ def utilisation_bars(df: pd.DataFrame, label: str):
     the measured ceilings. `df` is prefill_vs_decode.utilisation(), whose last MBU column names
     the measured bandwidth ("MBU vs measured read", or copy in older runs)."""
     mbu_measured = next(c for c in df.columns if c.startswith("MBU vs measured"))
-    fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     names = [f"{r.phase}, {TIME_LABELS[r.time]}" for r in df.itertuples()]
     y = list(range(len(df)))
     h = 0.38
@@ -37,12 +37,12 @@ def utilisation_bars(df: pd.DataFrame, label: str):
             ax.barh([i + off for i in y], [0 if v != v else v for v in vals], h, color=color, label=f"against {name}")
             for i, v in enumerate(vals):
                 if v == v:
-                    ax.text(v, i + off, f" {v:.1f}%" if v >= 0.1 else f" {v:.2f}%", va="center", fontsize=7.5)
+                    ax.text(v, i + off, f" {v:.1f}%" if v >= 0.1 else f" {v:.2f}%", va="center", fontsize=10)
         ax.set_xlim(0, 115)
         ax.set_xlabel("% of the peak")
         ax.set_title(title)
         ax.grid(axis="y", visible=False)
-        ax.legend(fontsize=7.5, frameon=False, loc="lower right")
+        ax.legend(fontsize=10, frameon=False, loc="lower right")
     axes[0].set_yticks(y, names)
     axes[0].invert_yaxis()
     for t in axes[0].get_yticklabels():
@@ -55,7 +55,7 @@ def phase_census_bars(census: pd.DataFrame, label: str):
     """Kernels and GPU time by kind, prefill beside decode. `census` is prefill_vs_decode.census()."""
     kinds = [k for k in KINDS if k in census.index]
     c = census.reindex(kinds)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     y = list(range(len(kinds)))
     h = 0.38
     for ax, col, title in ((axes[0], "kernels", "Kernels"), (axes[1], "GPU ms", "GPU time (ms)")):
@@ -63,21 +63,26 @@ def phase_census_bars(census: pd.DataFrame, label: str):
             vals = c[(ph, col)].tolist()
             ax.barh([i + off for i in y], vals, h, color=PHASE_COLORS[ph], label=ph)
             for i, v in enumerate(vals):
-                ax.text(v, i + off, f" {v:,.0f}" if col == "kernels" else f" {v:.2f}", va="center", fontsize=7.5)
+                ax.text(v, i + off, f" {v:,.0f}" if col == "kernels" else f" {v:.2f}", va="center", fontsize=10)
         ax.set_yticks(y, kinds)
         ax.invert_yaxis()
         ax.set_title(title)
         ax.grid(axis="y", visible=False)
         ax.set_xlim(0, max(c[("prefill", col)].max(), c[("decode", col)].max()) * 1.25)
     axes[1].set_yticklabels([])
-    axes[0].legend(fontsize=8, frameon=False, loc="lower right")
+    axes[0].legend(fontsize=10, frameon=False, loc="lower right")
     finish(fig, label)
     return fig
 
 
 def length_ticks(ax, lengths) -> None:
-    """Prompt lengths as the x ticks (1k, 2k, ... for whole thousands of 1024)."""
-    ax.set_xticks(list(lengths), [f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n) for n in lengths])
+    """Prompt lengths as the x ticks (1k, 2k, ... for whole thousands of 1024), each at least 4
+    times the one before, so that they do not overlap on a narrow figure."""
+    ticks = []
+    for n in sorted(lengths):
+        if not ticks or n >= 4 * ticks[-1]:
+            ticks.append(n)
+    ax.set_xticks(ticks, [f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n) for n in ticks])
     ax.minorticks_off()
 
 
@@ -97,7 +102,7 @@ def gemm_rates(
     mods = list(dict.fromkeys(g.module))
     y = list(range(len(mods)))
     h = 0.38
-    fig, axes = plt.subplots(1, 2, figsize=(10.5, 0.42 * len(mods) + 2.4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 0.42 * len(mods) + 2.4), sharey=True)
     for ax, col, title, unit, peaks in (
         (
             axes[0],
@@ -119,7 +124,7 @@ def gemm_rates(
             ax.barh([i + off for i in y], x.fillna(0), h, color=PHASE_COLORS[ph], label=ph)
             for i, v in enumerate(x):
                 if v == v:
-                    ax.text(v, i + off, f" {v:.0f}" if v >= 10 else f" {v:.1f}", va="center", fontsize=7.5)
+                    ax.text(v, i + off, f" {v:.0f}" if v >= 10 else f" {v:.1f}", va="center", fontsize=10)
         for value, text, color in peaks:
             if value:
                 ax.axvline(
@@ -131,12 +136,13 @@ def gemm_rates(
                 )
         if col == "tflops":
             ax.set_xscale("log")
+            plain_ticks(ax, "x")
             ax.set_xlim(max(g[col].min(), 1e-12) / 2, max(g[col].max(), datasheet_tflops or 0) * 4)
         else:
             ax.set_xlim(0, max(g[col].max(), datasheet_tbs or 0, measured_tbs or 0) * 1.2)
         ax.set_title(title)
         ax.grid(axis="y", visible=False)
-        ax.legend(fontsize=7.5, frameon=False, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+        ax.legend(fontsize=10, frameon=False, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     axes[0].set_yticks(y, mods)
     axes[0].invert_yaxis()
     fig.suptitle(f"The same weight matrices in prefill and in decode{title_layer}", fontsize=11, fontweight="bold")
@@ -157,13 +163,14 @@ def prompt_sweep_figure(
     """Prefill against prompt length: time per token (left) and the FLOP/s the matrix
     multiplies reached, under the roofline (right). `sweep` is prefill_vs_decode.prompt_sweep(),
     `roof` prefill_vs_decode.roofline()."""
-    fig, ax = plt.subplots(1, 2, figsize=(11, 5.2))
+    fig, ax = plt.subplots(1, 2, figsize=(9, 7))
     n = sweep.prompt_len
     a = ax[0]
     a.plot(n, sweep["ms per token"] * 1e3, "o-", color=PHASE_COLORS["prefill"], label="prefill, wall time")
     a.plot(n, sweep["GPU ms per token"] * 1e3, "s--", color="#777", ms=4, label="prefill, GPU busy")
     a.plot(n, sweep["matmul ms per token"] * 1e3, "^:", color=OURS, ms=4, label="its matrix multiplies (GPU)")
     a.set_yscale("log")
+    plain_ticks(a, "y")
     a.set_ylabel("µs per prompt token")
     a.set_title("Time per token falls, then levels off")
     b = ax[1]
@@ -181,6 +188,7 @@ def prompt_sweep_figure(
     b.plot(n, sweep["matmul TFLOP/s"], "o-", color=PHASE_COLORS["prefill"], label="matrix multiplies reached (GPU)")
     b.plot(n, sweep["TFLOP/s"], "s--", color="#777", ms=4, label="whole prefill, on wall time")
     b.set_yscale("log")
+    plain_ticks(b, "y")
     b.set_ylabel("TFLOP/s")
     b.set_title("Where the matrix multiplies hit the math limit")
     lo = max(min(sweep["TFLOP/s"].min(), sweep["matmul TFLOP/s"].min()) / 3, 1e-12)
@@ -202,6 +210,6 @@ def prompt_sweep_figure(
         axis.set_xscale("log", base=2)
         length_ticks(axis, n)
         axis.set_xlabel("tokens in the prompt")
-        axis.legend(fontsize=7.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+        axis.legend(fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
     finish(fig, label)
     return fig

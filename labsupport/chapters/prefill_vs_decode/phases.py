@@ -205,3 +205,54 @@ def census(run: runs.Run) -> pd.DataFrame:
     out.columns = pd.MultiIndex.from_tuples(out.columns)
     out.index.name = "kind"
     return out
+
+
+def passes_table(run: runs.Run) -> pd.DataFrame:
+    """Every number of the page's table "One prefill against one decode step", unrounded, one
+    row per quantity (the page shows them rounded, two to a row where they pair): the full
+    table its CSV link downloads."""
+    p = phases(run)
+    lim, bw = limits(run), bandwidth(limits(run))
+    rows = [
+        ("new tokens", "tokens", "new_tokens"),
+        ("tokens in the cache before the pass", "tokens", "cached_tokens"),
+        ("wall time, median of the timed passes", "ms", "wall_ms"),
+        ("wall time, fastest timed pass", "ms", "wall_min_ms"),
+        ("wall time, slowest timed pass", "ms", "wall_max_ms"),
+        ("timed passes", "passes", "wall_repeats"),
+        ("time the GPU was busy (profiled)", "ms", "gpu_busy_ms"),
+        ("kernels", "kernels", "kernels"),
+        ("model FLOPs", "FLOP", "flops"),
+        ("bytes that must move", "bytes", "bytes"),
+        ("FLOP per byte", "FLOP/byte", "flop_per_byte"),
+        ("TFLOP/s reached, on wall time", "TFLOP/s", "tflops"),
+        ("MFU against the datasheet, on wall time", "fraction", "mfu_datasheet"),
+        ("MFU against the measured GEMM rate, on wall time", "fraction", "mfu_gemm"),
+        ("TB/s reached, on wall time", "TB/s", "tbs"),
+        ("MBU against the datasheet, on wall time", "fraction", "mbu_datasheet"),
+        (f"MBU against the {bw.short}, on wall time", "fraction", "mbu_measured"),
+        ("TFLOP/s reached, on GPU-busy time", "TFLOP/s", "tflops_busy"),
+        ("MFU against the datasheet, on GPU-busy time", "fraction", "mfu_busy_datasheet"),
+        ("MFU against the measured GEMM rate, on GPU-busy time", "fraction", "mfu_busy_gemm"),
+        ("TB/s reached, on GPU-busy time", "TB/s", "tbs_busy"),
+        ("MBU against the datasheet, on GPU-busy time", "fraction", "mbu_busy_datasheet"),
+        (f"MBU against the {bw.short}, on GPU-busy time", "fraction", "mbu_busy_measured"),
+    ]
+    out = pd.DataFrame(
+        [
+            {"quantity": name, "unit": unit, **{ph: getattr(p[ph], field) for ph in PHASES}, "field": field}
+            for name, unit, field in rows
+        ]
+    )
+    limits_rows = pd.DataFrame(
+        [
+            {"quantity": f"limit: {name}", "unit": unit, **dict.fromkeys(PHASES, value), "field": field}
+            for name, unit, value, field in (
+                ("datasheet peak", "TFLOP/s", lim.datasheet_tflops, "datasheet_tflops"),
+                ("measured GEMM rate", "TFLOP/s", lim.gemm_tflops, "gemm_tflops"),
+                ("datasheet bandwidth", "TB/s", lim.datasheet_tbs, "datasheet_tbs"),
+                (f"measured {bw.name}", "TB/s", bw.tbs, "measured_tbs"),
+            )
+        ]
+    )
+    return pd.concat([out, limits_rows], ignore_index=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from labsupport import runs
-from labsupport.figures import OURS, PHASE_COLORS, finish
+from labsupport.figures import OURS, PHASE_COLORS, finish, plain_ticks
 
 from .names import PHASES, SHORT
 from .roofline import attainable, gemm_points, pass_points, roofline_clusters
@@ -47,7 +47,7 @@ def roofline_figure(run: runs.Run):
     pts, whole, lim = gemm_points(run), pass_points(run), limits(run)
     bw = bandwidth(lim)
     n = int(run.parameters["prompt_len"])
-    fig, ax = plt.subplots(figsize=(10.5, 6.4))
+    fig, ax = plt.subplots(figsize=(9, 6.4))
     ok = pts[pts.tflops.notna() & (pts.tflops > 0)]
     lo_x = min(ok.flop_per_byte.min(), whole.flop_per_byte.min()) / 4
     hi_x = max(ok.flop_per_byte.max(), whole.flop_per_byte.max(), lim.datasheet_ridge or 0) * 8
@@ -123,7 +123,7 @@ def roofline_figure(run: runs.Run):
                 (fx, fy),
                 xytext=(lx, ly),
                 textcoords="data",
-                fontsize=7.5,
+                fontsize=10,
                 va="center",
                 color=color,
                 arrowprops={"arrowstyle": "-", "color": color, "lw": 0.5, "alpha": 0.6},
@@ -145,18 +145,20 @@ def roofline_figure(run: runs.Run):
             f"{title}\n{fpb} FLOP/byte" + (f", {where}" if where else ""),
             ha=ha,
             va="top",
-            fontsize=9,
+            fontsize=10,
             fontweight="bold",
             color=PHASE_COLORS[ph],
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain_ticks(ax, "x")
+    plain_ticks(ax, "y")
     ax.set_xlim(lo_x, hi_x)
     top = max(lim.datasheet_tflops or 0, lim.gemm_tflops or 0, ok.tflops.max())
     ax.set_ylim(min(ok.tflops.min(), whole.tflops.min()) / 8, top * 3)
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved, log scale)")
     ax.set_ylabel("rate reached (TFLOP/s on kernel time, log scale)")
     ax.set_title("Roofline: every matrix multiply of the prefill and of the decode step")
-    ax.legend(fontsize=7.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)
+    ax.legend(fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)
     finish(fig, run.label)
     return fig

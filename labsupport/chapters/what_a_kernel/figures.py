@@ -10,7 +10,7 @@ from labsupport.figures import OURS, finish
 
 def queue(q: pd.DataFrame, label: str):
     """Per launch: when the CPU's launch call returned, and when the GPU finished that kernel."""
-    fig, ax = plt.subplots(figsize=(9, 3.4))
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
     ax.plot(q.launch, q.call_return_us / 1e3, color="#444", label="CPU: launch call returned")
     ax.plot(q.launch, q.gpu_done_us / 1e3, color=OURS, label="GPU: kernel finished")
     ax.fill_between(
@@ -19,5 +19,5 @@ def queue(q: pd.DataFrame, label: str):
     ax.set_xlabel("launch number")
     ax.set_ylabel("ms since the first launch")
     ax.set_title("The CPU runs ahead; the GPU works through the queue")
-    ax.legend(fontsize=8, frameon=False)
+    ax.legend(fontsize=10, frameon=False)
     return finish(fig, label)

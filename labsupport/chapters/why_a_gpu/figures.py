@@ -16,7 +16,7 @@ def bytes_figure(run: runs.Run):
 
     s = sweep(run)
     x = range(len(s))
-    fig, ax = plt.subplots(figsize=(9, 3.4))
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
     ax.bar(x, s["weights bytes"] / 1e9, color=plots.KIND_COLORS["matrix multiply"], label="weights")
     ax.bar(
         x,
@@ -30,7 +30,7 @@ def bytes_figure(run: runs.Run):
     ax.set_ylabel("GB read per decode step")
     ax.set_title("Bytes one decode step must read: the weights once, each sequence's KV cache once")
     ax.grid(axis="x", visible=False)
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    ax.legend(fontsize=10, frameon=False, loc="upper left")
     return plots.finish(fig, run.label)
 
 
@@ -56,7 +56,7 @@ def limits_figure(run: runs.Run):
     read_tbs, read_name = hardware.measured_read(lim)
     mem, math = plots.KIND_COLORS["copy/convert/concat"], plots.KIND_COLORS["reduction"]
     sheet = f"{lim.datasheet_name} datasheet" if lim.datasheet_name else "datasheet"
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    fig, ax = plt.subplots(1, 2, figsize=(9, 6), sharey=True)
     b = s.batch
     panels = (
         (
@@ -120,14 +120,14 @@ def limits_figure(run: runs.Run):
             )
         _batch_axis(a, b)
         a.set_yscale("log")
+        plots.plain_ticks(a, "y")
         a.set_title(title)
-        a.legend(fontsize=7, frameon=False, loc="upper left")
     ax[0].axvline(r.measured_batch, color="#555", lw=1)
     ax[0].text(
         r.measured_batch,
         s["matmul ms"].min() * 0.5,
         f"measured crossing ≈ {r.measured_batch:.0f} ",
-        fontsize=8,
+        fontsize=10,
         ha="right",
     )
     if r.datasheet_batch:
@@ -136,11 +136,22 @@ def limits_figure(run: runs.Run):
             r.datasheet_batch,
             s["matmul ms"].min() * 0.37,
             f" datasheet ridge {r.datasheet_batch:.0f}",
-            fontsize=8,
+            fontsize=10,
             color="#777",
             ha="left",
         )
     ax[0].set_ylabel("ms per decode step")
+    # One legend under both panels: the limits are drawn alike in each, only the measured line differs.
+    handles, labels = ax[0].get_legend_handles_labels()
+    h1, l1 = ax[1].get_legend_handles_labels()
+    ax[0].legend(
+        [*handles[:1], *h1[:1], *handles[1:]],
+        [*labels[:1], *l1[:1], *labels[1:]],
+        frameon=False,
+        loc="upper left",
+        bbox_to_anchor=(0, -0.2),
+        ncol=1,
+    )
     lo = s["matmul ms"].min()
     if lim.datasheet_tbs:
         lo = min(lo, s["matmul memory limit ms"].min())
@@ -158,7 +169,8 @@ def throughput_figure(run: runs.Run):
     ax.plot(s.batch, s["tokens/s"], "s--", color="#999", ms=4, label="measured wall time (eager)")
     _batch_axis(ax, s.batch)
     ax.set_yscale("log")
+    plots.plain_ticks(ax, "y")
     ax.set_ylabel("tokens per second")
     ax.set_title("Throughput grows with the batch")
-    ax.legend(fontsize=8, frameon=False)
+    ax.legend(fontsize=10, frameon=False)
     return plots.finish(fig, run.label)

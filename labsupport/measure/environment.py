@@ -1,0 +1,198 @@
+"""What a chapter needs on this machine, said in one line per problem.
+
+A reader who downloads a chapter notebook may lack a package, a CUDA GPU, or the GPU memory
+the chapter's model needs. `check()` runs in each notebook's import cell (and in
+`python -m labsupport live` before any notebook starts): it prints one line per problem that
+still lets the chapter run (an old package, a GPU the datasheet table does not know), raises
+EnvironmentProblem with one line for one that stops it (a missing package; in live mode no
+CUDA GPU, or a model preset that does not fit in the GPU's memory, naming the largest one that
+does), and says nothing when all is fine. Replay (the default) needs no GPU.
+
+`LABSUPPORT_GPU_MEMORY_GB` caps the GPU memory a live run may use: the check counts only that
+much as available, and caps the process's CUDA allocator to it
+(torch.cuda.set_per_process_memory_fraction), so that the small-memory path can be tried on a
+large GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import metadata
+
+from labsupport.measure import hardware, models
+
+# The oldest versions the chapters are written for (requirements.txt pins the tested ones).
+PACKAGES = {"torch": "2.5", "transformers": "5.0", "numpy": "1.26", "pandas": "2.2", "matplotlib": "3.8"}
+# Wanted but not needed, with what is lost without them: the pins of requirements-gpubox.txt.
+OPTIONAL = {
+    "ipywidgets": ("8.1.9", "the live notebook's explorers do not show; everything else runs"),
+}
+BY_CHAPTER = {
+    "hybrid-model-token": {
+        "fla-core": ("0.6.0", "only the reference Gated DeltaNet is measured, not flash-linear-attention's kernels"),
+        "einops": ("0.8.2", "flash-linear-attention's kernels cannot load; only the reference Gated DeltaNet runs"),
+    },
+}
+INSTALL = (
+    "pip install the labsupport wheel and requirements-gpubox.txt that the book serves (page 'Run a chapter yourself')"
+)
+# A preset's GPU memory: its weights (BF16) plus this margin for the KV caches, activations,
+# cuBLAS workspaces and the CUDA context. An estimate that errs high, not a measurement.
+MARGIN_FRACTION = 0.25
+MARGIN_GB = 3.0
+MEMORY_VARIABLE = "LABSUPPORT_GPU_MEMORY_GB"
+GB = 1e9
+
+
+class EnvironmentProblem(RuntimeError):
+    """Something this machine lacks that stops the chapter, said in one line."""
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: "2.11.0+cu130" -> (2, 11, 0)."""
+    return tuple(int(n) for n in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def installed(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def package_lines(chapter: str, live: bool = True) -> tuple[list[str], list[str]]:
+    """(lines that stop the chapter, lines that do not) about the installed packages; the
+    optional ones only for a live run (a replay uses neither the kernels nor the widgets)."""
+    stop, note = [], []
+    for dist, oldest in PACKAGES.items():
+        have = installed(dist)
+        if have is None:
+            stop.append(f"{dist} is not installed (the chapters need {dist} >= {oldest}): {INSTALL}")
+        elif version_tuple(have) < version_tuple(oldest):
+            note.append(
+                f"{dist} {have} is older than the {oldest} the chapters are written for: upgrade if a cell fails"
+            )
+    for dist, (oldest, loss) in ({**OPTIONAL, **BY_CHAPTER.get(chapter, {})} if live else {}).items():
+        have = installed(dist)
+        if have is None:
+            note.append(f"{dist} is not installed: {loss} (pip install '{dist}>={oldest}')")
+        elif version_tuple(have) < version_tuple(oldest):
+            note.append(f"{dist} {have} is older than the {oldest} of requirements-gpubox.txt")
+    return stop, note
+
+
+def memory_cap_gb() -> float | None:
+    """The cap set by LABSUPPORT_GPU_MEMORY_GB, in GB (None when unset)."""
+    raw = os.environ.get(MEMORY_VARIABLE, "").strip()
+    if not raw:
+        return None
+    try:
+        cap = float(raw)
+    except ValueError:
+        raise EnvironmentProblem(f"{MEMORY_VARIABLE}={raw!r} is not a number of GB") from None
+    if cap <= 0:
+        raise EnvironmentProblem(f"{MEMORY_VARIABLE}={raw!r} must be a positive number of GB")
+    return cap
+
+
+def available_gb(torch) -> tuple[float, str]:
+    """GPU memory this process may use, in GB, and where the number comes from; applies the
+    LABSUPPORT_GPU_MEMORY_GB cap to the CUDA allocator."""
+    free, total = torch.cuda.mem_get_info()
+    cap = memory_cap_gb()
+    if cap is None:
+        return free / GB, f"{free / GB:.1f} GB free of {total / GB:.1f} GB"
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap * GB / total))
+    usable = min(free / GB, cap)
+    return usable, f"{usable:.1f} GB usable ({MEMORY_VARIABLE}={cap:g}; {free / GB:.1f} GB free of {total / GB:.1f} GB)"
+
+
+def weight_gb(preset: str) -> float:
+    """The preset's weights in BF16, counted from the model built on the meta device."""
+    return models.preset_counts(preset).parameters * 2 / GB
+
+
+def needed_gb(preset: str) -> float:
+    """GPU memory the preset needs, by the stated estimate: weights plus MARGIN_FRACTION of
+    them plus MARGIN_GB."""
+    w = weight_gb(preset)
+    return w * (1 + MARGIN_FRACTION) + MARGIN_GB
+
+
+def largest_fitting(available: float, family_of: str) -> str | None:
+    """The largest real (not tiny) preset of the same kind of model as `family_of` that fits."""
+    kind = models.PRESETS[family_of]["model_type"]
+    fits = [
+        (needed_gb(name), name)
+        for name, cfg in models.PRESETS.items()
+        if not name.startswith("tiny") and cfg["model_type"] == kind and needed_gb(name) <= available
+    ]
+    return max(fits)[1] if fits else None
+
+
+def gpu_lines(preset: str | None) -> tuple[list[str], list[str]]:
+    """(lines that stop a live run, lines that do not) about the GPU and its memory."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ["live mode needs a CUDA GPU and none is visible (mode='replay' shows the recorded run)"], []
+    name = torch.cuda.get_device_name(0)
+    note = []
+    if hardware.datasheet_or_none(name) is None:
+        note.append(
+            f"the GPU {name!r} is not in the book's datasheet table (labsupport.measure.hardware.DATASHEETS): "
+            "the chapter compares with the ceilings it measures on it only"
+        )
+    if not preset or preset not in models.PRESETS:
+        return [], note
+    have, where = available_gb(torch)
+    need = needed_gb(preset)
+    if need <= have:
+        return [], note
+    best = largest_fitting(have, preset)
+    offer = f"the largest preset that fits is {best!r} (set preset = {best!r})" if best else "no preset of it fits"
+    return [
+        f"preset {preset!r} needs about {need:.1f} GB of GPU memory ({weight_gb(preset):.1f} GB of BF16 weights "
+        f"+ {MARGIN_FRACTION:.0%} + {MARGIN_GB:g} GB for caches and workspace); this GPU has {where}: {offer}"
+    ], note
+
+
+def check(chapter: str, mode: str = "replay", preset: str | None = None, allow_cpu: bool = False) -> list[str]:
+    """Check this machine for chapter `chapter` (its slug) run in `mode` with model `preset`:
+    print one line per problem the chapter survives, raise EnvironmentProblem (one line) for
+    one that stops it, and return every line (none when all is fine)."""
+    if mode not in ("live", "replay"):
+        raise EnvironmentProblem(f"mode must be 'live' or 'replay', not {mode!r}")
+    stop, note = package_lines(chapter, live=mode == "live")
+    if not stop and mode == "live" and not allow_cpu:
+        gpu_stop, gpu_note = gpu_lines(preset)
+        stop, note = stop + gpu_stop, note + gpu_note
+    for line in note:
+        print(line)
+    if stop:
+        raise EnvironmentProblem("; ".join(stop))
+    return note
+
+
+def main(argv: list[str]) -> int:
+    """`python -m labsupport.measure.environment '[["slug", "preset or null", allow_cpu], ...]'`:
+    check() in live mode for each chapter; the lines it prints, and the first line that stops
+    a chapter on stderr with exit status 1. `labsupport live` runs it in a child process, so
+    that the process driving the notebooks never holds a CUDA context."""
+    import json
+    import sys
+
+    for slug, preset, allow_cpu in json.loads(argv[0]):
+        try:
+            check(slug, "live", preset, bool(allow_cpu))
+        except EnvironmentProblem as e:
+            print(f"{slug}: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
