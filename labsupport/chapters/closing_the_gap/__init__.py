@@ -52,6 +52,7 @@ from labsupport.chapters.closing_the_gap.params import (
     MATMUL_COLUMNS,
     OWN_OPTIONS,
     RUNG_COLUMNS,
+    RUNG_SHORT,
     RUNGS,
     STEP_TIME_COLUMNS,
     TARGET_X_FLOOR,
@@ -62,7 +63,8 @@ from labsupport.chapters.closing_the_gap.params import (
 )
 
 __all__ = [
-    "CHAPTER", "RUNGS", "OWN_OPTIONS", "RUNG_COLUMNS", "STEP_TIME_COLUMNS", "MATMUL_COLUMNS", "ERROR_FACTOR",
+    "CHAPTER", "RUNGS", "RUNG_SHORT", "OWN_OPTIONS", "RUNG_COLUMNS", "STEP_TIME_COLUMNS", "MATMUL_COLUMNS",
+    "ERROR_FACTOR",
     "TARGET_X_FLOOR", "Params", "load", "progress", "trace_file",
     "pending_run", "reference", "build", "runs_here", "fidelity", "Reference", "eager_fidelity", "rung_row",
     "rungs_table",
