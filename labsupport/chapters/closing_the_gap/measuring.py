@@ -138,10 +138,7 @@ def rung_row(rung: str, k: pd.DataFrame, t, span_ns: int, step, fid: dict) -> di
         "first_kernel_ns": int(k.start_ns.min()),
         "last_kernel_end_ns": int(k.end_ns.max()),
         "profiled_step_ns": span_ns,
-        "wall_ms_median": t.median,
-        "wall_ms_min": t.low,
-        "wall_ms_max": t.high,
-        "clean": t.clean,
+        **t.summary(),  # wall_ms_median, _min, _max, _repeats, clean
         "compile_s": getattr(step, "compile_s", float("nan")),
         **fid,
     }
