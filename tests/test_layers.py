@@ -145,3 +145,4 @@ def test_every_file_of_a_run_is_described(chapter):
     assert all(data_files.describe(chapter.slug, a) for a in chapter.artifacts)
     html = data_files.data_list(run).data
     assert html.count("<tr>") == len(run.meta["files"]) + 2 and "(not described)" not in html
+    assert "../book/run_it_yourself.html" in html  # how to record one's own run, from every chapter

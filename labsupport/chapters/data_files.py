@@ -107,7 +107,8 @@ def describe(chapter: str, name: str) -> str | None:
 
 def data_list(run):
     """The chapter's closing list of data: every file of its run, linked for download, with its
-    size and one line on what it holds (HTML, for the last cell of a chapter)."""
+    size and one line on what it holds, and how to record a run of one's own (HTML, for the last
+    cell of a chapter)."""
     import html
 
     from IPython.display import HTML
@@ -129,4 +130,7 @@ def data_list(run):
         "CSV tables open in any spreadsheet, traces in <a href='https://ui.perfetto.dev'>Perfetto</a>.</p>"
         '<table class="data-files"><thead><tr><th>file</th><th>size</th><th>what it holds</th></tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
+        "<p>To record a run of your own, on your GPU: download this page's notebook (the download button at "
+        "the top of the page), install what <a href='../book/run_it_yourself.html'>Run a chapter yourself</a> "
+        "lists, and run the notebook with <code>mode = \"live\"</code>.</p>"
     )
