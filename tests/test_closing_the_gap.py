@@ -226,3 +226,16 @@ def test_fidelity_table_and_the_published_references(run):
     ours = table[table.source == f"run {run.run_id}"]
     assert len(ours) == 2 and list(table.columns) == list(published.NEAR_FLOOR_REFERENCES.columns)
     assert isinstance(table, pd.DataFrame) and len(table) == len(published.NEAR_FLOOR_REFERENCES) + 2
+
+
+def test_matmul_launches_read_the_launch_shapes_of_the_trace(run):
+    theirs, ours = ch.matmul_launches(run, "fused-projections"), ch.matmul_launches(run, "triton-gemv")
+    k = ch.kernel_table(run, "triton-gemv")
+    assert ours.kernels.sum() == (k.kind == "matrix multiply").sum()
+    gemv_rows = ours[ours.kernel == "gemv_kernel"]
+    # our GEMV: N / BLOCK_N programs; the LM head's 151,936 rows in blocks of two
+    assert 151_936 // 2 in set(gemv_rows.blocks)
+    assert (gemv_rows.blocks > run.provenance["gpu_sms"]).all()
+    cublas = theirs[theirs.kernel.str.startswith("nvjet")]
+    assert (cublas.blocks <= run.provenance["gpu_sms"]).all()  # what the chapter says of cuBLAS here
+    assert (theirs["blocks per SM"] == theirs.blocks / run.provenance["gpu_sms"]).all()

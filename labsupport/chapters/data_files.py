@@ -132,5 +132,5 @@ def data_list(run):
         f"<tbody>{''.join(rows)}</tbody></table>"
         "<p>To record a run of your own, on your GPU: download this page's notebook (the download button at "
         "the top of the page), install what <a href='../book/run_it_yourself.html'>Run a chapter yourself</a> "
-        "lists, and run the notebook with <code>mode = \"live\"</code>.</p>"
+        'lists, and run the notebook with <code>mode = "live"</code>.</p>'
     )

@@ -23,6 +23,7 @@ from labsupport.chapters.closing_the_gap.analysis import (
     headline,
     kernel_table,
     ladder,
+    matmul_launches,
     matmuls,
     next_to_published,
     remaining,
@@ -70,7 +71,7 @@ __all__ = [
     "rungs_table",
     "weight_shapes", "tuning_cases", "time_matmuls",
     "Floor", "floor", "kernel_table", "ladder", "best", "time_split", "census", "census_by_rung", "fidelity_table",
-    "matmuls",
+    "matmuls", "matmul_launches",
     "remaining", "tuning", "headline", "tolerance_text", "next_to_published",
     "ladder_figure", "matmul_figure",
 ]  # fmt: skip

@@ -227,3 +227,34 @@ def next_to_published(run: runs.Run, published: pd.DataFrame) -> pd.DataFrame:
             {**base, "x floor": d.loc[b, "x datasheet floor"], "floor from": f"datasheet ({f.datasheet_tbs:.1f} TB/s)"}
         )
     return pd.concat([pd.DataFrame(rows, columns=published.columns), published], ignore_index=True)
+
+
+def matmul_launches(run: runs.Run, rung: str) -> pd.DataFrame:
+    """How a rung's matrix-multiply kernels were launched, from its trace: one row per kernel
+    name (shortened: kernels.short_name) and launch shape, with thread blocks (the grid),
+    threads per block, shared memory per block, blocks per SM (the GPU's SM count from
+    provenance), kernels per step and mean µs, slowest first. Empty for a run without launch
+    shapes (a CPU)."""
+    import math
+
+    k = kernel_table(run, rung)
+    mm = k[(k.kind == "matrix multiply") & k.grid.astype(str).str.contains(",")]
+    if mm.empty:
+        return pd.DataFrame(columns=["kernel", "blocks", "threads", "shared KB", "blocks per SM", "kernels", "µs"])
+    g = mm.groupby(["name", "grid", "block", "shared_mem"], as_index=False).agg(
+        kernels=("dur_ns", "size"), ns=("dur_ns", "mean")
+    )
+    dims = lambda s: math.prod(int(x) for x in str(s).split(","))  # noqa: E731
+    sms = int(run.provenance.get("gpu_sms") or 0)
+    out = pd.DataFrame(
+        {
+            "kernel": g.name.map(kernels.short_name),
+            "blocks": g.grid.map(dims),
+            "threads": g.block.map(dims),
+            "shared KB": g.shared_mem / 1024,
+            "kernels": g.kernels,
+            "µs": g.ns / 1e3,
+        }
+    )
+    out.insert(4, "blocks per SM", out.blocks / sms if sms else float("nan"))
+    return out.sort_values("µs", ascending=False).reset_index(drop=True)
