@@ -18,7 +18,7 @@ RUNGS = {
     "fused-projections": "+ Q/K/V and gate/up as one matmul each",
     "triton-gemv": "+ our Triton GEMV for every matmul",
     "fused-gemv": "+ norms, SiLU × up and residual adds inside the GEMVs",
-    "fused-attention": "+ q/k norms, rotary, cache write and attention as one kernel of ours",
+    "fused-attention": "+ q/k norms, rotary, cache write and attention in two kernels of ours",
 }
 # Short names for the figure's axis, by the same keys.
 RUNG_SHORT = {
@@ -29,7 +29,7 @@ RUNG_SHORT = {
     "fused-projections": "5 fused projections",
     "triton-gemv": "6 our Triton GEMV",
     "fused-gemv": "7 fused into the GEMVs",
-    "fused-attention": "8 our attention kernel",
+    "fused-attention": "8 our attention kernels",
 }
 # The rungs that are our own decode step, and the options of each (qwen3_decode.Options).
 OWN_OPTIONS = {
