@@ -5,7 +5,7 @@ forward pass in one screen, using the weights of a transformers model, so that e
     Options.fused      Q/K/V as one matrix multiply, gate/up as one (weights concatenated once)
     Options.matmul     "torch" (cuBLAS through F.linear) or "triton" (labsupport.measure.gemv)
     Options.fuse_gemv  with "triton": RMSNorm, SiLU x up and the residual adds done inside the GEMVs
-    Options.fused_attention  q/k norms, rotary, cache write and attention as one kernel of ours
+    Options.fused_attention  q/k norms, rotary, cache write and attention in two kernels of ours
 
 The decoder layer is compiled once with torch.compile (every layer has the same shapes, its
 weights are arguments) and the whole step, 36 compiled layers and the LM head, is captured
@@ -27,7 +27,7 @@ class Options:
     fused: bool = False
     matmul: str = "torch"  # or "triton"
     fuse_gemv: bool = False
-    fused_attention: bool = False  # q/k norms, rotary, cache write and attention as one kernel of ours
+    fused_attention: bool = False  # q/k norms, rotary, cache write and attention in two kernels of ours
 
     def __post_init__(self):
         if self.matmul not in ("torch", "triton"):
