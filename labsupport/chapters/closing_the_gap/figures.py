@@ -32,19 +32,14 @@ def ladder_figure(split: pd.DataFrame, floor_ms: float, target_ms: float, passed
         text += " (wrong answers)" if not passed.get(rung, False) else ""
         cut = left[i] > xmax
         ax.text(xmax * 0.99 if cut else left[i] + xmax * 0.01, y, text + (" →" if cut else ""), va="center",
-                ha="right" if cut else "left", fontsize=9.5, color="#222")  # fmt: skip
+                ha="right" if cut else "left", fontsize=10, color="#222")  # fmt: skip
     if floor_ms == floor_ms:  # not NaN: the run measured the read bandwidth
         ax.axvline(floor_ms, color="#2f4b7c", ls="--", lw=1)
         ax.axvline(target_ms, color="#b94a48", ls=":", lw=1.2, label=f"target ({target_ms:.2f} ms)")
-    ax.invert_yaxis()
     ax.set_xlim(0, xmax)
     ax.set_xlabel("ms per token (wall time, median; x = multiple of the floor)")
     ax.set_title("From eager to the floor, one rung at a time", loc="left")
-    ax.legend(ncol=2, fontsize=9, frameon=False, loc="upper center", bbox_to_anchor=(0.4, -0.18))
-    ax.grid(axis="y", visible=False)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    plots.footer(fig, label)
-    return fig
+    return finish(fig, ax, label, legend_y=-0.18)
 
 
 def matmul_figure(m: pd.DataFrame, read_tbs: float | None, datasheet_tbs: float | None, label: str):
@@ -55,17 +50,25 @@ def matmul_figure(m: pd.DataFrame, read_tbs: float | None, datasheet_tbs: float 
     ax.barh(y - 0.2, m.cublas_tbs, height=0.4, color=plots.THEIRS, label="cuBLAS (torch)")
     ax.barh(y + 0.2, m.triton_tbs, height=0.4, color=plots.OURS, label="our Triton GEMV")
     for i, r in enumerate(m.itertuples()):
-        ax.text(r.triton_tbs + 0.05, i + 0.2, f"{r.triton_tbs:.2f}", va="center", fontsize=8.5)
-        ax.text(r.cublas_tbs + 0.05, i - 0.2, f"{r.cublas_tbs:.2f}", va="center", fontsize=8.5, color="#555")
+        ax.text(r.triton_tbs + 0.05, i + 0.2, f"{r.triton_tbs:.2f}", va="center", fontsize=10)
+        ax.text(r.cublas_tbs + 0.05, i - 0.2, f"{r.cublas_tbs:.2f}", va="center", fontsize=10, color="#555")
     ax.set_yticks(list(y), [f"{r.matrix} ({r.bytes / 1e6:,.0f} MB)" for r in m.itertuples()])
     if read_tbs:
         ax.axvline(read_tbs, color="#2f4b7c", ls="--", lw=1, label=f"read stream measured ({read_tbs:.2f})")
     if datasheet_tbs:
         ax.axvline(datasheet_tbs, color="#b94a48", ls=":", lw=1.2, label=f"datasheet ({datasheet_tbs:.1f})")
-    ax.invert_yaxis()
+    top = max([m.cublas_tbs.max(), m.triton_tbs.max(), read_tbs or 0, datasheet_tbs or 0])
+    ax.set_xlim(0, top * 1.1)  # room for the value labels and the datasheet's line
     ax.set_xlabel("TB/s of weights read (one token, inside a CUDA graph)")
     ax.set_title("Every matmul of a token, by weight shape", loc="left")
-    ax.legend(ncol=2, fontsize=9, frameon=False, loc="upper center", bbox_to_anchor=(0.4, -0.16))
+    return finish(fig, ax, label, legend_y=-0.16)
+
+
+def finish(fig, ax, label: str, legend_y: float):
+    """The end both horizontal-bar figures share: first row on top, the legend under the axes,
+    no horizontal grid lines, the provenance footer."""
+    ax.invert_yaxis()
+    ax.legend(ncol=2, frameon=False, loc="upper center", bbox_to_anchor=(0.4, legend_y))
     ax.grid(axis="y", visible=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     plots.footer(fig, label)
