@@ -171,6 +171,9 @@ def test_ladder_arithmetic(run):
         assert lad.loc[rung, "x floor"] == pytest.approx(r.loc[rung, "wall_ms_median"] / f.measured_ms)
         assert lad.loc[rung, "GPU busy ms"] == pytest.approx(r.loc[rung, "gpu_busy_ns"] / 1e6)
     assert lad.loc["eager", "kernels"] == 2218  # the eager step of the other chapters, the same kernels
+    # the waterfall adds up: eager's wall time minus every rung's saving is the last rung's wall time
+    last = lad.index[-1]
+    assert lad.loc["eager", "wall ms"] - lad["ms saved"].sum() == pytest.approx(lad.loc[last, "wall ms"])
 
 
 def test_best_is_the_fastest_rung_that_gives_eagers_answers(run):

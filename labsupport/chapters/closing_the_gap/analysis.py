@@ -51,7 +51,8 @@ def kernel_table(run: runs.Run, rung: str) -> pd.DataFrame:
 def ladder(run: runs.Run) -> pd.DataFrame:
     """One row per rung, by key: status, whether it gives eager's answers, kernels, GPU-busy
     (profiled), wall (median, fastest, slowest; clean), idle (wall - busy), the weight
-    bandwidth it reaches (weights / wall), and its wall over the measured and datasheet floors."""
+    bandwidth it reaches (weights / wall), its wall over the measured and datasheet floors, and
+    the ms it saves against the rung before it (the waterfall)."""
     r = run.table("rungs")
     f = floor(run)
     ok = r.status == "ok"
@@ -68,6 +69,8 @@ def ladder(run: runs.Run) -> pd.DataFrame:
     out["x datasheet floor"] = out["wall ms"] / f.datasheet_ms
     out["compile s"] = r.compile_s
     out.loc[~ok, out.columns[3:]] = float("nan")
+    # The waterfall: what each rung saves against the last rung before it that ran.
+    out["ms saved"] = out["wall ms"].ffill().shift(1) - out["wall ms"]
     return out.reset_index(drop=True)
 
 
