@@ -133,6 +133,17 @@ def test_tiny_models_cpu_operators_have_a_kind_and_a_source(tiny_cpu_operators):
         # a device-to-device copy captured in a CUDA graph, run by the driver as a kernel (hybrid run, H200)
         ("memcpy128", "copy/convert/concat", "CUDA driver"),
         ("memcpy32_post", "copy/convert/concat", "CUDA driver"),
+        # NCCL's all-reduce kernels (NCCL 2.2x names, and the older ncclKernel_ form); gloo has no GPU kernel
+        (
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            "communication",
+            "NCCL",
+        ),
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication", "NCCL"),
+        ("void ncclKernel_AllReduce_RING_LL_Sum_bfloat16(ncclWork)", "communication", "NCCL"),
+        # on a CPU trace: the collective operators DTensor calls (here over gloo)
+        ("_c10d_functional::all_reduce", "communication", "other"),
+        ("_c10d_functional::wait_tensor", "communication", "other"),
     ],
 )
 def test_rules(name, kind, src):
@@ -174,6 +185,14 @@ def test_census_arithmetic():
     assert c.loc["other", "kernels"] == 0
     assert c.loc["convolution", "kernels"] == 0 and c.loc["convolution", "gpu_ns"] == 0
     assert c.drop("total")["share"].sum() == pytest.approx(1.0)
+
+
+def test_only_collectives_are_communication():
+    """Reductions and copies whose names mention "reduce" or "copy" stay what they were."""
+    assert kernels.classify("void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)") == "reduction"
+    assert kernels.classify("void cub::DeviceReduceKernel<float>(float*)") == "reduction"
+    assert kernels.classify("aten::copy_") == "copy/convert/concat"
+    assert kernels.classify("my_nccl_helper_kernel") != "communication"
 
 
 def test_kinds_in_order():

@@ -16,6 +16,11 @@ Order matters:
 - attention before convolution and matrix multiply: attention kernels may be built from
   CUTLASS, and cuDNN's SDPA runs a second kernel, `cudnn::fusion::lean_reduction_kernel`,
   that reduces the partial results of its split-KV attention kernel;
+- communication (collectives between GPUs) before everything but Inductor's prefixes: NCCL's
+  kernels (`ncclDevKernel_AllReduce_Sum_bf16_RING_LL(...)`, older `ncclKernel_...`) carry
+  `Reduce`, `Copy` or `Sum` in their names, which the later rules would take. gloo runs on
+  the CPU and launches no GPU kernel; on a CPU trace the collectives are the functional
+  operators DTensor calls (`_c10d_functional::all_reduce`, `..::wait_tensor`, `c10d::...`);
 - convolution before matrix multiply: convolutions are often implicit GEMMs;
 - PyTorch's copy kernels are instances of its generic elementwise templates
   (`vectorized_elementwise_kernel<..., direct_copy_kernel_cuda ...>`), so copies must
@@ -37,7 +42,19 @@ FLA = re.compile(
     r"|recompute_w_u|l2norm_fwd|gdn_gate|wy_repr"
 )
 
-KINDS = ("matrix multiply", "elementwise", "copy/convert/concat", "reduction", "attention", "convolution", "other")
+KINDS = (
+    "matrix multiply",
+    "elementwise",
+    "copy/convert/concat",
+    "reduction",
+    "attention",
+    "communication",
+    "convolution",
+    "other",
+)
+
+# Collectives: NCCL's GPU kernels, and (CPU traces) the collective operators themselves.
+COMMUNICATION = re.compile(r"^(void )?nccl(Dev)?Kernel_|^_?c10d(_functional)?::|^(nccl|gloo):")
 
 # Our own Triton kernels (labsupport.measure.triton_kernels, .gemv, .decode_attention), by their exact names.
 OUR_TRITON = {
@@ -62,6 +79,7 @@ RULES: list[tuple[str, re.Pattern]] = [
     ("reduction", re.compile(r"^triton_(red|per)_")),
     ("elementwise", re.compile(r"^triton_(poi|for)_")),
     *[(kind, re.compile(rf"^{re.escape(name)}$")) for name, kind in OUR_TRITON.items()],
+    ("communication", COMMUNICATION),
     ("attention", re.compile(r"\bcudnn::fusion::lean_reduction_kernel\b")),
     (
         "attention",

@@ -16,6 +16,7 @@ SOURCES = (
     "Triton (ours)",
     "PyTorch (ATen)",
     "CUDA driver",
+    "NCCL",
     "other",
 )
 
@@ -54,6 +55,8 @@ SOURCE_RULES: list[tuple[str, re.Pattern]] = [
     # The driver's own copy kernels: a memory copy captured in a CUDA graph can run as a kernel
     # (`memcpy128`, `memcpy32_post` in the H200 runs, CUDA 13 driver 580), not a copy-engine copy.
     ("CUDA driver", re.compile(r"^memcpy\w*$")),
+    # NCCL, the collectives library (all-reduce between GPUs), by its kernels' names.
+    ("NCCL", re.compile(r"^(void )?nccl(Dev)?Kernel_")),
 ]
 
 

@@ -1,0 +1,117 @@
+"""An all-reduce sweep on the process group in place (NCCL on GPUs, gloo on a CPU), and the
+collectives one step issues.
+
+Latency is the median over repeats of `iters` back-to-back all-reduces divided by `iters`
+(as nccl-tests averages); bus bandwidth is the rate the links carry in a ring all-reduce,
+2(n-1)/n x bytes / time, which is comparable across numbers of GPUs (nccl-tests' "busbw").
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from labsupport.measure import harness
+
+SWEEP_MIN, SWEEP_MAX = 8 << 10, 256 << 20  # 8 KB .. 256 MB
+
+
+def sizes(low: int = SWEEP_MIN, high: int = SWEEP_MAX, extra: tuple[int, ...] = ()) -> list[int]:
+    """Message sizes in bytes: powers of two from `low` to `high`, plus `extra` (the decode step's)."""
+    if low < 2 or high < low:
+        raise ValueError(f"all-reduce sweep: sizes must be 2 <= low <= high bytes, got {low} .. {high}")
+    out, b = set(extra), low
+    while b <= high:
+        out.add(b)
+        b *= 2
+    return sorted(out)
+
+
+def bus_bandwidth(nbytes, seconds, world: int):
+    """Bus bandwidth (bytes/s) of a ring all-reduce of `nbytes` among `world` ranks taking `seconds`."""
+    return 2 * (world - 1) / world * nbytes / seconds
+
+
+def sweep(
+    message_bytes: list[int], device: str, dtype=torch.bfloat16, iters: int = 20, repeats: int = 5, progress=None
+) -> list[dict]:
+    """Time all-reduces of each size among every rank of the default group; one row per size."""
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    esize = torch.tensor([], dtype=dtype).element_size()
+    rows = []
+    for nbytes in message_bytes:
+        x = torch.ones(max(1, nbytes // esize), dtype=dtype, device=device)
+        n = x.numel() * esize
+
+        def burst(x=x):
+            for _ in range(iters):
+                dist.all_reduce(x)
+
+        dist.barrier()
+        t = harness.time_region(burst, what=f"all-reduce {n} B x {iters}", device=device, repeats=repeats, warmup=2)
+        lat = [w / iters * 1e-3 for w in t.wall_ms]  # seconds per all-reduce
+        med = sorted(lat)[len(lat) // 2]
+        rows.append(
+            {
+                "rank": rank,
+                "world": world,
+                "bytes": n,
+                "dtype": str(dtype).removeprefix("torch."),
+                "iters": iters,
+                "repeats": repeats,
+                "latency_us_median": med * 1e6,
+                "latency_us_min": min(lat) * 1e6,
+                "latency_us_max": max(lat) * 1e6,
+                "algbw_gbs": n / med / 1e9,
+                "busbw_gbs": bus_bandwidth(n, med, world) / 1e9,
+                "clean": t.clean,
+            }
+        )
+        if progress is not None and rank == 0:
+            progress(f"all-reduce {n:>11,} B: {med * 1e6:9.1f} us, bus {rows[-1]['busbw_gbs']:7.1f} GB/s")
+        del x
+    return rows
+
+
+def issued(path, region: str = "decode_step", op: str = "_c10d_functional::all_reduce") -> tuple[int, int]:
+    """How many calls of the collective operator `op` the host made inside the `region` of a
+    profiler trace, and their summed duration on the host (ns). On a GPU the NCCL kernels
+    are the collectives' GPU side; this is their host side, and the only side on a CPU."""
+    from labsupport.traces import trace
+
+    events = trace.load_events(path)
+    region_ev = [e for e in trace.complete_events(events, {"user_annotation"}) if e["name"] == region]
+    if not region_ev:
+        raise trace.TraceError(f"no {region!r} annotation in {path}")
+    t0 = trace.ns(region_ev[0]["ts"])
+    t1 = t0 + trace.ns(region_ev[0]["dur"])
+    calls = [e for e in trace.complete_events(events, {"cpu_op"}) if e["name"] == op and t0 <= trace.ns(e["ts"]) <= t1]
+    return len(calls), sum(trace.ns(e["dur"]) for e in calls)
+
+
+class CollectiveLog(TorchDispatchMode):
+    """Records every collective (torch.ops._c10d_functional.*, what DTensor issues) run inside
+    it: its name, the bytes of its input and their dtype, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[dict] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if func.namespace == "_c10d_functional" and name != "wait_tensor" and not name.startswith("_"):
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+            self.rows.append(
+                {
+                    "seq": len(self.rows),
+                    "op": name,
+                    "bytes": sum(t.numel() * t.element_size() for t in tensors),
+                    "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
+                    "shape": "x".join(map(str, tensors[0].shape)) if tensors else "",
+                }
+            )
+        return func(*args, **kwargs)

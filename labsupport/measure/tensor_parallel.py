@@ -1,0 +1,254 @@
+"""One decode step split across GPUs (tensor parallelism): the worker each rank runs.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        -m labsupport.measure.tensor_parallel --out DIR --preset qwen3-8b --prompt-len 256
+
+Every rank builds the same model from its preset with the same seed, then (on more than one
+rank) shards each decoder layer with PyTorch's own stack, DTensor's `parallelize_module`:
+column-parallel q/k/v and gate/up (each rank keeps its share of the heads and of the MLP's
+columns), row-parallel o_proj and down_proj (each rank's partial sum, then one all-reduce).
+That is two all-reduces per layer. The embedding, the norms and the LM head stay whole on
+every rank. On one rank the model runs as written (TP=1, no DTensor).
+
+Each rank then times every step form first (harness.time_region, clean), profiles one step
+of each (harness.profile_region), and writes into DIR/rank<r>/: step_times.csv,
+variants.csv, collectives.csv (what one eager step all-reduces), allreduce.csv (with
+--sweep), trace-<variant>.json.gz and info.json. NCCL on GPUs, gloo on a CPU (the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from labsupport.measure import allreduce, decode, harness, models, steps
+from labsupport.traces import kinds, trace
+
+COLUMNWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
+VARIANTS = ("eager", "cuda-graph", "compile")  # the last two on a GPU only
+
+
+def tp_plan(model) -> dict:
+    """{module path: ColwiseParallel() or RowwiseParallel()} for every decoder layer (local outputs)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    prefix = model.base_model_prefix
+    plan = {}
+    for i in range(model.config.num_hidden_layers):
+        plan |= {f"{prefix}.layers.{i}.{m}": ColwiseParallel() for m in COLUMNWISE}
+        plan |= {f"{prefix}.layers.{i}.{m}": RowwiseParallel() for m in ROWWISE}
+    return plan
+
+
+def shard(model, device: str):
+    """Split `model` across every rank of the default group (in place); a clear error when its
+    heads or MLP width do not divide among the ranks."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    n, c = dist.get_world_size(), model.config
+    for what in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        if getattr(c, what) % n:
+            raise ValueError(f"tensor parallelism over {n} ranks: {what}={getattr(c, what)} does not divide by {n}")
+    mesh = init_device_mesh(device, (n,))
+    return parallelize_module(model, mesh, tp_plan(model))
+
+
+def build_step(variant: str, model, prompt):
+    if variant == "eager":
+        return steps.EagerStep(model, prompt)
+    static = steps.StaticStep(model, prompt.ids)
+    if variant == "cuda-graph":
+        return steps.GraphStep(static)
+    return steps.CompiledStep(static, mode="reduce-overhead")
+
+
+def agree(ok: bool, device: str) -> bool:
+    """Whether every rank succeeded (a variant failing on one rank is failed on all: the others
+    would otherwise wait for its collectives)."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([0 if ok else 1], device=device)
+    dist.all_reduce(flag)
+    return int(flag.item()) == 0
+
+
+def first_line(e: BaseException) -> str:
+    msg = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+    return f"{type(e).__name__}: {msg[:200]}"
+
+
+def variant_row(variant: str, k: pd.DataFrame, t: harness.Timing, path: Path) -> dict:
+    """variants.csv's row of a variant timed (`t`) and profiled (kernels `k`, trace `path`):
+    communication kernels (NCCL's, on a GPU) and the all-reduce calls the host made."""
+    comm = k[k.kind == "communication"]
+    calls, calls_ns = allreduce.issued(path)
+    return {
+        "variant": variant,
+        "status": "ok",
+        "kernels": len(k),
+        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
+        "kernel_ns": int(k.dur_ns.sum()),
+        "comm_kernels": len(comm),
+        "comm_ns": int(comm.dur_ns.sum()),
+        "allreduce_calls": calls,
+        "allreduce_call_ns": calls_ns,
+        "profiled_step_ns": trace.origin_span_ns(trace.load_events(path)),
+        "wall_ms_median": t.median,
+        "wall_ms_min": t.low,
+        "wall_ms_max": t.high,
+        "issue_ms_median": statistics.median(t.issue_ms),
+        "clean": t.clean,
+    }
+
+
+def time_variants(model, prompt, args, where: str, say) -> tuple[dict, dict, list]:
+    """Build and time each step form asked for, every rank in step: ({variant: (step, Timing)},
+    {variant: why it has no numbers}, step_times rows)."""
+    device = where.split(":")[0]
+    built, status, times = {}, {}, []
+    for v in [v for v in args.variants if v in VARIANTS]:
+        if v != "eager" and device != "cuda":
+            status[v] = "needs a CUDA GPU"
+            continue
+        try:
+            step = build_step(v, model, prompt)
+            t = harness.time_region(
+                step, what=f"{v} step", device=device, repeats=args.repeats, setup=steps.setup(step)
+            )
+            ok, err = True, ""
+        except (harness.TimingError, harness.ProfileError):
+            raise
+        except Exception as e:  # recorded, not hidden: the variant's row says why
+            ok, err = False, first_line(e)
+        if not agree(ok, where):
+            status[v] = f"failed: {err}" if err else "failed on another rank"
+            continue
+        built[v] = (step, t)
+        times += t.rows(variant=v)
+        say(f"{v}: median {t.median:.3f} ms over {len(t.wall_ms)} repeats")
+    return built, status, times
+
+
+def profile_variants(model, built: dict, out: Path, device: str) -> list[dict]:
+    """Profile one step of each timed variant (after every timing); variants.csv's rows."""
+    rows = []
+    for v, (step, t) in built.items():
+        path = out / f"trace-{v}.json.gz"
+        labels = (lambda: decode.annotated_modules(model)) if v == "eager" else None
+        k = harness.profile_region(
+            step, path, region="decode_step", device=device, setup=steps.setup(step), labels=labels
+        )
+        rows.append(variant_row(v, k.assign(kind=k["name"].map(kinds.classify)), t, path))
+    return rows
+
+
+def run(args) -> Path:
+    """Measure this rank; returns its output folder."""
+    import torch.distributed as dist
+
+    device = args.device
+    backend = "nccl" if device == "cuda" else "gloo"
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "cuda":
+        torch.cuda.set_device(local)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout_s))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    where = f"cuda:{local}" if device == "cuda" else "cpu"
+    harness.for_chapter(f"tensor parallel, rank {rank}/{world}")
+    out = Path(args.out) / f"rank{rank}"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def say(msg):
+        if rank == 0:
+            print(f"[TP={world}] {msg}", flush=True)
+
+    torch.manual_seed(args.seed)  # the same weights on every rank before sharding
+    model = models.build_model(args.preset, device=where)
+    counts = models.count_model(model, args.preset)
+    if world > 1:
+        shard(model, device)
+    prompt = decode.Prompt.random(model.config.vocab_size, args.batch, args.prompt_len, where)
+
+    log = allreduce.CollectiveLog()  # what one eager step all-reduces (untimed)
+    cache, tok = decode.prefill(model, prompt)
+    with log:
+        decode.decode_step(model, cache, tok)
+    del cache, tok
+    collectives = pd.DataFrame(log.rows, columns=["seq", "op", "bytes", "dtype", "shape"]).assign(rank=rank)
+
+    sweep = []
+    if args.sweep and world > 1:  # timings before any profile
+        extra = tuple(sorted(set(collectives.bytes)))
+        sweep = allreduce.sweep(
+            allreduce.sizes(args.sweep_min, args.sweep_max, extra), where, iters=args.sweep_iters, progress=say
+        )
+
+    built, status, times = time_variants(model, prompt, args, where, say)
+    rows = profile_variants(model, built, out, device)
+    rows += [{"variant": v, "status": s} for v, s in status.items()]
+    keys = {"tp": world, "rank": rank}
+    pd.DataFrame(rows).assign(**keys).to_csv(out / "variants.csv", index=False)
+    pd.DataFrame(times).assign(**keys).to_csv(out / "step_times.csv", index=False)
+    collectives.assign(tp=world).to_csv(out / "collectives.csv", index=False)
+    if sweep:
+        pd.DataFrame(sweep).to_csv(out / "allreduce.csv", index=False)
+    info = {
+        "rank": rank,
+        "world": world,
+        "backend": backend,
+        "device": torch.cuda.get_device_name(local) if device == "cuda" else "cpu",
+        "nccl": nccl_version() if device == "cuda" else None,
+        "torch": torch.__version__,
+        "model": counts.as_record(),
+        "sharded_parameters": local_parameters(model),
+        "method": harness.method(),
+    }
+    (out / "info.json").write_text(json.dumps(info, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+def local_parameters(model) -> int:
+    """Parameters this rank holds (its shards of the split layers, all of the rest)."""
+    return sum(getattr(p, "to_local", lambda p=p: p)().numel() for p in model.parameters())
+
+
+def nccl_version() -> str | None:
+    with contextlib.suppress(Exception):
+        v = torch.cuda.nccl.version()
+        return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return None
+
+
+def arguments(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--preset", default="qwen3-8b")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    p.add_argument("--sweep", action="store_true", help="also time all-reduces from --sweep-min to --sweep-max bytes")
+    p.add_argument("--sweep-min", type=int, default=allreduce.SWEEP_MIN)
+    p.add_argument("--sweep-max", type=int, default=allreduce.SWEEP_MAX)
+    p.add_argument("--sweep-iters", type=int, default=20)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout-s", type=int, default=600)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    run(arguments())
