@@ -65,6 +65,7 @@ class Chapter:
     smoke: dict = field(default_factory=dict, hash=False, compare=False)  # smallest parameters for `live --smoke`
     cpu: dict = field(default_factory=dict, hash=False, compare=False)  # what `--allow-cpu` changes (the tiny model)
     reads: tuple[str, ...] = ()  # other chapters whose published runs this chapter's notebook reads
+    gpus: int = 1  # GPUs its live run needs: the nightly skips it, in one line, on a box with fewer
 
     @property
     def module(self) -> str:
@@ -267,6 +268,34 @@ CHAPTERS = [
         },
     ),
 ]
+
+
+# Recorded on two GPUs (labsupport.measure.tensor_parallel under torchrun). Not in CHAPTERS until its
+# first run on two GPUs is published: the book, the nightly and the tests follow CHAPTERS.
+ONE_TOKEN_TWO_GPUS = Chapter(
+    "one-token-two-gpus",
+    "notebooks/one_token_two_gpus.ipynb",
+    ("variants.csv", "step_times.csv", "collectives.csv", "allreduce.csv", "trace-tp1-rank0-eager.json.gz"),
+    columns={
+        "variants.csv": ("tp", "rank", "variant", "status", "kernels", "comm_kernels", "allreduce_calls"),
+        "step_times.csv": ("tp", "rank", "variant", "repeat", "wall_ms"),
+        "collectives.csv": ("tp", "rank", "seq", "op", "bytes", "dtype"),
+        "allreduce.csv": ("rank", "world", "bytes", "latency_us_median", "busbw_gbs"),
+        "ceilings.csv": CEILINGS,
+    },
+    checks={
+        "preset": preset(),
+        "prompt_len": at_least(1),
+        "batch": at_least(1),
+        "repeats": REPEATS,
+        "gpus": at_least(2),
+        "variants": subset_of("eager", "cuda-graph", "compile"),
+        "sweep_max": at_least(8192),
+    },
+    smoke={"repeats": 3, "variants": ["eager", "cuda-graph"], "sweep_max": 1 << 20},
+    cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2, "variants": ["eager"], "sweep_max": 16384},
+    gpus=2,
+)
 
 
 def find(names: list[str] | None) -> list[Chapter]:

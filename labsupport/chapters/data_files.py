@@ -93,6 +93,24 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "trace-fla-cuda-graph.json.gz": "the raw trace of its CUDA-graph replay",
         "trace-fla-compile.json.gz": "the raw trace of it compiled",
     },
+    "one-token-two-gpus": {
+        "ceilings.csv": _CEILINGS + ", on GPU 0",
+        "variants.csv": "each form of the step at TP=1 and split, per rank: kernels, communication, busy and wall time",
+        "step_times.csv": "every clean timing of each form of the step, per degree and rank",
+        "collectives.csv": "every collective one eager step issued, per degree and rank: operation, bytes, dtype",
+        "allreduce.csv": "the all-reduce sweep, per rank: message size, latency, algorithm and bus bandwidth",
+        "topology.txt": "nvidia-smi topo -m: how the GPUs are connected (NVLink or PCIe)",
+        **{
+            f"trace-tp{tp}-rank{rank}-{form}.json.gz": f"the raw trace of rank {rank}'s {what} at TP={tp}"
+            for tp in range(1, 9)
+            for rank in range(tp)
+            for form, what in (
+                ("eager", "eager step"),
+                ("cuda-graph", "CUDA-graph replay"),
+                ("compile", "compiled step"),
+            )
+        },
+    },
 }
 
 META = "provenance (GPU, driver, CUDA, library versions, commit, time, command), parameters, results, checksums"

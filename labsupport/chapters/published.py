@@ -95,3 +95,9 @@ NEAR_FLOOR_REFERENCES = pd.DataFrame(
 # Beside the megakernel: CUDA graphs with programmatic dependent launch came within 0.7% (H100)
 # and 4.6% (H200) of it in an independent replication (msaroufim/megakernels-vs-cuda-graphs).
 CUDA_GRAPH_PDL_GAP = {"H100": 0.007, "H200": 0.046, "source": "msaroufim/megakernels-vs-cuda-graphs"}
+
+# Tensor parallelism, as published (other GPUs and models: compare ratios, never raw times).
+TP_GPT_FAST_SOURCE = "gpt-fast (pytorch-labs/gpt-fast README): Llama-3.1-8B, BF16, batch 1, A100s"
+TP_GPT_FAST_TOKENS_PER_S = {1: 93.8, 2: 149.1}  # tensor-parallel degree -> tokens/s
+TP_ALLREDUCE_SOURCE = "SGLang PR #2904: one all-reduce of 32 KB at TP=2 on H100s"
+TP_ALLREDUCE_32KB_US = {"vLLM custom all-reduce": 9.0, "SGLang custom all-reduce": 4.5}

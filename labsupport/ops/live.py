@@ -67,6 +67,27 @@ def check_environment(selected: list[chapters.Chapter], per_chapter: dict, allow
     return None
 
 
+def gpus_here() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def fitting(selected: list, allow_cpu: bool, who: str = "live") -> list:
+    """The chapters this box has the GPUs for, with one line for each one skipped. On a CPU
+    (allowed for the tests) a chapter's ranks are processes, so none is skipped there."""
+    have = gpus_here()
+    if allow_cpu and have == 0:
+        return list(selected)
+    keep = []
+    for ch in selected:
+        if ch.gpus > have:
+            print(f"[{who}] {ch.slug}: skipped: needs {ch.gpus} GPUs, this box has {have}", flush=True)
+        else:
+            keep.append(ch)
+    return keep
+
+
 def gpu_tag() -> str:
     import torch
 
@@ -161,7 +182,9 @@ def publish_run(root: Path, chapter: chapters.Chapter, run: runs.Run, seconds: f
 
 def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: bool = True) -> int:
     check_gpu(allow_cpu)
-    selected = chapters.find(names)
+    selected = fitting(chapters.find(names), allow_cpu)
+    if not selected:
+        return 0
     from labsupport.ops import params
 
     per_chapter = params.resolve(selected, parameters, allow_cpu)  # ParamError before anything runs
@@ -232,9 +255,13 @@ def smoke(names: list[str], parameters: dict, allow_cpu: bool = False) -> int:
     selected = chapters.find(names)
     on_cpu = allow_cpu and not torch.cuda.is_available()
     plans, skipped = {}, {}
+    have = gpus_here()
     for ch in selected:
         if on_cpu and "allow_cpu" not in params.notebook_parameters(ch):
             skipped[ch.slug] = "no CPU path (the notebook has no allow_cpu parameter)"
+            continue
+        if not on_cpu and ch.gpus > have:
+            skipped[ch.slug] = f"needs {ch.gpus} GPUs, this box has {have}"
             continue
         given = {**ch.smoke, **(ch.cpu if on_cpu else {})}
         plans[ch.slug] = params.for_chapter(ch, given, allow_cpu)

@@ -1,0 +1,65 @@
+"""Chapter "One token on two GPUs": Qwen3-8B's decode step split across GPUs (tensor
+parallelism with DTensor, NCCL all-reduces), at TP=1 and TP=N, per rank, and the all-reduce
+curve of the box.
+
+Live (the notebook's visible cells): start torchrun twice (TP=1, then TP=N with the all-reduce
+sweep), each rank running labsupport.measure.tensor_parallel, and collect every rank's results
+into one run. Replay: the step table per rank, the collectives of one step, the census with its
+communication kind, the curve, and the answer, all computed from the run here.
+
+    params     Params, CHAPTER, VARIANTS, the tables' columns, trace_file, load
+    measuring  require_gpus, pending_run, torchrun_command, launch, collect, record_topology
+    analysis   steps, census, collectives, allreduce_curve, answer, references, headline
+    figures    allreduce_figure, ranks_timeline
+"""
+
+from labsupport.chapters.one_token_two_gpus.analysis import (
+    Answer,
+    Collectives,
+    allreduce_curve,
+    answer,
+    at_bytes,
+    census,
+    collectives,
+    degrees,
+    headline,
+    kernel_table,
+    references,
+    split_degree,
+    steps,
+)
+from labsupport.chapters.one_token_two_gpus.figures import COLORS, allreduce_figure, ranks_timeline
+from labsupport.chapters.one_token_two_gpus.measuring import (
+    TooFewGPUs,
+    collect,
+    gpus_here,
+    interconnect,
+    launch,
+    link_between,
+    pending_run,
+    record_topology,
+    require_gpus,
+    torchrun_command,
+)
+from labsupport.chapters.one_token_two_gpus.params import (
+    ALLREDUCE_COLUMNS,
+    CHAPTER,
+    COLLECTIVE_COLUMNS,
+    STEP_TIME_COLUMNS,
+    VARIANT_COLUMNS,
+    VARIANTS,
+    Params,
+    load,
+    progress,
+    trace_file,
+)
+
+__all__ = [
+    "CHAPTER", "VARIANTS", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "COLLECTIVE_COLUMNS", "ALLREDUCE_COLUMNS",
+    "Params", "load", "progress", "trace_file",
+    "TooFewGPUs", "gpus_here", "require_gpus", "pending_run", "torchrun_command", "launch", "collect",
+    "link_between", "interconnect", "record_topology",
+    "degrees", "split_degree", "steps", "kernel_table", "census", "Collectives", "collectives", "allreduce_curve",
+    "at_bytes", "Answer", "answer", "references", "headline",
+    "COLORS", "allreduce_figure", "ranks_timeline",
+]  # fmt: skip

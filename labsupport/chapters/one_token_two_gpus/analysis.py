@@ -1,0 +1,184 @@
+"""The chapter's analysis, from a recorded run: the step at TP=1 and TP=N per rank, the
+all-reduces of one step, the all-reduce curve, the census of each rank's kernels, and the
+answer (how much faster, where the time goes), beside the published references."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from labsupport import runs
+from labsupport.chapters import published
+from labsupport.chapters.one_token_two_gpus.params import VARIANTS, trace_file
+from labsupport.traces import kernels, trace
+
+
+def degrees(run: runs.Run) -> list[int]:
+    """The tensor-parallel degrees measured, smallest first (1 and the split run's)."""
+    return sorted(int(x) for x in run.table("variants").tp.unique())
+
+
+def split_degree(run: runs.Run) -> int:
+    return degrees(run)[-1]
+
+
+def steps(run: runs.Run) -> pd.DataFrame:
+    """One row per degree, rank and form of the step: status, kernels (of them communication),
+    all-reduce calls, GPU busy, communication and wall time (median of the rank's clean
+    repeats, fastest, slowest), tokens/s (batch x 1000 / wall ms) and the speed-up over the same
+    form at TP=1 on rank 0."""
+    v = run.table("variants")
+    batch = run.parameters.get("batch", 1)
+    out = pd.DataFrame({"tp": v.tp, "rank": v["rank"], "variant": v.variant, "status": v.status})
+    out["kernels"] = v.get("kernels")
+    out["communication kernels"] = v.get("comm_kernels")
+    out["all-reduce calls"] = v.get("allreduce_calls")
+    out["GPU busy ms"] = v.get("gpu_busy_ns") / 1e6
+    out["communication ms"] = v.get("comm_ns") / 1e6
+    out["wall ms"] = v.get("wall_ms_median")
+    out["wall min ms"] = v.get("wall_ms_min")
+    out["wall max ms"] = v.get("wall_ms_max")
+    out["tokens/s"] = batch * 1e3 / out["wall ms"]
+    base = out[(out.tp == 1) & (out["rank"] == 0)].set_index("variant")["wall ms"]
+    out["speed-up over TP=1"] = out.variant.map(base) / out["wall ms"]
+    order = out.variant.map({v: i for i, v in enumerate(VARIANTS)})
+    return out.assign(order=order).sort_values(["order", "tp", "rank"]).drop(columns="order").reset_index(drop=True)
+
+
+def kernel_table(run: runs.Run, tp: int, rank: int, variant: str) -> pd.DataFrame:
+    """Kernels of one rank's profiled step (from its raw trace), with kind, layer and part."""
+    device = run.provenance.get("device", "cuda")
+    return kernels.annotate(trace.read_kernels(run.file(trace_file(tp, rank, variant)), device=device))
+
+
+def census(run: runs.Run, variant: str = "eager") -> pd.DataFrame:
+    """Kernels and GPU time by kind, one column pair per degree and rank (TP=1 rank 0 first)."""
+    parts = {}
+    ok = run.table("variants")
+    ok = ok[(ok.variant == variant) & (ok.status == "ok")]
+    for r in ok.sort_values(["tp", "rank"]).itertuples():
+        c = kernels.census(kernel_table(run, int(r.tp), int(r.rank), variant)).set_index("kind")
+        parts[f"TP={r.tp} rank {r.rank}"] = c[["kernels", "gpu_ms"]]
+    return pd.concat(parts, axis=1)
+
+
+@dataclass
+class Collectives:
+    """What one eager step at the split degree all-reduces, per rank (they agree)."""
+
+    tp: int
+    per_step: int  # all-reduces issued by one step
+    per_layer: float
+    message_bytes: int  # bytes of each (the hidden state of every sequence, BF16)
+    step_bytes: int  # bytes all-reduced by one step
+    comm_ms: float  # GPU time of the step's communication kernels (0 on a CPU)
+    comm_us_each: float  # per all-reduce, from the profiled step
+
+
+def collectives(run: runs.Run, rank: int = 0) -> Collectives:
+    c = run.table("collectives")
+    tp = split_degree(run)
+    c = c[(c.tp == tp) & (c["rank"] == rank) & (c.op == "all_reduce")]
+    v = run.table("variants").set_index(["tp", "rank", "variant"]).loc[(tp, rank, "eager")]
+    layers = run.results["model"]["layers"]
+    sizes = c.bytes.unique()
+    comm_ms = float(v.comm_ns) / 1e6
+    n = len(c)
+    return Collectives(
+        tp=tp,
+        per_step=n,
+        per_layer=n / layers,
+        message_bytes=int(sizes[0]) if len(sizes) == 1 else -1,
+        step_bytes=int(c.bytes.sum()),
+        comm_ms=comm_ms,
+        comm_us_each=comm_ms * 1e3 / v.comm_kernels if v.comm_kernels else float("nan"),
+    )
+
+
+def allreduce_curve(run: runs.Run) -> pd.DataFrame:
+    """The all-reduce sweep, one row per message size: latency (median over ranks of each
+    rank's median), algorithm and bus bandwidth, and whether it is the decode step's size."""
+    a = run.table("allreduce")
+    g = a.groupby("bytes").agg(
+        latency_us=("latency_us_median", "median"),
+        latency_us_slowest_rank=("latency_us_median", "max"),
+        algbw_gbs=("algbw_gbs", "median"),
+        busbw_gbs=("busbw_gbs", "median"),
+        world=("world", "first"),
+    )
+    g = g.reset_index()
+    g["decode step"] = g.bytes == collectives(run).message_bytes
+    return g
+
+
+def at_bytes(curve: pd.DataFrame, nbytes: int) -> float:
+    """The sweep's latency (us) at `nbytes`, interpolated on a log scale between its sizes."""
+    import numpy as np
+
+    return float(np.exp(np.interp(np.log(nbytes), np.log(curve.bytes), np.log(curve.latency_us))))
+
+
+@dataclass
+class Answer:
+    variant: str
+    tp: int
+    wall_ms_1: float
+    wall_ms_n: float  # the slower rank's median
+    speedup: float
+    ideal_ms: float  # TP=1's wall time / tp: every cost split perfectly
+    busy_ms_1: float
+    busy_ms_n: float
+    comm_ms_n: float
+    comm_share_n: float  # of the split step's GPU-busy time
+    kernels_1: int
+    kernels_n: int
+
+
+def answer(run: runs.Run, variant: str = "eager") -> Answer | None:
+    """TP=1 against the split degree for one form of the step (None if either did not run)."""
+    s = steps(run)
+    s = s[(s.variant == variant) & (s.status == "ok")]
+    tp = split_degree(run)
+    one, many = s[s.tp == 1], s[s.tp == tp]
+    if one.empty or len(many) != tp:
+        return None
+    slow = many.loc[many["wall ms"].idxmax()]
+    w1 = float(one["wall ms"].iloc[0])
+    return Answer(
+        variant=variant,
+        tp=tp,
+        wall_ms_1=w1,
+        wall_ms_n=float(slow["wall ms"]),
+        speedup=w1 / float(slow["wall ms"]),
+        ideal_ms=w1 / tp,
+        busy_ms_1=float(one["GPU busy ms"].iloc[0]),
+        busy_ms_n=float(many["GPU busy ms"].max()),
+        comm_ms_n=float(many["communication ms"].max()),
+        comm_share_n=float((many["communication ms"] / many["GPU busy ms"]).max()),
+        kernels_1=int(one.kernels.iloc[0]),
+        kernels_n=int(many.kernels.max()),
+    )
+
+
+def references(run: runs.Run, variant: str = "eager") -> pd.DataFrame:
+    """Ours beside the published references, as ratios and per-message latencies."""
+    a, curve = answer(run, variant), allreduce_curve(run)
+    g = published.TP_GPT_FAST_TOKENS_PER_S
+    rows = [
+        ("speed-up, TP=1 to TP=2", a.speedup if a else float("nan"), g[2] / g[1], published.TP_GPT_FAST_SOURCE),
+    ]
+    ours_32k = at_bytes(curve, 32 << 10)
+    for name, us in published.TP_ALLREDUCE_32KB_US.items():
+        rows.append((f"all-reduce of 32 KB (µs), ours NCCL vs {name}", ours_32k, us, published.TP_ALLREDUCE_SOURCE))
+    return pd.DataFrame(rows, columns=["what", "this run", "published", "source"])
+
+
+def headline(run: runs.Run) -> dict:
+    out = {}
+    a = answer(run)
+    if a is not None:
+        out = {"TP=1 eager wall ms": a.wall_ms_1, f"TP={a.tp} eager wall ms": a.wall_ms_n}
+    curve = allreduce_curve(run)
+    out["all-reduce us at the step's size"] = float(curve.loc[curve["decode step"], "latency_us"].iloc[0])
+    return out

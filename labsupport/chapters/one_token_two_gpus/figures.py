@@ -1,0 +1,68 @@
+"""The chapter's own figures: the all-reduce curve, and one layer on every rank side by side."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from labsupport import figures as plots
+from labsupport.traces.kernels import KINDS
+
+# The generic palette, with a colour for the kind this chapter brings (collectives between GPUs).
+COLORS = {**plots.KIND_COLORS, "communication": plots.KIND_COLORS.get("communication", "#d4a017")}
+
+
+def allreduce_figure(curve: pd.DataFrame, label: str):
+    """Latency and bus bandwidth of one all-reduce against its size (from allreduce_curve), the
+    decode step's message size marked."""
+    fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 3.8))
+    kb = curve.bytes / 1024
+    lat.loglog(kb, curve.latency_us, "o-", color=plots.OURS)
+    bw.semilogx(kb, curve.busbw_gbs, "o-", color=plots.OURS)
+    step = curve[curve["decode step"]]
+    for ax, col in ((lat, "latency_us"), (bw, "busbw_gbs")):
+        ax.plot(step.bytes / 1024, step[col], "o", ms=11, mfc="none", mec=COLORS["communication"], mew=2)
+        for r in step.itertuples():
+            ax.annotate(
+                "one decode step's\nall-reduce",
+                (r.bytes / 1024, getattr(r, col)),
+                textcoords="offset points",
+                xytext=(12, 10),
+                fontsize=8,
+            )
+        ax.set_xlabel("message size (KB)")
+    lat.set_ylabel("µs per all-reduce")
+    lat.set_title("Latency")
+    bw.set_ylabel("bus bandwidth (GB/s)")
+    bw.set_title("Bus bandwidth, 2(n-1)/n × bytes / time")
+    return plots.finish(fig, label)
+
+
+def ranks_timeline(layers: dict[str, pd.DataFrame], label: str, title: str):
+    """The kernels of one decoder layer on every rank (`layers`: lane name -> kernels), one lane
+    each, coloured by kind, each lane from its own layer's first kernel (every rank has its
+    own clock and its own step)."""
+    fig, ax = plt.subplots(figsize=(11, 1.0 + 0.8 * len(layers)))
+    seen = set()
+    for i, k in enumerate(layers.values()):
+        y, t0 = len(layers) - 1 - i, k.start_ns.min()
+        for r in k.itertuples():
+            ax.broken_barh([((r.start_ns - t0) / 1e3, r.dur_ns / 1e3)], (y, 0.8), color=COLORS.get(r.kind, "#8c8c8c"))
+            seen.add(r.kind)
+    ax.set_yticks([len(layers) - 1 - i + 0.4 for i in range(len(layers))], list(layers))
+    ax.set_xlabel("time since the layer's first kernel (µs)")
+    ax.set_title(title)
+    ax.grid(axis="y", visible=False)
+    kinds = [k for k in KINDS if k in seen]
+    ax.legend(
+        [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in kinds],
+        kinds,
+        ncol=7,
+        fontsize=7.5,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35),
+        frameon=False,
+    )
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    plots.footer(fig, label)
+    return fig

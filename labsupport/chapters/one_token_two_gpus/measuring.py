@@ -1,0 +1,139 @@
+"""What the notebook's live cells call: the check that the box has the GPUs, the torchrun
+command that measures every rank (labsupport.measure.tensor_parallel), and the collection of
+every rank's results into the one run the cells fill."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from labsupport.chapters.one_token_two_gpus.params import CHAPTER, Params, progress, trace_file
+from labsupport.measure import decode, recording
+from labsupport.runs.provenance import REPO_ROOT
+
+WORKER = "labsupport.measure.tensor_parallel"
+
+
+class TooFewGPUs(decode.NoGPUError):
+    """Live mode was asked for more GPUs than the box has."""
+
+
+def gpus_here() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def require_gpus(params: Params, allow_cpu: bool = False) -> None:
+    """Stop, in one line, before anything is measured when the box has fewer GPUs than the run
+    asks for (on a CPU, allowed for the tests, the ranks are processes)."""
+    if params.gpus < 2:
+        raise ValueError(f"{CHAPTER}: gpus must be at least 2 (the TP=1 run comes with it), not {params.gpus}")
+    if params.device == "cpu" and allow_cpu:
+        return
+    have = gpus_here()
+    if have < params.gpus:
+        raise TooFewGPUs(
+            f"{CHAPTER} needs {params.gpus} GPUs and this box has {have}; use mode='replay' to read the recorded run"
+        )
+
+
+def pending_run(params: Params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
+    """The chapter's run, filled cell by cell and written by the last live cell
+    (recording.PendingRun), after the check that the box has the GPUs."""
+    require_gpus(params, allow_cpu)
+    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, progress=progress)
+
+
+def torchrun_command(params: Params, tp: int, out: Path, sweep: bool) -> list[str]:
+    """The command that measures the step on `tp` ranks (one per GPU) into `out`."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+    cmd += ["--nproc-per-node", str(tp), "-m", WORKER, "--out", str(out), "--device", params.device]
+    cmd += ["--preset", params.preset, "--prompt-len", str(params.prompt_len), "--batch", str(params.batch)]
+    cmd += ["--repeats", str(params.repeats), "--variants", *params.variants]
+    if sweep:
+        cmd += ["--sweep", "--sweep-max", str(params.sweep_max), "--sweep-iters", str(params.sweep_iters)]
+    return cmd
+
+
+def launch(cmd: list[str], log_lines: int = 30) -> None:
+    """Run a torchrun command, echoing rank 0's progress lines; a failure raises with the end of
+    its log."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    tail = collections.deque(maxlen=log_lines)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as p:
+        for line in p.stdout:
+            tail.append(line.rstrip())
+            if line.startswith("[TP="):
+                progress(line.rstrip())
+    if p.returncode:
+        raise RuntimeError(f"{CHAPTER}: torchrun exited with {p.returncode}; its last lines:\n" + "\n".join(tail))
+
+
+def collect(run: recording.PendingRun, out: Path, tp: int) -> None:
+    """Add every rank's tables, traces and facts under `out` (one folder per rank) to `run`."""
+    ranks = sorted((p for p in Path(out).glob("rank*") if p.is_dir()), key=lambda p: int(p.name[4:]))
+    if len(ranks) != tp:
+        raise RuntimeError(f"{CHAPTER}: TP={tp} wrote {len(ranks)} rank folders under {out}")
+    for folder in ranks:
+        rank = int(folder.name[4:])
+        for name in ("variants", "step_times", "collectives", "allreduce"):
+            if (folder / f"{name}.csv").is_file():
+                df = pd.read_csv(folder / f"{name}.csv")
+                old = run.tables.get(name)
+                run.tables[name] = df if old is None else pd.concat([old, df], ignore_index=True)
+        for trace in folder.glob("trace-*.json.gz"):
+            variant = trace.name.removeprefix("trace-").removesuffix(".json.gz")
+            shutil.copyfile(trace, run.path / trace_file(tp, rank, variant))
+        info = json.loads((folder / "info.json").read_text())
+        run.extra.setdefault("ranks", []).append({"tp": tp, **{k: v for k, v in info.items() if k != "method"}})
+        run.extra.setdefault("model", info["model"])
+        run.extra.setdefault("worker_method", info["method"])
+
+
+def link_between(topo: str, a: int = 0, b: int = 1) -> str | None:
+    """The entry of `nvidia-smi topo -m`'s matrix between GPU a and GPU b ("NV18", "PIX", ...)."""
+    lines = [ln for ln in topo.splitlines() if ln.strip()]
+    # The header starts with blank space (its first column names the rows), each row with its GPU.
+    header = next((ln.split() for ln in lines if ln[0].isspace() and "GPU0" in ln.split()), None)
+    row = next((ln.split() for ln in lines if ln.split()[0] == f"GPU{a}" and not ln[0].isspace()), None)
+    if header is None or row is None or f"GPU{b}" not in header:
+        return None
+    col = header.index(f"GPU{b}") + 1  # the row starts with its own name
+    return row[col] if col < len(row) else None
+
+
+def interconnect(link: str | None) -> str:
+    """What a topology entry means: NVLink (NV<n>), PCIe (PIX, PXB, PHB, NODE, SYS), or unknown."""
+    if link is None:
+        return "unknown"
+    if re.fullmatch(r"NV\d+", link):
+        return f"NVLink ({link[2:]} links)"
+    return {
+        "PIX": "PCIe, one switch",
+        "PXB": "PCIe, several switches",
+        "PHB": "PCIe through the CPU's host bridge",
+    }.get(link, "PCIe across CPU sockets" if link in ("NODE", "SYS") else link)
+
+
+def record_topology(run: recording.PendingRun) -> None:
+    """`nvidia-smi topo -m` into the run (topology.txt) and the link between GPU 0 and 1 into its
+    results; nothing on a box without nvidia-smi (a CPU)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        text = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=60, check=True).stdout
+        (run.path / "topology.txt").write_text(text)
+        link = link_between(text)
+        run.extra["interconnect"] = {"gpu0_gpu1": link, "means": interconnect(link)}

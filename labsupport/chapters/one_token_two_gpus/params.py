@@ -1,0 +1,49 @@
+"""What one run of "One token on two GPUs" measures, the columns of its tables, and where the
+run lies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from labsupport import runs
+from labsupport.measure import allreduce
+
+CHAPTER = "one-token-two-gpus"
+# The forms of the step, by data key, with the label the page shows for each.
+VARIANTS = {
+    "eager": "eager, dynamic cache (as written)",
+    "cuda-graph": "CUDA graph of the static-cache step",
+    "compile": 'torch.compile, mode "reduce-overhead"',
+}
+STEP_TIME_COLUMNS = ("tp", "rank", "variant", "repeat", "wall_ms")
+VARIANT_COLUMNS = ("tp", "rank", "variant", "status")
+COLLECTIVE_COLUMNS = ("tp", "rank", "seq", "op", "bytes", "dtype")
+ALLREDUCE_COLUMNS = ("rank", "world", "bytes", "latency_us_median", "busbw_gbs")
+
+
+@dataclass
+class Params:
+    preset: str = "qwen3-8b"
+    prompt_len: int = 256
+    batch: int = 1
+    repeats: int = 20
+    gpus: int = 2  # the tensor-parallel degree of the split run (the run at TP=1 comes first)
+    variants: list = field(default_factory=lambda: list(VARIANTS))
+    sweep_max: int = allreduce.SWEEP_MAX
+    sweep_iters: int = 20
+    device: str = "cuda"
+
+
+def progress(msg: str) -> None:
+    """A line of the live recording's log, naming the chapter."""
+    print(f"[{CHAPTER}] {msg}", flush=True)
+
+
+def trace_file(tp: int, rank: int, variant: str) -> str:
+    """The run's trace of one rank's profiled step of `variant` at tensor-parallel degree `tp`."""
+    return f"trace-tp{tp}-rank{rank}-{variant}.json.gz"
+
+
+def load(run_id: str | None = None) -> runs.Run:
+    """The published run (or `run_id`) of this chapter."""
+    return runs.load_run(CHAPTER, run_id)

@@ -1,0 +1,202 @@
+"""The chapter "One token on two GPUs" on a CPU: its live cells start torchrun twice (TP=1,
+then two ranks talking over gloo, the tiny model), the same worker code as on GPUs, and
+collect every rank into one run; its analysis and its page on that run; the check that stops
+live mode, and the skip of the nightly, on a box with too few GPUs."""
+
+import pandas as pd
+import pytest
+
+from labsupport import chapters
+from labsupport.chapters import data_files
+from labsupport.chapters import one_token_two_gpus as ch
+from labsupport.measure import allreduce, models
+from labsupport.ops import live
+
+from .live_cells import run_live_cells
+
+NOTEBOOK = "notebooks/one_token_two_gpus.ipynb"
+TINY = {"preset": "tiny", "prompt_len": 16, "repeats": 2, "gpus": 2, "sweep_max": 16384, "allow_cpu": True}
+TINY_CFG = models.preset_config("tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LABSUPPORT_RUNS", str(root))
+    try:
+        ns = run_live_cells(NOTEBOOK, variants=["eager", "cuda-graph"], **TINY)
+    finally:
+        mp.undo()
+    return ns["run"]
+
+
+def test_every_degree_and_rank_has_its_rows(tiny_run):
+    v = tiny_run.table("variants")
+    assert set(zip(v.tp, v["rank"], strict=True)) == {(1, 0), (2, 0), (2, 1)}
+    ok = v[v.status == "ok"]
+    assert set(ok.variant) == {"eager"} and len(ok) == 3
+    assert v[v.variant == "cuda-graph"].status.eq("needs a CUDA GPU").all()
+    t = tiny_run.table("step_times")
+    for r in ok.itertuples():
+        w = t[(t.tp == r.tp) & (t["rank"] == r.rank) & (t.variant == "eager")].wall_ms
+        assert len(w) == TINY["repeats"] and t.clean.all()
+        assert (r.wall_ms_median, r.wall_ms_min, r.wall_ms_max) == pytest.approx((w.median(), w.min(), w.max()))
+    files = set(tiny_run.meta["files"])
+    assert {ch.trace_file(1, 0, "eager"), ch.trace_file(2, 0, "eager"), ch.trace_file(2, 1, "eager")} <= files
+    assert not any("cuda-graph" in f for f in files)
+    ranks = tiny_run.results["ranks"]
+    assert [(r["tp"], r["rank"], r["backend"]) for r in ranks] == [(1, 0, "gloo"), (2, 0, "gloo"), (2, 1, "gloo")]
+
+
+def test_two_all_reduces_per_layer_of_the_hidden_state(tiny_run):
+    layers, hidden = TINY_CFG["num_hidden_layers"], TINY_CFG["hidden_size"]
+    c = tiny_run.table("collectives")
+    assert c[c.tp == 1].empty, "the model as written, on one rank, communicates nothing"
+    for rank in (0, 1):
+        mine = c[(c.tp == 2) & (c["rank"] == rank)]
+        assert list(mine.op) == ["all_reduce"] * 2 * layers
+        assert set(mine.bytes) == {hidden * 1 * 2} and set(mine.dtype) == {"bfloat16"}  # batch 1, BF16
+    v = tiny_run.table("variants").set_index(["tp", "rank", "variant"])
+    assert v.loc[(2, 0, "eager"), "allreduce_calls"] == v.loc[(2, 1, "eager"), "allreduce_calls"] == 2 * layers
+    assert v.loc[(1, 0, "eager"), "allreduce_calls"] == 0
+    s = ch.collectives(tiny_run, rank=1)
+    assert (s.tp, s.per_step, s.per_layer, s.message_bytes) == (2, 2 * layers, 2.0, hidden * 2)
+    assert s.step_bytes == 2 * layers * hidden * 2
+    assert s.comm_ms == 0 and s.comm_us_each != s.comm_us_each, "gloo launches no GPU kernel: no time, NaN each"
+
+
+def test_each_rank_holds_its_share_of_the_split_layers(tiny_run):
+    c = TINY_CFG
+    per_layer = (
+        c["hidden_size"] * c["head_dim"] * (c["num_attention_heads"] + 2 * c["num_key_value_heads"])  # q, k, v
+        + c["num_attention_heads"] * c["head_dim"] * c["hidden_size"]  # o_proj
+        + 3 * c["hidden_size"] * c["intermediate_size"]  # gate, up, down
+    )
+    ranks = {(r["tp"], r["rank"]): r for r in tiny_run.results["ranks"]}
+    whole = ranks[(1, 0)]["sharded_parameters"]
+    assert whole == ranks[(1, 0)]["model"]["parameters"]
+    for rank in (0, 1):
+        assert ranks[(2, rank)]["sharded_parameters"] == whole - c["num_hidden_layers"] * per_layer // 2
+
+
+def test_the_all_reduce_sweep(tiny_run):
+    a = tiny_run.table("allreduce")
+    step = TINY_CFG["hidden_size"] * 2
+    expected = allreduce.sizes(8 << 10, TINY["sweep_max"], (step,))
+    assert expected == [step, 8192, 16384]
+    for rank in (0, 1):
+        assert list(a[a["rank"] == rank].bytes) == expected
+    assert (a.world == 2).all() and (a.latency_us_min <= a.latency_us_median).all()
+    bus = a.bytes / (a.latency_us_median * 1e-6) / 1e9  # 2(n-1)/n = 1 at n=2
+    assert list(a.busbw_gbs) == pytest.approx(list(bus)) and list(a.algbw_gbs) == pytest.approx(list(bus))
+    curve = ch.allreduce_curve(tiny_run)
+    assert list(curve.bytes) == expected and list(curve["decode step"]) == [True, False, False]
+    assert ch.at_bytes(curve, 8192) == pytest.approx(curve.set_index("bytes").latency_us[8192])
+    assert allreduce.bus_bandwidth(100, 1.0, 4) == 150
+
+
+def test_analysis_of_a_cpu_run(tiny_run):
+    s = ch.steps(tiny_run)
+    ok = s[s.status == "ok"]
+    assert list(zip(ok.tp, ok["rank"], strict=True)) == [(1, 0), (2, 0), (2, 1)]
+    base = ok[ok.tp == 1]["wall ms"].iloc[0]
+    assert (ok["speed-up over TP=1"] == base / ok["wall ms"]).all()
+    assert (ok["tokens/s"] == 1e3 / ok["wall ms"]).all()
+    a = ch.answer(tiny_run)
+    assert a.tp == 2 and a.wall_ms_n == ok[ok.tp == 2]["wall ms"].max() and a.speedup == a.wall_ms_1 / a.wall_ms_n
+    assert a.kernels_n == ok[ok.tp == 2].kernels.max() and a.ideal_ms == a.wall_ms_1 / 2
+    c = ch.census(tiny_run)
+    assert list(c.columns.get_level_values(0).unique()) == ["TP=1 rank 0", "TP=2 rank 0", "TP=2 rank 1"]
+    v = tiny_run.table("variants").set_index(["tp", "rank", "variant"])
+    for (tp, rank), col in (((1, 0), "TP=1 rank 0"), ((2, 1), "TP=2 rank 1")):
+        assert c.loc["total", (col, "kernels")] == v.loc[(tp, rank, "eager"), "kernels"]
+    k = ch.kernel_table(tiny_run, 2, 0, "eager")
+    assert k.layer.max() == TINY_CFG["num_hidden_layers"] - 1
+    refs = ch.references(tiny_run)
+    assert len(refs) == 3 and refs["this run"].iloc[0] == a.speedup
+    assert refs["published"].iloc[0] == pytest.approx(149.1 / 93.8)
+    assert set(ch.headline(tiny_run)) == {
+        "TP=1 eager wall ms",
+        "TP=2 eager wall ms",
+        "all-reduce us at the step's size",
+    }
+
+
+def test_every_file_of_the_run_is_described(tiny_run):
+    missing = [n for n in tiny_run.meta["files"] if not data_files.describe(ch.CHAPTER, n)]
+    assert not missing
+    assert all(data_files.describe(ch.CHAPTER, a) for a in chapters.ONE_TOKEN_TWO_GPUS.artifacts)
+    for name, cols in chapters.ONE_TOKEN_TWO_GPUS.columns.items():
+        if name in tiny_run.meta["files"]:
+            assert set(cols) <= set(pd.read_csv(tiny_run.path / name).columns), name
+
+
+def test_the_page_replays_the_cpu_run(tiny_run, tmp_path):
+    from .test_launch_overhead import replay_notebook
+
+    text = replay_notebook(NOTEBOOK, tiny_run, tmp_path)
+    assert "Traceback" not in text and "image/png" in text
+    assert "TP=2 rank 1" in text and "decode step" in text
+
+
+# Too few GPUs ----------------------------------------------------------------------------
+
+
+def test_live_mode_stops_in_one_line_without_the_gpus(runs_root):
+    with pytest.raises(ch.TooFewGPUs) as e:
+        ch.require_gpus(ch.Params(gpus=2), allow_cpu=False)
+    assert str(e.value).count("\n") == 0 and "needs 2 GPUs and this box has 0" in str(e.value)
+    with pytest.raises(ch.TooFewGPUs):
+        run_live_cells(NOTEBOOK, **{**TINY, "allow_cpu": False})
+    assert not any(runs_root.rglob("meta.json"))
+    with pytest.raises(ValueError, match="gpus must be at least 2"):
+        ch.require_gpus(ch.Params(gpus=1, device="cpu"), allow_cpu=True)
+
+
+def test_the_nightly_skips_a_chapter_that_needs_more_gpus(monkeypatch, capsys):
+    one = chapters.by_slug("launch-overhead")
+    two = chapters.ONE_TOKEN_TWO_GPUS
+    monkeypatch.setattr(live, "gpus_here", lambda: 1)
+    assert live.fitting([one, two], allow_cpu=False, who="nightly") == [one]
+    assert capsys.readouterr().out == "[nightly] one-token-two-gpus: skipped: needs 2 GPUs, this box has 1\n"
+    monkeypatch.setattr(live, "gpus_here", lambda: 2)
+    assert live.fitting([one, two], allow_cpu=False) == [one, two]
+    monkeypatch.setattr(live, "gpus_here", lambda: 0)
+    assert live.fitting([two], allow_cpu=True) == [two], "on a CPU the ranks are processes"
+    from labsupport.ops import nightly
+
+    monkeypatch.setattr(live, "gpus_here", lambda: 1)
+    monkeypatch.setattr(live, "check_gpu", lambda allow_cpu: None)
+    monkeypatch.setattr(chapters, "find", lambda names: [two])
+    assert nightly.main([two.slug], {}) == 0
+    assert "skipped: needs 2 GPUs, this box has 1" in capsys.readouterr().out
+
+
+# The interconnect, from nvidia-smi topo -m ---------------------------------------------
+
+
+TOPO = """\
+\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
+GPU0\t X \tNV18\t0-63\t0\t\tN/A
+GPU1\tNV18\t X \t0-63\t0\t\tN/A
+
+Legend:
+
+  X    = Self
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+
+
+def test_the_link_between_two_gpus():
+    assert ch.link_between(TOPO) == "NV18" and ch.interconnect("NV18") == "NVLink (18 links)"
+    assert ch.link_between(TOPO.replace("NV18", "PIX")) == "PIX" and ch.interconnect("PIX").startswith("PCIe")
+    assert ch.interconnect("SYS") == "PCIe across CPU sockets" and ch.interconnect(None) == "unknown"
+    assert ch.link_between("GPU0\tX\n") is None
+
+
+def test_the_torchrun_command():
+    cmd = ch.torchrun_command(ch.Params(), 2, "/tmp/x", sweep=True)
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "labsupport.measure.tensor_parallel" in cmd
+    assert "--sweep" in cmd and "--sweep" not in ch.torchrun_command(ch.Params(), 1, "/tmp/x", sweep=False)
