@@ -24,6 +24,7 @@ from labsupport.chapters.one_token_two_gpus.analysis import (
     degrees,
     headline,
     kernel_table,
+    published_allreduce_us,
     references,
     split_degree,
     steps,
@@ -60,6 +61,6 @@ __all__ = [
     "TooFewGPUs", "gpus_here", "require_gpus", "pending_run", "torchrun_command", "launch", "collect",
     "link_between", "interconnect", "record_topology",
     "degrees", "split_degree", "steps", "kernel_table", "census", "Collectives", "collectives", "allreduce_curve",
-    "at_bytes", "Answer", "answer", "references", "headline",
+    "at_bytes", "Answer", "answer", "references", "published_allreduce_us", "headline",
     "COLORS", "allreduce_figure", "ranks_timeline",
 ]  # fmt: skip

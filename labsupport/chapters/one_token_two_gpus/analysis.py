@@ -174,6 +174,11 @@ def references(run: runs.Run, variant: str = "eager") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["what", "this run", "published", "source"])
 
 
+def published_allreduce_us() -> dict[str, float]:
+    """The published custom all-reduce latencies (µs per 32 KB at TP=2, H100s), by engine."""
+    return dict(published.TP_ALLREDUCE_32KB_US)
+
+
 def headline(run: runs.Run) -> dict:
     out = {}
     a = answer(run)
