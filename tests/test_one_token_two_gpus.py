@@ -123,7 +123,10 @@ def test_analysis_of_a_cpu_run(tiny_run):
     }
 
 
-def test_every_file_of_the_run_is_described(tiny_run):
+def test_every_file_of_the_run_is_described_and_the_run_validates(tiny_run):
+    from labsupport.ops import validate
+
+    assert validate.check_run(chapters.ONE_TOKEN_TWO_GPUS, tiny_run) == []
     missing = [n for n in tiny_run.meta["files"] if not data_files.describe(ch.CHAPTER, n)]
     assert not missing
     assert all(data_files.describe(ch.CHAPTER, a) for a in chapters.ONE_TOKEN_TWO_GPUS.artifacts)
