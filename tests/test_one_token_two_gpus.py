@@ -80,6 +80,16 @@ def test_each_rank_holds_its_share_of_the_split_layers(tiny_run):
         assert ranks[(2, rank)]["sharded_parameters"] == whole - c["num_hidden_layers"] * per_layer // 2
 
 
+def test_the_split_model_computes_what_the_whole_one_does(tiny_run):
+    """Column- and row-parallel layers with local heads (transformers reshapes with -1 heads):
+    the same next token as the model as written, the top logits equal up to BF16 rounding."""
+    g = ch.agreement(tiny_run)
+    assert list(zip(g.tp, g["rank"], strict=True)) == [(1, 0), (2, 0), (2, 1)]
+    assert g["same tokens as TP=1"].all()
+    assert (g["largest top-5 logit difference"] <= 0.02 * g["top logit"].abs()).all()
+    assert g.set_index("tp").loc[1, "largest top-5 logit difference"] == 0
+
+
 def test_the_all_reduce_sweep(tiny_run):
     a = tiny_run.table("allreduce")
     step = TINY_CFG["hidden_size"] * 2

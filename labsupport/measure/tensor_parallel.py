@@ -180,11 +180,13 @@ def run(args) -> Path:
         shard(model, device)
     prompt = decode.Prompt.random(model.config.vocab_size, args.batch, args.prompt_len, where)
 
-    log = allreduce.CollectiveLog()  # what one eager step all-reduces (untimed)
+    log = allreduce.CollectiveLog()  # what one eager step all-reduces (untimed), and what it computes
     cache, tok = decode.prefill(model, prompt)
-    with log:
-        decode.decode_step(model, cache, tok)
-    del cache, tok
+    with log, torch.inference_mode():
+        logits = model(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1].float()
+    top = logits.topk(5, dim=-1)
+    check = {"next_token": logits.argmax(-1).tolist(), "top5_ids": top.indices.tolist(), "top5": top.values.tolist()}
+    del cache, tok, logits
     collectives = pd.DataFrame(log.rows, columns=["seq", "op", "bytes", "dtype", "shape"]).assign(rank=rank)
 
     sweep = []
@@ -212,6 +214,7 @@ def run(args) -> Path:
         "torch": torch.__version__,
         "model": counts.as_record(),
         "sharded_parameters": local_parameters(model),
+        "first_step": check,  # the same prompt and weights at every degree: the same token expected
         "method": harness.method(),
     }
     (out / "info.json").write_text(json.dumps(info, indent=1))

@@ -16,6 +16,7 @@ communication kind, the curve, and the answer, all computed from the run here.
 from labsupport.chapters.one_token_two_gpus.analysis import (
     Answer,
     Collectives,
+    agreement,
     allreduce_curve,
     answer,
     at_bytes,
@@ -61,6 +62,6 @@ __all__ = [
     "TooFewGPUs", "gpus_here", "require_gpus", "pending_run", "torchrun_command", "launch", "collect",
     "link_between", "interconnect", "record_topology",
     "degrees", "split_degree", "steps", "kernel_table", "census", "Collectives", "collectives", "allreduce_curve",
-    "at_bytes", "Answer", "answer", "references", "published_allreduce_us", "headline",
+    "at_bytes", "agreement", "Answer", "answer", "references", "published_allreduce_us", "headline",
     "COLORS", "allreduce_figure", "ranks_timeline",
 ]  # fmt: skip

@@ -174,6 +174,31 @@ def references(run: runs.Run, variant: str = "eager") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["what", "this run", "published", "source"])
 
 
+def agreement(run: runs.Run) -> pd.DataFrame:
+    """What the first decode step computed on each degree and rank, against TP=1: its next
+    tokens, and the largest difference of its five top logits from TP=1's (BF16 sums in
+    another order differ in the last bits; a wrong split would change the tokens)."""
+    ranks = run.results["ranks"]
+    ref = next(r["first_step"] for r in ranks if r["tp"] == 1)
+    rows = []
+    for r in ranks:
+        f = r["first_step"]
+        diff = max(
+            abs(a - b) for xs, ys in zip(f["top5"], ref["top5"], strict=True) for a, b in zip(xs, ys, strict=True)
+        )
+        rows.append(
+            {
+                "tp": r["tp"],
+                "rank": r["rank"],
+                "next tokens": " ".join(map(str, f["next_token"])),
+                "same tokens as TP=1": f["next_token"] == ref["next_token"],
+                "largest top-5 logit difference": diff,
+                "top logit": max(max(xs) for xs in f["top5"]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def published_allreduce_us() -> dict[str, float]:
     """The published custom all-reduce latencies (µs per 32 KB at TP=2, H100s), by engine."""
     return dict(published.TP_ALLREDUCE_32KB_US)
