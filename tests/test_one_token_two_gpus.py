@@ -153,6 +153,29 @@ def test_the_page_replays_the_cpu_run(tiny_run, tmp_path):
     assert "TP=2 rank 1" in text and "decode step" in text
 
 
+def test_a_launch_that_dies_is_run_again_with_the_eager_step_alone(tmp_path, monkeypatch):
+    """A crash that takes the ranks down (a CUDA-graph capture, say) loses its forms, not the run."""
+    real, calls = ch.launch, []
+
+    def launch(cmd):
+        calls.append(cmd)
+        if cmd[cmd.index("--nproc-per-node") + 1] == "2":
+            raise RuntimeError("torchrun exited with 1; its last lines:\nSegmentation fault (core dumped)")
+        real(cmd)
+
+    monkeypatch.setattr(ch, "launch", launch)  # the notebook's call; the relaunch inside is the real one
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(tmp_path))
+    params = {**TINY, "sweep_max": 8192, "repeats": 1}
+    run = run_live_cells(NOTEBOOK, variants=["eager", "cuda-graph"], **params)["run"]
+    assert len(calls) == 2, "TP=1, then the TP=2 launch that died; its eager relaunch is not the patched call"
+    v = run.table("variants").set_index(["tp", "rank", "variant"])
+    for rank in (0, 1):
+        assert v.loc[(2, rank, "eager"), "status"] == "ok"
+        assert v.loc[(2, rank, "cuda-graph"), "status"] == "failed: the ranks died (Segmentation fault (core dumped))"
+    assert v.loc[(1, 0, "cuda-graph"), "status"] == "needs a CUDA GPU"
+    assert set(run.table("allreduce").bytes) == {128, 8192}, "the relaunch times the sweep too"
+
+
 # Too few GPUs ----------------------------------------------------------------------------
 
 

@@ -249,7 +249,7 @@ def arguments(argv=None):
     p.add_argument("--sweep-iters", type=int, default=20)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout-s", type=int, default=600)
+    p.add_argument("--timeout-s", type=int, default=300, help="collectives waiting longer fail the rank")
     return p.parse_args(argv)
 
 

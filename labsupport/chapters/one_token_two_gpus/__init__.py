@@ -40,6 +40,7 @@ from labsupport.chapters.one_token_two_gpus.measuring import (
     link_between,
     pending_run,
     record_topology,
+    relaunch_eager,
     require_gpus,
     torchrun_command,
 )
@@ -59,7 +60,7 @@ from labsupport.chapters.one_token_two_gpus.params import (
 __all__ = [
     "CHAPTER", "VARIANTS", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "COLLECTIVE_COLUMNS", "ALLREDUCE_COLUMNS",
     "Params", "load", "progress", "trace_file",
-    "TooFewGPUs", "gpus_here", "require_gpus", "pending_run", "torchrun_command", "launch", "collect",
+    "TooFewGPUs", "gpus_here", "require_gpus", "pending_run", "torchrun_command", "launch", "relaunch_eager", "collect",
     "link_between", "interconnect", "record_topology",
     "degrees", "split_degree", "steps", "kernel_table", "census", "Collectives", "collectives", "allreduce_curve",
     "at_bytes", "agreement", "Answer", "answer", "references", "published_allreduce_us", "headline",

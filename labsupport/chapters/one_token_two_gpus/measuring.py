@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -78,6 +79,22 @@ def launch(cmd: list[str], log_lines: int = 30) -> None:
                 progress(line.rstrip())
     if p.returncode:
         raise RuntimeError(f"{CHAPTER}: torchrun exited with {p.returncode}; its last lines:\n" + "\n".join(tail))
+
+
+def relaunch_eager(params: Params, tp: int, out: Path, why: BaseException, sweep: bool) -> Path:
+    """After a launch died (a crash in a CUDA-graph capture or a compile takes every rank with
+    it): launch again with the eager step alone into `out`, and record each other form asked
+    for as failed, with the last line of the first launch's log. Returns `out`."""
+    lines = [ln for ln in str(why).splitlines() if ln.strip()]
+    reason = f"failed: the ranks died ({lines[-1][:160] if lines else type(why).__name__})"
+    progress(f"TP={tp}: the launch died; again with the eager step alone")
+    launch(torchrun_command(replace(params, variants=["eager"]), tp, out, sweep=sweep))
+    for folder in Path(out).glob("rank*"):
+        v = pd.read_csv(folder / "variants.csv")
+        rank = int(folder.name[4:])
+        lost = [{"variant": x, "status": reason, "tp": tp, "rank": rank} for x in params.variants if x != "eager"]
+        pd.concat([v, pd.DataFrame(lost)], ignore_index=True).to_csv(folder / "variants.csv", index=False)
+    return out
 
 
 def collect(run: recording.PendingRun, out: Path, tp: int) -> None:
