@@ -113,6 +113,7 @@ def test_analysis_of_a_cpu_run(tiny_run):
     base = ok[ok.tp == 1]["wall ms"].iloc[0]
     assert (ok["speed-up over TP=1"] == base / ok["wall ms"]).all()
     assert (ok["tokens/s"] == 1e3 / ok["wall ms"]).all()
+    assert (ok["GPU idle ms"] == ok["wall ms"] - ok["GPU busy ms"]).all()
     a = ch.answer(tiny_run)
     assert a.tp == 2 and a.wall_ms_n == ok[ok.tp == 2]["wall ms"].max() and a.speedup == a.wall_ms_1 / a.wall_ms_n
     assert a.kernels_n == ok[ok.tp == 2].kernels.max() and a.ideal_ms == a.wall_ms_1 / 2

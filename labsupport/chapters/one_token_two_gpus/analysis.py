@@ -26,8 +26,8 @@ def split_degree(run: runs.Run) -> int:
 def steps(run: runs.Run) -> pd.DataFrame:
     """One row per degree, rank and form of the step: status, kernels (of them communication),
     all-reduce calls, GPU busy, communication and wall time (median of the rank's clean
-    repeats, fastest, slowest), tokens/s (batch x 1000 / wall ms) and the speed-up over the same
-    form at TP=1 on rank 0."""
+    repeats, fastest, slowest), the GPU's idle time in a step (wall less busy), tokens/s
+    (batch x 1000 / wall ms) and the speed-up over the same form at TP=1 on rank 0."""
     v = run.table("variants")
     batch = run.parameters.get("batch", 1)
     out = pd.DataFrame({"tp": v.tp, "rank": v["rank"], "variant": v.variant, "status": v.status})
@@ -39,6 +39,7 @@ def steps(run: runs.Run) -> pd.DataFrame:
     out["wall ms"] = v.get("wall_ms_median")
     out["wall min ms"] = v.get("wall_ms_min")
     out["wall max ms"] = v.get("wall_ms_max")
+    out["GPU idle ms"] = out["wall ms"] - out["GPU busy ms"]  # unprofiled wall less profiled busy
     out["tokens/s"] = batch * 1e3 / out["wall ms"]
     base = out[(out.tp == 1) & (out["rank"] == 0)].set_index("variant")["wall ms"]
     out["speed-up over TP=1"] = out.variant.map(base) / out["wall ms"]
