@@ -23,6 +23,7 @@ KIND_COLORS = {
     "reduction": "#b94a48",
     "attention": "#8361a8",
     "convolution": "#2a9d8f",
+    "communication": "#d4a017",
     "other": "#8c8c8c",
 }
 OURS, THEIRS = "#3b6ea8", "#bdbdbd"

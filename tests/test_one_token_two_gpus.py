@@ -180,11 +180,18 @@ def test_a_launch_that_dies_is_run_again_with_the_eager_step_alone(tmp_path, mon
 # Too few GPUs ----------------------------------------------------------------------------
 
 
-def test_live_mode_stops_in_one_line_without_the_gpus(runs_root):
+def test_live_mode_stops_in_one_line_without_the_gpus(runs_root, monkeypatch):
+    from labsupport.chapters.one_token_two_gpus import measuring
+    from labsupport.measure import environment
+
     with pytest.raises(ch.TooFewGPUs) as e:
         ch.require_gpus(ch.Params(gpus=2), allow_cpu=False)
     assert str(e.value).count("\n") == 0 and "needs 2 GPUs and this box has 0" in str(e.value)
-    with pytest.raises(ch.TooFewGPUs):
+    monkeypatch.setattr(measuring, "gpus_here", lambda: 1)
+    with pytest.raises(ch.TooFewGPUs, match="^one-token-two-gpus needs 2 GPUs and this box has 1; use mode='replay'"):
+        ch.pending_run(ch.Params(gpus=2))
+    # The notebook's first cell (the environment check every chapter starts with) stops a box with no GPU.
+    with pytest.raises(environment.EnvironmentProblem, match="^live mode needs a CUDA GPU and none is visible"):
         run_live_cells(NOTEBOOK, **{**TINY, "allow_cpu": False})
     assert not any(runs_root.rglob("meta.json"))
     with pytest.raises(ValueError, match="gpus must be at least 2"):

@@ -9,7 +9,7 @@ from labsupport import figures as plots
 from labsupport.traces.kernels import KINDS
 
 # The generic palette, with a colour for the kind this chapter brings (collectives between GPUs).
-COLORS = {**plots.KIND_COLORS, "communication": plots.KIND_COLORS.get("communication", "#d4a017")}
+COLORS = plots.KIND_COLORS  # communication (NCCL) included
 
 
 def allreduce_figure(curve: pd.DataFrame, label: str):
