@@ -244,3 +244,53 @@ def test_the_torchrun_command():
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"]
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "labsupport.measure.tensor_parallel" in cmd
     assert "--sweep" in cmd and "--sweep" not in ch.torchrun_command(ch.Params(), 1, "/tmp/x", sweep=False)
+
+
+# The all-reduce sweep times the all-reduces to their end ---------------------------------
+
+
+def sweep_rank(rank: int, world: int, rendezvous: str, out: str) -> None:
+    """One rank of a two-process gloo group: the sweep at a tiny and a large message."""
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
+    try:
+        rows = allreduce.sweep([4096, 32 << 20], "cpu", iters=2, repeats=3)
+    finally:
+        dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(rows, f)
+
+
+def test_the_sweep_times_each_all_reduce_until_it_has_finished(tmp_path):
+    """A 32 MB all-reduce moves 8192x the bytes of a 4 KB one: timed to its end (not to when the
+    call was queued, which on NCCL took the same 25 us at every size on the H200s) it takes
+    longer, and the bus bandwidth is 2(n-1)/n x bytes / latency."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "sweep")
+    mp.spawn(sweep_rank, args=(2, f"file://{tmp_path / 'rendezvous'}", out), nprocs=2, join=True)
+    for rank in (0, 1):
+        small, large = json.loads((tmp_path / f"sweep.{rank}").read_text())
+        assert (small["bytes"], large["bytes"], small["world"]) == (4096, 32 << 20, 2)
+        assert large["latency_us_median"] > 4 * small["latency_us_median"]
+        assert small["timer"] == large["timer"] == "host clock"
+        for r in (small, large):
+            assert r["busbw_gbs"] == pytest.approx(2 * (2 - 1) / 2 * r["bytes"] / (r["latency_us_median"] * 1e-6) / 1e9)
+            assert r["latency_us_min"] <= r["latency_us_median"] <= r["latency_us_max"]
+
+
+def test_the_split_eager_step_stays_on_dtensors_fast_path(tiny_run):
+    """Under torch.inference_mode, aten.linear reaches DTensor whole and its sharding is worked
+    out afresh at every call (the 696 ms eager step at TP=2 on the H200s); the chapter's eager
+    step runs under torch.no_grad, where none is."""
+    ranks = {(r["tp"], r["rank"]): r for r in tiny_run.results["ranks"]}
+    assert ranks[(1, 0)]["dtensor_slow_path_per_step"] == {}
+    for rank in (0, 1):
+        slow = ranks[(2, rank)]["dtensor_slow_path_per_step"]
+        assert slow["no_grad"] == 0
+        assert slow["inference_mode"] > 0, "this torch decomposes linear before DTensor in inference_mode too"

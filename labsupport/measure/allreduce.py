@@ -2,11 +2,16 @@
 collectives one step issues.
 
 Latency is the median over repeats of `iters` back-to-back all-reduces divided by `iters`
-(as nccl-tests averages); bus bandwidth is the rate the links carry in a ring all-reduce,
-2(n-1)/n x bytes / time, which is comparable across numbers of GPUs (nccl-tests' "busbw").
+(as nccl-tests averages), timed until the last one has finished (CUDA events on a GPU: the
+host returns from an NCCL all-reduce as soon as it is queued); bus bandwidth is the rate the
+links carry in a ring all-reduce, 2(n-1)/n x bytes / time, which is comparable across numbers
+of GPUs (nccl-tests' "busbw").
 """
 
 from __future__ import annotations
+
+import statistics
+import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -32,27 +37,53 @@ def bus_bandwidth(nbytes, seconds, world: int):
     return 2 * (world - 1) / world * nbytes / seconds
 
 
+def time_burst(x, iters: int, repeats: int, warmup: int = 2) -> list[float]:
+    """Seconds per all-reduce of `x` among every rank of the default group: for each repeat, every
+    rank waits for its device and meets the others (a barrier), then `iters` all-reduces run back
+    to back and the time runs until the last one has finished. On a GPU that is CUDA events on
+    the current stream (each all-reduce makes the stream wait for NCCL's), read after a
+    synchronize; on a CPU, gloo's all-reduce returns when it is done, and the host clock times it.
+    Returns one time per repeat, after `warmup` untimed bursts."""
+    import torch.distributed as dist
+
+    cuda = x.is_cuda
+    out = []
+    for i in range(warmup + repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        if cuda:
+            end.record()
+            torch.cuda.synchronize()
+            seconds = start.elapsed_time(end) * 1e-3
+        else:
+            seconds = time.perf_counter() - t0
+        if i >= warmup:
+            out.append(seconds / iters)
+    return out
+
+
 def sweep(
     message_bytes: list[int], device: str, dtype=torch.bfloat16, iters: int = 20, repeats: int = 5, progress=None
 ) -> list[dict]:
-    """Time all-reduces of each size among every rank of the default group; one row per size."""
+    """Time all-reduces of each size among every rank of the default group (time_burst); one row
+    per size. `device` is this rank's ("cuda:1", or "cpu")."""
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
     esize = torch.tensor([], dtype=dtype).element_size()
     rows = []
     for nbytes in message_bytes:
-        x = torch.ones(max(1, nbytes // esize), dtype=dtype, device=device)
+        x = torch.zeros(max(1, nbytes // esize), dtype=dtype, device=device)  # zeros: sums stay finite
         n = x.numel() * esize
-
-        def burst(x=x):
-            for _ in range(iters):
-                dist.all_reduce(x)
-
-        dist.barrier()
-        t = harness.time_region(burst, what=f"all-reduce {n} B x {iters}", device=device, repeats=repeats, warmup=2)
-        lat = [w / iters * 1e-3 for w in t.wall_ms]  # seconds per all-reduce
-        med = sorted(lat)[len(lat) // 2]
+        lat = time_burst(x, iters, repeats)
+        med = statistics.median(lat)
         rows.append(
             {
                 "rank": rank,
@@ -66,7 +97,8 @@ def sweep(
                 "latency_us_max": max(lat) * 1e6,
                 "algbw_gbs": n / med / 1e9,
                 "busbw_gbs": bus_bandwidth(n, med, world) / 1e9,
-                "clean": t.clean,
+                "timer": "cuda events" if x.is_cuda else "host clock",
+                "clean": not harness.profiled(),
             }
         )
         if progress is not None and rank == 0:

@@ -50,22 +50,23 @@ class Prompt:
         return cls(torch.randint(0, vocab_size, (batch, length), generator=g).to(device))
 
 
-@torch.inference_mode()
-def prefill(model, prompt: Prompt):
-    """Run the prompt through the model; return (cache, next tokens)."""
+def prefill(model, prompt: Prompt, grad_mode=torch.inference_mode):
+    """Run the prompt through the model; return (cache, next tokens). `grad_mode`: the context
+    it runs in (torch.no_grad for a DTensor-split model: see EagerStep)."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=prompt.ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return cache, out.logits[:, -1].argmax(-1, keepdim=True)
+    with grad_mode():
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=prompt.ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return cache, out.logits[:, -1].argmax(-1, keepdim=True)
 
 
-@torch.inference_mode()
-def decode_step(model, cache, tokens):
+def decode_step(model, cache, tokens, grad_mode=torch.inference_mode):
     """One new token per sequence: forward against the cache, then greedy sampling."""
-    out = model(input_ids=tokens, past_key_values=cache, use_cache=True)
-    with torch.profiler.record_function("sample"):
-        return out.logits[:, -1].argmax(-1, keepdim=True)
+    with grad_mode():
+        out = model(input_ids=tokens, past_key_values=cache, use_cache=True)
+        with torch.profiler.record_function("sample"):
+            return out.logits[:, -1].argmax(-1, keepdim=True)
 
 
 @contextlib.contextmanager

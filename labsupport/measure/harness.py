@@ -55,7 +55,8 @@ def profiled() -> bool:
 
 
 def sync(device: str) -> None:
-    if device == "cuda":
+    """Wait for the GPU ("cuda" or one of them, "cuda:1"); nothing on a CPU."""
+    if str(device).startswith("cuda"):
         import torch
 
         torch.cuda.synchronize()
@@ -122,7 +123,7 @@ def time_region(
             f"{_chapter}: {what}: wall times must be taken before the first profile in a "
             "process (CUPTI stays attached after it); time first, then profile"
         )
-    events = device == "cuda"
+    events = str(device).startswith("cuda")  # "cuda:1" too: a rank's own GPU
     if events:
         import torch
     wall, issue, gpu = [], [], []
@@ -156,7 +157,7 @@ def time_region(
 
 
 def profile_region(
-    fn, path: Path, *, region: str, device: str, warmup: int = 2, setup=None, labels=None
+    fn, path: Path, *, region: str, device: str, warmup: int = 2, setup=None, labels=None, fence=None
 ) -> pd.DataFrame:
     """Profile `fn(*setup())` with torch.profiler and return the kernels it launched.
 
@@ -164,7 +165,10 @@ def profile_region(
     `schedule`); the kept step's Chrome trace is written to `path` (.json.gz compressed).
     `setup` runs before each step, outside the `region` annotation, so its kernels (a prefill,
     say) are not counted. `labels` is a context-manager factory (module annotations) entered
-    around each step. On a GPU, a profile without kernels raises ProfileError."""
+    around each step. `fence` (several processes profiling together, each rank of a tensor-parallel
+    step) is called before the profiler starts, before and after each of its steps and after it
+    stops, so that every process passes each phase together. On a GPU, a profile without kernels
+    raises ProfileError."""
     global _profiles_in_process
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
@@ -174,6 +178,8 @@ def profile_region(
     plan = schedule(wait=0, warmup=warmup, active=1, repeat=1)
     # torch warns that a schedule drops the warm-up steps' events: that is the point here.
     warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
+    fence = fence or (lambda: None)
+    fence()
     with profile(
         activities=activities, schedule=plan, on_trace_ready=lambda p: p.export_chrome_trace(str(path))
     ) as prof:
@@ -184,7 +190,10 @@ def profile_region(
                 fn(*args)
                 sync(device)  # the region ends when the GPU has finished it
             del args
+            fence()
             prof.step()
+            fence()
+    fence()
     if device == "cuda":  # a CPU-only profile does not attach CUPTI
         _profiles_in_process += 1
     if not path.is_file():

@@ -19,21 +19,32 @@ def prepare(step) -> None:
 
 class EagerStep:
     """The decode step as written, with transformers' dynamic cache. `prepare()` (outside
-    any timing) prefills a fresh cache, so every step sees the same context."""
+    any timing) prefills a fresh cache, so every step sees the same context.
 
-    def __init__(self, model, prompt):
+    `no_grad=True` runs it under torch.no_grad instead of torch.inference_mode, as a model split
+    with DTensor needs: under inference_mode, composite operators such as aten.linear reach
+    DTensor undecomposed, and DTensor works out their sharding afresh, outside its caches, at
+    every call (torch 2.11-2.13; the tensor-parallel worker counts these per step)."""
+
+    def __init__(self, model, prompt, no_grad: bool = False):
         self.model, self.prompt, self.state = model, prompt, None
+        self.no_grad = no_grad
+
+    def grad_mode(self):
+        import torch
+
+        return torch.no_grad() if self.no_grad else torch.inference_mode()
 
     def prepare(self):
         from labsupport.measure import decode
 
-        self.state = decode.prefill(self.model, self.prompt)
+        self.state = decode.prefill(self.model, self.prompt, self.grad_mode)
 
     def __call__(self):
         from labsupport.measure import decode
 
         cache, tok = self.state
-        return decode.decode_step(self.model, cache, tok)
+        return decode.decode_step(self.model, cache, tok, self.grad_mode)
 
 
 class StaticStep:

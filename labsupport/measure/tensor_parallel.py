@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import statistics
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -65,12 +66,49 @@ def shard(model, device: str):
 
 
 def build_step(variant: str, model, prompt):
-    if variant == "eager":
-        return steps.EagerStep(model, prompt)
+    if variant == "eager":  # no_grad at every degree: inference_mode sends DTensor down its slow path
+        return steps.EagerStep(model, prompt, no_grad=True)
     static = steps.StaticStep(model, prompt.ids)
     if variant == "cuda-graph":
         return steps.GraphStep(static)
     return steps.CompiledStep(static, mode="reduce-overhead")
+
+
+def slow_sharding_calls(step, grad_mode) -> int | None:
+    """How many times DTensor worked out an operator's sharding outside its caches (its Python
+    slow path) in one warm eager `step` run under `grad_mode` ("no_grad" or "inference_mode");
+    None where this torch has no such path."""
+    from torch.distributed.tensor import _dispatch
+
+    cls, name = _dispatch.OpDispatcher, "_propagate_op_sharding_dispatch_slow_path"
+    real = getattr(cls, name, None)
+    if real is None:
+        return None
+    step.no_grad, calls = grad_mode == "no_grad", []
+    step.prepare()
+    step()  # warm: the caches filled
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    step.prepare()
+    setattr(cls, name, counting)
+    try:
+        step()
+    finally:
+        setattr(cls, name, real)
+    return len(calls)
+
+
+def fence(group, device: str) -> None:
+    """This rank's GPU idle, then every rank met on the host (a gloo barrier, nothing queued
+    on a GPU): around each profiler start, step and stop, so that no rank's NCCL kernel waits
+    for a peer while the peer is inside the profiler (CUPTI) or writing its trace."""
+    import torch.distributed as dist
+
+    harness.sync(device)
+    dist.barrier(group=group)
 
 
 def agree(ok: bool, device: str) -> bool:
@@ -140,16 +178,21 @@ def time_variants(model, prompt, args, where: str, say) -> tuple[dict, dict, lis
     return built, status, times
 
 
-def profile_variants(model, built: dict, out: Path, device: str) -> list[dict]:
-    """Profile one step of each timed variant (after every timing); variants.csv's rows."""
+def profile_variants(model, built: dict, out: Path, device: str, note, fenced=None) -> list[dict]:
+    """Profile one step of each timed variant (after every timing), every rank in step
+    (`fenced`: fence() between the profiler's phases); variants.csv's rows."""
     rows = []
     for v, (step, t) in built.items():
         path = out / f"trace-{v}.json.gz"
         labels = (lambda: decode.annotated_modules(model)) if v == "eager" else None
+        note(f"profiling {v}")
+        t0 = time.perf_counter()
         k = harness.profile_region(
-            step, path, region="decode_step", device=device, setup=steps.setup(step), labels=labels
+            step, path, region="decode_step", device=device, setup=steps.setup(step), labels=labels, fence=fenced
         )
         rows.append(variant_row(v, k.assign(kind=k["name"].map(kinds.classify)), t, path))
+        took = time.perf_counter() - t0
+        note(f"profiled {v}: {len(k)} kernels, {rows[-1]['comm_kernels']} communication kernels, {took:.1f} s")
     return rows
 
 
@@ -173,6 +216,11 @@ def run(args) -> Path:
         if rank == 0:
             print(f"[TP={world}] {msg}", flush=True)
 
+    def note(msg):  # every rank's own progress
+        print(f"[TP={world} rank {rank}] {msg}", flush=True)
+
+    host = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+
     torch.manual_seed(args.seed)  # the same weights on every rank before sharding
     model = models.build_model(args.preset, device=where)
     counts = models.count_model(model, args.preset)
@@ -181,13 +229,19 @@ def run(args) -> Path:
     prompt = decode.Prompt.random(model.config.vocab_size, args.batch, args.prompt_len, where)
 
     log = allreduce.CollectiveLog()  # what one eager step all-reduces (untimed), and what it computes
-    cache, tok = decode.prefill(model, prompt)
-    with log, torch.inference_mode():
+    cache, tok = decode.prefill(model, prompt, torch.no_grad)
+    with log, torch.no_grad():
         logits = model(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1].float()
     top = logits.topk(5, dim=-1)
     check = {"next_token": logits.argmax(-1).tolist(), "top5_ids": top.indices.tolist(), "top5": top.values.tolist()}
     del cache, tok, logits
     collectives = pd.DataFrame(log.rows, columns=["seq", "op", "bytes", "dtype", "shape"]).assign(rank=rank)
+    slow = {}
+    if world > 1:  # untimed: what inference_mode costs a split model, counted
+        probe = steps.EagerStep(model, prompt)
+        slow = {m: slow_sharding_calls(probe, m) for m in ("no_grad", "inference_mode")}
+        say(f"DTensor sharding worked out afresh per eager step: {slow}")
+        del probe
 
     sweep = []
     if args.sweep and world > 1:  # timings before any profile
@@ -197,7 +251,8 @@ def run(args) -> Path:
         )
 
     built, status, times = time_variants(model, prompt, args, where, say)
-    rows = profile_variants(model, built, out, device)
+    note("timed; profiling next")
+    rows = profile_variants(model, built, out, device, note, fenced=lambda: fence(host, device))
     rows += [{"variant": v, "status": s} for v, s in status.items()]
     keys = {"tp": world, "rank": rank}
     pd.DataFrame(rows).assign(**keys).to_csv(out / "variants.csv", index=False)
@@ -215,10 +270,12 @@ def run(args) -> Path:
         "model": counts.as_record(),
         "sharded_parameters": local_parameters(model),
         "first_step": check,  # the same prompt and weights at every degree: the same token expected
+        "dtensor_slow_path_per_step": slow,
         "method": harness.method(),
     }
     (out / "info.json").write_text(json.dumps(info, indent=1))
-    dist.barrier()
+    note("written")
+    fence(host, device)
     dist.destroy_process_group()
     return out
 
@@ -249,7 +306,7 @@ def arguments(argv=None):
     p.add_argument("--sweep-iters", type=int, default=20)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout-s", type=int, default=300, help="collectives waiting longer fail the rank")
+    p.add_argument("--timeout-s", type=int, default=180, help="collectives waiting longer fail the rank")
     return p.parse_args(argv)
 
 
