@@ -152,6 +152,8 @@ def test_the_page_replays_the_cpu_run(tiny_run, tmp_path):
     text = replay_notebook(NOTEBOOK, tiny_run, tmp_path)
     assert "Traceback" not in text and "image/png" in text
     assert "TP=2 rank 1" in text and "decode step" in text
+    layers = TINY_CFG["num_hidden_layers"]  # o_proj and down_proj, each layer
+    assert f"worked out the sharding of {2 * layers} operators per step" in text and "under no_grad 0." in text
 
 
 def test_a_launch_that_dies_is_run_again_with_the_eager_step_alone(tmp_path, monkeypatch):
