@@ -296,3 +296,49 @@ def test_the_split_eager_step_stays_on_dtensors_fast_path(tiny_run):
         slow = ranks[(2, rank)]["dtensor_slow_path_per_step"]
         assert slow["no_grad"] == 0
         assert slow["inference_mode"] > 0, "this torch decomposes linear before DTensor in inference_mode too"
+
+
+def test_the_pages_figures_are_legible(tiny_run, monkeypatch):
+    """tests/test_figures.py's legibility rules (text height at 390 and 1280 px, no scientific
+    tick labels on a log axis) on the figures the page draws from the CPU run."""
+    import matplotlib.pyplot as plt
+    import nbformat
+
+    from .conftest import REPO
+    from .test_figures import problems
+
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(tiny_run.path.parents[1]))
+    monkeypatch.chdir(REPO / "notebooks")
+    ns, drawn = {"mode": "replay"}, []
+    plt.close("all")
+    for cell in nbformat.read(REPO / NOTEBOOK, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        exec(compile(cell.source, "<one_token_two_gpus cell>", "exec"), ns)  # noqa: S102
+        if "parameters" in cell.metadata.get("tags", []):
+            ns["run_id"] = tiny_run.run_id
+        drawn += [(cell.source.splitlines()[0], plt.figure(n)) for n in plt.get_fignums()]
+        plt.close("all")
+    assert len(drawn) == 2, "the layer timeline per rank and the all-reduce curve"
+    found = [p for name, fig in drawn for p in problems(name, fig)]
+    assert not found, "\n".join(found)
+
+
+def test_profiling_ranks_meet_around_every_phase_of_the_profiler(tmp_path):
+    """harness.profile_region calls its fence before the profiler starts, before and after each
+    of its steps (warm-up and kept) and after it stops: no rank is inside the profiler while
+    another queues collectives."""
+    import torch
+
+    from labsupport.measure import harness
+
+    calls = []
+    harness.profile_region(
+        lambda: torch.ones(8).sum(),
+        tmp_path / "t.json.gz",
+        region="decode_step",
+        device="cpu",
+        warmup=2,
+        fence=lambda: calls.append(1),
+    )
+    assert len(calls) == 1 + 2 * 3 + 1

@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -212,12 +213,14 @@ def run(args) -> Path:
     out = Path(args.out) / f"rank{rank}"
     out.mkdir(parents=True, exist_ok=True)
 
-    def say(msg):
+    def say(msg):  # one write per line: the ranks share the pipe to the notebook
         if rank == 0:
-            print(f"[TP={world}] {msg}", flush=True)
+            sys.stdout.write(f"[TP={world}] {msg}\n")
+            sys.stdout.flush()
 
     def note(msg):  # every rank's own progress
-        print(f"[TP={world} rank {rank}] {msg}", flush=True)
+        sys.stdout.write(f"[TP={world} rank {rank}] {msg}\n")
+        sys.stdout.flush()
 
     host = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
 

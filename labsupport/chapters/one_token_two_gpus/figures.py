@@ -15,7 +15,7 @@ COLORS = plots.KIND_COLORS  # communication (NCCL) included
 def allreduce_figure(curve: pd.DataFrame, label: str):
     """Latency and bus bandwidth of one all-reduce against its size (from allreduce_curve), the
     decode step's message size marked."""
-    fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (lat, bw) = plt.subplots(1, 2, figsize=(9, 3.8))  # 9 in: legible on a phone
     kb = curve.bytes / 1024
     lat.loglog(kb, curve.latency_us, "o-", color=plots.OURS)
     bw.semilogx(kb, curve.busbw_gbs, "o-", color=plots.OURS)
@@ -24,17 +24,19 @@ def allreduce_figure(curve: pd.DataFrame, label: str):
         ax.plot(step.bytes / 1024, step[col], "o", ms=11, mfc="none", mec=COLORS["communication"], mew=2)
         for r in step.itertuples():
             ax.annotate(
-                "one decode step's\nall-reduce",
+                "decode\nstep",
                 (r.bytes / 1024, getattr(r, col)),
                 textcoords="offset points",
                 xytext=(12, 10),
-                fontsize=8,
+                fontsize=10,
             )
         ax.set_xlabel("message size (KB)")
+        plots.plain_ticks(ax, "x")
+    plots.plain_ticks(lat, "y")
     lat.set_ylabel("µs per all-reduce")
     lat.set_title("Latency")
     bw.set_ylabel("bus bandwidth (GB/s)")
-    bw.set_title("Bus bandwidth, 2(n-1)/n × bytes / time")
+    bw.set_title("Bus bandwidth")
     return plots.finish(fig, label)
 
 
@@ -42,7 +44,7 @@ def ranks_timeline(layers: dict[str, pd.DataFrame], label: str, title: str):
     """The kernels of one decoder layer on every rank (`layers`: lane name -> kernels), one lane
     each, coloured by kind, each lane from its own layer's first kernel (every rank has its
     own clock and its own step)."""
-    fig, ax = plt.subplots(figsize=(11, 1.0 + 0.8 * len(layers)))
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.8 * len(layers)))
     seen = set()
     for i, k in enumerate(layers.values()):
         y, t0 = len(layers) - 1 - i, k.start_ns.min()
@@ -57,8 +59,8 @@ def ranks_timeline(layers: dict[str, pd.DataFrame], label: str, title: str):
     ax.legend(
         [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in kinds],
         kinds,
-        ncol=7,
-        fontsize=7.5,
+        ncol=4,
+        fontsize=10,
         loc="upper center",
         bbox_to_anchor=(0.5, -0.35),
         frameon=False,
