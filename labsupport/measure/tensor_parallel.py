@@ -161,6 +161,7 @@ def time_variants(model, prompt, args, where: str, say) -> tuple[dict, dict, lis
             status[v] = "needs a CUDA GPU"
             continue
         try:
+            say(f"{v}: building (a compile takes minutes)" if v == "compile" else f"{v}: building")
             step = build_step(v, model, prompt)
             t = harness.time_region(
                 step, what=f"{v} step", device=device, repeats=args.repeats, setup=steps.setup(step)
@@ -230,6 +231,7 @@ def run(args) -> Path:
     if world > 1:
         shard(model, device)
     prompt = decode.Prompt.random(model.config.vocab_size, args.batch, args.prompt_len, where)
+    say(f"{args.preset} built{' and split' if world > 1 else ''} on {world} rank(s)")
 
     log = allreduce.CollectiveLog()  # what one eager step all-reduces (untimed), and what it computes
     cache, tok = decode.prefill(model, prompt, torch.no_grad)
