@@ -3,6 +3,8 @@ then two ranks talking over gloo, the tiny model), the same worker code as on GP
 collect every rank into one run; its analysis and its page on that run; the check that stops
 live mode, and the skip of the nightly, on a box with too few GPUs."""
 
+import sys
+
 import pandas as pd
 import pytest
 
@@ -342,3 +344,27 @@ def test_profiling_ranks_meet_around_every_phase_of_the_profiler(tmp_path):
         fence=lambda: calls.append(1),
     )
     assert len(calls) == 1 + 2 * 3 + 1
+
+
+def test_a_launch_whose_ranks_are_done_but_do_not_exit_is_stopped(tmp_path):
+    """On the two-H200 box the ranks wrote everything and then hung in NCCL's teardown: once
+    every rank has said it is done, the launch stops the rest (a child holding the pipe too)
+    and returns as finished, without waiting."""
+    import time
+
+    script = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "print('[TP=2 rank 0] done', flush=True)\n"
+        "print('[TP=2 rank 1] done', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    t0 = time.perf_counter()
+    ch.launch([sys.executable, "-c", script, "--nproc-per-node", "2"], exit_grace_s=1)
+    assert time.perf_counter() - t0 < 30
+
+
+def test_a_launch_that_fails_before_every_rank_is_done_raises_with_its_log():
+    script = "print('[TP=2 rank 0] done', flush=True); print('boom'); raise SystemExit(3)"
+    with pytest.raises(RuntimeError, match="exited with 3(.|\n)*boom"):
+        ch.launch([sys.executable, "-c", script, "--nproc-per-node", "2"], exit_grace_s=1)

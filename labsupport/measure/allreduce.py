@@ -5,7 +5,9 @@ Latency is the median over repeats of `iters` back-to-back all-reduces divided b
 (as nccl-tests averages), timed until the last one has finished (CUDA events on a GPU: the
 host returns from an NCCL all-reduce as soon as it is queued); bus bandwidth is the rate the
 links carry in a ring all-reduce, 2(n-1)/n x bytes / time, which is comparable across numbers
-of GPUs (nccl-tests' "busbw").
+of GPUs (nccl-tests' "busbw"). On a GPU every size is timed twice: launched one by one from
+Python, as an eager step does, and replayed from a CUDA graph holding the `iters` all-reduces,
+as a graphed step does (no host cost between them: the GPU side alone).
 """
 
 from __future__ import annotations
@@ -69,6 +71,41 @@ def time_burst(x, iters: int, repeats: int, warmup: int = 2) -> list[float]:
     return out
 
 
+EAGER, GRAPH = "one by one", "CUDA graph"  # how the all-reduces were launched (allreduce.csv's `launch`)
+
+
+def time_graph(x, iters: int, repeats: int, warmup: int = 2) -> list[float]:
+    """Seconds per all-reduce of `x` (on a GPU) when `iters` of them are captured in one CUDA
+    graph and replayed: each repeat, every rank waits for its device and meets the others, then
+    CUDA events around one replay. Returns one time per repeat, after `warmup` replays."""
+    import torch.distributed as dist
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # NCCL's communicator warmed up before the capture
+        for _ in range(2):
+            dist.all_reduce(x)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            dist.all_reduce(x)
+    out = []
+    for i in range(warmup + repeats):
+        torch.cuda.synchronize()
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            out.append(start.elapsed_time(end) * 1e-3 / iters)
+    del graph
+    return out
+
+
 def sweep(
     message_bytes: list[int], device: str, dtype=torch.bfloat16, iters: int = 20, repeats: int = 5, progress=None
 ) -> list[dict]:
@@ -82,27 +119,32 @@ def sweep(
     for nbytes in message_bytes:
         x = torch.zeros(max(1, nbytes // esize), dtype=dtype, device=device)  # zeros: sums stay finite
         n = x.numel() * esize
-        lat = time_burst(x, iters, repeats)
-        med = statistics.median(lat)
-        rows.append(
-            {
-                "rank": rank,
-                "world": world,
-                "bytes": n,
-                "dtype": str(dtype).removeprefix("torch."),
-                "iters": iters,
-                "repeats": repeats,
-                "latency_us_median": med * 1e6,
-                "latency_us_min": min(lat) * 1e6,
-                "latency_us_max": max(lat) * 1e6,
-                "algbw_gbs": n / med / 1e9,
-                "busbw_gbs": bus_bandwidth(n, med, world) / 1e9,
-                "timer": "cuda events" if x.is_cuda else "host clock",
-                "clean": not harness.profiled(),
-            }
-        )
+        timings = {EAGER: time_burst(x, iters, repeats)}
+        if x.is_cuda:
+            timings[GRAPH] = time_graph(x, iters, repeats)
+        for launch, lat in timings.items():
+            med = statistics.median(lat)
+            rows.append(
+                {
+                    "rank": rank,
+                    "world": world,
+                    "bytes": n,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "launch": launch,
+                    "iters": iters,
+                    "repeats": repeats,
+                    "latency_us_median": med * 1e6,
+                    "latency_us_min": min(lat) * 1e6,
+                    "latency_us_max": max(lat) * 1e6,
+                    "algbw_gbs": n / med / 1e9,
+                    "busbw_gbs": bus_bandwidth(n, med, world) / 1e9,
+                    "timer": "cuda events" if x.is_cuda else "host clock",
+                    "clean": not harness.profiled(),
+                }
+            )
         if progress is not None and rank == 0:
-            progress(f"all-reduce {n:>11,} B: {med * 1e6:9.1f} us, bus {rows[-1]['busbw_gbs']:7.1f} GB/s")
+            said = ", ".join(f"{k} {statistics.median(v) * 1e6:.1f} us" for k, v in timings.items())
+            progress(f"all-reduce {n:>11,} B: {said}; bus {rows[-1]['busbw_gbs']:.1f} GB/s")
         del x
     return rows
 

@@ -19,7 +19,6 @@ variants.csv, collectives.csv (what one eager step all-reduces), allreduce.csv (
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -270,7 +269,7 @@ def run(args) -> Path:
         "world": world,
         "backend": backend,
         "device": torch.cuda.get_device_name(local) if device == "cuda" else "cpu",
-        "nccl": nccl_version() if device == "cuda" else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device == "cuda" else None,
         "torch": torch.__version__,
         "model": counts.as_record(),
         "sharded_parameters": local_parameters(model),
@@ -281,6 +280,12 @@ def run(args) -> Path:
     (out / "info.json").write_text(json.dumps(info, indent=1))
     note("written")
     fence(host, device)
+    note("done")
+    if world > 1 and device == "cuda":
+        # On two H200s (torch 2.11) ranks that had written everything hung at exit, in NCCL's
+        # teardown; all is on disk and every rank has met the others: leave without it.
+        sys.stdout.flush()
+        os._exit(0)
     dist.destroy_process_group()
     return out
 
@@ -288,13 +293,6 @@ def run(args) -> Path:
 def local_parameters(model) -> int:
     """Parameters this rank holds (its shards of the split layers, all of the rest)."""
     return sum(getattr(p, "to_local", lambda p=p: p)().numel() for p in model.parameters())
-
-
-def nccl_version() -> str | None:
-    with contextlib.suppress(Exception):
-        v = torch.cuda.nccl.version()
-        return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    return None
 
 
 def arguments(argv=None):

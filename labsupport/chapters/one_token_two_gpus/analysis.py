@@ -11,6 +11,7 @@ import pandas as pd
 from labsupport import runs
 from labsupport.chapters import published
 from labsupport.chapters.one_token_two_gpus.params import VARIANTS, trace_file
+from labsupport.measure import allreduce
 from labsupport.traces import kernels, trace
 
 
@@ -97,10 +98,12 @@ def collectives(run: runs.Run, rank: int = 0) -> Collectives:
     )
 
 
-def allreduce_curve(run: runs.Run) -> pd.DataFrame:
-    """The all-reduce sweep, one row per message size: latency (median over ranks of each
-    rank's median), algorithm and bus bandwidth, and whether it is the decode step's size."""
+def allreduce_curve(run: runs.Run, launch: str = allreduce.EAGER) -> pd.DataFrame:
+    """The all-reduce sweep launched one way (allreduce.EAGER or GRAPH; empty where the run has
+    none), one row per message size: latency (median over ranks of each rank's median),
+    algorithm and bus bandwidth, and whether it is the decode step's size."""
     a = run.table("allreduce")
+    a = a[a.get("launch", pd.Series(allreduce.EAGER, index=a.index)) == launch]
     g = a.groupby("bytes").agg(
         latency_us=("latency_us_median", "median"),
         latency_us_slowest_rank=("latency_us_median", "max"),

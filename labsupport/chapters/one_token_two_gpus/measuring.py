@@ -10,8 +10,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from labsupport.measure import decode, recording
 from labsupport.runs.provenance import REPO_ROOT
 
 WORKER = "labsupport.measure.tensor_parallel"
+EXIT_GRACE_S = 30.0  # a launch whose ranks are all done and that has not exited by then is stopped
 
 
 class TooFewGPUs(decode.NoGPUError):
@@ -66,18 +69,41 @@ def torchrun_command(params: Params, tp: int, out: Path, sweep: bool) -> list[st
     return cmd
 
 
-def launch(cmd: list[str], log_lines: int = 30) -> None:
-    """Run a torchrun command, echoing rank 0's progress lines; a failure raises with the end of
-    its log."""
+def launch(cmd: list[str], log_lines: int = 30, exit_grace_s: float = EXIT_GRACE_S) -> None:
+    """Run a torchrun command, echoing the ranks' progress lines; a failure raises with the end
+    of its log. Once every rank has said it is done (its results written, the others met), a
+    launch still running `exit_grace_s` later is stopped, and counts as finished."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    tail = collections.deque(maxlen=log_lines)
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as p:
-        for line in p.stdout:
-            tail.append(line.rstrip())
-            if line.startswith("[TP="):
-                progress(line.rstrip())
-    if p.returncode:
+    ranks = int(cmd[cmd.index("--nproc-per-node") + 1])
+    tail, done, stopped, timer = collections.deque(maxlen=log_lines), 0, threading.Event(), None
+
+    def stop(p):
+        if p.poll() is None:
+            stopped.set()
+            os.killpg(p.pid, signal.SIGKILL)
+
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    ) as p:
+        try:
+            for line in p.stdout:
+                tail.append(line.rstrip())
+                if line.startswith("[TP="):
+                    progress(line.rstrip())
+                if re.match(r"\[TP=\d+ rank \d+\] done$", line.rstrip()):
+                    done += 1
+                    if done == ranks:
+                        timer = threading.Timer(exit_grace_s, stop, (p,))
+                        timer.start()
+        except BaseException:  # interrupted: no rank outlives the notebook (they are in their own session)
+            stop(p)
+            raise
+    if timer is not None:
+        timer.cancel()
+    if stopped.is_set():
+        progress(f"every rank was done but the launch had not exited {exit_grace_s:.0f} s later; stopped it")
+    elif p.returncode:
         raise RuntimeError(f"{CHAPTER}: torchrun exited with {p.returncode}; its last lines:\n" + "\n".join(tail))
 
 
