@@ -133,7 +133,8 @@ def test_analysis_of_a_cpu_run(tiny_run):
         "TP=1 eager wall ms",
         "TP=2 eager wall ms",
         "all-reduce us at the step's size",
-    }
+    }, "a CPU run: eager only, all-reduces launched one by one"
+    assert ch.main_form(tiny_run) == "eager" and ch.allreduce_curve(tiny_run, allreduce.GRAPH).empty
 
 
 def test_every_file_of_the_run_is_described_and_the_run_validates(tiny_run):
@@ -368,3 +369,87 @@ def test_a_launch_that_fails_before_every_rank_is_done_raises_with_its_log():
     script = "print('[TP=2 rank 0] done', flush=True); print('boom'); raise SystemExit(3)"
     with pytest.raises(RuntimeError, match="exited with 3(.|\n)*boom"):
         ch.launch([sys.executable, "-c", script, "--nproc-per-node", "2"], exit_grace_s=1)
+
+
+# The recorded two-H200 run (tests/fixtures/runs/one-token-two-gpus): the analysis on real NCCL data.
+
+
+@pytest.fixture(scope="module")
+def h200_run():
+    from .conftest import fixture_run
+
+    return fixture_run("one-token-two-gpus")
+
+
+def test_the_h200_run_all_reduces_72_times_8_kb_per_step_on_each_rank(h200_run):
+    c = ch.collectives(h200_run)
+    assert (c.tp, c.per_step, c.message_bytes) == (2, 72, 4096 * 2), "36 layers x 2; Qwen3-8B's hidden 4096 in BF16"
+    v = h200_run.table("variants").set_index(["tp", "rank", "variant"])
+    for form in ("eager", "cuda-graph", "compile"):
+        for rank in (0, 1):
+            assert v.loc[(2, rank, form), "comm_kernels"] == 72, "one NCCL kernel per all-reduce, in every form"
+        assert v.loc[(1, 0, form), "comm_kernels"] == 0
+    names = set(ch.kernel_table(h200_run, 2, 0, "cuda-graph").query("kind == 'communication'").name)
+    assert names and all(n.startswith("ncclDevKernel_AllReduce") for n in names)
+
+
+def test_the_h200_run_compares_degrees_in_the_cuda_graph_and_best_against_best(h200_run):
+    assert ch.main_form(h200_run) == "cuda-graph"
+    s = ch.steps(h200_run)
+    a = ch.answer(h200_run, "cuda-graph")
+    graph = s[s.variant == "cuda-graph"].set_index(["tp", "rank"])["wall ms"]
+    assert a.wall_ms_1 == graph[(1, 0)] and a.wall_ms_n == max(graph[(2, 0)], graph[(2, 1)])
+    b = ch.best(h200_run).set_index("tp")
+    ok = s[s.status == "ok"].groupby(["tp", "variant"])["wall ms"].max()
+    for tp in (1, 2):
+        assert b.loc[tp, "wall ms"] == ok.loc[tp].min() and b.loc[tp, "variant"] == ok.loc[tp].idxmin()
+    assert b.loc[2].iloc[-1] == pytest.approx(b.loc[1, "wall ms"] / b.loc[2, "wall ms"])
+
+
+def test_the_time_split_adds_up_to_the_profiled_census(h200_run):
+    t = ch.time_split(h200_run)
+    c = ch.census(h200_run, "cuda-graph")
+    assert t.loc["total", "TP=1 ms"] == pytest.approx(c.loc["total", ("TP=1 rank 0", "gpu_ms")])
+    busier = max(c.loc["matrix multiply", (f"TP=2 rank {r}", "gpu_ms")] for r in (0, 1))
+    assert t.loc["matrix multiply", "TP=2 ms"] == pytest.approx(busier)
+    assert (t["change ms"] == t["TP=2 ms"] - t["TP=1 ms"]).all()
+    assert t.loc["communication", "TP=1 ms"] == 0 and t.loc["communication", "TP=2 ms"] > 0
+    assert (t["split perfectly ms"] == t["TP=1 ms"] / 2).all()
+
+
+def test_a_layer_of_the_graphed_step_runs_between_two_pairs_of_all_reduces(h200_run):
+    for rank in (0, 1):
+        k = ch.layer_kernels(h200_run, 2, rank, "cuda-graph", 18)
+        assert (k.kind == "communication").sum() == 2, "one after attention, one ending the layer"
+        assert k.kind.iloc[-1] == "communication"
+        assert (k.kind == "attention").sum() == 1 and 5 <= (k.kind == "matrix multiply").sum() <= 12
+    eager = ch.layer_kernels(h200_run, 2, 0, "eager", 18)
+    assert (eager.kind == "communication").sum() == 2
+
+
+def test_the_sweep_was_timed_both_ways_and_the_graph_is_faster_for_small_messages(h200_run):
+    one, graph = ch.allreduce_curve(h200_run), ch.allreduce_curve(h200_run, allreduce.GRAPH)
+    assert list(one.bytes) == list(graph.bytes) and one.bytes.min() == 8192 and one.bytes.max() == 256 << 20
+    small = one.bytes <= 64 << 10
+    assert (graph.latency_us[small].values < one.latency_us[small].values).all()
+    assert one["decode step"].sum() == graph["decode step"].sum() == 1
+    h = ch.headline(h200_run)
+    assert h["all-reduce us at the step's size, CUDA graph"] == graph.loc[graph["decode step"], "latency_us"].iloc[0]
+    assert {"TP=1 compile wall ms", "TP=2 cuda-graph wall ms"} <= set(h)
+
+
+def test_the_interconnect_is_read_from_the_recorded_topology(h200_run):
+    raw = h200_run.file("topology.txt").read_text()
+    assert "\x1b[" in raw, "nvidia-smi's own terminal escapes, kept as recorded"
+    assert ch.recorded_interconnect(h200_run) == {"gpu0_gpu1": "NV18", "means": "NVLink (18 links)"}
+
+
+def test_the_page_says_whether_the_split_picked_the_same_token(h200_run, tiny_run):
+    g = ch.agreement(h200_run)
+    text = ch.agreement_text(h200_run)
+    one, two = g[g.tp == 1]["next tokens"].iloc[0], g[g.tp == 2]["next tokens"].iloc[0]
+    if one == two:
+        assert text.startswith("Every rank at TP=2 computed the same next token")
+    else:
+        assert f"picked token {two} where the model on one GPU picked {one}" in text
+    assert ch.agreement_text(tiny_run).startswith("Every rank at TP=2 computed the same next token")

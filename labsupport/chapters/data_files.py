@@ -98,7 +98,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "variants.csv": "each form of the step at TP=1 and split, per rank: kernels, communication, busy and wall time",
         "step_times.csv": "every clean timing of each form of the step, per degree and rank",
         "collectives.csv": "every collective one eager step issued, per degree and rank: operation, bytes, dtype",
-        "allreduce.csv": "the all-reduce sweep, per rank: message size, latency, algorithm and bus bandwidth",
+        "allreduce.csv": "the all-reduce sweep, per rank, launched one by one and replayed from a CUDA graph: "
+        "message size, latency, algorithm and bus bandwidth",
         "topology.txt": "nvidia-smi topo -m: how the GPUs are connected (NVLink or PCIe)",
         **{
             f"trace-tp{tp}-rank{rank}-{form}.json.gz": f"the raw trace of rank {rank}'s {what} at TP={tp}"

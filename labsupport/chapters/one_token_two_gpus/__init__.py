@@ -9,7 +9,8 @@ communication kind, the curve, and the answer, all computed from the run here.
 
     params     Params, CHAPTER, VARIANTS, the tables' columns, trace_file, load
     measuring  require_gpus, pending_run, torchrun_command, launch, collect, record_topology
-    analysis   steps, census, collectives, allreduce_curve, answer, references, headline
+    analysis   steps, main_form, census, collectives, allreduce_curve, answer, best, time_split,
+               references, headline
     figures    allreduce_figure, ranks_timeline
 """
 
@@ -17,18 +18,23 @@ from labsupport.chapters.one_token_two_gpus.analysis import (
     Answer,
     Collectives,
     agreement,
+    agreement_text,
     allreduce_curve,
     answer,
     at_bytes,
+    best,
     census,
     collectives,
     degrees,
     headline,
     kernel_table,
+    layer_kernels,
+    main_form,
     published_allreduce_us,
     references,
     split_degree,
     steps,
+    time_split,
 )
 from labsupport.chapters.one_token_two_gpus.figures import COLORS, allreduce_figure, ranks_timeline
 from labsupport.chapters.one_token_two_gpus.measuring import (
@@ -40,6 +46,7 @@ from labsupport.chapters.one_token_two_gpus.measuring import (
     link_between,
     pending_run,
     record_topology,
+    recorded_interconnect,
     relaunch_eager,
     require_gpus,
     torchrun_command,
@@ -48,6 +55,7 @@ from labsupport.chapters.one_token_two_gpus.params import (
     ALLREDUCE_COLUMNS,
     CHAPTER,
     COLLECTIVE_COLUMNS,
+    SHORT,
     STEP_TIME_COLUMNS,
     VARIANT_COLUMNS,
     VARIANTS,
@@ -58,11 +66,13 @@ from labsupport.chapters.one_token_two_gpus.params import (
 )
 
 __all__ = [
-    "CHAPTER", "VARIANTS", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "COLLECTIVE_COLUMNS", "ALLREDUCE_COLUMNS",
+    "CHAPTER", "VARIANTS", "SHORT", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "COLLECTIVE_COLUMNS", "ALLREDUCE_COLUMNS",
     "Params", "load", "progress", "trace_file",
     "TooFewGPUs", "gpus_here", "require_gpus", "pending_run", "torchrun_command", "launch", "relaunch_eager", "collect",
-    "link_between", "interconnect", "record_topology",
-    "degrees", "split_degree", "steps", "kernel_table", "census", "Collectives", "collectives", "allreduce_curve",
-    "at_bytes", "agreement", "Answer", "answer", "references", "published_allreduce_us", "headline",
+    "link_between", "interconnect", "record_topology", "recorded_interconnect",
+    "degrees", "split_degree", "steps", "kernel_table", "layer_kernels", "census", "Collectives", "collectives",
+    "allreduce_curve",
+    "at_bytes", "agreement", "agreement_text", "Answer", "answer", "references", "published_allreduce_us", "headline",
+    "main_form", "best", "time_split",
     "COLORS", "allreduce_figure", "ranks_timeline",
 ]  # fmt: skip

@@ -54,6 +54,20 @@ def kernel_table(run: runs.Run, tp: int, rank: int, variant: str) -> pd.DataFram
     return kernels.annotate(trace.read_kernels(run.file(trace_file(tp, rank, variant)), device=device))
 
 
+def layer_kernels(run: runs.Run, tp: int, rank: int, variant: str, layer: int) -> pd.DataFrame:
+    """The kernels of decoder `layer` in one rank's profiled step, in start order. A split step's
+    layer ends with its second all-reduce, so the layer runs from the end of the previous layer's
+    second all-reduce to the end of its own (this finds layers in a CUDA graph's replay too,
+    whose kernels carry no module names); else the kernels labelled with the layer."""
+    k = kernel_table(run, tp, rank, variant).sort_values("start_ns")
+    comm = k[k.kind == "communication"]
+    if len(comm) >= 2 * (layer + 1):
+        start = comm.end_ns.iloc[2 * layer - 1] if layer else k.start_ns.min()
+        end = comm.end_ns.iloc[2 * layer + 1]
+        return k[(k.start_ns >= start) & (k.end_ns <= end)]
+    return k[k.layer == layer]
+
+
 def census(run: runs.Run, variant: str = "eager") -> pd.DataFrame:
     """Kernels and GPU time by kind, one column pair per degree and rank (TP=1 rank 0 first)."""
     parts = {}
@@ -65,9 +79,19 @@ def census(run: runs.Run, variant: str = "eager") -> pd.DataFrame:
     return pd.concat(parts, axis=1)
 
 
+def main_form(run: runs.Run) -> str:
+    """The form of the step the chapter compares degrees with: the CUDA graph where it ran at
+    every degree and rank (on GPUs: the host's cost out of the way, as in a serving engine),
+    else eager (a CPU run)."""
+    v = run.table("variants")
+    g = v[(v.variant == "cuda-graph") & (v.status == "ok")]
+    return "cuda-graph" if len(g) == len(v[v.variant == "eager"]) and len(g) else "eager"
+
+
 @dataclass
 class Collectives:
-    """What one eager step at the split degree all-reduces, per rank (they agree)."""
+    """What one step at the split degree all-reduces, per rank (they agree), and how long its
+    communication kernels ran in the profiled step of one form."""
 
     tp: int
     per_step: int  # all-reduces issued by one step
@@ -78,11 +102,12 @@ class Collectives:
     comm_us_each: float  # per all-reduce, from the profiled step
 
 
-def collectives(run: runs.Run, rank: int = 0) -> Collectives:
+def collectives(run: runs.Run, rank: int = 0, variant: str | None = None) -> Collectives:
+    """`variant`: the form whose profiled step gives the kernel times (main_form by default)."""
     c = run.table("collectives")
     tp = split_degree(run)
     c = c[(c.tp == tp) & (c["rank"] == rank) & (c.op == "all_reduce")]
-    v = run.table("variants").set_index(["tp", "rank", "variant"]).loc[(tp, rank, "eager")]
+    v = run.table("variants").set_index(["tp", "rank", "variant"]).loc[(tp, rank, variant or main_form(run))]
     layers = run.results["model"]["layers"]
     sizes = c.bytes.unique()
     comm_ms = float(v.comm_ns) / 1e6
@@ -165,13 +190,36 @@ def answer(run: runs.Run, variant: str = "eager") -> Answer | None:
     )
 
 
-def references(run: runs.Run, variant: str = "eager") -> pd.DataFrame:
-    """Ours beside the published references, as ratios and per-message latencies."""
-    a, curve = answer(run, variant), allreduce_curve(run)
+def best(run: runs.Run) -> pd.DataFrame:
+    """The fastest form that ran at each degree (its slower rank's median wall ms), and the
+    speed-up of the split degree's best over TP=1's best."""
+    s = steps(run)
+    s = s[s.status == "ok"].groupby(["tp", "variant"], as_index=False)["wall ms"].max()
+    out = s.loc[s.groupby("tp")["wall ms"].idxmin()].reset_index(drop=True)
+    return out.assign(**{"speed-up over TP=1's best": out["wall ms"].iloc[0] / out["wall ms"]})
+
+
+def time_split(run: runs.Run, variant: str | None = None) -> pd.DataFrame:
+    """GPU ms by kind at TP=1 and at the split degree (its busier rank) in one form's profiled
+    step, the change, and what a perfect split would leave (half at TP=2; communication new)."""
+    variant = variant or main_form(run)
+    c = census(run, variant).xs("gpu_ms", axis=1, level=1)
+    tp = split_degree(run)
+    one = c["TP=1 rank 0"]
+    many = c[[col for col in c.columns if col.startswith(f"TP={tp} ")]].max(axis=1)
+    out = pd.DataFrame({"TP=1 ms": one, f"TP={tp} ms": many, "change ms": many - one, "split perfectly ms": one / tp})
+    return out[(out["TP=1 ms"] > 0) | (out[f"TP={tp} ms"] > 0)]
+
+
+def references(run: runs.Run, variant: str | None = None) -> pd.DataFrame:
+    """Ours beside the published references, as ratios and per-message latencies (the sweep
+    replayed from a CUDA graph where the run has it: what a graphed decode step pays)."""
+    variant = variant or main_form(run)
+    a, curve = answer(run, variant), allreduce_curve(run, allreduce.GRAPH)
+    curve = curve if len(curve) else allreduce_curve(run)
     g = published.TP_GPT_FAST_TOKENS_PER_S
-    rows = [
-        ("speed-up, TP=1 to TP=2", a.speedup if a else float("nan"), g[2] / g[1], published.TP_GPT_FAST_SOURCE),
-    ]
+    label = f"speed-up, TP=1 to TP=2 ({VARIANTS.get(variant, variant)})"
+    rows = [(label, a.speedup if a else float("nan"), g[2] / g[1], published.TP_GPT_FAST_SOURCE)]
     ours_32k = at_bytes(curve, 32 << 10)
     for name, us in published.TP_ALLREDUCE_32KB_US.items():
         rows.append((f"all-reduce of 32 KB (µs), ours NCCL vs {name}", ours_32k, us, published.TP_ALLREDUCE_SOURCE))
@@ -203,6 +251,36 @@ def agreement(run: runs.Run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def agreement_text(run: runs.Run) -> str:
+    """One paragraph, from agreement(): whether the split step picked the one-GPU step's next
+    token, and how far apart its top logits were (a split that mixes up heads or columns
+    changes them far more than BF16 rounding; random weights make the top logits close, so
+    rounding alone can swap the top token, which the page says rather than hides)."""
+    g = agreement(run)
+    tp = split_degree(run)
+    many = g[g.tp == tp]
+    ref = next(r["first_step"]["top5"] for r in run.results["ranks"] if r["tp"] == 1)
+    spread = max(max(xs) - min(xs) for xs in ref)
+    diff, top = many["largest top-5 logit difference"].max(), many["top logit"].max()  # top: same-token case
+    ranks_agree = many["next tokens"].nunique() == 1
+    if many["same tokens as TP=1"].all():
+        return (
+            f"Every rank at TP={tp} computed the same next token as the model on one GPU, from the same prompt and "
+            f"weights; their five top logits differ from TP=1's by at most {diff:.3g} (the top logit is {top:.3g})."
+        )
+    return (
+        f"At TP={tp} the step picked token {many['next tokens'].iloc[0]} where the model on one GPU picked "
+        f"{g[g.tp == 1]['next tokens'].iloc[0]}"
+        + (" (every rank picked the same)" if ranks_agree else " (and the ranks disagree with each other)")
+        + f", from the same prompt and weights. Their top logits differ by up to {diff:.3g}, while with random "
+        f"weights the one-GPU step's five best logits lie within {spread:.3g} of each other, so a difference that "
+        "size reorders them. BF16 partial sums added in another order (the split adds each row-parallel product "
+        "in two halves, then across GPUs) change this model's logits by a comparable amount (the chapter *Closing "
+        "the gap* measures a BF16 step against a float32 one), but this run cannot tell rounding from a small "
+        "fault: the package's tests run the same split on the CPU and check that it gives the one-GPU token."
+    )
+
+
 def published_allreduce_us() -> dict[str, float]:
     """The published custom all-reduce latencies (µs per 32 KB at TP=2, H100s), by engine."""
     return dict(published.TP_ALLREDUCE_32KB_US)
@@ -210,9 +288,14 @@ def published_allreduce_us() -> dict[str, float]:
 
 def headline(run: runs.Run) -> dict:
     out = {}
-    a = answer(run)
-    if a is not None:
-        out = {"TP=1 eager wall ms": a.wall_ms_1, f"TP={a.tp} eager wall ms": a.wall_ms_n}
-    curve = allreduce_curve(run)
-    out["all-reduce us at the step's size"] = float(curve.loc[curve["decode step"], "latency_us"].iloc[0])
+    for variant in VARIANTS:
+        a = answer(run, variant)
+        if a is not None:
+            out |= {f"TP=1 {variant} wall ms": a.wall_ms_1, f"TP={a.tp} {variant} wall ms": a.wall_ms_n}
+    for launch, suffix in ((allreduce.EAGER, ""), (allreduce.GRAPH, ", CUDA graph")):
+        curve = allreduce_curve(run, launch)
+        if curve["decode step"].any():
+            out[f"all-reduce us at the step's size{suffix}"] = float(
+                curve.loc[curve["decode step"], "latency_us"].iloc[0]
+            )
     return out

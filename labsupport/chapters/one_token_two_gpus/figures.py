@@ -12,17 +12,23 @@ from labsupport.traces.kernels import KINDS
 COLORS = plots.KIND_COLORS  # communication (NCCL) included
 
 
-def allreduce_figure(curve: pd.DataFrame, label: str):
-    """Latency and bus bandwidth of one all-reduce against its size (from allreduce_curve), the
-    decode step's message size marked."""
+def allreduce_figure(curves: dict[str, pd.DataFrame], label: str):
+    """Latency and bus bandwidth of one all-reduce against its size, one line per way of
+    launching it ({name: allreduce_curve}; empty ones left out), the decode step's message
+    size marked on each."""
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(9, 3.8))  # 9 in: legible on a phone
-    kb = curve.bytes / 1024
-    lat.loglog(kb, curve.latency_us, "o-", color=plots.OURS)
-    bw.semilogx(kb, curve.busbw_gbs, "o-", color=plots.OURS)
-    step = curve[curve["decode step"]]
+    styles = iter([("o-", plots.OURS), ("s--", "0.45")])
+    for name, curve in ((n, c) for n, c in curves.items() if len(c)):
+        style, color = next(styles)
+        kb = curve.bytes / 1024
+        lat.loglog(kb, curve.latency_us, style, color=color, label=name)
+        bw.semilogx(kb, curve.busbw_gbs, style, color=color, label=name)
+        step = curve[curve["decode step"]]
+        for ax, col in ((lat, "latency_us"), (bw, "busbw_gbs")):
+            ax.plot(step.bytes / 1024, step[col], "o", ms=11, mfc="none", mec=COLORS["communication"], mew=2)
+    first = next(c for c in curves.values() if len(c))
     for ax, col in ((lat, "latency_us"), (bw, "busbw_gbs")):
-        ax.plot(step.bytes / 1024, step[col], "o", ms=11, mfc="none", mec=COLORS["communication"], mew=2)
-        for r in step.itertuples():
+        for r in first[first["decode step"]].itertuples():
             ax.annotate(
                 "decode\nstep",
                 (r.bytes / 1024, getattr(r, col)),
@@ -33,6 +39,7 @@ def allreduce_figure(curve: pd.DataFrame, label: str):
         ax.set_xlabel("message size (KB)")
         plots.plain_ticks(ax, "x")
     plots.plain_ticks(lat, "y")
+    lat.legend(fontsize=10, frameon=False)
     lat.set_ylabel("µs per all-reduce")
     lat.set_title("Latency")
     bw.set_ylabel("bus bandwidth (GB/s)")

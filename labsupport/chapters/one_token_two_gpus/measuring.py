@@ -146,6 +146,7 @@ def collect(run: recording.PendingRun, out: Path, tp: int) -> None:
 
 def link_between(topo: str, a: int = 0, b: int = 1) -> str | None:
     """The entry of `nvidia-smi topo -m`'s matrix between GPU a and GPU b ("NV18", "PIX", ...)."""
+    topo = re.sub(r"\x1b\[[0-9;]*m", "", topo)  # nvidia-smi underlines its header with terminal escapes
     lines = [ln for ln in topo.splitlines() if ln.strip()]
     # The header starts with blank space (its first column names the rows), each row with its GPU.
     header = next((ln.split() for ln in lines if ln[0].isspace() and "GPU0" in ln.split()), None)
@@ -167,6 +168,15 @@ def interconnect(link: str | None) -> str:
         "PXB": "PCIe, several switches",
         "PHB": "PCIe through the CPU's host bridge",
     }.get(link, "PCIe across CPU sockets" if link in ("NODE", "SYS") else link)
+
+
+def recorded_interconnect(run) -> dict:
+    """{"gpu0_gpu1": entry, "means": ...} from a recorded run's own topology.txt (read again, so
+    a better parser serves older runs too), else what the run's results say, else unknown."""
+    if (run.path / "topology.txt").is_file():
+        link = link_between(run.file("topology.txt").read_text())
+        return {"gpu0_gpu1": link, "means": interconnect(link)}
+    return run.results.get("interconnect") or {"gpu0_gpu1": None, "means": "unknown"}
 
 
 def record_topology(run: recording.PendingRun) -> None:

@@ -15,6 +15,7 @@ VARIANTS = {
     "cuda-graph": "CUDA graph of the static-cache step",
     "compile": 'torch.compile, mode "reduce-overhead"',
 }
+SHORT = {"eager": "eager step", "cuda-graph": "CUDA-graph step", "compile": "compiled step"}  # for sentences
 STEP_TIME_COLUMNS = ("tp", "rank", "variant", "repeat", "wall_ms")
 VARIANT_COLUMNS = ("tp", "rank", "variant", "status")
 COLLECTIVE_COLUMNS = ("tp", "rank", "seq", "op", "bytes", "dtype")
