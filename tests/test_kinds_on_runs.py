@@ -177,9 +177,12 @@ def test_lean_reduction_is_launched_by_cudnn_attention():
 
 @pytest.mark.parametrize("path", [p for p in TRACES if p.parent.parent.name != "what-a-kernel"], ids=_rel)
 def test_matrix_multiply_leads_every_model_step(path):
-    """Reading the weights is most of a step, eager or compiled: with max-autotune the GEMVs
-    are Triton reductions, which must still count as matrix multiply."""
+    """Reading the weights is most of a step's computing, eager or compiled: with max-autotune
+    the GEMVs are Triton reductions, which must still count as matrix multiply. An NCCL
+    kernel of a split step counts the time it waits for the other rank as its own (most of an
+    eager split step, whose hosts are slow), so communication is no computing to compare."""
     k = trace_kernels(path)
     c = kernels.census(k.assign(kind=k.name.map(kernels.classify))).set_index("kind").drop("total")
+    c = c.drop(index="communication", errors="ignore")
     assert c.gpu_ns.idxmax() == "matrix multiply", c.gpu_ns.to_dict()
     assert c.loc["other", "kernels"] == 0
