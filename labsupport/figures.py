@@ -99,6 +99,14 @@ def finish(fig, label: str):
     return fig
 
 
+def kind_legend(ax, kinds: set[str], below: float) -> None:
+    """A legend of the kernel kinds in `kinds` (in KINDS' order, KIND_COLORS' colours), in rows
+    of four centred under the axes, `below` axes-heights down."""
+    shown = [k for k in KINDS if k in kinds]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=KIND_COLORS[k]) for k in shown]
+    ax.legend(handles, shown, ncol=4, fontsize=10, loc="upper center", bbox_to_anchor=(0.5, -below), frameon=False)
+
+
 def timeline(kernels: pd.DataFrame, label: str, title: str):
     """Kernels of a slice of the step as bars on a time axis: CPU launch calls above, GPU
     kernels below, coloured by kind. The white space between GPU bars is the GPU waiting."""
@@ -117,16 +125,7 @@ def timeline(kernels: pd.DataFrame, label: str, title: str):
     ax.set_xlabel("time (µs)")
     ax.set_title(title)
     ax.grid(axis="y", visible=False)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=KIND_COLORS[k]) for k in KINDS if k in set(kernels.kind)]
-    ax.legend(
-        handles,
-        [k for k in KINDS if k in set(kernels.kind)],
-        ncol=4,
-        fontsize=10,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.32),
-        frameon=False,
-    )
+    kind_legend(ax, set(kernels.kind), below=0.32)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     footer(fig, label)
     return fig

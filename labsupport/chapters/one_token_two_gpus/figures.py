@@ -6,7 +6,6 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from labsupport import figures as plots
-from labsupport.traces.kernels import KINDS
 
 # The generic palette, with a colour for the kind this chapter brings (collectives between GPUs).
 COLORS = plots.KIND_COLORS  # communication (NCCL) included
@@ -62,16 +61,7 @@ def ranks_timeline(layers: dict[str, pd.DataFrame], label: str, title: str):
     ax.set_xlabel("time since the layer's first kernel (µs)")
     ax.set_title(title)
     ax.grid(axis="y", visible=False)
-    kinds = [k for k in KINDS if k in seen]
-    ax.legend(
-        [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in kinds],
-        kinds,
-        ncol=4,
-        fontsize=10,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.35),
-        frameon=False,
-    )
+    plots.kind_legend(ax, seen, below=0.35)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     plots.footer(fig, label)
     return fig
