@@ -9,6 +9,7 @@ communication kind, the curve, and the answer, all computed from the run here.
 
     params     Params, CHAPTER, VARIANTS, the tables' columns, trace_file, load
     measuring  require_gpus, pending_run, torchrun_command, launch, collect, record_topology
+    topology   link_between, interconnect, recorded_interconnect (nvidia-smi topo -m)
     analysis   steps, main_form, census, collectives, allreduce_curve, answer, best, time_split,
                references, headline
     figures    allreduce_figure, ranks_timeline
@@ -41,12 +42,9 @@ from labsupport.chapters.one_token_two_gpus.measuring import (
     TooFewGPUs,
     collect,
     gpus_here,
-    interconnect,
     launch,
-    link_between,
     pending_run,
     record_topology,
-    recorded_interconnect,
     relaunch_eager,
     require_gpus,
     torchrun_command,
@@ -64,6 +62,7 @@ from labsupport.chapters.one_token_two_gpus.params import (
     progress,
     trace_file,
 )
+from labsupport.chapters.one_token_two_gpus.topology import interconnect, link_between, recorded_interconnect
 
 __all__ = [
     "CHAPTER", "VARIANTS", "SHORT", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "COLLECTIVE_COLUMNS", "ALLREDUCE_COLUMNS",
