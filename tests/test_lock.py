@@ -121,9 +121,12 @@ def test_two_nightlies_at_once_leave_the_first_one_whole(tmp_path, monkeypatch):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(n.root.glob(f"{driver.CHAPTER}/2*-cpu")):
+    # Until the first night has written its run (it then holds the lock, validating for 8 s).
+    # No short deadline: a loaded CI machine once took over 120 s to start a night.
+    deadline = time.time() + 600
+    while time.time() < deadline and first.poll() is None and not list(n.root.glob(f"{driver.CHAPTER}/2*-cpu")):
         time.sleep(0.1)
+    assert list(n.root.glob(f"{driver.CHAPTER}/2*-cpu")), "the first night never wrote its run"
     second = subprocess.run(
         [sys.executable, "-m", "tests.nightly_driver", str(n.root), str(tmp_path / "logs2"), str(n.book)],
         cwd=REPO,
