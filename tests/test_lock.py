@@ -107,12 +107,27 @@ def test_two_nightlies_at_once_leave_the_first_one_whole(tmp_path, monkeypatch):
     the first one's run nor fail with a traceback."""
     n = Night(tmp_path)
     env = {**os.environ, "LABSUPPORT_RUNS": str(n.root), "PYTHONPATH": str(REPO)}
-    slow = (
-        "import sys, time; from tests import nightly_driver as d; from labsupport.ops import nightly;"
-        "real = nightly.validate_runs;"
-        "nightly.validate_runs = lambda *a, **k: (time.sleep(8), real(*a, **k))[1];"
-        "sys.exit(d.main(sys.argv[1:]))"
-    )
+    # The first night holds the lock in its validation step until the test lets it go (a
+    # file appears), not for a fixed few seconds that a loaded machine could outlast while the
+    # second one starts.
+    release = tmp_path / "release-the-first-night"
+    slow = f"""
+import sys, time
+from pathlib import Path
+from tests import nightly_driver as d
+from labsupport.ops import nightly
+
+real = nightly.validate_runs
+
+def held_until_released(*a, **k):
+    deadline = time.time() + 600
+    while time.time() < deadline and not Path({str(release)!r}).exists():
+        time.sleep(0.1)
+    return real(*a, **k)
+
+nightly.validate_runs = held_until_released
+sys.exit(d.main(sys.argv[1:]))
+"""
     first = subprocess.Popen(
         [sys.executable, "-c", slow, str(n.root), str(n.logs), str(n.book)],
         cwd=REPO,
@@ -121,22 +136,25 @@ def test_two_nightlies_at_once_leave_the_first_one_whole(tmp_path, monkeypatch):
         stderr=subprocess.PIPE,
         text=True,
     )
-    # Until the first night has written its run (it then holds the lock, validating for 8 s).
-    # No short deadline: a loaded CI machine once took over 120 s to start a night.
-    deadline = time.time() + 600
-    while time.time() < deadline and first.poll() is None and not list(n.root.glob(f"{driver.CHAPTER}/2*-cpu")):
-        time.sleep(0.1)
-    assert list(n.root.glob(f"{driver.CHAPTER}/2*-cpu")), "the first night never wrote its run"
-    second = subprocess.run(
-        [sys.executable, "-m", "tests.nightly_driver", str(n.root), str(tmp_path / "logs2"), str(n.book)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert second.returncode == 1 and "nightly not started: another nightly" in second.stderr
-    assert "Traceback" not in second.stderr
+    try:
+        # Until the first night has written its run (it then holds the lock, validating).
+        # No short deadline: a loaded CI machine once took over 120 s to start a night.
+        deadline = time.time() + 600
+        while time.time() < deadline and first.poll() is None and not list(n.root.glob(f"{driver.CHAPTER}/2*-cpu")):
+            time.sleep(0.1)
+        assert list(n.root.glob(f"{driver.CHAPTER}/2*-cpu")), "the first night never wrote its run"
+        second = subprocess.run(
+            [sys.executable, "-m", "tests.nightly_driver", str(n.root), str(tmp_path / "logs2"), str(n.book)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert second.returncode == 1 and "nightly not started: another nightly" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        release.touch()
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     nid = sorted(p.name for p in n.logs.iterdir())[-1]
