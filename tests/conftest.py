@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,15 @@ def cpu_args(slug: str) -> list[str]:
 def tree_bytes(root: Path) -> dict:
     """Every file under root with its bytes, to check that nothing changed."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def wait_while_running(proc, ready, limit_s: float = 600) -> bool:
+    """Poll `ready()` until it holds, `proc` exits or `limit_s` passes; returns `ready()`. The
+    limit is generous on purpose: a loaded CI machine once took over 120 s to start a nightly."""
+    deadline = time.time() + limit_s
+    while time.time() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.05)
+    return ready()
 
 
 @pytest.fixture(scope="session")

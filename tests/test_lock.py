@@ -14,7 +14,7 @@ from labsupport.ops import leftovers
 from labsupport.runs import lock
 
 from . import nightly_driver as driver
-from .conftest import REPO, tree_bytes
+from .conftest import REPO, tree_bytes, wait_while_running
 from .test_nightly_failures import Night
 
 HOLD = """
@@ -138,11 +138,8 @@ sys.exit(d.main(sys.argv[1:]))
     )
     try:
         # Until the first night has written its run (it then holds the lock, validating).
-        # No short deadline: a loaded CI machine once took over 120 s to start a night.
-        deadline = time.time() + 600
-        while time.time() < deadline and first.poll() is None and not list(n.root.glob(f"{driver.CHAPTER}/2*-cpu")):
-            time.sleep(0.1)
-        assert list(n.root.glob(f"{driver.CHAPTER}/2*-cpu")), "the first night never wrote its run"
+        wrote = wait_while_running(first, lambda: bool(list(n.root.glob(f"{driver.CHAPTER}/2*-cpu"))))
+        assert wrote, "the first night never wrote its run"
         second = subprocess.run(
             [sys.executable, "-m", "tests.nightly_driver", str(n.root), str(tmp_path / "logs2"), str(n.book)],
             cwd=REPO,

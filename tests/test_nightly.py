@@ -6,13 +6,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from labsupport import runs
 
-from .conftest import REPO, cpu_args, tree_bytes
+from .conftest import REPO, cpu_args, tree_bytes, wait_while_running
 
 TINY = cpu_args("kernels-in-one-token")
 
@@ -127,17 +126,13 @@ def test_an_interrupted_night(env, copied_runs, tmp_path):
 
     # Interrupt it while the notebook measures: its log shows the model being built. (The run
     # folder itself is written whole by the notebook's last cell, in milliseconds, too brief
-    # a window to wait for.) No short deadline: before the notebook starts, the nightly checks
-    # every published run and papermill starts a kernel that imports torch, which once took a
-    # loaded CI machine over 120 s.
+    # a window to wait for.) Before the notebook starts, the nightly checks every published run
+    # and papermill starts a kernel that imports torch.
     def measuring():
         logs = list((tmp_path / "nightly-logs").glob("*/kernels-in-one-token.log"))
         return bool(logs) and "building tiny" in logs[0].read_text(errors="replace")
 
-    deadline = time.time() + 600
-    while time.time() < deadline and p.poll() is None and not measuring():
-        time.sleep(0.05)
-    if not measuring() or p.poll() is not None:
+    if not wait_while_running(p, measuring) or p.poll() is not None:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate(timeout=60)
