@@ -14,6 +14,13 @@ Two rules hold for every number in the book (the methodology page shows why, mea
    are traced and thrown away, so CUPTI's start-up and dropped events at session start stay
    out of the kept step), and a profile that captured no GPU kernel on a GPU stops the
    recording at once: an empty kernel table is never written.
+3. **Host-timed numbers are taken interleaved, and reported by their minimum.** The lent box's
+   host changes speed over minutes (an eager decode step moves between about 30 and 56 ms in one
+   process), so variants that are compared are timed in rounds (A B C, B C A, ...) by
+   :func:`interleaved`, many short trials each, and every :class:`Timing` reports its minimum
+   (the estimator, :data:`ESTIMATOR`) beside its median and quartiles. A fixed CPU-only workload
+   (:mod:`labsupport.measure.hostprobe`) is timed before, between and after the trials, so a slow
+   host shows in the run.
 """
 
 from __future__ import annotations
@@ -29,7 +36,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from labsupport.measure import hostprobe
 from labsupport.traces import trace
+
+# The estimator every host-timed number of the book is reported by (the methodology page says why:
+# timing noise on a fixed workload only ever adds time, so the least of many trials is the closest
+# to the work's own cost; Chen & Revels 2016, "Robust benchmarking in noisy environments").
+ESTIMATOR = "minimum"
 
 _profiles_in_process = 0
 _chapter = "labsupport"
@@ -62,6 +75,17 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile of `values` (linear between order statistics, as numpy's default)."""
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 @dataclass
 class Timing:
     """Repeated timings of one region, in ms.
@@ -69,13 +93,15 @@ class Timing:
     `wall`: from the call to the GPU having finished (host clock, synchronised); `issue`:
     until the Python call returned, when the CPU has queued every kernel; `gpu`: between CUDA
     events recorded before and after the call on the stream (empty on a CPU). `clean` says
-    the process had not profiled before."""
+    the process had not profiled before. `rounds` gives, per trial, the round of an
+    :func:`interleaved` measurement it was taken in (empty for a block of repeats)."""
 
     what: str
     wall_ms: list[float]
     issue_ms: list[float]
     gpu_ms: list[float] = field(default_factory=list)
     clean: bool = True
+    rounds: list[int] = field(default_factory=list)
 
     @property
     def median(self) -> float:
@@ -83,7 +109,20 @@ class Timing:
 
     @property
     def low(self) -> float:
+        """The minimum: the book's estimator for host-timed numbers (ESTIMATOR)."""
         return min(self.wall_ms)
+
+    @property
+    def estimate(self) -> float:
+        return self.low
+
+    @property
+    def q1(self) -> float:
+        return quantile(self.wall_ms, 0.25)
+
+    @property
+    def q3(self) -> float:
+        return quantile(self.wall_ms, 0.75)
 
     @property
     def high(self) -> float:
@@ -97,12 +136,17 @@ class Timing:
         ]
         for r, g in zip(rows, self.gpu_ms, strict=False):  # no CUDA events on a CPU: no column
             r["gpu_ms"] = g
+        for r, n in zip(rows, self.rounds, strict=False):
+            r["round"] = n
         return rows
 
     def summary(self, prefix: str = "wall_ms") -> dict:
+        """The estimator (minimum), the quartiles and the median, the range and the count."""
         return {
-            f"{prefix}_median": self.median,
             f"{prefix}_min": self.low,
+            f"{prefix}_q1": self.q1,
+            f"{prefix}_median": self.median,
+            f"{prefix}_q3": self.q3,
             f"{prefix}_max": self.high,
             f"{prefix}_repeats": len(self.wall_ms),
             "clean": self.clean,
@@ -130,6 +174,7 @@ def time_region(
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
+    hostprobe.read(f"before {what}")
     try:
         for i in range(warmup + repeats):
             args = setup() if setup is not None else ()
@@ -153,7 +198,95 @@ def time_region(
     finally:
         if was_enabled:
             gc.enable()
+    hostprobe.read(f"after {what}")
     return Timing(what=what, wall_ms=wall, issue_ms=issue, gpu_ms=gpu, clean=not profiled())
+
+
+def interleaved(
+    variants: dict,
+    *,
+    device: str,
+    rounds: int,
+    per_round: int = 1,
+    warmup: int = 2,
+    what: str = "",
+    probe_every: int = 0,
+    allow_after_profile: bool = False,
+    progress=None,
+) -> dict[str, Timing]:
+    """Time several variants of a region in rounds, so that a change of the host's speed
+    touches all of them alike: each round times every variant `per_round` times, in an order
+    that rotates from round to round (A B C, B C A, C A B, ...).
+
+    `variants` maps a name to `fn` or to `(fn, setup)`; `setup()` (a fresh prefill, a cache
+    reset) runs before each trial, outside the timed span. Each variant first runs `warmup`
+    untimed trials. The host probe (labsupport.measure.hostprobe) is read before the first
+    round, every `probe_every` rounds (0: once, halfway) and after the last. Refuses to run in
+    a process that has profiled, like time_region. Returns {name: Timing}, in `variants`' order,
+    each trial labelled with its round."""
+    if profiled() and not allow_after_profile:
+        raise TimingError(
+            f"{_chapter}: {what or ', '.join(variants)}: wall times must be taken before the first "
+            "profile in a process (CUPTI stays attached after it); time first, then profile"
+        )
+    names = list(variants)
+    if not names or rounds < 1 or per_round < 1:
+        raise ValueError("interleaved needs at least one variant, one round and one trial per round")
+    calls = {n: (v if isinstance(v, tuple) else (v, None)) for n, v in variants.items()}
+    events = str(device).startswith("cuda")
+    if events:
+        import torch
+    out = {n: Timing(what=f"{what}: {n}" if what else n, wall_ms=[], issue_ms=[]) for n in names}
+    every = probe_every if probe_every > 0 else max(1, (rounds + 1) // 2)
+
+    def trial(name: str, keep: int | None) -> None:
+        fn, setup = calls[name]
+        args = setup() if setup is not None else ()
+        sync(device)
+        if events:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        fn(*args)
+        t1 = time.perf_counter()
+        if events:
+            end.record()
+        sync(device)
+        t2 = time.perf_counter()
+        del args
+        if keep is not None:
+            t = out[name]
+            t.wall_ms.append((t2 - t0) * 1e3)
+            t.issue_ms.append((t1 - t0) * 1e3)
+            t.rounds.append(keep)
+            if events:
+                t.gpu_ms.append(start.elapsed_time(end))
+
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for name in names:
+            for _ in range(warmup):
+                trial(name, None)
+        hostprobe.read(f"before {what or 'trials'}")
+        for r in range(rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for name in order:
+                for _ in range(per_round):
+                    trial(name, r)
+            if (r + 1) % every == 0 and r + 1 < rounds:
+                hostprobe.read(f"{what or 'trials'}, after round {r + 1}")
+                if progress is not None:
+                    progress(f"  {what or 'timing'}: round {r + 1}/{rounds}")
+        hostprobe.read(f"after {what or 'trials'}")
+    finally:
+        if was_enabled:
+            gc.enable()
+    clean = not profiled()
+    for t in out.values():
+        t.clean = clean
+    return out
 
 
 def profile_region(
@@ -210,8 +343,12 @@ def profile_region(
 def method() -> dict:
     """How the numbers of a run were taken, for its meta.json."""
     return {
-        "wall_times": "host clock around the call, synchronised, median of repeats; taken before the "
-        "first profile in the process (clean) or in fresh processes (labsupport.measure.fresh)",
+        "wall_times": "host clock around the call, synchronised; variants compared are timed interleaved in "
+        "rounds (harness.interleaved), many short trials each; reported by the minimum (the estimator) with "
+        "the quartiles and the median; taken before the first profile in the process (clean) or in fresh "
+        "processes (labsupport.measure.fresh)",
+        "estimator": ESTIMATOR,
+        "host_probe": hostprobe.DESCRIPTION,
         "gpu_times": "kernel durations and busy time from one profiled step (torch.profiler, CUPTI), "
         "kept after warm-up steps of the same profiler session",
         "cuda_event_times": "CUDA events recorded on the stream before and after each timed call",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from labsupport import runs
-from labsupport.measure import decode, hardware, harness, models
+from labsupport.measure import decode, hardware, harness, hostprobe, models
 from labsupport.runs import provenance
 
 
@@ -41,11 +41,15 @@ def recording(
     each kind of number was taken (harness.method) and, with `ceilings` on a GPU, the run
     starts with the measured copy, read and GEMM ceilings (ceilings.csv)."""
     harness.for_chapter(chapter)
+    hostprobe.reset()
+    hostprobe.read("run opened")
     with writer(chapter, params, run_id, allow_cpu=allow_cpu) as w:
         w.extra["method"] = harness.method()
         if ceilings and getattr(params, "device", "cuda") == "cuda":
             hardware.record_ceilings(w, progress)
         yield w
+        hostprobe.read("run written")
+        w.extra["host_probe"] = hostprobe.readings()
 
 
 class PendingRun:
@@ -55,7 +59,8 @@ class PendingRun:
     the run id (writer), how the numbers are taken (harness.method) and, on a GPU, the ceilings
     (hardware.record_ceilings). Then each cell adds tables (`write_table`), results (`extra`)
     and traces (under `path`, a scratch folder); `write()` puts them all into the run at once.
-    A cell that fails leaves no run behind."""
+    A cell that fails leaves no run behind. The host probe's readings (labsupport.measure.hostprobe),
+    from the run's opening to its writing, go into the run's results as `host_probe`."""
 
     def __init__(
         self,
@@ -68,6 +73,8 @@ class PendingRun:
         progress=print,
     ):
         harness.for_chapter(chapter)
+        hostprobe.reset()
+        hostprobe.read("run opened")
         self.chapter = chapter
         self.writer = writer(chapter, params, run_id, allow_cpu=allow_cpu)
         self.tables: dict[str, pd.DataFrame] = {}
@@ -89,5 +96,7 @@ class PendingRun:
                 if p.is_file() and not p.name.startswith("."):
                     shutil.copyfile(p, w.path / p.name)
             w.extra.update(self.extra)
+            hostprobe.read("run written")
+            w.extra["host_probe"] = hostprobe.readings()
         self._scratch.cleanup()
         return w.run_id

@@ -28,6 +28,7 @@ from labsupport.chapters.kernels_in_one_token.analysis import (
     per_layer,
     profiler_effect,
     recompute_census,
+    shared,
     summary,
 )
 from labsupport.chapters.kernels_in_one_token.figures import (
@@ -55,6 +56,7 @@ from labsupport.chapters.kernels_in_one_token.measuring import (
 from labsupport.chapters.kernels_in_one_token.params import CHAPTER, TRACE_FILE, Params, load, progress
 
 __all__ = [
+    "shared",
     "CHAPTER",
     "TRACE_FILE",
     "Params",

@@ -224,3 +224,30 @@ def layer_parts(run: runs.Run, layer: int) -> pd.DataFrame:
     g = k.assign(part=part).groupby("part", sort=False).agg(kernels=("dur_ns", "size"), gpu_us=("dur_ns", "sum"))
     g["gpu_us"] = g.gpu_us / 1e3
     return g.rename(columns={"gpu_us": "GPU µs"})
+
+
+def shared(run: runs.Run) -> dict:
+    """The eager step's numbers this chapter measures for the whole book
+    (labsupport.chapters.shared): its wall time by the book's estimator (the minimum of the
+    trials timed before any profile) with the median and quartiles, and, from its profiled step,
+    GPU busy time, kernels and the matrix multiplies' read rate."""
+    from labsupport.measure import harness
+
+    s = summary(run)
+    t = run.table("step_times")
+    if "clean" in t:
+        t = t[t["clean"].astype(str).str.lower() == "true"]
+    walls = [float(w) for w in t.wall_ms]
+    low = min(walls)
+    return {
+        "eager_wall_ms": low,
+        "eager_wall_median_ms": statistics.median(walls),
+        "eager_wall_q1_ms": harness.quantile(walls, 0.25),
+        "eager_wall_q3_ms": harness.quantile(walls, 0.75),
+        "eager_trials": len(walls),
+        "eager_gpu_busy_ms": s.gpu_busy_ms,
+        "eager_kernels": s.kernels,
+        "eager_matmul_tbs": s.matmul_tbs,
+        "eager_kernel_mean_us": s.kernel_mean_us,
+        "eager_arrival_us": low * 1e3 / s.kernels,
+    }

@@ -21,6 +21,7 @@ from labsupport.chapters.launch_overhead.analysis import (
     kernel_table,
     measured_column,
     one_layer,
+    shared,
     timing_note,
     variants,
 )
@@ -53,6 +54,7 @@ from labsupport.chapters.launch_overhead.static_cache import (
 from labsupport.measure.steps import StaticStep, graphs_compiled  # what tests/test_hybrid.py imports from here
 
 __all__ = [
+    "shared",
     "CHAPTER", "VARIANTS", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "Params", "load", "progress", "trace_file",
     "pending_run", "failure", "first_line", "variant_row", "variants_table",
     "kernel_table", "one_layer", "measured_column", "timing_note", "variants", "breakdown", "EagerSummary",

@@ -151,3 +151,19 @@ def headline(run: runs.Run) -> dict:
     if "cuda-graph" in ok.index:
         out["CUDA graph wall ms"] = float(ok.loc["cuda-graph", "wall ms"])
     return out
+
+
+def shared(run: runs.Run) -> dict:
+    """The steps this chapter measures for the whole book (labsupport.chapters.shared): the
+    CUDA-graph and the compiled (reduce-overhead) step, wall time by the book's estimator (the
+    least of the trials), GPU busy time and kernels of the profiled step."""
+    v = run.table("variants").set_index("variant")
+    t = run.table("step_times")
+    out = {}
+    for key, name in (("cuda-graph", "graph"), ("compile-reduce-overhead", "compiled")):
+        ok = key in v.index and v.loc[key, "status"] == "ok"
+        walls = t.loc[t.variant == key, "wall_ms"]
+        out[f"{name}_wall_ms"] = float(walls.min()) if ok and len(walls) else float("nan")
+        out[f"{name}_gpu_busy_ms"] = float(v.loc[key, "gpu_busy_ns"]) / 1e6 if ok else float("nan")
+        out[f"{name}_kernels"] = int(v.loc[key, "kernels"]) if ok else float("nan")
+    return out

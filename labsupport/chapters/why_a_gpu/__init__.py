@@ -73,6 +73,7 @@ from .one_token import (
     matvec_text,
     memory_ceiling_text,
     per_token_arithmetic,
+    shared,
 )
 from .ridge_published import (
     H100,
@@ -88,6 +89,7 @@ from .ridge_published import (
 from .widget import explorer
 
 __all__ = [
+    "shared",
     "BUMP_TOLERANCE",
     "CHAPTER",
     "DATASHEET",

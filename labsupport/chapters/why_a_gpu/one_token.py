@@ -218,3 +218,28 @@ def matvec_text(run: runs.Run) -> str:
             f"{m.cpu32_gbs:,.0f} GB/s): **{m.speedup:,.0f} times** {gpu_what}."
         )
     return gpu + " " + cpu
+
+
+def shared(run: runs.Run) -> dict:
+    """The quantities this chapter measures for the whole book (labsupport.chapters.shared): the
+    datasheet, the measured ceilings, the floor (the step's bytes over the datasheet bandwidth)
+    and the practical ceiling (the best rate any kernel of the run reached: the copy, the read
+    stream, the matrix-vector product)."""
+    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    c = ceilings(run)
+    step_bytes = counts(run).decode_bytes
+    mv = matvec_summary(run)
+    reads = [t for t in (c.copy_tbs, c.read_tbs, (mv.gpu_kernel_gbs or mv.gpu_call_gbs) / 1e3) if t]
+    ceiling = max(reads) if reads else None
+    nan = float("nan")
+    return {
+        "datasheet_tbs": sheet.bandwidth_tbs if sheet else nan,
+        "datasheet_tflops": sheet.bf16_tflops if sheet else nan,
+        "copy_tbs": c.copy_tbs,
+        "read_tbs": c.read_tbs if c.read_tbs else nan,
+        "gemm_tflops": c.gemm_tflops,
+        "step_gb": step_bytes / 1e9,
+        "floor_ms": step_bytes / 1e9 / sheet.bandwidth_tbs if sheet else nan,
+        "ceiling_tbs": ceiling if ceiling else nan,
+        "ceiling_ms": step_bytes / 1e9 / ceiling if ceiling else nan,
+    }

@@ -1,0 +1,137 @@
+"""The quantities more than one chapter shows, each measured by one chapter (its owner) and read
+from the owner's run by every other page that shows it: one quantity, one measurement, one
+glue name, the same digits on every page.
+
+    shared.glue_values()                     # in a notebook: glue every shared quantity
+    {glue:text}`eager_wall_ms` ms            # in its prose: the same text on every page
+
+The owner computes its quantities from its own run (its chapter module's `shared(run)`, keyed
+by the names below); this module loads the owner's published run (or the run a notebook hands
+it: the one it has just recorded) and formats each value once, with the format declared here.
+Chapters never re-measure a shared quantity, and never glue one under another name.
+"""
+
+# ruff: noqa: E501  (the table of quantities reads best one quantity per line)
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+
+from labsupport import runs
+from labsupport.measure import hardware
+
+
+@dataclass(frozen=True)
+class Quantity:
+    name: str  # the glue name, on every page
+    owner: str  # the chapter whose run measures it
+    what: str  # one line: what it is and how it was taken
+    unit: str
+    fmt: str  # how every page shows it
+
+
+def _q(name, owner, what, unit, fmt) -> Quantity:
+    return Quantity(name, owner, what, unit, fmt)
+
+
+CEILINGS, EAGER, FORMS = "why-a-gpu", "kernels-in-one-token", "launch-overhead"
+QUANTITIES = {
+    q.name: q
+    for q in (
+        _q("datasheet_tbs", CEILINGS, "the GPU's memory bandwidth on its datasheet", "TB/s", "{:.2f}"),
+        _q("datasheet_tflops", CEILINGS, "the GPU's dense BF16 math rate on its datasheet", "TFLOP/s", "{:,.0f}"),
+        _q("copy_tbs", CEILINGS, "a large device-to-device copy, bytes read plus written", "TB/s", "{:.2f}"),
+        _q("read_tbs", CEILINGS, "a large read stream, bytes read (the better of a sum and a matrix-vector product)", "TB/s", "{:.2f}"),
+        _q("gemm_tflops", CEILINGS, "a large BF16 matrix multiply", "TFLOP/s", "{:,.0f}"),
+        _q("step_gb", CEILINGS, "the bytes one decode step must read: every weight outside the embedding table, once", "GB", "{:.2f}"),
+        _q("floor_ms", CEILINGS, "the floor: the step's bytes over the datasheet bandwidth (no kernel can beat it)", "ms", "{:.2f}"),
+        _q("ceiling_tbs", CEILINGS, "the practical ceiling: the best rate any kernel reached in the run (copy, read stream, matrix-vector product)", "TB/s", "{:.2f}"),
+        _q("ceiling_ms", CEILINGS, "the step's bytes at the practical ceiling", "ms", "{:.2f}"),
+        _q("eager_wall_ms", EAGER, "the eager decode step's wall time: the minimum of interleaved trials", "ms", "{:.1f}"),
+        _q("eager_wall_median_ms", EAGER, "the eager step's wall time: the median of the same trials", "ms", "{:.1f}"),
+        _q("eager_wall_q1_ms", EAGER, "the eager step's wall time: first quartile", "ms", "{:.1f}"),
+        _q("eager_wall_q3_ms", EAGER, "the eager step's wall time: third quartile", "ms", "{:.1f}"),
+        _q("eager_trials", EAGER, "the number of timed eager steps", "", "{:,d}"),
+        _q("eager_gpu_busy_ms", EAGER, "the GPU's busy time in the profiled eager step", "ms", "{:.2f}"),
+        _q("eager_kernels", EAGER, "kernels in the eager step", "", "{:,d}"),
+        _q("eager_matmul_tbs", EAGER, "the read rate of the eager step's matrix multiplies (bytes over their GPU time)", "TB/s", "{:.2f}"),
+        _q("eager_kernel_mean_us", EAGER, "the eager step's mean kernel duration", "µs", "{:.1f}"),
+        _q("eager_arrival_us", EAGER, "the eager step's wall time per kernel: a kernel arrived this often", "µs", "{:.1f}"),
+        _q("graph_wall_ms", FORMS, "the static-cache step replayed from a CUDA graph: wall time (minimum)", "ms", "{:.2f}"),
+        _q("graph_gpu_busy_ms", FORMS, "the CUDA-graph step's GPU busy time", "ms", "{:.2f}"),
+        _q("graph_kernels", FORMS, "kernels in the CUDA-graph step", "", "{:,d}"),
+        _q("compiled_wall_ms", FORMS, 'torch.compile (mode "reduce-overhead"): wall time (minimum)', "ms", "{:.2f}"),
+        _q("compiled_gpu_busy_ms", FORMS, "the compiled step's GPU busy time", "ms", "{:.2f}"),
+        _q("compiled_kernels", FORMS, "kernels in the compiled step", "", "{:,d}"),
+    )
+}  # fmt: skip
+OWNERS = tuple(dict.fromkeys(q.owner for q in QUANTITIES.values()))
+
+
+class Shown:
+    """A value glued as its one text: `{glue:text}` shows `text` (no quotes, no repr), on every
+    page alike."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True)
+class Value:
+    quantity: Quantity
+    value: float
+    run: runs.Run  # the owner's run it was computed from
+
+    @property
+    def text(self) -> str:
+        v = self.value
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            return "–"
+        return self.quantity.fmt.format(int(v) if "d}" in self.quantity.fmt else v)
+
+
+def owner_values(owner: str, run: runs.Run) -> dict[str, float]:
+    """The owner chapter's shared quantities from its run, checked against the declaration."""
+    module = importlib.import_module(f"labsupport.chapters.{owner.replace('-', '_')}")
+    got = module.shared(run)
+    want = {n for n, q in QUANTITIES.items() if q.owner == owner}
+    if set(got) != want:
+        raise runs.RunError(f"{owner}: shared() gives {sorted(set(got) ^ want)} against the declaration")
+    return got
+
+
+def values(given: dict[str, runs.Run] | None = None, root=None) -> dict[str, Value]:
+    """Every shared quantity, from each owner's published run (or the run `given` for it)."""
+    given = given or {}
+    out = {}
+    for owner in OWNERS:
+        run = given.get(owner) or runs.load_run(owner, root=root)
+        for name, v in owner_values(owner, run).items():
+            out[name] = Value(QUANTITIES[name], v, run)
+    return out
+
+
+def glue_values(given: dict[str, runs.Run] | None = None) -> dict[str, Value]:
+    """Glue every shared quantity under its name, formatted once (Shown); returns them, so the
+    page's own numbers can be computed against the same values."""
+    from labsupport import glue
+
+    vals = values(given)
+    for name, v in vals.items():
+        glue.glue(name, Shown(v.text))
+    for owner in OWNERS:
+        run = next(v.run for v in vals.values() if v.quantity.owner == owner)
+        glue.glue(f"shared_run_{owner.replace('-', '_')}", Shown(run.run_id))
+    return vals
+
+
+def limits(given: dict[str, runs.Run] | None = None, root=None) -> hardware.Limits:
+    """The ceilings every chapter compares against: those measured in the ceilings owner's run."""
+    run = (given or {}).get(CEILINGS) or runs.load_run(CEILINGS, root=root)
+    return hardware.run_limits(run)
