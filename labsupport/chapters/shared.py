@@ -64,6 +64,9 @@ QUANTITIES = {
         _q("compiled_wall_ms", FORMS, 'torch.compile (mode "reduce-overhead"): wall time (minimum)', "ms", "{:.2f}"),
         _q("compiled_gpu_busy_ms", FORMS, "the compiled step's GPU busy time", "ms", "{:.2f}"),
         _q("compiled_kernels", FORMS, "kernels in the compiled step", "", "{:,d}"),
+        _q("autotune_wall_ms", FORMS, 'torch.compile (mode "max-autotune"): wall time (minimum)', "ms", "{:.2f}"),
+        _q("autotune_gpu_busy_ms", FORMS, "the max-autotune step's GPU busy time", "ms", "{:.2f}"),
+        _q("autotune_kernels", FORMS, "kernels in the max-autotune step", "", "{:,d}"),
     )
 }  # fmt: skip
 OWNERS = tuple(dict.fromkeys(q.owner for q in QUANTITIES.values()))

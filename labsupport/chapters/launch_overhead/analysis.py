@@ -155,12 +155,16 @@ def headline(run: runs.Run) -> dict:
 
 def shared(run: runs.Run) -> dict:
     """The steps this chapter measures for the whole book (labsupport.chapters.shared): the
-    CUDA-graph and the compiled (reduce-overhead) step, wall time by the book's estimator (the
+    CUDA-graph and the compiled steps (reduce-overhead, max-autotune), wall time by the book's estimator (the
     least of the trials), GPU busy time and kernels of the profiled step."""
     v = run.table("variants").set_index("variant")
     t = run.table("step_times")
     out = {}
-    for key, name in (("cuda-graph", "graph"), ("compile-reduce-overhead", "compiled")):
+    for key, name in (
+        ("cuda-graph", "graph"),
+        ("compile-reduce-overhead", "compiled"),
+        ("compile-max-autotune", "autotune"),
+    ):
         ok = key in v.index and v.loc[key, "status"] == "ok"
         walls = t.loc[t.variant == key, "wall_ms"]
         out[f"{name}_wall_ms"] = float(walls.min()) if ok and len(walls) else float("nan")
