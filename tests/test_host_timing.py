@@ -69,3 +69,34 @@ def test_host_speed_flags_a_slow_host():
     assert hostprobe.assess(drifted).slow and "slowest" in hostprobe.assess(drifted).why
     assert hostprobe.assess(steady, reference_ms=7.0).slow  # slower than the published run's host
     assert hostprobe.assess([]) is None
+
+
+class _Run:
+    def __init__(self, probe):
+        self.results = {"host_probe": probe}
+        self.run_id, self.chapter = "r", "c"
+
+
+def test_drift_flags_a_run_recorded_on_a_slower_host():
+    from labsupport.ops import drift
+
+    published = _Run([{"at": "a", "ms": 10.0, "t_s": 0}, {"at": "b", "ms": 10.2, "t_s": 1}])
+    slow = _Run([{"at": "a", "ms": 14.0, "t_s": 0}, {"at": "b", "ms": 14.1, "t_s": 1}])
+    h = drift.host_speed(slow, published)
+    assert h["slow"] and "published run" in h["why"]
+    assert "Host slower than usual" in drift.host_line(h)
+    assert not drift.host_speed(published, published)["slow"]
+    assert drift.host_speed(_Run([]), published) == {}
+    assert "before the probe existed" in drift.host_line({})
+
+
+def test_the_page_says_when_the_host_was_slow():
+    from labsupport.chapters import data_files
+
+    steady = _Run([{"at": "a", "ms": 10.0, "t_s": 0}, {"at": "b", "ms": 10.5, "t_s": 1}])
+    drifting = _Run([{"at": "a", "ms": 10.0, "t_s": 0}, {"at": "b", "ms": 16.0, "t_s": 60}])
+    assert "held its speed" in data_files.host_text(steady)
+    assert "slower than usual" in data_files.host_text(drifting)
+    assert data_files.host_banner(steady).data == ""
+    assert "A slow host" in data_files.host_banner(drifting).data
+    assert "before the host probe existed" in data_files.host_text(_Run([]))

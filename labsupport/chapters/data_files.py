@@ -149,7 +149,48 @@ def data_list(run):
         "CSV tables open in any spreadsheet, traces in <a href='https://ui.perfetto.dev'>Perfetto</a>.</p>"
         '<table class="data-files"><thead><tr><th>file</th><th>size</th><th>what it holds</th></tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
+        f"<p>{html.escape(host_text(run))}</p>"
         "<p>To record a run of your own, on your GPU: download this page's notebook (the download button at "
         "the top of the page), install what <a href='../book/run_it_yourself.html'>Run a chapter yourself</a> "
         'lists, and run the notebook with <code>mode = "live"</code>.</p>'
+    )
+
+
+def host_text(run) -> str:
+    """One sentence on the host's speed while the run was recorded, from its host probe
+    (labsupport.measure.hostprobe): the readings' range, and whether the host was slow."""
+    from labsupport.measure import hostprobe
+
+    h = hostprobe.assess(run.results.get("host_probe", []))
+    if h is None:
+        return "This run was recorded before the host probe existed: the host's speed at the time is not known."
+    text = (
+        f"Host probe (a fixed CPU workload, {h.readings} readings while the run was recorded): "
+        f"{h.best_ms:.2f} to {h.worst_ms:.2f} ms, typically {h.median_ms:.2f} ms."
+    )
+    if h.slow:
+        return text + f" The host was slower than usual during this run: {h.why}."
+    return text + " The host held its speed through the run."
+
+
+def host_banner(run):
+    """A warning for the top of a chapter whose run was recorded on a slow host (nothing when the
+    host held its speed): its host-timed numbers are then higher than the host's best."""
+    from IPython.display import HTML
+
+    from labsupport.measure import hostprobe
+
+    h = hostprobe.assess(run.results.get("host_probe", []))
+    if h is None or not h.slow:
+        return HTML("")
+    import html
+
+    return HTML(
+        '<div class="admonition warning"><p class="admonition-title">A slow host</p><p>'
+        + html.escape(
+            f"While this run was recorded the host was slower than usual ({h.why}). Host-timed numbers on "
+            "this page (wall times of eager steps, launch calls) are reported by their minimum, which a slow "
+            "phase raises least, but may still be higher than on a quiet host; GPU times are not affected."
+        )
+        + "</p></div>"
     )

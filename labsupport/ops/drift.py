@@ -16,6 +16,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters import Chapter
+from labsupport.measure import hostprobe
 from labsupport.traces import kernels
 
 DEFAULT_TIMING_THRESHOLD = 0.25  # relative change of a headline number still called noise
@@ -28,10 +29,33 @@ class ChapterDrift:
     new_run: str
     structural: list[dict] = field(default_factory=list)
     timing: list[dict] = field(default_factory=list)
+    host: dict = field(default_factory=dict)  # host_speed(): the probe of the new run against the published
 
     @property
     def moved(self) -> list[dict]:
         return [t for t in self.timing if t["moved"]]
+
+    @property
+    def slow_host(self) -> bool:
+        return bool(self.host.get("slow"))
+
+
+def host_speed(new: runs.Run, old: runs.Run | None) -> dict:
+    """What the host probe says of the new run: its readings against its own quickest and against
+    the published run's typical reading ({} when the new run has no probe: recorded before it)."""
+    ref = hostprobe.assess(old.results.get("host_probe", [])) if old is not None else None
+    h = hostprobe.assess(new.results.get("host_probe", []), reference_ms=ref.median_ms if ref else None)
+    if h is None:
+        return {}
+    return {
+        "readings": h.readings,
+        "best_ms": h.best_ms,
+        "median_ms": h.median_ms,
+        "worst_ms": h.worst_ms,
+        "published_median_ms": h.reference_ms,
+        "slow": h.slow,
+        "why": h.why,
+    }
 
 
 def _kernel_tables(run: runs.Run) -> dict[str, pd.DataFrame]:
@@ -58,7 +82,7 @@ def _counts(df: pd.DataFrame, by) -> dict:
 def compare(
     chapter: Chapter, new: runs.Run, old: runs.Run | None, threshold: float = DEFAULT_TIMING_THRESHOLD
 ) -> ChapterDrift:
-    d = ChapterDrift(chapter.slug, old.run_id if old else None, new.run_id)
+    d = ChapterDrift(chapter.slug, old.run_id if old else None, new.run_id, host=host_speed(new, old))
     if old is None:
         return d
     new_k, old_k = _kernel_tables(new), _kernel_tables(old)
@@ -146,6 +170,7 @@ def to_markdown(drifts: list[ChapterDrift], threshold: float, title: str) -> str
             f"new run {md_code(d.new_run)} against published run {md_code(d.old_run or 'none')}",
             "",
         ]
+        lines += [host_line(d.host), ""]
         if d.old_run is None:
             lines += ["No published run to compare with.", ""]
             continue
@@ -165,3 +190,18 @@ def to_markdown(drifts: list[ChapterDrift], threshold: float, title: str) -> str
         ]
         lines.append("")
     return "\n".join(lines)
+
+
+def host_line(h: dict) -> str:
+    """One line on the host's speed during the new run, from its probe (host_speed)."""
+    if not h:
+        return "Host probe: none (the run was recorded before the probe existed)."
+    pub = h.get("published_median_ms")
+    ref = f"; the published run's typical reading {pub:.2f} ms" if pub else ""
+    text = (
+        f"Host probe: {h['readings']} readings, {h['best_ms']:.2f}-{h['worst_ms']:.2f} ms "
+        f"(typical {h['median_ms']:.2f} ms){ref}."
+    )
+    if h.get("slow"):
+        return text + f" **Host slower than usual**: {md_text(h['why'])}."
+    return text + " The host held its speed."

@@ -94,6 +94,9 @@ def write_drift(run_id: str, new: dict, baseline: dict, threshold: float, out_di
     js = drift.to_json(drifts, threshold).encode()
     (out_dir / "drift.md").write_bytes(md)
     (out_dir / "drift.json").write_bytes(js)
+    for d in drifts:  # flagged, not failed: a slow host moves host-timed numbers, not the kernels
+        if d.slow_host:
+            print(f"validation: {d.chapter}: host slower than usual during the run: {d.host['why']}", flush=True)
     print(
         f"drift: {sum(len(d.structural) for d in drifts)} structural changes, "
         f"{sum(len(d.moved) for d in drifts)} headline numbers moved beyond {threshold:.0%} "
