@@ -234,10 +234,9 @@ CHAPTERS = [
             "prompt_len": at_least(1),
             "prompt_lens": LENGTHS,
             "repeats": REPEATS,
-            "sweep_repeats": REPEATS,
         },
-        smoke={"prompt_lens": [1, 64, 512], "repeats": 3, "sweep_repeats": 2},
-        cpu={"preset": "tiny", "prompt_len": 16, "prompt_lens": [1, 8, 16], "repeats": 2, "sweep_repeats": 1},
+        smoke={"prompt_lens": [1, 64, 512], "repeats": 3},
+        cpu={"preset": "tiny", "prompt_len": 16, "prompt_lens": [1, 8, 16], "repeats": 2},
         reads=("why-a-gpu", "kernels-in-one-token", "launch-overhead"),
     ),
     Chapter(
