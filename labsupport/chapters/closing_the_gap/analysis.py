@@ -299,7 +299,7 @@ def headline(run: runs.Run) -> dict:
     b = best(run)
     f = floor(run)
     return {
-        "best ms": float(d.loc[b, "ms"]),
+        "best wall ms": float(d.loc[b, "ms"]),
         "best x floor": float(d.loc[b, "x floor"]),
         "best x ceiling": float(d.loc[b, "x ceiling"]),
         "floor ms": f.floor_ms,
