@@ -127,11 +127,20 @@ def test_options_that_do_not_fit_together_are_refused():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
+    from labsupport.measure import harness
+
     root = tmp_path_factory.mktemp("runs")
     calls = []
     mp = pytest.MonkeyPatch()
     mp.setenv("LABSUPPORT_RUNS", str(root))
     watch_harness(mp, calls)
+    real = harness.interleaved
+
+    def interleaved(variants, **kw):
+        calls.append(("interleaved", tuple(variants)))
+        return real(variants, **kw)
+
+    mp.setattr(harness, "interleaved", interleaved)
     try:
         run = run_live_cells(NOTEBOOK, preset="tiny", prompt_len=16, repeats=2, allow_cpu=True)["run"]
     finally:
@@ -139,17 +148,31 @@ def tiny_run(tmp_path_factory):
     return run, calls
 
 
-def test_live_cells_time_every_rung_before_profiling_any(tiny_run):
+def test_live_cells_time_our_rungs_interleaved_before_profiling_any(tiny_run):
     run, calls = tiny_run
     ran = ["eager", "own-compiled", "fused-projections"]
-    assert [c[0] for c in calls] == ["time"] * len(ran) + ["profile"] * len(ran)
+    ours = ("own-compiled", "fused-projections")  # transformers' rungs are shared: checked and profiled, not timed
+    assert calls == [("interleaved", ours)] + [("profile", "decode_step")] * len(ran)
     r = run.table("rungs")
     assert list(r.rung) == list(ch.RUNGS)
     ok = r[r.status == "ok"]
     assert list(ok.rung) == ran
-    assert r[r.status != "ok"].status.str.contains("needs a CUDA GPU").all()
-    assert ok.passed.astype(bool).all() and ok.clean.astype(bool).all()
-    assert set(run.table("step_times").rung) == set(ran)
+    rest = r[r.status != "ok"].set_index("rung").status
+    assert rest.drop("max-autotune").str.contains("needs a CUDA GPU").all()
+    assert "launch-overhead" in rest["max-autotune"]
+    assert ok.passed.astype(bool).all()
+    mine = ok.set_index("rung").loc[list(ours)]
+    assert mine.clean.astype(bool).all() and (mine.wall_ms_repeats == 2).all()
+    assert (mine.wall_ms_min <= mine.wall_ms_q1).all() and (mine.wall_ms_q1 <= mine.wall_ms_median).all()
+    assert ok.set_index("rung").loc["eager", ["wall_ms_min", "wall_ms_median"]].isna().all()  # not timed here
+    t = run.table("step_times")
+    assert set(t.rung) == set(ours) and set(t["round"]) == {0, 1}
+    assert "ceilings.csv" not in run.meta["files"]  # the ceilings are the shared ones
+    # a run of another configuration has no shared numbers for transformers' rungs, and its own rungs' times
+    lad = ch.ladder(run).set_index("rung")
+    assert lad.loc[list(ch.SHARED_RUNGS), "ms"].isna().all()
+    assert lad.loc[list(ours), "ms"].tolist() == mine.wall_ms_min.tolist()
+    assert ch.best(run) in ours
 
 
 # The analysis of the H200 run.
@@ -161,26 +184,70 @@ def run():
 
 
 def test_ladder_arithmetic(run):
+    vals = ch.shared_values()
     lad = ch.ladder(run).set_index("rung")
     f = ch.floor(run)
     assert list(lad.index) == list(ch.RUNGS)
     r = run.table("rungs").set_index("rung")
-    assert f.measured_ms == pytest.approx(run.results["model"]["decode_bytes"] / f.measured_tbs / 1e9)
-    for rung in lad.index:
-        assert lad.loc[rung, "wall ms"] == r.loc[rung, "wall_ms_median"]
-        assert lad.loc[rung, "x floor"] == pytest.approx(r.loc[rung, "wall_ms_median"] / f.measured_ms)
+    # the floor and the ceiling are the shared ones, with one meaning: bytes at the datasheet, at the best rate
+    assert f.shared and f.floor_ms == pytest.approx(vals["floor_ms"].value)
+    assert f.ceiling_ms == pytest.approx(vals["ceiling_ms"].value) and f.ceiling_ms > f.floor_ms
+    for rung, p in ch.SHARED_RUNGS.items():  # transformers' rungs: the owners' numbers, never this run's
+        assert lad.loc[rung, "ms"] == vals[f"{p}_wall_ms"].value
+        assert lad.loc[rung, "GPU busy ms"] == vals[f"{p}_gpu_busy_ms"].value
+        assert lad.loc[rung, "kernels"] == vals[f"{p}_kernels"].value
+    assert lad.loc["eager", "median"] == vals["eager_wall_median_ms"].value
+    assert lad.loc["max-autotune", "same answers"] is None  # not run here
+    for rung in [x for x in lad.index if x not in ch.SHARED_RUNGS]:  # ours: the minimum (old runs: host clock)
+        assert lad.loc[rung, "ms"] == r.loc[rung, "wall_ms_min"]
+        assert lad.loc[rung, "median"] == r.loc[rung, "wall_ms_median"]
+        assert lad.loc[rung, "q1"] <= lad.loc[rung, "median"] <= lad.loc[rung, "q3"]
         assert lad.loc[rung, "GPU busy ms"] == pytest.approx(r.loc[rung, "gpu_busy_ns"] / 1e6)
-    assert lad.loc["eager", "kernels"] == 2218  # the eager step of the other chapters, the same kernels
-    # the waterfall adds up: eager's wall time minus every rung's saving is the last rung's wall time
+    assert lad["x floor"].to_numpy() == pytest.approx((lad.ms / f.floor_ms).to_numpy())
+    assert (lad["x floor"] > 1).all()  # nothing beats the floor
+    # the waterfall adds up: eager's time minus every rung's saving is the last rung's time
     last = lad.index[-1]
-    assert lad.loc["eager", "wall ms"] - lad["ms saved"].sum() == pytest.approx(lad.loc[last, "wall ms"])
+    assert lad.loc["eager", "ms"] - lad["ms saved"].sum() == pytest.approx(lad.loc[last, "ms"])
+
+
+def test_a_new_run_reports_our_rungs_by_their_cuda_event_times(run, tmp_path):
+    import hashlib
+    import json
+    import shutil
+
+    from labsupport import runs
+
+    new = tmp_path / "closing-the-gap" / run.run_id
+    shutil.copytree(run.path, new)
+    r = pd.read_csv(new / "rungs.csv")
+    ours = ~r.rung.isin(list(ch.SHARED_RUNGS))
+    for stat, x in (("min", 0.9), ("q1", 0.95), ("median", 1.0), ("q3", 1.05), ("max", 1.1)):
+        r[f"gpu_ms_{stat}"] = (r.wall_ms_median * x).where(ours)
+    r.to_csv(new / "rungs.csv", index=False)
+    meta = json.loads((new / "meta.json").read_text())
+    meta["files"]["rungs.csv"] = hashlib.sha256((new / "rungs.csv").read_bytes()).hexdigest()
+    (new / "meta.json").write_text(json.dumps(meta))
+    lad = ch.ladder(runs.load_run("closing-the-gap", run.run_id, root=tmp_path)).set_index("rung")
+    want = r.set_index("rung")
+    for rung in want.index[ours.to_numpy()]:
+        assert lad.loc[rung, "ms"] == want.loc[rung, "gpu_ms_min"] and lad.loc[rung, "timed by"] == "CUDA events"
+
+
+def test_compiled_matmuls_from_the_launch_overhead_run():
+    from labsupport.chapters import shared
+
+    lo = shared.values()["autotune_wall_ms"].run
+    at, ro = ch.compiled_matmuls(lo, "compile-max-autotune"), ch.compiled_matmuls(lo, "compile-reduce-overhead")
+    assert ro["library"] == ro["kernels"] > 0  # reduce-overhead leaves every matmul to the library
+    assert at["generated"] > 0 and at["generated"] + at["library"] == at["kernels"]
+    assert ch.compiled_matmuls(lo, "no-such-variant") is None
 
 
 def test_best_is_the_fastest_rung_that_gives_eagers_answers(run):
     lad = ch.ladder(run)
-    good = lad[lad["same answers"]]
-    assert ch.best(run) == good.loc[good["wall ms"].idxmin(), "rung"]
-    assert ch.headline(run)["best wall ms"] == good["wall ms"].min()
+    good = lad[lad["same answers"].eq(True)]
+    assert ch.best(run) == good.loc[good["ms"].idxmin(), "rung"]
+    assert ch.headline(run)["best wall ms"] == good["ms"].min()
 
 
 def test_time_split_adds_up_to_each_rungs_wall_time(run):
@@ -207,7 +274,7 @@ def test_remaining_adds_up_to_the_span_of_the_best_rungs_kernels(run):
     k = ch.kernel_table(run, best)
     assert rem.ms.sum() == pytest.approx((k.end_ns.max() - k.start_ns.min()) / 1e6)
     mm = rem.set_index("part").loc["matrix multiply kernels"]
-    assert mm["floor ms"] == pytest.approx(ch.floor(run).measured_ms)
+    assert mm["floor ms"] == pytest.approx(ch.floor(run).floor_ms)
 
 
 def test_matmuls_and_tuning(run):
@@ -242,3 +309,35 @@ def test_matmul_launches_read_the_launch_shapes_of_the_trace(run):
     cublas = theirs[theirs.kernel.str.startswith("nvjet")]
     assert (cublas.blocks <= run.provenance["gpu_sms"]).all()  # what the chapter says of cuBLAS here
     assert (theirs["blocks per SM"] == theirs.blocks / run.provenance["gpu_sms"]).all()
+
+
+def test_notebook_runs_live_on_cpu_through_papermill(runs_root, monkeypatch, tmp_path):
+    """The whole page on the CPU live path (tiny model): measured, then every analysis cell on the
+    run just recorded, with the shared quantities read from the owners' published runs."""
+    import json
+    import shutil
+
+    import nbformat
+    import papermill as pm
+
+    from labsupport import runs
+    from labsupport.chapters import shared
+
+    from .conftest import REPO
+
+    book = REPO / "runs"
+    pub = runs.published(book)
+    for owner in shared.OWNERS:
+        shutil.copytree(book / owner / pub[owner], runs_root / owner / pub[owner])
+    (runs_root / "published.json").write_text(json.dumps({o: pub[o] for o in shared.OWNERS}))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    out = tmp_path / "closing_the_gap.ipynb"
+    nb_path = REPO / NOTEBOOK
+    params = {"mode": "live", "preset": "tiny", "prompt_len": 16, "repeats": 2, "allow_cpu": True}
+    pm.execute_notebook(
+        str(nb_path), str(out), parameters=params, cwd=str(nb_path.parent), kernel_name="python3", progress_bar=False
+    )
+    nb = nbformat.read(out, as_version=4)
+    assert "Traceback" not in json.dumps([c.get("outputs", []) for c in nb.cells])
+    (run_dir,) = (runs_root / ch.CHAPTER).iterdir()
+    assert json.loads((run_dir / "meta.json").read_text())["parameters"]["preset"] == "tiny"

@@ -82,7 +82,7 @@ def test_other_chapters_checks():
     with pytest.raises(params.ParamError, match='"gpu" is not one of reference, fla'):
         resolve('backends=["gpu"]', names=["hybrid-model-token"])
     with pytest.raises(params.ParamError, match="must be at least 1"):
-        resolve("sweep_repeats=0", names=["prefill-vs-decode"])
+        resolve("repeats=0", names=["prefill-vs-decode"])
     # A name that some selected chapter has goes to that chapter only.
     got = resolve("max_autotune=false", names=["launch-overhead", "kernels-in-one-token"])
     assert got == {"launch-overhead": {"max_autotune": False}, "kernels-in-one-token": {}}

@@ -58,7 +58,7 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
     "closing-the-gap": {
         "ceilings.csv": _CEILINGS,
         "rungs.csv": "each rung of the ladder: kernels, GPU-busy, wall and compile time, its logits against eager's",
-        "step_times.csv": "every clean timing of each rung",
+        "step_times.csv": "every timed trial of our rungs, in interleaved rounds: wall and CUDA-event ms",
         "matmuls.csv": "each weight shape's matmul for one token: cuBLAS against our Triton GEMV, in µs and TB/s",
         "gemv_tuning.csv": "every configuration of our GEMV tried on every weight shape, and the one kept",
         "trace-eager.json.gz": "the raw trace of the eager step",
@@ -72,11 +72,11 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
     },
     "prefill-vs-decode": {
         "ceilings.csv": _CEILINGS,
-        "phase_times.csv": "every clean timing of the prompt phase and of one decode step",
+        "phase_times.csv": "every timed trial of the prompt phase and of one decode step, in interleaved rounds",
         "kernels-prefill.csv": "every kernel of the profiled prompt phase",
         "kernels-decode.csv": "every kernel of the profiled decode step",
         "census.csv": "both phases' kernels and GPU time by kind",
-        "prompt_sweep.csv": "the prompt phase at each prompt length: kernels, GPU-busy and wall time",
+        "prompt_sweep.csv": "the prompt phase at each prompt length: kernels, GPU busy, wall time (minimum, quartiles)",
         "trace-prefill.json.gz": "the raw trace of the prompt phase",
         "trace-decode.json.gz": "the raw trace of the decode step",
     },

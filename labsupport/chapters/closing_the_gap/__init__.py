@@ -2,8 +2,9 @@
 bandwidth floor as we can get, one rung at a time, every rung measured in the same run and
 checked against eager's answers.
 
-Live (the notebook's visible cells): tune and time our Triton GEMV shape by shape, build and
-time every rung, check its logits, then profile each (no wall time after a profile). Replay:
+Live (the notebook's visible cells): tune and time our Triton GEMV shape by shape, build every
+rung and check its logits, time our own rungs interleaved (transformers' rungs are shared
+quantities, timed by the chapters that own them), then profile each (no time after a profile). Replay:
 the ladder, where each rung's time goes, the kernels by kind, the matmuls by shape and what
 remains, all computed from the run here.
 
@@ -19,14 +20,17 @@ from labsupport.chapters.closing_the_gap.analysis import (
     best,
     census,
     census_by_rung,
+    compiled_matmuls,
     floor,
     headline,
+    is_shared_config,
     kernel_table,
     ladder,
     matmul_launches,
     matmuls,
     next_to_published,
     remaining,
+    shared_values,
     time_split,
     tolerance_text,
     tuning,
@@ -44,6 +48,7 @@ from labsupport.chapters.closing_the_gap.measuring import (
     rungs_table,
     runs_here,
     time_matmuls,
+    timed_here,
     tuning_cases,
     weight_shapes,
 )
@@ -55,6 +60,8 @@ from labsupport.chapters.closing_the_gap.params import (
     RUNG_COLUMNS,
     RUNG_SHORT,
     RUNGS,
+    SHARED_CONFIG,
+    SHARED_RUNGS,
     STEP_TIME_COLUMNS,
     TARGET_X_FLOOR,
     Params,
@@ -65,7 +72,8 @@ from labsupport.chapters.closing_the_gap.params import (
 
 __all__ = [
     "CHAPTER", "RUNGS", "RUNG_SHORT", "OWN_OPTIONS", "RUNG_COLUMNS", "STEP_TIME_COLUMNS", "MATMUL_COLUMNS",
-    "ERROR_FACTOR",
+    "ERROR_FACTOR", "SHARED_RUNGS", "SHARED_CONFIG", "timed_here", "shared_values", "is_shared_config",
+    "compiled_matmuls",
     "TARGET_X_FLOOR", "Params", "load", "progress", "trace_file",
     "pending_run", "reference", "build", "runs_here", "fidelity", "Reference", "eager_fidelity", "rung_row",
     "rungs_table",

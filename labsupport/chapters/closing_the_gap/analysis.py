@@ -4,42 +4,88 @@ rung by kind, the matmuls shape by shape, and the best rung's remaining time."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pandas as pd
 
 from labsupport import runs
-from labsupport.chapters.closing_the_gap.params import ERROR_FACTOR, TARGET_X_FLOOR, trace_file
+from labsupport.chapters.closing_the_gap.params import (
+    ERROR_FACTOR,
+    RUNGS,
+    SHARED_CONFIG,
+    SHARED_RUNGS,
+    TARGET_X_FLOOR,
+    trace_file,
+)
 from labsupport.measure import hardware
 from labsupport.traces import kernels, trace
 
 
 @dataclass
 class Floor:
-    """The shortest a step can take: its weight bytes read once at a bandwidth."""
+    """What a step of `decode_bytes` is set against, with one meaning on every page: the floor,
+    those bytes at the datasheet's bandwidth (the physical limit: no kernel beats it), and the
+    practical ceiling, those bytes at the best rate any kernel reached on this GPU (the shared
+    ceiling_tbs of why-a-gpu's run: copy, read stream, best matrix-vector product)."""
 
     decode_bytes: int
-    measured_tbs: float | None  # the read stream (or, in older runs, the copy) measured in the run
-    measured_word: str  # "read" or "copy"
     datasheet_tbs: float | None
+    ceiling_tbs: float | None
+    shared: bool  # from the shared quantities (the run is their configuration and GPU)
 
     @property
-    def measured_ms(self) -> float:
-        return self.decode_bytes / self.measured_tbs / 1e9 if self.measured_tbs else float("nan")
-
-    @property
-    def datasheet_ms(self) -> float:
+    def floor_ms(self) -> float:
         return self.decode_bytes / self.datasheet_tbs / 1e9 if self.datasheet_tbs else float("nan")
 
     @property
+    def ceiling_ms(self) -> float:
+        return self.decode_bytes / self.ceiling_tbs / 1e9 if self.ceiling_tbs else float("nan")
+
+    @property
     def target_ms(self) -> float:
-        return TARGET_X_FLOOR * self.measured_ms
+        return TARGET_X_FLOOR * self.ceiling_ms
 
 
-def floor(run: runs.Run) -> Floor:
+@functools.lru_cache(maxsize=4)
+def _shared_values(root: str) -> dict:
+    from pathlib import Path
+
+    from labsupport.chapters import shared
+
+    try:
+        return shared.values(root=Path(root))
+    except runs.RunError:  # no published run of an owner (a scratch runs folder)
+        return {}
+
+
+def shared_values() -> dict:
+    """The shared quantities (labsupport.chapters.shared.values) from the runs folder in use,
+    read once; empty where an owner has no published run there."""
+    return _shared_values(str(runs.runs_root()))
+
+
+def is_shared_config(run: runs.Run, vals: dict | None = None) -> bool:
+    """Whether `run` is the configuration of the shared steps (Qwen3-8B, 256-token prompt) on the
+    GPU of the owners' runs: then its first rungs are the shared ones."""
+    vals = shared_values() if vals is None else vals
+    if "eager_wall_ms" not in vals:
+        return False
+    p = run.parameters
+    same = all(p.get(k) == v for k, v in SHARED_CONFIG.items())
+    return same and vals["eager_wall_ms"].run.provenance.get("gpu") == run.provenance.get("gpu")
+
+
+def floor(run: runs.Run, vals: dict | None = None) -> Floor:
+    """The floor and the practical ceiling of `run`'s step: the shared ones where the run is the
+    shared configuration; else its own bytes against its GPU's datasheet (and no ceiling:
+    this chapter measures none)."""
+    vals = shared_values() if vals is None else vals
+    if is_shared_config(run, vals) and "floor_ms" in vals:
+        nbytes = round(vals["step_gb"].value * 1e9)
+        return Floor(nbytes, vals["datasheet_tbs"].value, vals["ceiling_tbs"].value, True)
     lim = hardware.run_limits(run)
-    tbs, word = hardware.measured_read(lim)
-    return Floor(int(run.results["model"]["decode_bytes"]), tbs, word, lim.datasheet_tbs)
+    return Floor(int(run.results["model"]["decode_bytes"]), lim.datasheet_tbs, None, False)
 
 
 def kernel_table(run: runs.Run, rung: str) -> pd.DataFrame:
@@ -48,47 +94,103 @@ def kernel_table(run: runs.Run, rung: str) -> pd.DataFrame:
     return kernels.annotate(trace.read_kernels(run.file(trace_file(rung)), device=device))
 
 
-def ladder(run: runs.Run) -> pd.DataFrame:
-    """One row per rung, by key: status, whether it gives eager's answers, kernels, GPU-busy
-    (profiled), wall (median, fastest, slowest; clean), idle (wall - busy), the weight
-    bandwidth it reaches (weights / wall), its wall over the measured and datasheet floors, and
-    the ms it saves against the rung before it (the waterfall)."""
-    r = run.table("rungs")
-    f = floor(run)
-    ok = r.status == "ok"
-    out = pd.DataFrame({"rung": r.rung, "status": r.status})
-    out["same answers"] = r.passed.astype(str).eq("True")
-    out["kernels"] = r.kernels
-    out["GPU busy ms"] = r.gpu_busy_ns / 1e6
-    out["wall ms"] = r.wall_ms_median
-    out["wall min ms"] = r.wall_ms_min
-    out["wall max ms"] = r.wall_ms_max
-    out["idle ms"] = out["wall ms"] - out["GPU busy ms"]
-    out["TB/s"] = f.decode_bytes / 1e9 / out["wall ms"]
-    out["x floor"] = out["wall ms"] / f.measured_ms
-    out["x datasheet floor"] = out["wall ms"] / f.datasheet_ms
-    out["compile s"] = r.compile_s
-    out.loc[~ok, out.columns[3:]] = float("nan")
+def _own_times(run: runs.Run, r: pd.DataFrame) -> pd.DataFrame:
+    """Each own rung's time per token, by the book's estimator (the minimum) with the quartiles
+    and the median: the CUDA events around each trial where the run has them (a graph replay is
+    paced by the GPU alone), else the host's wall time (runs recorded before, or on a CPU)."""
+    nan = float("nan")
+    out = pd.DataFrame(index=r.index)
+    for stat in ("min", "q1", "median", "q3", "max"):
+        wall = r[f"wall_ms_{stat}"] if f"wall_ms_{stat}" in r else pd.Series(nan, index=r.index)
+        gpu = r[f"gpu_ms_{stat}"] if f"gpu_ms_{stat}" in r else pd.Series(nan, index=r.index)
+        out[stat] = gpu.where(gpu.notna(), wall)
+    if "wall_ms_q1" not in r and "step_times.csv" in run.meta["files"]:  # runs recorded before: from the trials
+        from labsupport.measure import harness
+
+        t = run.table("step_times")
+        for rung, g in t.groupby("rung"):
+            if rung in out.index:
+                w = list(g.wall_ms)
+                out.loc[rung, "q1"], out.loc[rung, "q3"] = harness.quantile(w, 0.25), harness.quantile(w, 0.75)
+    out["timed by"] = ["CUDA events" if g == g else "host clock" for g in (
+        r["gpu_ms_min"] if "gpu_ms_min" in r else pd.Series(nan, index=r.index))]  # fmt: skip
+    return out
+
+
+def ladder(run: runs.Run, vals: dict | None = None) -> pd.DataFrame:
+    """One row per rung of RUNGS, by key: where its numbers come from, whether it gives eager's
+    answers, kernels, GPU busy (profiled), its time per token by the minimum (with quartiles,
+    median and slowest where known), idle (time - busy), the weight bandwidth it reaches
+    (bytes / time), its time over the floor and over the practical ceiling's time, and the ms
+    it saves against the rung before it (the waterfall).
+
+    The rungs of transformers' step (SHARED_RUNGS) are shared quantities: their kernels, busy
+    and wall time are those of the owner's run (shared.values), never this run's own; in a run
+    of another configuration (the tests' tiny model) they have none. This run's own rows give
+    only whether they gave eager's answers. Our rungs are this run's, timed interleaved."""
+    nan = float("nan")
+    vals = shared_values() if vals is None else vals
+    use_shared = is_shared_config(run, vals)
+    r = run.table("rungs").set_index("rung")
+    f = floor(run, vals)
+    own = _own_times(run, r)
+    rows = []
+    for rung in RUNGS:
+        here = r.loc[rung] if rung in r.index else None
+        checked = here is not None and here.status == "ok"
+        row = {"rung": rung, "same answers": bool(checked and str(here.passed) == "True") if checked else None}
+        if rung in SHARED_RUNGS:
+            p = SHARED_RUNGS[rung]
+            v = vals.get(f"{p}_wall_ms") if use_shared else None
+            if v is not None and v.value == v.value:
+                owner = v.quantity.owner
+                row |= {"status": "ok", "from": f"{owner} run {v.run.run_id}", "kernels": vals[f"{p}_kernels"].value,
+                        "GPU busy ms": vals[f"{p}_gpu_busy_ms"].value, "ms": v.value}  # fmt: skip
+                for stat in ("q1", "median", "q3"):
+                    q = vals.get(f"{p}_wall_{stat}_ms")
+                    row[stat] = q.value if q is not None else nan
+                row["timed by"] = "host clock"
+            else:
+                row |= {"status": "shared: not in this configuration", "from": "–"}
+        elif checked:
+            row |= {"status": "ok", "from": f"this run {run.run_id}", "kernels": here.kernels,
+                    "GPU busy ms": here.gpu_busy_ns / 1e6, "ms": own.loc[rung, "min"]}  # fmt: skip
+            row |= {stat: own.loc[rung, stat] for stat in ("q1", "median", "q3", "max")}
+            row["timed by"] = own.loc[rung, "timed by"]
+            row["compile s"] = here.get("compile_s", nan)
+        else:
+            row |= {"status": here.status if here is not None else "not run", "from": "–"}
+        rows.append(row)
+    cols = ["rung", "status", "from", "same answers", "kernels", "GPU busy ms", "ms", "q1", "median", "q3", "max",
+            "timed by", "compile s"]  # fmt: skip
+    out = pd.DataFrame(rows).reindex(columns=cols)
+    for c in ("kernels", "GPU busy ms", "ms", "q1", "median", "q3", "max", "compile s"):
+        out[c] = pd.to_numeric(out[c], errors="coerce")
+    out["wall ms"] = out["ms"]  # the step's time per token (the name the figures and older code read)
+    out["idle ms"] = out["ms"] - out["GPU busy ms"]
+    out["TB/s"] = f.decode_bytes / 1e9 / out["ms"]
+    out["x floor"] = out["ms"] / f.floor_ms
+    out["x ceiling"] = out["ms"] / f.ceiling_ms
     # The waterfall: what each rung saves against the last rung before it that ran.
-    out["ms saved"] = out["wall ms"].ffill().shift(1) - out["wall ms"]
+    out["ms saved"] = out["ms"].ffill().shift(1) - out["ms"]
     return out.reset_index(drop=True)
 
 
 def best(run: runs.Run) -> str:
     """The fastest rung that gives eager's answers (a rung that fails the check is not a result)."""
     d = ladder(run)
-    good = d[(d.status == "ok") & d["same answers"]]
-    return str(good.loc[good["wall ms"].idxmin(), "rung"])
+    good = d[(d.status == "ok") & d["same answers"].eq(True) & d["ms"].notna()]
+    return str(good.loc[good["ms"].idxmin(), "rung"])
 
 
 def time_split(run: runs.Run) -> pd.DataFrame:
-    """Where each rung's wall time goes, in three parts that add up to it: the floor (the weights
-    read once at the measured bandwidth), kernel time above the floor (GPU-busy - floor), and
-    the GPU idle (wall - GPU-busy, from the clean wall and the profiled busy time)."""
+    """Where each rung's time goes, in three parts that add up to it: the floor (the weights
+    read once at the datasheet's bandwidth), kernel time above the floor (GPU-busy - floor), and
+    the GPU idle (time - GPU-busy, from the unprofiled time and the profiled busy time)."""
     d = ladder(run)
-    d = d[d.status == "ok"]
+    d = d[(d.status == "ok") & d["ms"].notna()]
     f = floor(run)
-    fl = f.measured_ms if f.measured_tbs else 0.0  # a run without a measured ceiling (a CPU) has no floor
+    fl = f.floor_ms if f.datasheet_tbs else 0.0  # a GPU without a known datasheet (a CPU) has no floor
     return pd.DataFrame(
         {
             "rung": d.rung,
@@ -105,7 +207,7 @@ def census(run: runs.Run) -> pd.DataFrame:
     ran (index: kind, total last)."""
     r = run.table("rungs")
     parts = []
-    for rung in r.rung[r.status == "ok"]:
+    for rung in r.rung[(r.status == "ok") & r.rung.map(lambda x: trace_file(x) in run.meta["files"])]:
         c = kernels.census(kernel_table(run, rung)).set_index("kind")
         parts.append(c[["kernels", "gpu_ms"]].rename(columns=lambda col, rung=rung: (rung, col)))
     out = pd.concat(parts, axis=1)
@@ -134,13 +236,14 @@ def fidelity(run: runs.Run) -> pd.DataFrame:
 
 def matmuls(run: runs.Run) -> pd.DataFrame:
     """Each weight shape's matmul for one token: cuBLAS against our Triton GEMV, µs and TB/s,
-    and each as a fraction of the run's measured read bandwidth."""
+    and each as a fraction of the datasheet's bandwidth (the limit) and of the practical ceiling."""
     m = run.table("matmuls")
     f = floor(run)
     out = m[["matrix", "n", "k", "bytes", "cublas_us", "triton_us", "cublas_tbs", "triton_tbs"]].copy()
     out["MB"] = out.bytes / 1e6
     for lib in ("cublas", "triton"):
-        out[f"{lib} of read"] = out[f"{lib}_tbs"] / f.measured_tbs if f.measured_tbs else float("nan")
+        out[f"{lib} of datasheet"] = out[f"{lib}_tbs"] / f.datasheet_tbs if f.datasheet_tbs else float("nan")
+        out[f"{lib} of ceiling"] = out[f"{lib}_tbs"] / f.ceiling_tbs if f.ceiling_tbs else float("nan")
     out["speed-up"] = out.cublas_us / out.triton_us
     return out
 
@@ -156,7 +259,7 @@ def remaining(run: runs.Run, rung: str) -> pd.DataFrame:
     busy = trace.busy_ns(k.start_ns, k.end_ns)
     span = int(k.end_ns.max() - k.start_ns.min())
     c = kernels.census(k).set_index("kind")
-    fl = f.measured_ms * 1e6 if f.measured_tbs else 0.0
+    fl = f.floor_ms * 1e6 if f.datasheet_tbs else 0.0
     rows = [("matrix multiply kernels", int(c.loc["matrix multiply", "gpu_ns"]), fl)]
     rows += [
         (f"{kind} kernels", int(c.loc[kind, "gpu_ns"]), 0.0)
@@ -196,10 +299,10 @@ def headline(run: runs.Run) -> dict:
     b = best(run)
     f = floor(run)
     return {
-        "eager wall ms": float(d.loc["eager", "wall ms"]),
-        "best wall ms": float(d.loc[b, "wall ms"]),
+        "best wall ms": float(d.loc[b, "ms"]),
         "best x floor": float(d.loc[b, "x floor"]),
-        "floor ms": f.measured_ms,
+        "best x ceiling": float(d.loc[b, "x ceiling"]),
+        "floor ms": f.floor_ms,
     }
 
 
@@ -208,28 +311,44 @@ def tolerance_text() -> str:
 
 
 def next_to_published(run: runs.Run, published: pd.DataFrame) -> pd.DataFrame:
-    """The best rung's multiple of its floor (measured, and datasheet where the GPU is known),
-    in the columns of the published references (`published`), above them."""
-    from labsupport.chapters.closing_the_gap.params import RUNGS
-
+    """The best rung's multiple of its floor (the datasheet's) and of the practical ceiling
+    (where known), in the columns of the published references (`published`), above them."""
     b, f = best(run), floor(run)
     d = ladder(run).set_index("rung")
     rows = []
     base = {"system": f"this book: {RUNGS[b]}", "model": "Qwen3-8B, batch 1", "GPU": run.provenance["gpu"],
             "source": f"run {run.run_id}"}  # fmt: skip
-    if f.measured_tbs:
-        rows.append(
-            {
-                **base,
-                "x floor": d.loc[b, "x floor"],
-                "floor from": f"measured {f.measured_word} ({f.measured_tbs:.2f} TB/s)",
-            }
-        )
     if f.datasheet_tbs:
+        rows.append({**base, "x floor": d.loc[b, "x floor"], "floor from": f"datasheet ({f.datasheet_tbs:.1f} TB/s)"})
+    if f.ceiling_tbs:
         rows.append(
-            {**base, "x floor": d.loc[b, "x datasheet floor"], "floor from": f"datasheet ({f.datasheet_tbs:.1f} TB/s)"}
-        )
+            {**base, "x floor": d.loc[b, "x ceiling"],
+             "floor from": f"practical ceiling: best rate measured ({f.ceiling_tbs:.2f} TB/s)"}
+        )  # fmt: skip
     return pd.concat([pd.DataFrame(rows, columns=published.columns), published], ignore_index=True)
+
+
+def compiled_matmuls(lo_run: runs.Run, variant: str = "compile-max-autotune") -> dict | None:
+    """What torch.compile did to the matrix multiplies in one of launch-overhead's profiled
+    steps (its trace, `trace-<variant>.json.gz`): matmul kernels, how many of them are Triton
+    kernels that Inductor generated (their names start with "triton"), how many of those also
+    carry other work fused in (a mean: a norm; silu; an add), and how many are library calls
+    (cuBLAS, CUTLASS). None where the run has no such trace."""
+    name = f"trace-{variant}.json.gz"
+    if name not in lo_run.meta["files"]:
+        return None
+    device = lo_run.provenance.get("device", "cuda")
+    k = kernels.annotate(trace.read_kernels(lo_run.file(name), device=device))
+    mm = k[k.kind == "matrix multiply"]
+    gen = mm[mm.name.str.startswith("triton")]
+    fused = gen[gen.name.str.contains("mean|silu|add", regex=True)]
+    return {
+        "kernels": len(mm),
+        "generated": len(gen),
+        "fused": len(fused),
+        "library": len(mm) - len(gen),
+        "gpu_ms": mm.dur_ns.sum() / 1e6,
+    }
 
 
 def matmul_launches(run: runs.Run, rung: str) -> pd.DataFrame:

@@ -9,12 +9,14 @@ from labsupport import figures as plots
 from labsupport.chapters.closing_the_gap.params import RUNG_SHORT
 
 
-def ladder_figure(split: pd.DataFrame, floor_ms: float, target_ms: float, passed: dict, label: str):
+def ladder_figure(
+    split: pd.DataFrame, floor_ms: float, target_ms: float, passed: dict, label: str, texts: dict | None = None
+):
     """Each rung's wall time as three stacked parts (time_split): the floor, kernel time above
     it, and GPU idle; a dashed line at the floor and a dotted one at the target; each bar
     labelled with its wall time and its multiple of the floor. A bar far longer than the others
     (eager's) is cut at the axis's end, its label saying so. A rung that fails the same-answers
-    check is labelled so."""
+    check is labelled so. `texts` gives a rung's time as text (a shared quantity's own digits)."""
     parts = [("floor ms", "#2f4b7c"), ("kernels above floor ms", "#f2b880"), ("GPU idle ms", "#c9c9c9")]
     fig, ax = plt.subplots(figsize=(7.2, 0.48 * len(split) + 1.9))
     names = split.rung.map(RUNG_SHORT)
@@ -28,23 +30,26 @@ def ladder_figure(split: pd.DataFrame, floor_ms: float, target_ms: float, passed
         ax.barh(names, width, left=left, color=color, label=col.removesuffix(" ms"))
         left = left + width
     for y, (i, rung, wall) in enumerate(zip(split.index, split.rung, split["wall ms"], strict=True)):
-        text = f"{wall:.2f} ms" + (f", {wall / floor_ms:.2f}x" if floor_ms == floor_ms else "")
-        text += " (wrong answers)" if not passed.get(rung, False) else ""
+        text = f"{(texts or {}).get(rung) or f'{wall:.2f}'} ms" + (
+            f", {wall / floor_ms:.2f}x" if floor_ms == floor_ms else ""
+        )
+        text += " (wrong answers)" if passed.get(rung) is False else ""
         cut = left[i] > xmax
         ax.text(xmax * 0.99 if cut else left[i] + xmax * 0.01, y, text + (" →" if cut else ""), va="center",
                 ha="right" if cut else "left", fontsize=10, color="#222")  # fmt: skip
-    if floor_ms == floor_ms:  # not NaN: the run measured the read bandwidth
+    if floor_ms == floor_ms:  # not NaN: the GPU's datasheet is known
         ax.axvline(floor_ms, color="#2f4b7c", ls="--", lw=1)
+    if target_ms == target_ms:  # not NaN: a practical ceiling is known
         ax.axvline(target_ms, color="#b94a48", ls=":", lw=1.2, label=f"target ({target_ms:.2f} ms)")
     ax.set_xlim(0, xmax)
-    ax.set_xlabel("ms per token (wall time, median; x = multiple of the floor)")
+    ax.set_xlabel("ms per token (minimum of the trials; x = multiple of the floor)")
     ax.set_title("From eager to the floor, one rung at a time", loc="left")
     return finish(fig, ax, label, legend_y=-0.18)
 
 
-def matmul_figure(m: pd.DataFrame, read_tbs: float | None, datasheet_tbs: float | None, label: str):
+def matmul_figure(m: pd.DataFrame, ceiling_tbs: float | None, datasheet_tbs: float | None, label: str):
     """TB/s of each weight shape's matmul for one token: cuBLAS and our Triton GEMV side by side,
-    with the measured read bandwidth and the datasheet's as lines."""
+    with the practical ceiling (the best rate measured) and the datasheet's (the limit) as lines."""
     fig, ax = plt.subplots(figsize=(7.2, 0.55 * len(m) + 1.9))
     y = pd.Series(range(len(m)), dtype=float)
     ax.barh(y - 0.2, m.cublas_tbs, height=0.4, color=plots.THEIRS, label="cuBLAS (torch)")
@@ -53,11 +58,11 @@ def matmul_figure(m: pd.DataFrame, read_tbs: float | None, datasheet_tbs: float 
         ax.text(r.triton_tbs + 0.05, i + 0.2, f"{r.triton_tbs:.2f}", va="center", fontsize=10)
         ax.text(r.cublas_tbs + 0.05, i - 0.2, f"{r.cublas_tbs:.2f}", va="center", fontsize=10, color="#555")
     ax.set_yticks(list(y), [f"{r.matrix} ({r.bytes / 1e6:,.0f} MB)" for r in m.itertuples()])
-    if read_tbs:
-        ax.axvline(read_tbs, color="#2f4b7c", ls="--", lw=1, label=f"read stream measured ({read_tbs:.2f})")
+    if ceiling_tbs:
+        ax.axvline(ceiling_tbs, color="#2f4b7c", ls="--", lw=1, label=f"practical ceiling ({ceiling_tbs:.2f})")
     if datasheet_tbs:
         ax.axvline(datasheet_tbs, color="#b94a48", ls=":", lw=1.2, label=f"datasheet ({datasheet_tbs:.1f})")
-    top = max([m.cublas_tbs.max(), m.triton_tbs.max(), read_tbs or 0, datasheet_tbs or 0])
+    top = max([m.cublas_tbs.max(), m.triton_tbs.max(), ceiling_tbs or 0, datasheet_tbs or 0])
     ax.set_xlim(0, top * 1.1)  # room for the value labels and the datasheet's line
     ax.set_xlabel("TB/s of weights read (one token, inside a CUDA graph)")
     ax.set_title("Every matmul of a token, by weight shape", loc="left")

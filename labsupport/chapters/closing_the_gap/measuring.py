@@ -15,6 +15,7 @@ from labsupport.chapters.closing_the_gap.params import (
     OWN_OPTIONS,
     RUNG_COLUMNS,
     RUNGS,
+    SHARED_RUNGS,
     progress,
 )
 from labsupport.measure import decode, recording, steps
@@ -22,8 +23,9 @@ from labsupport.traces import trace
 
 
 def pending_run(params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
-    """The chapter's run, filled cell by cell and written by the last live cell."""
-    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, progress=progress)
+    """The chapter's run, filled cell by cell and written by the last live cell. It measures no
+    ceilings of its own: the floor and the practical ceiling are the shared ones (why-a-gpu's run)."""
+    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, ceilings=False, progress=progress)
 
 
 @dataclass
@@ -93,11 +95,20 @@ def build(rung: str, model, prompt: decode.Prompt, token, device: str):
 
 
 def runs_here(rung: str, device: str) -> str | None:
-    """Why `rung` cannot run on `device`, or None. On a CPU (the tests' tiny model) CUDA graphs
-    do not exist and Triton has no BF16 interpreter, so only the plain PyTorch rungs run."""
+    """Why `rung` is not run here, or None. max-autotune is shared (the launch-overhead chapter
+    compiles, checks and times it; compiling it again here would take minutes for numbers this
+    page does not show). On a CPU (the tests' tiny model) CUDA graphs do not exist and Triton has
+    no BF16 interpreter, so only the plain PyTorch rungs run."""
+    if rung == "max-autotune":
+        return "not run here: measured in launch-overhead"
     if device == "cuda" or rung in ("eager", "own-compiled", "fused-projections"):
         return None
     return "not run: needs a CUDA GPU"
+
+
+def timed_here(rung: str) -> bool:
+    """Whether this chapter times `rung`: our own rungs only (transformers' are shared quantities)."""
+    return rung not in SHARED_RUNGS
 
 
 def fidelity(out, ref: Reference) -> dict:
@@ -129,7 +140,21 @@ def eager_fidelity(ref: Reference) -> dict:
 
 
 def rung_row(rung: str, k: pd.DataFrame, t, span_ns: int, step, fid: dict) -> dict:
-    """The row of rungs.csv of a rung timed (`t`), checked (`fid`) and profiled (kernels `k`)."""
+    """The row of rungs.csv of a rung timed (`t`: a harness.Timing, None for a shared rung that
+    this chapter only checks and profiles), checked (`fid`) and profiled (kernels `k`). The
+    times: the minimum, quartiles, median and maximum of the host wall time and of the CUDA
+    events around each trial (`gpu_ms_*`: the main number of a graph replay, which the GPU
+    alone paces)."""
+    from labsupport.measure import harness
+
+    times = {}
+    if t is not None:
+        times = t.summary()  # wall_ms_min, _q1, _median, _q3, _max, _repeats, clean
+        g = list(t.gpu_ms)
+        times.update(
+            {"gpu_ms_min": min(g), "gpu_ms_q1": harness.quantile(g, 0.25), "gpu_ms_median": harness.quantile(g, 0.5),
+             "gpu_ms_q3": harness.quantile(g, 0.75), "gpu_ms_max": max(g)} if g else {}
+        )  # fmt: skip
     return {
         "rung": rung,
         "status": "ok",
@@ -138,7 +163,7 @@ def rung_row(rung: str, k: pd.DataFrame, t, span_ns: int, step, fid: dict) -> di
         "first_kernel_ns": int(k.start_ns.min()),
         "last_kernel_end_ns": int(k.end_ns.max()),
         "profiled_step_ns": span_ns,
-        **t.summary(),  # wall_ms_median, _min, _max, _repeats, clean
+        **times,
         "compile_s": getattr(step, "compile_s", float("nan")),
         **fid,
     }

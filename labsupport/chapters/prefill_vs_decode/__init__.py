@@ -44,7 +44,7 @@ from .measure import (
     profile_prefill,
     profile_sweep,
     sweep_row,
-    time_prefills,
+    time_passes,
 )
 from .names import (
     ARTIFACTS,
@@ -174,7 +174,7 @@ __all__ = [
     "shape",
     "SHORT",
     "sweep_row",
-    "time_prefills",
+    "time_passes",
     "TIME_LABELS",
     "tokens_at_intensity",
     "trace_file",

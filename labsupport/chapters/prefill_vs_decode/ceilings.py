@@ -15,8 +15,12 @@ from .tables import bandwidth, limits
 
 
 def ceilings_row(run: runs.Run) -> pd.Series | None:
-    """The run's measured ceilings (ceilings.csv holds one row), or None where it measured none."""
-    return run.table("ceilings").squeeze(axis=0) if "ceilings.csv" in run.meta["files"] else None
+    """The measured ceilings the run is set against (ceilings.csv of tables.ceilings_run: the
+    shared ceilings run on the same GPU, else the run's own), or None where there are none."""
+    from .tables import ceilings_run
+
+    src = ceilings_run(run)
+    return src.table("ceilings").squeeze(axis=0) if "ceilings.csv" in src.meta["files"] else None
 
 
 def achieved_rates(run: runs.Run) -> pd.DataFrame:
@@ -84,7 +88,7 @@ def ceiling_notes(run: runs.Run) -> dict[str, str]:
         notes["gemm"] = (
             f"Some matrix multiplies here ran faster than the measured GEMM rate: {top.figure} reached "
             f"{top.value:.0f} TFLOP/s, against {lim.gemm_tflops:.0f}. That rate is one shape, the product of two "
-            f"{n:,} × {n:,} matrices of random numbers timed in this run: a reference point, not a limit of the "
+            f"{n:,} × {n:,} matrices of random numbers timed on this GPU: a reference point, not a limit of the "
             "hardware. The "
             "library picks a kernel for each shape, and some shapes run a little faster."
         )
@@ -106,7 +110,7 @@ def ceiling_notes(run: runs.Run) -> dict[str, str]:
         if lim.read_tbs:
             why = (
                 f"The read stream is one measurement, {ceil['read_by']} over "
-                f"{int(ceil['read_bytes']) / 2**30:.0f} GiB timed in this run, not a limit of the hardware."
+                f"{int(ceil['read_bytes']) / 2**30:.0f} GiB timed on this GPU, not a limit of the hardware."
             )
         else:
             why = (

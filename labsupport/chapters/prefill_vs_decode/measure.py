@@ -1,5 +1,5 @@
 """What the notebook's live cells call to measure: the parameters of a run, the model's
-description for meta.json, the round-robin timing of prefills, the profile of one prefill,
+description for meta.json, the interleaved timing of the decode step and the prefills, the profile of one prefill,
 the kernel tables, and the prompt sweep's rows.
 
 The order of the measurements is the notebook's (every wall time before the first profile
@@ -27,8 +27,7 @@ class Params:
     preset: str = "qwen3-8b"
     prompt_len: int = 512
     prompt_lens: list[int] = field(default_factory=lambda: [1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
-    repeats: int = 20  # timed prefills and timed decode steps at prompt_len
-    sweep_repeats: int = 5  # timed prefills at each other length of the sweep (round-robin)
+    repeats: int = 20  # rounds of interleaved trials: one decode step and one prefill of each length per round
     device: str = "cuda"
 
 
@@ -70,37 +69,37 @@ def merge(what: str, timings: list[harness.Timing]) -> harness.Timing:
     )
 
 
-def time_prefills(
-    model, prompts: dict, repeats: dict[int, int], device: str, warmup: int = 2, progress=print
-) -> dict[int, harness.Timing | str]:
-    """Wall time of `repeats[n]` prefills of each prompt `prompts[n]`, each into a fresh cache.
-
-    Round-robin: each round times one prefill of every length that still needs one, so that
-    a passing disturbance of the host touches one sample of many lengths, not all of one. The
-    first round warms each length up (`warmup` untimed prefills). A length that runs out of
-    GPU memory is given the status "out of memory" instead of a timing."""
+def time_passes(
+    model, prompts: dict, prompt_len: int, rounds: int, device: str, warmup: int = 2, progress=print
+) -> tuple[harness.Timing, dict[int, harness.Timing | str]]:
+    """Wall time of one decode step after a prefill of `prompts[prompt_len]` and of the prefill
+    of every prompt `prompts[n]`, each into a fresh cache, timed interleaved (harness.interleaved):
+    every round times the decode step and one prefill of each length once, in an order that
+    rotates from round to round, so a change of the host's speed touches every length and both
+    phases alike. The decode step's prefill is its `setup`, outside the timed span. Each length
+    is first run once untimed: one that runs out of GPU memory is given the status "out of
+    memory" instead of a timing. Returns the decode step's timing and {n: timing or status}."""
     import torch
 
-    samples: dict[int, list | str] = {n: [] for n in prompts}
-    for rnd in range(max(repeats.values(), default=0)):
-        for n, p in prompts.items():
-            if isinstance(samples[n], str) or rnd >= repeats[n]:
-                continue
-            try:
-                samples[n].append(
-                    harness.time_region(
-                        lambda p=p: decode.prefill(model, p),
-                        what=f"prefill, {n} tokens",
-                        device=device,
-                        repeats=1,
-                        warmup=warmup if rnd == 0 else 0,
-                    )
-                )
-            except torch.OutOfMemoryError:
-                samples[n] = "out of memory"
-                progress(f"prompt {n}: out of GPU memory, recorded as such")
-                free(device)
-    return {n: s if isinstance(s, str) else merge(f"prefill, {n} tokens", s) for n, s in samples.items()}
+    fits = {}
+    for n, p in prompts.items():
+        try:
+            decode.prefill(model, p)
+            harness.sync(device)
+            fits[n] = True
+        except torch.OutOfMemoryError:
+            fits[n] = False
+            progress(f"prompt {n}: out of GPU memory, recorded as such")
+            free(device)
+    context = prompts[prompt_len]
+    variants = {
+        "decode": (lambda cache, tok: decode.decode_step(model, cache, tok), lambda: decode.prefill(model, context))
+    }
+    variants |= {f"prefill {n}": (lambda p=p: decode.prefill(model, p)) for n, p in prompts.items() if fits[n]}
+    t = harness.interleaved(
+        variants, device=device, rounds=rounds, warmup=warmup, what="decode step and prefills", progress=progress
+    )
+    return t["decode"], {n: t[f"prefill {n}"] if fits[n] else "out of memory" for n in prompts}
 
 
 def profile_prefill(
@@ -163,6 +162,8 @@ def sweep_row(n: int, k: pd.DataFrame, t: harness.Timing) -> dict:
         "wall_ms_median": t.median,
         "wall_ms_min": t.low,
         "wall_ms_max": t.high,
+        "wall_ms_q1": t.q1,
+        "wall_ms_q3": t.q3,
         "wall_repeats": len(t.wall_ms),
         "issue_ms_median": statistics.median(t.issue_ms),
         "wall_clean": t.clean,

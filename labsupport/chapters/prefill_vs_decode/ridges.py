@@ -15,7 +15,7 @@ from labsupport.measure import hardware
 from .phases import phases
 from .sweep import crossover
 from .tables import bandwidth, limits, ratio, shape
-from .work import matmul_intensity, tokens_at_intensity
+from .work import tokens_at_intensity
 
 # --- the ridge of each GPU --------------------------------------------------------------------
 
@@ -49,12 +49,12 @@ class Ridge:
 def ridges(run: runs.Run) -> list[Ridge]:
     """The ridge of each GPU the chapter compares: the run's GPU by its datasheet, the H100
     SXM and H200 SXM datasheets (where the run's GPU is another), and the run's measured
-    ceilings (GEMM rate over bandwidth()). FLOP per byte counts the weights only, as the
-    ridge's prompt length does (matmul_intensity)."""
+    ceilings (GEMM rate over bandwidth()). The prefill's FLOP per byte is the one the page
+    gives everywhere: the whole pass's FLOPs over its bytes (Phase.flop_per_byte); the ridge's
+    prompt length is the prompt whose matrix multiplies reach the ridge (tokens_at_intensity)."""
     sh, lim, cr = shape(run), limits(run), crossover(run)
-    n = int(run.parameters["prompt_len"])
     pre = phases(run)["prefill"]
-    fpb = matmul_intensity(sh, n)
+    fpb = pre.flop_per_byte
     own = hardware.datasheet_or_none(run.provenance.get("gpu", ""))
     sheets = ([own] if own else []) + [
         hardware.DATASHEETS[k] for k in RIDGE_GPUS if not own or hardware.DATASHEETS[k].name != own.name
@@ -85,7 +85,7 @@ def ridges(run: runs.Run) -> list[Ridge]:
             ridge(
                 own.name if own else run.provenance.get("gpu", "this GPU"),
                 "measured",
-                f"measured in this run (GEMM rate, {bandwidth(lim).short})",
+                f"measured on this GPU (GEMM rate, {bandwidth(lim).short})",
                 True,
                 lim.gemm_tflops,
                 bandwidth(lim).tbs,
@@ -98,7 +98,7 @@ def ridge_text(run: runs.Run) -> str:
     """What the ridge table shows, raw and normalised, and what differs between the GPUs."""
     rs, cr = ridges(run), crossover(run)
     n = int(run.parameters["prompt_len"])
-    fpb = matmul_intensity(shape(run), n)
+    fpb = phases(run)["prefill"].flop_per_byte  # one number: the pass's FLOP per byte
     sheets = [r for r in rs if r.limits == "datasheet"]
     own = next((r for r in sheets if r.this_gpu), None)
     others = [r for r in sheets if not r.this_gpu]
@@ -119,7 +119,7 @@ def ridge_text(run: runs.Run) -> str:
         else "so the datasheets do not agree on its side"
     )
     text.append(
-        f"The {n:,}-token prefill's matrix multiplies do {fpb:,.0f} FLOP per byte of weights, whatever the "
+        f"The {n:,}-token prefill does {fpb:,.0f} FLOP per byte (its FLOPs over the bytes it must move), whatever the "
         f"GPU: {over}, {bound}."
     )
     ref = own or meas
@@ -129,7 +129,7 @@ def ridge_text(run: runs.Run) -> str:
             f"on wall time, {ref.mfu_busy:.1%} on GPU-busy time, {ref.matmul_mfu:.1%} for its matrix "
             "multiplies on their own kernel time."
         )
-    whose = {"measured": "the ceilings measured in this run", "datasheet": "this GPU's datasheet"}
+    whose = {"measured": "the ceilings measured on this GPU", "datasheet": "this GPU's datasheet"}
     crossed = [
         f"{r.crossover_over_ridge:.2f} times the ridge of {whose[r.limits]} ({r.ridge_tokens:.0f} tokens)"
         for r in (own, meas)

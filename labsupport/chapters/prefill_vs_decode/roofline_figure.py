@@ -55,7 +55,7 @@ def roofline_figure(run: runs.Run):
     sheet = f"datasheet ({lim.datasheet_name})" if lim.datasheet_name else "datasheet"
     sheet_text = f"{sheet}: {lim.datasheet_tflops or 0:.0f} TFLOP/s, {lim.datasheet_tbs or 0:.2f} TB/s"
     measured_text = (
-        f"measured in this run: GEMM {lim.gemm_tflops or 0:.0f} TFLOP/s, {bw.short} {bw.tbs or 0:.2f} TB/s"
+        f"measured on this GPU: GEMM {lim.gemm_tflops or 0:.0f} TFLOP/s, {bw.short} {bw.tbs or 0:.2f} TB/s"
         + ("" if lim.read_tbs else " (bytes read + written; this run measured no read stream)")
     )
     for tflops, tbs, color, ls, text in (

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pandas as pd
@@ -39,7 +40,32 @@ def recompute_kernels(run: runs.Run, phase: str) -> pd.DataFrame:
 
 # The ceilings of a run (datasheet and measured) live in hardware; the chapter's names for them:
 Limits = hardware.Limits
-limits = hardware.run_limits
+
+
+def ceilings_run(run: runs.Run) -> runs.Run:
+    """The run whose ceilings every rate of the page is set against: the shared ceilings owner's
+    (why-a-gpu: labsupport.chapters.shared.limits) where that run is on this run's GPU, so that
+    the page shows the book's one value of each; else (another GPU, a CPU) this run itself."""
+    owner = _ceilings_owner(str(runs.runs_root()))
+    return owner if owner is not None and owner.provenance.get("gpu") == run.provenance.get("gpu") else run
+
+
+def limits(run: runs.Run) -> Limits:
+    """The datasheet's and the measured ceilings of ceilings_run(run)."""
+    return hardware.run_limits(ceilings_run(run))
+
+
+@functools.lru_cache(maxsize=4)
+def _ceilings_owner(root: str) -> runs.Run | None:
+    """The ceilings owner's published run in the runs folder `root`, read once (None: no run)."""
+    from pathlib import Path
+
+    from labsupport.chapters import shared
+
+    try:
+        return runs.load_run(shared.CEILINGS, root=Path(root))
+    except runs.RunError:  # no published ceilings run (a scratch runs folder)
+        return None
 
 
 @dataclass(frozen=True)
