@@ -61,9 +61,12 @@ from labsupport.measure.steps import StaticStep, graphs_compiled  # what tests/t
 
 __all__ = [
     "shared",
-    "CHAPTER", "OWNED", "SHARED_PREFIX", "VARIANTS", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "Params", "load", "progress", "trace_file",
+    "CHAPTER", "OWNED", "SHARED_PREFIX", "VARIANTS", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "Params", "load",
+    "progress", "trace_file",
     "pending_run", "failure", "first_line", "variant_row", "variants_table",
-    "kernel_table", "one_layer", "measured_column", "timing_note", "variants", "wall_stats", "breakdown", "profiled_note", "EagerSummary",
+    "kernel_table", "one_layer", "measured_column", "timing_note", "variants", "wall_stats", "breakdown",
+    "profiled_note",
+    "EagerSummary",
     "eager_summary", "headline",
     "call_paths", "STATIC_CACHE_CALLS", "what_call", "static_cache_diff", "StaticCacheSummary", "static_cache_summary",
     "breakdown_figure", "StaticStep", "graphs_compiled",
