@@ -60,8 +60,8 @@ def timing_note(run: runs.Run) -> str:
             else f"{n} repeats per variant, one variant after another"
         )
         return (
-            f"Every wall time was taken before the first profile in the process, {how}; the table gives the "
-            "minimum, the book's estimator, with the quartiles."
+            f"Every wall time this run took was taken before the first profile in the process, {how}; the table "
+            "gives the minimum, the book's estimator, with the quartiles."
         )
     return (
         "Some wall times in this run were taken after a profile in the same process (see `clean` in "
