@@ -17,71 +17,91 @@ NOTEBOOK = "notebooks/launch_overhead.ipynb"
 
 
 def _record(tmp_path_factory, fail_profile=None, **params):
-    root = tmp_path_factory.mktemp("runs")
+    """A CPU run of the live cells, into a copy of the published runs (the page reads the shared
+    quantities of the other owners' runs)."""
+    import shutil
+
+    from .conftest import RUNS
+
+    root = tmp_path_factory.mktemp("copy") / "runs"
+    shutil.copytree(RUNS, root)
     calls = []
     mp = pytest.MonkeyPatch()
     mp.setenv("LABSUPPORT_RUNS", str(root))
     watch_harness(mp, calls, fail_profile)
+    real_interleaved = harness.interleaved
+
+    def interleaved(variants, **kw):
+        calls.append(("interleaved", tuple(variants)))
+        return real_interleaved(variants, **kw)
+
+    mp.setattr(harness, "interleaved", interleaved)
     try:
-        run = run_live_cells(
-            NOTEBOOK, **{"preset": "tiny", "prompt_len": 16, "repeats": 3, "allow_cpu": True, **params}
-        )["run"]
+        ns = run_live_cells(NOTEBOOK, **{"preset": "tiny", "prompt_len": 16, "repeats": 3, "allow_cpu": True, **params})
     finally:
         mp.undo()
-    return run, calls
+    return ns["run"], calls, ns["vals"]
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    return _record(tmp_path_factory)
+    run, calls, _ = _record(tmp_path_factory)
+    return run, calls
 
 
 def test_every_timing_comes_before_every_profile(tiny_run):
+    """On a CPU only the two eager steps run: profiled here, timed by "The kernels in one token"."""
     run, calls = tiny_run
     kinds = [c[0] for c in calls]
-    assert kinds == ["time", "time", "profile", "profile"], calls
+    assert kinds == ["profile", "profile"], calls  # no timing of the eager steps in this chapter
     assert {what for kind, what in calls if kind == "profile"} == {"decode_step"}
     t = run.table("step_times")
-    assert set(t.variant) == {"eager", "eager-static"} and t.clean.all()
-    v = run.table("variants").set_index("variant")
-    assert v.loc[["eager", "eager-static"], "clean"].astype(bool).all()
+    assert t.empty and list(t.columns) == lo.STEP_TIME_COLUMNS
+    assert "ceilings.csv" not in run.meta["files"]  # the ceilings are why-a-gpu's
     assert run.results["method"]["wall_times"].startswith("host clock")
-    assert "before the first profile" in lo.timing_note(run)
+    assert "timed none of the forms" in lo.timing_note(run)
 
 
-def test_every_variant_has_a_row_and_only_ok_rows_have_timings(tiny_run):
+def test_every_variant_has_a_row_and_only_ok_rows_have_profiles(tiny_run):
     run, _ = tiny_run
     v = run.table("variants")
     assert list(v.variant) == list(lo.VARIANTS)
     ok = v[v.status == "ok"]
     assert list(ok.variant) == ["eager", "eager-static"]
     assert v[v.status != "ok"].status.str.contains("needs a CUDA GPU").all()
-    assert ok[["kernels", "wall_ms_median", "wall_ms_min", "wall_ms_max", "profiled_step_ns"]].notna().all().all()
+    assert ok[["kernels", "profiled_step_ns", "launch_calls"]].notna().all().all()
+    assert ok[["wall_ms_median", "wall_ms_min", "wall_ms_q1", "wall_ms_q3"]].isna().all().all()
     assert (ok.graphs_compiled_while_profiling == 0).all()
-    t = run.table("step_times")
-    for r in ok.itertuples():
-        w = t[t.variant == r.variant].wall_ms
-        assert len(w) == run.parameters["repeats"]
-        assert (r.wall_ms_median, r.wall_ms_min, r.wall_ms_max) == pytest.approx((w.median(), w.min(), w.max()))
-        assert r.wall_ms_min <= r.wall_ms_median <= r.wall_ms_max
     files = set(run.meta["files"])
     assert {lo.trace_file(x) for x in lo.VARIANTS} & files == {lo.trace_file("eager"), lo.trace_file("eager-static")}
 
 
-def test_analysis_of_a_cpu_run(tiny_run):
-    run, _ = tiny_run
-    v = lo.variants(run).set_index("variant")
-    eager = v.loc["eager"]
-    assert eager["wall min ms"] <= eager["wall ms"] <= eager["wall max ms"]
+def test_analysis_of_a_cpu_run(tmp_path_factory):
+    run, _, vals = _record(tmp_path_factory)
+    own = lo.variants(run).set_index("variant")
+    assert own[["wall ms", "tokens/s"]].isna().all().all()  # no eager timing of its own
+    v = lo.variants(run, vals).set_index("variant")
+    eager, static = v.loc["eager"], v.loc["eager-static"]
+    # The eager steps' numbers are the shared ones, from the run of "The kernels in one token".
+    assert eager["wall ms"] == vals["eager_wall_ms"].value and eager.kernels == vals["eager_kernels"].value
+    assert eager["GPU busy ms"] == vals["eager_gpu_busy_ms"].value
+    assert static["wall ms"] == vals["static_wall_ms"].value
+    assert eager["from"] == vals["eager_wall_ms"].run.run_id != run.run_id
     assert eager["tokens/s"] == pytest.approx(1e3 / eager["wall ms"])
     assert lo.measured_column(run) in v  # no ceilings on a CPU: the column is there, empty
-    assert v[lo.measured_column(run)].isna().all()
     assert v.loc["cuda-graph", ["kernels", "wall ms"]].isna().all()
-    e = lo.eager_summary(run)
-    assert e.kernels == len(lo.kernel_table(run, "eager")) == eager.kernels
-    b = lo.breakdown(run)
+    e = lo.eager_summary(run, vals)
+    assert (e.kernels, e.wall_ms, e.issue_ms) == (
+        vals["eager_kernels"].value,
+        vals["eager_wall_ms"].value,
+        vals["eager_issue_ms"].value,
+    )
+    assert e.launch_share == pytest.approx(e.launch_call_us / e.kernel_interval_us)
+    assert e.profiled_ratio == pytest.approx(e.profiled_span_ms / e.wall_ms)
+    b = lo.breakdown(run, v["wall ms"])
     parts = b[["before first kernel ms", "kernels running ms", "gaps between kernels ms", "after last kernel ms"]]
     assert (parts.sum(axis=1) - b["profiled step ms"]).abs().max() < 1e-9
+    assert (b["profiled / unprofiled"] == b["profiled step ms"] / b["unprofiled wall ms"]).all()
 
 
 def test_a_variant_failing_in_its_profile_leaves_no_half_row(tmp_path_factory):
@@ -89,14 +109,13 @@ def test_a_variant_failing_in_its_profile_leaves_no_half_row(tmp_path_factory):
 
     def second_profile_fails(kw):
         seen.append(kw["region"])
-        return len(seen) == 2  # eager-static, after it was timed
+        return len(seen) == 2  # eager-static
 
-    run, calls = _record(tmp_path_factory, fail_profile=second_profile_fails, repeats=1)
+    run, calls, _ = _record(tmp_path_factory, fail_profile=second_profile_fails, repeats=1)
     v = run.table("variants").set_index("variant")
     assert v.loc["eager", "status"] == "ok"
-    assert v.loc["eager-static", "status"].startswith("failed while profiling (after it was timed)")
+    assert v.loc["eager-static", "status"].startswith("failed while profiling")
     assert v.loc["eager-static", ["kernels", "wall_ms_median"]].isna().all()
-    assert set(run.table("step_times").variant) == {"eager"}
     assert lo.trace_file("eager-static") not in run.meta["files"]
 
 
@@ -108,6 +127,36 @@ def test_an_empty_gpu_profile_stops_the_recording(runs_root, monkeypatch):
     with pytest.raises(harness.ProfileError, match="captured no GPU kernels"):
         run_live_cells(NOTEBOOK, preset="tiny", prompt_len=8, repeats=1, allow_cpu=True)
     assert not any(runs_root.rglob("meta.json"))
+
+
+def test_the_owned_forms_are_timed_interleaved_from_step_times(tmp_path):
+    """A run of today's format: the owned forms' trials labelled by round; wall by the minimum."""
+    run = fixture_run("launch-overhead")
+    t = run.table("step_times")
+    w = lo.wall_stats(run)
+    g = t[t.variant == "cuda-graph"].wall_ms
+    assert w.loc["cuda-graph", "wall ms"] == g.min() == lo.shared(run)["graph_wall_ms"]
+    assert (
+        w.loc["cuda-graph", "wall q1 ms"] <= w.loc["cuda-graph", "wall median ms"] <= w.loc["cuda-graph", "wall q3 ms"]
+    )
+    assert "one variant after another" in lo.timing_note(run)
+
+    class Run:
+        def table(self, name):
+            return t.assign(round=t.repeat, clean=True)
+
+    assert "interleaved in" in lo.timing_note(Run())
+
+
+def test_profiled_figures_say_how_much_longer_the_profiled_step_was():
+    run = fixture_run("launch-overhead")
+    v = lo.variants(run).set_index("variant")
+    bd = lo.breakdown(run, v["wall ms"])
+    note = lo.profiled_note(bd, {"eager": "29.1"})
+    assert "against 29.1 ms unprofiled" in note
+    ratio = bd.set_index("variant").loc["eager", "profiled / unprofiled"]
+    assert ratio > 1 and f"({ratio:.1f}×)" in note
+    assert "wider than unprofiled" in lo.profiled_note(lo.breakdown(run))  # without the walls: said, unquantified
 
 
 def test_two_compiled_modes_keep_their_own_entries():
@@ -179,7 +228,8 @@ def test_fixture_run_replays(runs_root):
     v = lo.variants(run)
     assert hardware.run_limits(run).read_tbs and lo.measured_column(run) == "of measured read" in v
     ok = v[v.status == "ok"]
-    assert (ok["wall min ms"] <= ok["wall ms"]).all() and (ok["wall ms"] <= ok["wall max ms"]).all()
+    assert (ok["wall ms"] <= ok["wall q1 ms"]).all() and (ok["wall q1 ms"] <= ok["wall q3 ms"]).all()
+    assert (ok["from"] == "this run").all()
     assert "before the first profile" in lo.timing_note(run)
     with pytest.raises(runs.RunError):
         lo.load("no-such-run")  # from the empty runs folder of runs_root
@@ -327,6 +377,11 @@ def test_static_cache_diff_on_a_cpu_run(tiny_run):
 
 
 def test_the_page_replays_a_run_recorded_with_todays_columns(tmp_path):
+    import shutil
+
+    from .conftest import RUNS
+
+    shutil.copytree(RUNS, tmp_path / "runs")  # the other owners' published runs, which the page reads
     run = modern_copy(fixture_run("launch-overhead"), tmp_path / "runs")
     assert "clean" in run.table("step_times") and hardware.run_limits(run).read_tbs
     assert "before the first profile" in lo.timing_note(run)
@@ -334,6 +389,7 @@ def test_the_page_replays_a_run_recorded_with_todays_columns(tmp_path):
     text = replay_notebook("notebooks/launch_overhead.ipynb", run, tmp_path)
     assert "Traceback" not in text and "image/png" in text
     assert "The static cache" in text and "of measured read" in text
+    assert "Profiled steps: the profiler adds its own work" in text
 
 
 # The fixes, on the fixture run ---------------------------------------------------------------

@@ -63,11 +63,13 @@ def live_env(runs_root, monkeypatch):
 TINY_ARGS = cpu_args("kernels-in-one-token")
 
 
-def test_live_run_through_papermill_on_cpu_records_and_publishes(live_env, runs_root):
+def test_live_run_through_papermill_on_cpu_records_and_publishes(live_env, copied_runs):
+    # Into a copy of the published runs: the page reads the other chapters' shared quantities.
+    live_env["LABSUPPORT_RUNS"] = str(copied_runs)
     r = _live(TINY_ARGS, live_env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "[1/1] kernels-in-one-token: published run" in r.stdout
-    run = runs.load_run("kernels-in-one-token", root=runs_root)
+    run = runs.load_run("kernels-in-one-token", root=copied_runs)
     assert run.provenance["device"] == "cpu" and run.parameters["preset"] == "tiny"
     assert "labsupport live" in run.provenance["command"]
 

@@ -170,11 +170,12 @@ CHAPTERS = [
         },
         smoke={"contexts": [256, 4096], "repeats": 5, "fresh_processes": 1},
         cpu={"preset": "tiny", "prompt_len": 16, "contexts": [8, 32], "repeats": 2, "fresh_processes": 1},
+        reads=("why-a-gpu", "launch-overhead"),  # the ceilings; the page glues every shared quantity
     ),
     Chapter(
         "launch-overhead",
         "notebooks/launch_overhead.ipynb",
-        ("ceilings.csv", "variants.csv", "step_times.csv", "trace-eager.json.gz"),
+        ("variants.csv", "step_times.csv", "trace-eager.json.gz"),  # ceilings.csv: runs before shared.limits()
         columns={
             "ceilings.csv": CEILINGS,
             "step_times.csv": ("variant", "repeat", "wall_ms"),
@@ -183,6 +184,7 @@ CHAPTERS = [
         checks={"preset": preset(), "prompt_len": at_least(1), "repeats": REPEATS},
         smoke={"preset": "tiny", "prompt_len": 64, "repeats": 3, "max_autotune": True},
         cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
+        reads=("kernels-in-one-token", "why-a-gpu"),  # the eager steps' numbers; the ceilings
     ),
     Chapter(
         "closing-the-gap",

@@ -1,10 +1,11 @@
 """Chapter "The kernels in one token": the helpers its notebook's live cells call, and the
 analysis of a run.
 
-Live (the notebook's visible cells): time the eager decode step in fresh processes and in this
-process, time it at longer contexts with a dynamic and a static cache, then profile the step
-(trace, kernel table, census), time it once more with the profiler attached, and profile the
-context sweep. Replay: every table and number of the chapter is computed from the run here.
+Live (the notebook's visible cells): time the eager decode step in fresh processes, then in
+this process at every context with a dynamic and a static cache interleaved in rounds (the
+prompt's length is the headline: the book's eager step, a shared quantity), then profile the
+step (trace, kernel table, census), time it once more with the profiler attached, and profile
+the context sweep (kernels by call path). Replay: every table and number of the chapter is computed from the run here.
 
     params       Params, CHAPTER, TRACE_FILE, load
     measuring    pending_run (the run the cells fill), ContextSweep, profiler_effect_table
@@ -17,7 +18,10 @@ from labsupport.chapters.kernels_in_one_token.analysis import (
     Summary,
     attention_kernel_names,
     census_beside_published,
+    clean_times,
+    context_ops,
     context_sweep,
+    context_wall_text,
     fresh_processes,
     headline,
     kernel_table,
@@ -29,6 +33,8 @@ from labsupport.chapters.kernels_in_one_token.analysis import (
     profiler_effect,
     recompute_census,
     shared,
+    static_at_prompt,
+    static_copies,
     summary,
 )
 from labsupport.chapters.kernels_in_one_token.figures import (
@@ -49,7 +55,9 @@ from labsupport.chapters.kernels_in_one_token.matrices import (
 )
 from labsupport.chapters.kernels_in_one_token.measuring import (
     ContextSweep,
+    call_paths,
     context_row,
+    ops_rows,
     pending_run,
     profiler_effect_table,
 )
@@ -65,6 +73,8 @@ __all__ = [
     "pending_run",
     "ContextSweep",
     "context_row",
+    "call_paths",
+    "ops_rows",
     "profiler_effect_table",
     "Summary",
     "summary",
@@ -79,6 +89,11 @@ __all__ = [
     "layer_parts",
     "middle_layer",
     "context_sweep",
+    "context_wall_text",
+    "context_ops",
+    "static_copies",
+    "static_at_prompt",
+    "clean_times",
     "attention_kernel_names",
     "headline",
     "PROJECTIONS",

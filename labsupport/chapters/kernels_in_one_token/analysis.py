@@ -37,13 +37,16 @@ class Summary:
     kernels: int
     kernel_ms: float  # sum of kernel durations
     gpu_busy_ms: float  # union of kernel intervals
-    wall_ms: float  # median of the timed steps (no profiler)
-    wall_min_ms: float
+    wall_ms: float  # the timed steps (no profiler) by the book's estimator: their minimum
+    wall_median_ms: float
+    wall_q1_ms: float
+    wall_q3_ms: float
     wall_max_ms: float
-    issue_ms: float  # median time until the CPU had queued the whole step
+    trials: int
+    issue_ms: float  # time until the CPU had queued the whole step (minimum of the same trials)
     idle_ms: float
     busy_fraction: float
-    kernel_interval_us: float  # mean time between kernel starts, over the unprofiled wall time
+    kernel_interval_us: float  # the unprofiled wall time (minimum) per kernel
     kernel_mean_us: float
     matmul_kernels: int
     matmul_ms: float
@@ -67,18 +70,32 @@ class Summary:
     attention_kernels: int
 
 
-def summary(run: runs.Run) -> Summary:
+def clean_times(run: runs.Run) -> pd.DataFrame:
+    """step_times.csv's trials taken before any profile in the process (all of them in runs
+    that did not record it)."""
+    t = run.table("step_times")
+    if "clean" in t:
+        t = t[t["clean"].astype(str).str.lower() == "true"]
+    return t
+
+
+def summary(run: runs.Run, lim: hardware.Limits | None = None) -> Summary:
+    """The headline numbers; `lim`: the ceilings to compare with (the page passes
+    shared.limits(), the ceilings owner's; without it, the run's own or the datasheet's)."""
+    from labsupport.measure import harness
+
     k = kernel_table(run)
-    times = run.table("step_times")
+    times = clean_times(run)
+    walls = [float(w) for w in times.wall_ms]
     model = run.results["model"]
     busy = trace.busy_ns(k.start_ns, k.end_ns) / 1e6
-    wall = statistics.median(times.wall_ms)
+    wall = min(walls)
     mm = k[k.kind == "matrix multiply"]
     mm_ms = mm.dur_ns.sum() / 1e6
     gb = model["matmul_bytes"] / 1e9
     tbs = gb / mm_ms if mm_ms else float("nan")  # GB/ms == TB/s
     sheet = hardware.datasheet_or_none(run.provenance["gpu"])
-    lim = hardware.run_limits(run)
+    lim = lim or hardware.run_limits(run)
     per_layer = k.dropna(subset=["layer"]).groupby("layer").size()
     return Summary(
         gpu=run.provenance["gpu"],
@@ -86,9 +103,12 @@ def summary(run: runs.Run) -> Summary:
         kernel_ms=k.dur_ns.sum() / 1e6,
         gpu_busy_ms=busy,
         wall_ms=wall,
-        wall_min_ms=float(times.wall_ms.min()),
-        wall_max_ms=float(times.wall_ms.max()),
-        issue_ms=statistics.median(times.issue_ms),
+        wall_median_ms=statistics.median(walls),
+        wall_q1_ms=harness.quantile(walls, 0.25),
+        wall_q3_ms=harness.quantile(walls, 0.75),
+        wall_max_ms=max(walls),
+        trials=len(walls),
+        issue_ms=float(times.issue_ms.min()),
         idle_ms=max(wall - busy, 0.0),
         busy_fraction=busy / wall,
         kernel_interval_us=wall * 1e3 / len(k),
@@ -191,13 +211,84 @@ def layer_kernels(run: runs.Run, layer: int) -> pd.DataFrame:
 
 
 def context_sweep(run: runs.Run) -> pd.DataFrame:
-    """Attention's share of GPU time at each context length."""
+    """Attention's share of GPU time at each context length, and each cache's wall time by the
+    minimum of its trials (the estimator), with the median beside it."""
     s = run.table("context_sweep")
     ok = s[s.status == "ok"].copy()
     ok["attention share"] = ok.attention_ns / ok.kernel_ns
     ok["attention ms"] = ok.attention_ns / 1e6
     ok["GPU ms"] = ok.kernel_ns / 1e6
-    return ok
+    ok["GPU busy ms"] = ok.gpu_busy_ns / 1e6
+    ok["wall ms"] = ok.wall_ms_min
+    ok["wall ms (median)"] = ok.wall_ms_median
+    has_static = "static_wall_ms_min" in ok
+    ok["static wall ms"] = ok.static_wall_ms_min if has_static else float("nan")
+    ok["static wall ms (median)"] = ok.static_wall_ms_median if has_static else float("nan")
+    ok["static GPU busy ms"] = ok.static_gpu_busy_ns / 1e6 if has_static else float("nan")
+    return ok.reset_index(drop=True)
+
+
+SLOW = 1.25  # a median this many times the minimum: the slow trials are the host's, not the step's
+
+
+def context_wall_text(run: runs.Run) -> str:
+    """What the wall times across contexts show: the minimum against the GPU's busy time, and
+    any context whose median stands far above its minimum (slow trials), said from the run."""
+    sw = context_sweep(run)
+    first, last = sw.iloc[0], sw.iloc[-1]
+    text = (
+        f"By the minimum of its trials, the dynamic cache's step took {first['wall ms']:.1f} ms at "
+        f"{int(first.context):,} tokens and {last['wall ms']:.1f} ms at {int(last.context):,}, while the GPU's busy "
+        f"time grew from {first['GPU busy ms']:.2f} to {last['GPU busy ms']:.2f} ms: the GPU still waits for the "
+        "CPU most of the step, so the wall time barely moves."
+    )
+    slow = sw[sw["wall ms (median)"] > SLOW * sw["wall ms"]]
+    for r in slow.itertuples():
+        n = int(getattr(r, "wall_repeats", 0) or 0) or int(run.parameters.get("context_repeats", 0) or 0)
+        text += (
+            f" At {int(r.context):,} tokens the median of the {n or 'few'} trials, {r.wall_ms_median:.1f} ms, "
+            f"is {r.wall_ms_median / r.wall_ms_min:.1f} times their minimum, {r.wall_ms_min:.1f} ms (slowest "
+            f"{r.wall_ms_max:.1f} ms), while the GPU's busy time there, {r.gpu_busy_ns / 1e6:.2f} ms, is in "
+            "line with its neighbours': the step did not get slower, the host did during those trials"
+        )
+        text += (
+            " (this run timed each context's trials one block after another; runs since interleave the two caches "
+            "in rounds, so that a slow spell of the host touches both alike)."
+            if "wall_ms_q1" not in sw
+            else "."
+        )
+    return text
+
+
+def context_ops(run: runs.Run) -> pd.DataFrame | None:
+    """context_ops.csv: every profiled step of the sweep by kind and call path (None for runs
+    recorded before it)."""
+    if "context_ops.csv" not in run.meta["files"]:
+        return None
+    return run.table("context_ops", dtype={"call": str, "kind": str, "cache": str})
+
+
+def static_copies(run: runs.Run) -> pd.DataFrame | None:
+    """The copy/convert/concat kernels of the static-cache step at the longest context, by call
+    path, beside the same paths at the prompt's length and with the dynamic cache (None for
+    runs without context_ops.csv)."""
+    ops = context_ops(run)
+    if ops is None:
+        return None
+    c = ops[ops.kind == "copy/convert/concat"]
+    longest, short = int(c.context.max()), int(run.parameters["prompt_len"])
+
+    def ms(cache, ctx):
+        x = c[(c.cache == cache) & (c.context == ctx)].groupby("call")
+        return x.gpu_ns.sum() / 1e6, x.kernels.sum()
+
+    st_ms, st_n = ms("static", longest)
+    out = pd.DataFrame({"kernels": st_n, f"ms at {longest:,}": st_ms})
+    out[f"ms at {short:,}"] = ms("static", short)[0].reindex(out.index)
+    out[f"dynamic cache, ms at {longest:,}"] = ms("dynamic", longest)[0].reindex(out.index)
+    out["share"] = out[f"ms at {longest:,}"] / out[f"ms at {longest:,}"].sum()
+    out = out.sort_values(f"ms at {longest:,}", ascending=False).reset_index().rename(columns={"call": "call path"})
+    return out
 
 
 def attention_kernel_names(run: runs.Run) -> list[str]:
@@ -211,6 +302,7 @@ def middle_layer(run: runs.Run) -> int:
 
 
 def headline(run: runs.Run) -> dict:
+    """The chapter's key numbers, by the book's estimator."""
     s = summary(run)
     return {"kernels": s.kernels, "GPU busy ms": s.gpu_busy_ms, "wall ms": s.wall_ms, "matmul TB/s": s.matmul_tbs}
 
@@ -226,28 +318,42 @@ def layer_parts(run: runs.Run, layer: int) -> pd.DataFrame:
     return g.rename(columns={"gpu_us": "GPU µs"})
 
 
+def static_at_prompt(run: runs.Run) -> dict:
+    """The static-cache step at the prompt's length (the context sweep's row for it): wall by
+    the minimum of its trials, GPU busy time and kernels of its profile; NaN where the run has
+    none."""
+    nan = float("nan")
+    s = run.table("context_sweep")
+    row = s[(s.context == int(run.parameters["prompt_len"])) & (s.status == "ok")]
+    if row.empty or "static_kernels" not in s:
+        return {"static_wall_ms": nan, "static_gpu_busy_ms": nan, "static_kernels": nan}
+    r = row.iloc[0]
+    return {
+        "static_wall_ms": float(r.static_wall_ms_min),
+        "static_gpu_busy_ms": float(r.static_gpu_busy_ns) / 1e6,
+        "static_kernels": int(r.static_kernels),
+    }
+
+
 def shared(run: runs.Run) -> dict:
     """The eager step's numbers this chapter measures for the whole book
     (labsupport.chapters.shared): its wall time by the book's estimator (the minimum of the
-    trials timed before any profile) with the median and quartiles, and, from its profiled step,
-    GPU busy time, kernels and the matrix multiplies' read rate."""
-    from labsupport.measure import harness
-
+    trials timed before any profile, interleaved with the static cache's in runs since the
+    interleaved harness) with the median and quartiles, its issue time, and, from its profiled
+    step, GPU busy time, kernels and the matrix multiplies' read rate; and the static-cache step
+    at the same prompt (the context sweep's row for it)."""
     s = summary(run)
-    t = run.table("step_times")
-    if "clean" in t:
-        t = t[t["clean"].astype(str).str.lower() == "true"]
-    walls = [float(w) for w in t.wall_ms]
-    low = min(walls)
     return {
-        "eager_wall_ms": low,
-        "eager_wall_median_ms": statistics.median(walls),
-        "eager_wall_q1_ms": harness.quantile(walls, 0.25),
-        "eager_wall_q3_ms": harness.quantile(walls, 0.75),
-        "eager_trials": len(walls),
+        "eager_wall_ms": s.wall_ms,
+        "eager_wall_median_ms": s.wall_median_ms,
+        "eager_wall_q1_ms": s.wall_q1_ms,
+        "eager_wall_q3_ms": s.wall_q3_ms,
+        "eager_trials": s.trials,
+        "eager_issue_ms": s.issue_ms,
         "eager_gpu_busy_ms": s.gpu_busy_ms,
         "eager_kernels": s.kernels,
         "eager_matmul_tbs": s.matmul_tbs,
         "eager_kernel_mean_us": s.kernel_mean_us,
-        "eager_arrival_us": low * 1e3 / s.kernels,
+        "eager_arrival_us": s.kernel_interval_us,
+        **static_at_prompt(run),
     }

@@ -1,6 +1,7 @@
 """What the notebook's live cells call beyond the harness: the run they fill cell by cell,
-the context sweep (both caches at every context, timed first, profiled later) and the table of
-the profiler's effect on the same step."""
+the context sweep (both caches at every context, timed interleaved first, profiled later; the
+kernels of every profiled step by call path) and the table of the profiler's effect on the
+same step."""
 
 from __future__ import annotations
 
@@ -8,27 +9,36 @@ from pathlib import Path
 
 import pandas as pd
 
-from labsupport.chapters.kernels_in_one_token.params import CHAPTER, Params, progress
+from labsupport.chapters.kernels_in_one_token.params import CHAPTER, TRACE_FILE, Params, progress
 from labsupport.measure import harness, recording
 from labsupport.traces import kernels, trace
 
 
 def pending_run(params: Params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
     """The chapter's run, filled cell by cell and written by the last live cell
-    (recording.PendingRun)."""
-    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, progress=progress)
+    (recording.PendingRun). It measures no ceilings: the page compares with those of the ceilings
+    owner's run (shared.limits())."""
+    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, ceilings=False, progress=progress)
 
 
 class ContextSweep:
     """The decode step at several context lengths, with transformers' dynamic cache (as written)
     and with a static cache (preallocated: the new token's keys and values are written in
-    place instead of concatenated). Everything is timed first, then profiled."""
+    place instead of concatenated). Everything is timed first, then profiled.
+
+    At each context the two caches are timed interleaved, in rounds (harness.interleaved: one
+    step of each per round, in a rotating order, each after its own fresh prefill or cache
+    reset): a change of the host's speed touches both alike. The prompt's own length gets
+    `params.repeats` rounds and is the chapter's headline measurement (step_times.csv): one
+    configuration, one measurement."""
 
     def __init__(self, model, params: Params, progress=progress):
         self.model, self.params, self.progress = model, params, progress
         self.prompts, self.dynamic, self.static, self.static_steps = {}, {}, {}, {}
         self.rows: dict[int, dict] = {}
         self.census_rows: list[dict] = []
+        self.op_rows: list[dict] = []
+        self.time_rows: list[dict] = []
 
     def _oom(self, ctx: int, what: str) -> None:
         import torch
@@ -39,36 +49,45 @@ class ContextSweep:
             d.pop(ctx, None)
         torch.cuda.empty_cache()
 
-    def time(self, prompt, prompt_times) -> None:
-        """Time both caches at every context; the prompt's own dynamic step was timed already."""
+    def time(self, prompt) -> harness.Timing | None:
+        """Time both caches at every context, interleaved; `prompt` is the prompt of the
+        chapter's step (its length, params.prompt_len). Returns the dynamic cache's timing at
+        that length (the headline's trials)."""
         import torch
 
         from labsupport.measure import decode, steps
 
-        p, device = self.params, self.params.device
-        for ctx in p.contexts:
-            self.progress(f"context {ctx}: timing (dynamic and static cache)")
+        p, device, model = self.params, self.params.device, self.model
+        for ctx in sorted({p.prompt_len, *p.contexts}):
+            rounds = p.repeats if ctx == p.prompt_len else p.context_repeats
+            self.progress(f"context {ctx}: timing the dynamic and the static cache, {rounds} rounds interleaved")
             try:
-                if ctx == p.prompt_len:  # the step measured above: one configuration, one measurement
-                    self.prompts[ctx], self.dynamic[ctx] = prompt, prompt_times
+                if ctx == p.prompt_len:
+                    self.prompts[ctx] = prompt
                 else:
-                    self.prompts[ctx] = decode.Prompt.random(
-                        self.model.config.vocab_size, p.batch, ctx, device, seed=ctx
-                    )
-                    self.dynamic[ctx] = decode.time_decode_steps(
-                        self.model, self.prompts[ctx], device, repeats=p.context_repeats, warmup=1
-                    )
-                step = self.static_steps[ctx] = steps.StaticStep(self.model, self.prompts[ctx].ids)
-                self.static[ctx] = harness.time_region(
-                    step,
-                    setup=steps.setup(step),
+                    self.prompts[ctx] = decode.Prompt.random(model.config.vocab_size, p.batch, ctx, device, seed=ctx)
+                pr = self.prompts[ctx]
+                step = self.static_steps[ctx] = steps.StaticStep(model, pr.ids)
+                t = harness.interleaved(
+                    {
+                        "dynamic": (
+                            lambda cache, tok: decode.decode_step(model, cache, tok),
+                            lambda pr=pr: decode.prefill(model, pr),
+                        ),
+                        "static": (step, steps.setup(step)),
+                    },
                     device=device,
-                    what=f"static-cache step, {ctx} tokens",
-                    repeats=p.context_repeats,
+                    rounds=rounds,
                     warmup=1,
+                    what=f"decode step, {ctx} tokens",
+                    progress=self.progress,
                 )
+                self.dynamic[ctx], self.static[ctx] = t["dynamic"], t["static"]
+                for cache in ("dynamic", "static"):
+                    self.time_rows.extend(t[cache].rows(context=ctx, cache=cache))
             except torch.OutOfMemoryError:
                 self._oom(ctx, "timing")
+        return self.dynamic.get(p.prompt_len)
 
     def profile(self, folder: Path, prompt_table: pd.DataFrame) -> None:
         """Profile both caches at every context that was timed (`prompt_table`: the kernels of
@@ -83,17 +102,19 @@ class ContextSweep:
             tmp = folder / f".ctx-{ctx}.json.gz"
             try:
                 if ctx == p.prompt_len:
-                    dyn = prompt_table  # the step profiled above
+                    dyn = prompt_table.assign(call=call_paths(prompt_table, folder / TRACE_FILE, device))
                 else:
                     dyn = kernels.annotate(
                         decode.profile_decode_step(self.model, self.prompts[ctx], device, tmp, warmup=1)
                     )
+                    dyn = dyn.assign(call=call_paths(dyn, tmp, device))
                 step = self.static_steps.pop(ctx)
                 stat = kernels.annotate(
                     harness.profile_region(
                         step, tmp, region="decode_step", device=device, setup=steps.setup(step), warmup=1
                     )
                 )
+                stat = stat.assign(call=call_paths(stat, tmp, device))
                 tmp.unlink(missing_ok=True)
                 del step
             except torch.OutOfMemoryError:
@@ -104,17 +125,61 @@ class ContextSweep:
                     self.census_rows.append(
                         {"context": ctx, "cache": cache, "kind": r.kind, "kernels": r.kernels, "gpu_ns": r.gpu_ns}
                     )
+                self.op_rows.extend(ops_rows(k, context=ctx, cache=cache))
             static = {
                 f"static_{k}": v for k, v in context_row(stat, self.static[ctx]).items() if k != "attention_names"
             }
             self.rows[ctx] = {"context": ctx, "status": "ok", **context_row(dyn, self.dynamic[ctx]), **static}
 
     def table(self) -> pd.DataFrame:
-        return pd.DataFrame([self.rows[c] for c in self.params.contexts if c in self.rows])
+        return pd.DataFrame([self.rows[c] for c in sorted(self.rows)])
+
+
+def call_paths(k: pd.DataFrame, path: Path, device: str) -> pd.Series:
+    """For each kernel of `k` (profiled into the trace at `path`), the chain of PyTorch
+    operators the CPU was inside when it launched it, outermost first ("reshape › clone ›
+    copy_"; "aten::" left out). On a CPU the rows are operators already: the operator."""
+    fallback = k.op.astype(str).str.removeprefix("aten::") if "op" in k else pd.Series("", index=k.index)
+    if device != "cuda" or k.empty or "correlation" not in k:
+        return fallback
+    events = trace.load_events(path)
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") in ("cuda_runtime", "cuda_driver")
+        and isinstance(e.get("args"), dict)
+        and "correlation" in e["args"]
+    }
+    ops: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "dur" in e:
+            s = trace.ns(e["ts"])
+            ops.setdefault((e["pid"], e["tid"]), []).append((s, s + trace.ns(e["dur"]), e["name"]))
+    queries: dict = {}
+    for c in dict.fromkeys(k.correlation):
+        launch = launches.get(c)
+        if launch is not None:
+            queries.setdefault((launch["pid"], launch["tid"]), []).append((c, trace.ns(launch["ts"])))
+    paths = {}
+    for key, items in queries.items():
+        for (c, _), stack in zip(items, trace.enclosing(ops.get(key, []), [t for _, t in items]), strict=True):
+            paths[c] = " › ".join(n.removeprefix("aten::") for n in stack if n != "decode_step")
+    return k.correlation.map(paths).fillna(fallback)
+
+
+def ops_rows(k: pd.DataFrame, **keys) -> list[dict]:
+    """context_ops.csv's rows for one profiled step: kernels and GPU time by kind and call path."""
+    call = k["call"] if "call" in k else k.op.astype(str).str.removeprefix("aten::")
+    g = k.assign(call=call.replace("", "(none)")).groupby(["kind", "call"]).dur_ns.agg(["size", "sum"])
+    return [
+        {**keys, "kind": kind, "call": c, "kernels": int(n), "gpu_ns": int(ns)} for (kind, c), (n, ns) in g.iterrows()
+    ]
 
 
 def context_row(k: pd.DataFrame, t: harness.Timing) -> dict:
-    """One cache's step at one context: kernels, GPU time by what matters for the KV cache, wall."""
+    """One cache's step at one context: kernels, GPU time by what matters for the KV cache, wall
+    (the minimum, the book's estimator, with the quartiles, the median and the range)."""
     attention = k.kind == "attention"
     return {
         "kernels": len(k),
@@ -127,7 +192,10 @@ def context_row(k: pd.DataFrame, t: harness.Timing) -> dict:
         "cat_ns": int(k.loc[k.op == "aten::cat", "dur_ns"].sum()),
         "wall_ms_median": t.median,
         "wall_ms_min": t.low,
+        "wall_ms_q1": t.q1,
+        "wall_ms_q3": t.q3,
         "wall_ms_max": t.high,
+        "wall_repeats": len(t.wall_ms),
         "wall_clean": t.clean,
     }
 
@@ -153,6 +221,8 @@ def profiler_effect_table(procs, clean: harness.Timing, after: harness.Timing, s
                 "process": -1,
                 "wall_ms_median": t.median,
                 "wall_ms_min": t.low,
+                "wall_ms_q1": t.q1,
+                "wall_ms_q3": t.q3,
                 "wall_ms_max": t.high,
                 "repeats": len(t.wall_ms),
             }

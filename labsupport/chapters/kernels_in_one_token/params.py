@@ -18,8 +18,8 @@ class Params:
     batch: int = 1
     prompt_len: int = 256
     contexts: list[int] = field(default_factory=lambda: [256, 1024, 4096, 8192, 16384, 32768])
-    repeats: int = 20
-    context_repeats: int = 5
+    repeats: int = 60  # rounds at the prompt's length: one step of each cache per round, interleaved
+    context_repeats: int = 12  # rounds at every other context
     fresh_processes: int = 3  # fresh processes that time the eager step (none of them profiles)
     device: str = "cuda"
 

@@ -2,8 +2,10 @@
 fixes measured side by side on the same model and prompt: a static cache, CUDA graphs, and
 torch.compile.
 
-Live (the notebook's visible cells): build and time every variant, then profile each (no wall
-time after a profile). Replay: the fixes table, the eager step's summary, the breakdown of each
+Live (the notebook's visible cells): build every variant, time the forms this chapter owns for
+the book (CUDA graph, the two compile modes) interleaved in rounds, then profile each (no wall
+time after a profile); the eager steps are profiled only, their wall times are "The kernels in
+one token"'s (shared quantities). Replay: the fixes table, the eager step's summary, the breakdown of each
 profiled step and what the static cache adds, all computed from the run here.
 
     params        Params, CHAPTER, VARIANTS (data key -> label shown), the tables' columns, load
@@ -21,9 +23,11 @@ from labsupport.chapters.launch_overhead.analysis import (
     kernel_table,
     measured_column,
     one_layer,
+    profiled_note,
     shared,
     timing_note,
     variants,
+    wall_stats,
 )
 from labsupport.chapters.launch_overhead.figures import breakdown_figure
 from labsupport.chapters.launch_overhead.measuring import (
@@ -35,6 +39,8 @@ from labsupport.chapters.launch_overhead.measuring import (
 )
 from labsupport.chapters.launch_overhead.params import (
     CHAPTER,
+    OWNED,
+    SHARED_PREFIX,
     STEP_TIME_COLUMNS,
     VARIANT_COLUMNS,
     VARIANTS,
@@ -55,9 +61,12 @@ from labsupport.measure.steps import StaticStep, graphs_compiled  # what tests/t
 
 __all__ = [
     "shared",
-    "CHAPTER", "VARIANTS", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "Params", "load", "progress", "trace_file",
+    "CHAPTER", "OWNED", "SHARED_PREFIX", "VARIANTS", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "Params", "load",
+    "progress", "trace_file",
     "pending_run", "failure", "first_line", "variant_row", "variants_table",
-    "kernel_table", "one_layer", "measured_column", "timing_note", "variants", "breakdown", "EagerSummary",
+    "kernel_table", "one_layer", "measured_column", "timing_note", "variants", "wall_stats", "breakdown",
+    "profiled_note",
+    "EagerSummary",
     "eager_summary", "headline",
     "call_paths", "STATIC_CACHE_CALLS", "what_call", "static_cache_diff", "StaticCacheSummary", "static_cache_summary",
     "breakdown_figure", "StaticStep", "graphs_compiled",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from labsupport import runs
-from labsupport.chapters.launch_overhead.params import trace_file
+from labsupport.chapters.launch_overhead.params import SHARED_PREFIX, VARIANTS, trace_file
 from labsupport.measure import hardware
 from labsupport.traces import kernels, trace
 
@@ -32,14 +32,15 @@ def one_layer(k: pd.DataFrame, layers: int) -> tuple[pd.DataFrame, str]:
     return k.iloc[start : start + n], f"{n} consecutive kernels from the middle of the step (one layer's worth)"
 
 
-def measured_column(run: runs.Run) -> str:
+def measured_column(run: runs.Run, lim: hardware.Limits | None = None) -> str:
     """The name of the fixes table's column for the fraction of the measured ceiling."""
-    return f"of measured {hardware.measured_read(hardware.run_limits(run))[1]}"
+    return f"of measured {hardware.measured_read(lim or hardware.run_limits(run))[1]}"
 
 
 def timing_note(run: runs.Run) -> str:
-    """How the run's wall times were taken: before any profile (the harness), or, in runs
-    recorded before it, each right after its own profile, with CUPTI attached."""
+    """How the run's wall times were taken: interleaved in rounds before any profile (the
+    harness), one variant after another before any profile, or, in runs recorded before the
+    harness, each right after its own profile, with CUPTI attached."""
     t = run.table("step_times")
     if "clean" not in t:
         return (
@@ -48,11 +49,19 @@ def timing_note(run: runs.Run) -> str:
             "stays attached and every later launch pays for it; the methodology page measures how much). "
             "Runs recorded with the current code time every variant before profiling any."
         )
+    if t.empty:
+        return "This run timed none of the forms this chapter owns (they need a CUDA GPU)."
     if t.clean.astype(str).eq("True").all():
+        n = int(t.groupby("variant").size().max())
+        how = (
+            f"interleaved in {n} rounds (one step of each form per round, in a rotating order, so that a slow "
+            "spell of the host touches every form alike)"
+            if "round" in t and t["round"].notna().any()
+            else f"{n} repeats per variant, one variant after another"
+        )
         return (
-            "Every wall time was taken before the first profile in the process, "
-            f"{int(t.groupby('variant').size().max())} repeats per variant; the table gives the median with the "
-            "fastest and slowest repeat."
+            f"Every wall time this run took was taken before the first profile in the process, {how}; the table "
+            "gives the minimum, the book's estimator, with the quartiles."
         )
     return (
         "Some wall times in this run were taken after a profile in the same process (see `clean` in "
@@ -60,43 +69,78 @@ def timing_note(run: runs.Run) -> str:
     )
 
 
-def variants(run: runs.Run) -> pd.DataFrame:
+def wall_stats(run: runs.Run) -> pd.DataFrame:
+    """Each timed variant's wall time: minimum (the estimator), quartiles, median, trials."""
+    from labsupport.measure import harness
+
+    t = run.table("step_times")
+    rows = {}
+    for variant, g in t.groupby("variant"):
+        w = [float(x) for x in g.wall_ms]
+        rows[variant] = {
+            "wall ms": min(w),
+            "wall q1 ms": harness.quantile(w, 0.25),
+            "wall median ms": harness.quantile(w, 0.5),
+            "wall q3 ms": harness.quantile(w, 0.75),
+            "trials": len(w),
+        }
+    cols = ["wall ms", "wall q1 ms", "wall median ms", "wall q3 ms", "trials"]
+    return pd.DataFrame.from_dict(rows, orient="index", columns=cols)
+
+
+def variants(run: runs.Run, vals: dict | None = None, lim: hardware.Limits | None = None) -> pd.DataFrame:
     """The fixes side by side, one row per variant (by its key): kernels, launch calls, GPU-busy,
-    wall (median, fastest, slowest repeat), tokens/s, and the fraction of the memory-bandwidth
-    limit each reaches (weights read / wall time) by the datasheet and by the run's measured
-    read ceiling."""
+    wall (minimum, quartiles), tokens/s, and the fraction of the memory-bandwidth limit each
+    reaches (weights read / wall time) by the datasheet and by the measured read ceiling.
+
+    `vals` (shared.values()): the eager steps' kernels, GPU busy and wall times are then the
+    shared ones (measured by "The kernels in one token"), not this run's; `lim`: the ceilings
+    (shared.limits(); without it, the run's own)."""
     v = run.table("variants")
-    lim = hardware.run_limits(run)
+    lim = lim or hardware.run_limits(run)
     tbs, _ = hardware.measured_read(lim)
     nbytes = run.results["model"]["decode_bytes"]
     ok = v.status == "ok"
-    wall = run.table("step_times").groupby("variant").wall_ms
+    w = wall_stats(run)
     out = pd.DataFrame({"variant": v.variant, "status": v.status})
     out["kernels"] = v.get("kernels")
     out["launch calls"] = v.get("launch_calls")
     out["GPU busy ms"] = v.get("gpu_busy_ns") / 1e6
-    out["wall ms"] = v.get("wall_ms_median")
-    out["wall min ms"] = v.variant.map(wall.min())
-    out["wall max ms"] = v.variant.map(wall.max())
+    for c in ("wall ms", "wall q1 ms", "wall median ms", "wall q3 ms"):
+        out[c] = v.variant.map(w[c]).astype(float)
+    out["from"] = "this run"
+    if vals is not None:
+        for key in ("eager", "eager-static"):
+            pre, row = SHARED_PREFIX[key], out.variant == key
+            if not row.any() or f"{pre}_wall_ms" not in vals:
+                continue
+            out.loc[row, "kernels"] = vals[f"{pre}_kernels"].value
+            out.loc[row, "GPU busy ms"] = vals[f"{pre}_gpu_busy_ms"].value
+            out.loc[row, "wall ms"] = vals[f"{pre}_wall_ms"].value
+            quartiles = {"wall q1 ms": "q1", "wall median ms": "median", "wall q3 ms": "q3"}
+            for c, q in quartiles.items():
+                name = f"{pre}_wall_{q}_ms"
+                out.loc[row, c] = vals[name].value if name in vals else float("nan")
+            out.loc[row, "from"] = vals[f"{pre}_wall_ms"].run.run_id
     out["tokens/s"] = 1e3 / out["wall ms"]
     out["of datasheet limit"] = hardware.of_bandwidth(nbytes, out["wall ms"], lim.datasheet_tbs)
-    out[measured_column(run)] = hardware.of_bandwidth(nbytes, out["wall ms"], tbs)
+    out[measured_column(run, lim)] = hardware.of_bandwidth(nbytes, out["wall ms"], tbs)
     out["compile s"] = v.get("compile_s") if "compile_s" in v else float("nan")
-    out.loc[~ok, ["kernels", "launch calls", "GPU busy ms", "wall ms", "wall min ms", "wall max ms", "tokens/s"]] = (
-        float("nan")
-    )
+    cols = ["kernels", "launch calls", "GPU busy ms", "wall ms", "wall q1 ms", "wall median ms", "wall q3 ms"]
+    out.loc[~ok, [*cols, "tokens/s"]] = float("nan")
     return out
 
 
-def breakdown(run: runs.Run) -> pd.DataFrame:
+def breakdown(run: runs.Run, walls: pd.Series | None = None) -> pd.DataFrame:
     """Where each profiled step's time went: before the first kernel started, kernels
-    running (busy), gaps between kernels, and after the last kernel ended."""
+    running (busy), gaps between kernels, and after the last kernel ended; with `walls`
+    (variant -> unprofiled wall ms), the profiled step's span against it."""
     v = run.table("variants")
     v = v[v.status == "ok"]
     span = v.last_kernel_end_ns - v.first_kernel_ns
     # The step is over when the CPU has returned and the GPU has finished, whichever is later.
     step_ns = v[["profiled_step_ns", "last_kernel_end_ns"]].max(axis=1)
-    return pd.DataFrame(
+    out = pd.DataFrame(
         {
             "variant": v.variant,
             "before first kernel ms": v.first_kernel_ns / 1e6,
@@ -106,46 +150,93 @@ def breakdown(run: runs.Run) -> pd.DataFrame:
             "profiled step ms": step_ns / 1e6,
         }
     ).reset_index(drop=True)
+    if walls is not None:
+        out["unprofiled wall ms"] = out.variant.map(walls).astype(float)
+        out["profiled / unprofiled"] = out["profiled step ms"] / out["unprofiled wall ms"]
+    return out
+
+
+def profiled_note(bd: pd.DataFrame, texts: dict | None = None) -> str:
+    """One sentence for a profiled figure: how much longer the profiled steps were than the
+    unprofiled ones (breakdown() with walls), so that no reader takes a profiled gap for a real one.
+    `texts`: variant -> the unprofiled wall time as the page shows it (a shared quantity's text)."""
+    texts = texts or {}
+    b = bd.dropna(subset=["profiled / unprofiled"]) if "profiled / unprofiled" in bd else bd.head(0)
+    if b.empty:
+        return "These are profiled steps: the profiler slows the CPU side, so their gaps are wider than unprofiled."
+    parts = [
+        f"{VARIANTS[r.variant]} {r['profiled step ms']:.1f} ms against "
+        f"{texts.get(r.variant, format(r['unprofiled wall ms'], '.2f'))} ms unprofiled "
+        f"({r['profiled / unprofiled']:.1f}×)"
+        for _, r in b.iterrows()
+    ]
+    return (
+        "Profiled steps: the profiler adds its own work on the CPU to every launch, so the gaps in a profiled "
+        "step are wider than in an unprofiled one, by as much as its span exceeds the unprofiled wall time: "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 @dataclass
 class EagerSummary:
     kernels: int
     gpu_busy_ms: float
-    wall_ms: float
+    wall_ms: float  # unprofiled, by the minimum of the trials
     idle_ms: float
-    issue_ms: float
-    kernel_interval_us: float  # mean gap between kernel starts in the profiled step
+    issue_ms: float  # unprofiled: until the CPU had launched the whole step
     wall_per_kernel_us: float  # unprofiled wall time / kernels
+    cpu_per_kernel_us: float  # unprofiled: the CPU's whole time per kernel (issue / kernels)
     kernel_mean_us: float
-    launch_call_us: float  # median duration of one CUDA launch call (runtime API)
-    cpu_per_kernel_us: float  # the CPU's whole time per kernel: Python, dispatcher, launch
+    kernel_interval_us: float  # profiled: mean gap between kernel starts
+    launch_call_us: float  # profiled: median duration of one CUDA launch call (runtime API)
+    profiled_span_ms: float  # profiled: the step's span under the profiler
+    profiled_ratio: float  # the profiled span over the unprofiled wall time
+    launch_share: float  # profiled: the launch call's share of the CPU's time per kernel
 
 
-def eager_summary(run: runs.Run) -> EagerSummary:
+def eager_summary(run: runs.Run, vals: dict | None = None) -> EagerSummary:
+    """The eager step: its unprofiled numbers (wall, issue, busy, kernels) from `vals`
+    (shared.values(): "The kernels in one token"'s run) or, without them, from this run's own
+    trials where it has them; its profiled numbers (launch call, interval between kernel
+    starts, span) from this run's profiled eager step."""
+    nan = float("nan")
     k = kernel_table(run, "eager")
-    t = run.table("step_times")
-    t = t[t.variant == "eager"]
-    busy = trace.busy_ns(k.start_ns, k.end_ns) / 1e6
-    wall = float(t.wall_ms.median())
-    issue = float(t.issue_ms.median())
     starts = k.start_ns.sort_values()
+    v = run.table("variants").set_index("variant")
+    span = float(v.loc["eager", "profiled_step_ns"]) / 1e6 if "eager" in v.index else nan
+    if vals is not None:
+        kernels, busy = int(vals["eager_kernels"].value), float(vals["eager_gpu_busy_ms"].value)
+        wall, issue = float(vals["eager_wall_ms"].value), float(vals["eager_issue_ms"].value)
+        mean = float(vals["eager_kernel_mean_us"].value)
+    else:
+        t = run.table("step_times")
+        t = t[t.variant == "eager"]
+        kernels, busy = len(k), trace.busy_ns(k.start_ns, k.end_ns) / 1e6
+        wall = float(t.wall_ms.min()) if len(t) else nan
+        issue = float(t.issue_ms.min()) if len(t) else nan
+        mean = float(k.dur_ns.mean() / 1e3)
+    interval = float(starts.diff().dropna().mean() / 1e3)
+    launch = float(k.launch_dur_ns.median() / 1e3)
     return EagerSummary(
-        kernels=len(k),
+        kernels=kernels,
         gpu_busy_ms=busy,
         wall_ms=wall,
         idle_ms=wall - busy,
         issue_ms=issue,
-        kernel_interval_us=float(starts.diff().dropna().mean() / 1e3),
-        wall_per_kernel_us=wall * 1e3 / len(k),
-        kernel_mean_us=float(k.dur_ns.mean() / 1e3),
-        launch_call_us=float(k.launch_dur_ns.median() / 1e3),
-        cpu_per_kernel_us=issue * 1e3 / len(k),
+        wall_per_kernel_us=wall * 1e3 / kernels,
+        cpu_per_kernel_us=issue * 1e3 / kernels,
+        kernel_mean_us=mean,
+        kernel_interval_us=interval,
+        launch_call_us=launch,
+        profiled_span_ms=span,
+        profiled_ratio=span / wall,
+        launch_share=launch / interval,
     )
 
 
-def headline(run: runs.Run) -> dict:
-    v = variants(run).set_index("variant")
+def headline(run: runs.Run, vals: dict | None = None) -> dict:
+    v = variants(run, vals).set_index("variant")
     ok = v[v.status == "ok"]
     out = {"eager wall ms": float(ok.loc["eager", "wall ms"]), "best wall ms": float(ok["wall ms"].min())}
     if "cuda-graph" in ok.index:
@@ -156,7 +247,8 @@ def headline(run: runs.Run) -> dict:
 def shared(run: runs.Run) -> dict:
     """The steps this chapter measures for the whole book (labsupport.chapters.shared): the
     CUDA-graph and the compiled steps (reduce-overhead, max-autotune), wall time by the book's estimator (the
-    least of the trials), GPU busy time and kernels of the profiled step."""
+    least of the trials, interleaved in rounds in runs since the interleaved harness), GPU busy time
+    and kernels of the profiled step."""
     v = run.table("variants").set_index("variant")
     t = run.table("step_times")
     out = {}

@@ -15,8 +15,9 @@ from labsupport.traces import trace
 
 def pending_run(params: Params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
     """The chapter's run, filled cell by cell and written by the last live cell
-    (recording.PendingRun)."""
-    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, progress=progress)
+    (recording.PendingRun). It measures no ceilings: the page compares with those of the ceilings
+    owner's run (shared.limits())."""
+    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, ceilings=False, progress=progress)
 
 
 def first_line(e: BaseException) -> str:
@@ -39,10 +40,12 @@ def failure(when: str, e: Exception) -> str:
 
 
 def variant_row(
-    variant: str, k: pd.DataFrame, t: harness.Timing, span_ns: int, compiled: int, step, device: str
+    variant: str, k: pd.DataFrame, t: harness.Timing | None, span_ns: int, compiled: int, step, device: str
 ) -> dict:
-    """The row of variants.csv of a variant timed (`t`) and profiled (kernels `k`, the profiled
-    step's span, graphs Dynamo compiled while profiling)."""
+    """The row of variants.csv of a variant profiled (kernels `k`, the profiled step's span,
+    graphs Dynamo compiled while profiling) and, for the forms this chapter times, timed (`t`;
+    None for the eager steps, whose wall times are "The kernels in one token"'s)."""
+    nan = float("nan")
     launches = int((k.launch_api != "").groupby(k.correlation).ngroups) if device == "cuda" else len(k)
     row = {
         "variant": variant,
@@ -53,11 +56,13 @@ def variant_row(
         "last_kernel_end_ns": int(k.end_ns.max()),
         "profiled_step_ns": span_ns,
         "launch_calls": launches,
-        "wall_ms_median": t.median,
-        "wall_ms_min": t.low,
-        "wall_ms_max": t.high,
-        "issue_ms_median": statistics.median(t.issue_ms),
-        "clean": t.clean,
+        "wall_ms_median": t.median if t else nan,
+        "wall_ms_min": t.low if t else nan,
+        "wall_ms_q1": t.q1 if t else nan,
+        "wall_ms_q3": t.q3 if t else nan,
+        "wall_ms_max": t.high if t else nan,
+        "issue_ms_median": statistics.median(t.issue_ms) if t else nan,
+        "clean": t.clean if t else "",
         "graphs_compiled_while_profiling": compiled,
     }
     if isinstance(step, CompiledStep):
