@@ -33,16 +33,33 @@ def test_context_sweep_row_at_the_prompt_length_is_the_step_itself():
     assert sweep.loc[n, "kernels"] == s.kernels
 
 
-def test_eager_256_token_step_agrees_across_chapters():
-    """The eager step at the same prompt length: the census chapter's (fresh processes and its own
-    process) and launch overhead's eager variant overlap within the spread of their repeats."""
-    census = _harnessed("kernels-in-one-token")
-    launch = _harnessed("launch-overhead")
-    assert census.parameters["prompt_len"] == launch.parameters["prompt_len"] == 256
-    effect = census.table("profiler_effect")
-    clean = effect[effect.condition.isin(["fresh process", "before profiling"])]
-    band = (float(clean.wall_ms_min.min()), float(clean.wall_ms_max.max()))
-    t = launch.table("step_times")
-    eager = t.loc[t.variant == "eager", "wall_ms"]
-    assert t.loc[t.variant == "eager", "clean"].all()
-    assert _overlap(band, (float(eager.min()), float(eager.max()))), (band, eager.describe())
+def test_a_page_that_shows_a_shared_quantity_reads_its_owner():
+    """Every notebook that shows a shared quantity (glue name of labsupport.chapters.shared) is its
+    owner's or declares the owner in `reads`: the value comes from the owner's run."""
+    import json
+    import re
+
+    from labsupport import chapters
+    from labsupport.chapters import shared
+
+    for ch in chapters.CHAPTERS:
+        nb = json.loads(ch.path.read_text())
+        text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+        shown = set(re.findall(r"\{glue(?::\w+)?\}`([a-z0-9_]+)", text)) & set(shared.QUANTITIES)
+        owners = {shared.QUANTITIES[n].owner for n in shown}
+        assert owners <= {ch.slug, *ch.reads}, f"{ch.slug} shows {sorted(shown)} without reading {owners}"
+
+
+def test_the_readers_no_longer_time_the_eager_step():
+    """Launch overhead times only the forms it owns: its eager numbers are the shared ones."""
+    import inspect
+    import json
+
+    from labsupport import chapters
+    from labsupport.chapters import launch_overhead
+
+    nb = json.loads(chapters.by_slug("launch-overhead").path.read_text())
+    src = inspect.getsource(launch_overhead.measuring) + "".join(
+        "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"
+    )
+    assert "time_decode_steps" not in src
