@@ -141,3 +141,19 @@ def test_a_downloaded_chapter_replays_outside_the_repository(tmp_path):
     elsewhere = replay(tmp_path / "other", LABSUPPORT_RUNS=str(reader / "runs"))
     assert elsewhere.returncode == 0, elsewhere.stderr[-2000:]
     assert json.loads(elsewhere.stdout.strip().splitlines()[-1]) == got
+
+
+def test_the_runs_folder_a_reader_names(monkeypatch, tmp_path):
+    """LABSUPPORT_RUNS names the runs folder, `~` allowed; set but empty, it is not set."""
+    from pathlib import Path
+
+    from labsupport.runs.paths import runs_root
+
+    monkeypatch.setenv("LABSUPPORT_RUNS", "~/book-runs")
+    assert runs_root() == Path.home() / "book-runs"
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(tmp_path))
+    assert runs_root() == tmp_path
+    monkeypatch.setenv("LABSUPPORT_RUNS", "")
+    assert runs_root() != Path("")
+    monkeypatch.delenv("LABSUPPORT_RUNS")
+    assert runs_root() == Path(runs.__file__).resolve().parents[2] / "runs"  # in a checkout: the book's runs/
