@@ -43,16 +43,117 @@ def test_timeline_traces_are_downloadable(built_book):
 def test_a_reader_can_download_what_a_chapter_needs(built_book):
     """The page on running a chapter links a labsupport wheel and the requirements, both served
     with the book, and the wheel holds every module of the package."""
+    import json
     import zipfile
     from pathlib import Path
 
     html = (built_book / "book" / "run_it_yourself.html").read_text()
     links = re.findall(r'href="(\.\./download/[^"]+)"', html)
-    assert {Path(u).suffix for u in links} == {".whl", ".txt"}
+    assert {Path(u).suffix for u in links} == {".whl", ".txt", ".zip"}
     for link in links:
         assert (built_book / "book" / link).resolve().is_file(), link
+    # Each chapter's published run (and those it reads) as one zip: runs/ with a published.json.
+    from labsupport import chapters
+
+    zips = {Path(u).stem: (built_book / "book" / u).resolve() for u in links if u.endswith(".zip")}
+    assert set(zips) == {c.slug for c in chapters.CHAPTERS}
+    for slug, path in zips.items():
+        named = json.loads(zipfile.ZipFile(path).read("runs/published.json"))
+        assert named[slug] == runs.published_run_id(slug), slug
     wheel = next((built_book / "book" / u).resolve() for u in links if u.endswith(".whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     package = Path(runs.__file__).resolve().parents[1]
     expected = {str(p.relative_to(package.parent)) for p in package.rglob("*.py") if "__pycache__" not in p.parts}
     assert expected <= names
+
+
+def _serve_runs():
+    """book/_ext/serve_runs.py, the extension that packs each chapter's runs."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "book" / "_ext" / "serve_runs.py"
+    spec = importlib.util.spec_from_file_location("serve_runs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REPLAY = """
+import json, sys
+from labsupport import runs
+from labsupport.chapters import shared
+from labsupport.chapters import kernels_in_one_token as ch
+run = ch.load()
+print(json.dumps({"root": str(runs.runs_root()), "run": run.run_id,
+                  "eager_wall_ms": shared.values()["eager_wall_ms"].text}))
+"""
+
+
+def test_a_downloaded_chapter_replays_outside_the_repository(tmp_path):
+    """A reader with the package (not a checkout: no _toc.yml beside it) and one chapter's
+    download replays it: unpacked beside the notebook (runs/ in the working folder), or
+    anywhere with LABSUPPORT_RUNS naming it; without either, load() says no published run."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    from labsupport.chapters import shared
+    from tests.conftest import FIXTURES
+
+    manifest = {p.name: sorted(r.name for r in p.iterdir() if r.is_dir())[-1] for p in FIXTURES.iterdir()}
+    serve = _serve_runs()
+    archives = serve.chapter_archives(FIXTURES, tmp_path / "download", manifest)
+    zipped = archives["kernels-in-one-token"]
+    names = zipfile.ZipFile(zipped).namelist()
+    needed = set(serve.needed("kernels-in-one-token"))
+    assert {*shared.OWNERS, "kernels-in-one-token"} <= needed
+    assert json.loads(zipfile.ZipFile(zipped).read("runs/published.json")) == {s: manifest[s] for s in needed}
+    assert {n.split("/")[1] for n in names if n.count("/") > 2} == needed
+
+    site = tmp_path / "site"  # the package as the wheel installs it, away from the repository
+    shutil.copytree(
+        Path(runs.__file__).resolve().parents[1], site / "labsupport", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("LABSUPPORT_RUNS", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(site)
+
+    def replay(cwd: Path, **extra) -> subprocess.CompletedProcess:
+        cwd.mkdir(parents=True, exist_ok=True)
+        return subprocess.run(
+            [sys.executable, "-c", REPLAY], cwd=cwd, env={**env, **extra}, capture_output=True, text=True, timeout=300
+        )
+
+    empty = replay(tmp_path / "empty")
+    assert empty.returncode != 0 and "RunError: no published run" in empty.stderr
+
+    reader = tmp_path / "reader"
+    zipfile.ZipFile(zipped).extractall(reader)
+    beside = replay(reader)
+    assert beside.returncode == 0, beside.stderr[-2000:]
+    got = json.loads(beside.stdout.strip().splitlines()[-1])
+    assert got["run"] == manifest["kernels-in-one-token"]
+    assert Path(got["root"]).resolve() == (reader / "runs").resolve()
+
+    elsewhere = replay(tmp_path / "other", LABSUPPORT_RUNS=str(reader / "runs"))
+    assert elsewhere.returncode == 0, elsewhere.stderr[-2000:]
+    assert json.loads(elsewhere.stdout.strip().splitlines()[-1]) == got
+
+
+def test_the_runs_folder_a_reader_names(monkeypatch, tmp_path):
+    """LABSUPPORT_RUNS names the runs folder, `~` allowed; set but empty, it is not set."""
+    from pathlib import Path
+
+    from labsupport.runs.paths import runs_root
+
+    monkeypatch.setenv("LABSUPPORT_RUNS", "~/book-runs")
+    assert runs_root() == Path.home() / "book-runs"
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(tmp_path))
+    assert runs_root() == tmp_path
+    monkeypatch.setenv("LABSUPPORT_RUNS", "")
+    assert runs_root() != Path("")
+    monkeypatch.delenv("LABSUPPORT_RUNS")
+    assert runs_root() == Path(runs.__file__).resolve().parents[2] / "runs"  # in a checkout: the book's runs/

@@ -5,6 +5,15 @@ served over http from 127.0.0.1, and checks what a reader would see: no console 
 errors, every image loaded, no unresolved glue and no missing numbers, every chapter page
 naming the run it shows, and a table of contents that reaches every page of _toc.yml.
 
+At 390 px (a phone) every page is also checked for what a reader there would see: no sideways
+scrolling, every figure (img, svg) whole on the screen (not wider than it, not cut off by a box
+that scrolls), and no Python object's repr in the text (`<IPython.core.display.Markdown
+object>`, `<Figure size ...>`, `... object at 0x...`): a value that a cell displayed instead of
+its content. test_the_checks_catch_a_broken_page shows that these checks fail on such a page.
+
+To look at a book already built instead of building one, set LABSUPPORT_BOOK_HTML to its HTML
+folder (e.g. _build/html after `python -m labsupport book`).
+
 A full-page screenshot of every page is saved to build/screenshots/<page>.png (git-ignored),
 so that a reviewer can look at the book without building it; build/screenshots/report.json
 lists what each page did, including the requests to outside hosts that were blocked (the
@@ -171,6 +180,59 @@ COLLECT = """async () => {
 OVERFLOW = "() => document.documentElement.scrollWidth - window.innerWidth"
 NARROW = {"width": 390, "height": 844}
 
+# What the page shows on a phone: its text, and where each figure (an image, or an svg that is
+# not an icon of the theme) lies against the screen and against every box around it that clips
+# or scrolls (a figure partly outside such a box is shown in part).
+NARROW_COLLECT = """async () => {
+  const imgs = Array.from(document.images);
+  await Promise.all(imgs.map(i => i.complete ? null :
+      new Promise(r => { i.addEventListener('load', r); i.addEventListener('error', r); })));
+  const main = document.querySelector('main') || document.body;
+  const screen = document.documentElement.clientWidth;
+  const figures = Array.from(main.querySelectorAll('img, svg')).filter(e => {
+    if (e.tagName.toLowerCase() === 'svg' && (e.parentElement.closest('svg') ||
+        e.closest('button, a.headerlink, .headerlink, .copybtn, .admonition-title, nav'))) return false;
+    const r = e.getBoundingClientRect();
+    return r.width >= 48 && r.height >= 48;  // icons are smaller
+  }).map(e => {
+    const r = e.getBoundingClientRect();
+    let cut = null;
+    for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+      if (getComputedStyle(a).overflowX === 'visible') continue;
+      const b = a.getBoundingClientRect();
+      if (r.left < b.left - 1 || r.right > b.right + 1) { cut = b.width; break; }
+    }
+    return {src: (e.currentSrc || e.src || e.tagName).toString().slice(-80), width: r.width,
+            left: r.left, right: r.right, cut_by_box_px: cut};
+  });
+  return {text: document.body.innerText, screen: screen, figures: figures};
+}"""
+
+# A Python object's repr where its content should be: a cell displayed an object (an
+# IPython Markdown, a matplotlib figure) instead of rendering it.
+OBJECT_REPR = re.compile(
+    r"<IPython\.[\w.]+ object>|<(IPython|matplotlib|pandas|labsupport)\.[\w.]+[ >]|<Figure size \d"
+    r"|\bobject at 0x[0-9a-fA-F]+|<[A-Za-z_][\w.]* object>"
+)
+
+
+def object_reprs(text: str) -> list[str]:
+    """The object reprs in a page's text."""
+    return sorted({m.group(0) for m in OBJECT_REPR.finditer(text)})
+
+
+def figures_not_whole(narrow: dict) -> list[str]:
+    """The figures of a page (NARROW_COLLECT's answer) not shown whole on the screen."""
+    screen = narrow["screen"]
+    bad = []
+    for f in narrow["figures"]:
+        if f["width"] > screen + 1 or f["right"] > screen + 1 or f["left"] < -1:
+            where = f"{f['left']:.0f}..{f['right']:.0f}"
+            bad.append(f"{f['src']}: {f['width']:.0f} px wide at {where} on a {screen} px screen")
+        elif f["cut_by_box_px"] is not None:
+            bad.append(f"{f['src']}: {f['width']:.0f} px wide in a box of {f['cut_by_box_px']:.0f} px (shown in part)")
+    return bad
+
 
 @dataclass
 class PageVisit:
@@ -184,9 +246,15 @@ class PageVisit:
     blocked_requests: list = field(default_factory=list)  # to outside hosts, aborted
     screenshot: str = ""
     narrow_overflow_px: int | None = None  # sideways scroll at 390 px
+    narrow: dict = field(default_factory=dict)  # what NARROW_COLLECT returned at 390 px
     narrow_screenshot: str = ""
     seconds: float = 0.0
     shown: dict = field(default_factory=dict)  # what COLLECT returned
+
+
+def _shown_path(path: Path) -> str:
+    """A screenshot's path for the report: from the repository root when it lies inside it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -197,9 +265,10 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 class Site:
     """The book served over http, and a Chromium that visits its pages (once each)."""
 
-    def __init__(self, html_root: Path, browser):
+    def __init__(self, html_root: Path, browser, shots: Path = SCREENSHOTS):
         self.html_root = html_root
         self.browser = browser
+        self.shots = shots  # where the screenshots go
         handler = functools.partial(_QuietHandler, directory=str(html_root))
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)  # port 0: a free port
         self.server.daemon_threads = True
@@ -218,6 +287,7 @@ class Site:
         return self.visits[page]
 
     def _visit(self, page: str) -> PageVisit:
+        """Open the page (`page`.html under the site) at 1280 px, then at 390 px."""
         v = PageVisit(page)
         t0 = time.monotonic()
         ctx = self.browser.new_context(viewport=VIEWPORT, service_workers="block")
@@ -262,9 +332,9 @@ class Site:
             v.shown = p.evaluate(COLLECT)
             v.title = v.shown.pop("title")
             if page != "index":  # index.html is the root page, already shot under its own name
-                shot = SCREENSHOTS / f"{_shot_name(page)}.png"
+                shot = self.shots / f"{_shot_name(page)}.png"
                 p.screenshot(path=str(shot), full_page=True)
-                v.screenshot = str(shot.relative_to(REPO))
+                v.screenshot = _shown_path(shot)
         finally:
             ctx.close()
         narrow = self.browser.new_context(viewport=NARROW, service_workers="block")
@@ -276,18 +346,29 @@ class Site:
             if page == "index":  # a redirect to the root page of the toc
                 q.wait_for_url(self.base + ROOT_PAGE + ".html", wait_until="load")
             v.narrow_overflow_px = int(q.evaluate(OVERFLOW))
+            v.narrow = q.evaluate(NARROW_COLLECT)
             if page != "index":
-                shot = SCREENSHOTS / f"{_shot_name(page)}-390px.png"
+                shot = self.shots / f"{_shot_name(page)}-390px.png"
                 q.screenshot(path=str(shot), full_page=True)
-                v.narrow_screenshot = str(shot.relative_to(REPO))
+                v.narrow_screenshot = _shown_path(shot)
         finally:
             narrow.close()
             v.seconds = round(time.monotonic() - t0, 2)
         return v
 
 
+@pytest.fixture(scope="session")
+def book_html(request) -> Path:
+    """The HTML folder of the book: LABSUPPORT_BOOK_HTML (a book already built), else the
+    session's fresh build (conftest's built_book)."""
+    given = os.environ.get("LABSUPPORT_BOOK_HTML")
+    if given:
+        return Path(given).resolve()
+    return request.getfixturevalue("built_book")
+
+
 @pytest.fixture(scope="module")
-def site(request):
+def browser():
     missing = []
     try:
         from playwright.sync_api import sync_playwright
@@ -300,33 +381,37 @@ def site(request):
         if _ci():
             pytest.fail(reason + "; CI is set, so this is a failure (.ci/run installs both)")
         pytest.skip(reason)
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
 
-    html_root = request.getfixturevalue("built_book")
+
+@pytest.fixture(scope="module")
+def site(browser, book_html):
     shutil.rmtree(SCREENSHOTS, ignore_errors=True)
     SCREENSHOTS.mkdir(parents=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        s = Site(html_root, browser)
-        try:
-            yield s
-        finally:
-            s.close()
-            browser.close()
+    s = Site(book_html, browser)
+    try:
+        yield s
+    finally:
+        s.close()
     report = {page: asdict(v) for page, v in s.visits.items()}
     for r in report.values():
         r["shown"] = {"images": r["shown"].get("images", []), "nav": r["shown"].get("nav", [])}
+        r["narrow"] = {"figures": r["narrow"].get("figures", [])}
     (SCREENSHOTS / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
     blocked = sorted({f"{u} (from {p})" for p, v in s.visits.items() for u in v.blocked_requests})
     if blocked:
         warnings.warn("requests to outside hosts were blocked (no internet here): " + "; ".join(blocked), stacklevel=2)
 
 
-def test_the_built_pages_are_the_toc_pages(built_book):
+def test_the_built_pages_are_the_toc_pages(book_html):
     """Every html page of the book is in _toc.yml, and every page of _toc.yml was built."""
     built = {"index"} | {
-        _page_name(str(p.relative_to(built_book)))
-        for d in ("book", "notebooks")
-        for p in (built_book / d).glob("*.html")
+        _page_name(str(p.relative_to(book_html))) for d in ("book", "notebooks") for p in (book_html / d).glob("*.html")
     }
     assert built == set(PAGES)
 
@@ -375,11 +460,11 @@ def test_page_shows_no_placeholders_or_missing_numbers(site, page):
 
 
 @pytest.mark.parametrize("page", [p for p in TOC_PAGES if _is_chapter(p)])
-def test_chapter_page_shows_its_run_and_every_figure(site, built_book, page):
+def test_chapter_page_shows_its_run_and_every_figure(site, book_html, page):
     v = site.visit(page)
     run_id = _published_run_id(_chapter_of(page))
     assert run_id in v.shown["text"], f"{page}: the published run {run_id} is not named on the page"
-    figures = _figures_in_executed_notebook(built_book, page)
+    figures = _figures_in_executed_notebook(book_html, page)
     in_outputs = [i for i in v.shown["images"] if i["in_output"]]
     assert figures > 0, f"{page}: the executed notebook has no figures"
     assert len(in_outputs) == figures, f"{page}: {len(in_outputs)} images shown for {figures} figures"
@@ -412,6 +497,74 @@ def test_no_sideways_scrolling_on_a_phone(site, page):
     assert v.narrow_overflow_px is not None and v.narrow_overflow_px <= 1, (
         f"{page}: the page scrolls {v.narrow_overflow_px} px sideways at 390 px ({v.narrow_screenshot})"
     )
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_figure_is_whole_on_a_phone(site, page):
+    """At 390 px every figure scales to the screen: none wider than it, none cut by a box."""
+    v = site.visit(page)
+    bad = figures_not_whole(v.narrow)
+    assert not bad, f"{page}: figures not shown whole at 390 px ({v.narrow_screenshot}): {bad}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_object_repr_in_the_text(site, page):
+    """No page shows a Python object's repr where a value or a figure should be."""
+    v = site.visit(page)
+    found = object_reprs(v.narrow.get("text", "")) + object_reprs(v.shown["text"])
+    assert not found, f"{page}: Python object reprs in the page: {sorted(set(found))}"
+
+
+BROKEN_PAGE = """<!doctype html><html><head><meta name="viewport" content="width=device-width">
+<link rel="stylesheet" href="_static/book.css"></head><body><main><div class="bd-article">
+<p>The step took &lt;IPython.core.display.Markdown object&gt; ms.</p>
+<div class="cell_output"><img src="wide.png" style="width:900px; max-width:none"></div>
+<div class="cell_output" style="overflow-x:auto; width:200px"><img src="cut.png" style="max-width:none"></div>
+<div class="cell_output"><img src="fits.png"></div>
+<div class="cell_output"><img src="scaled.png"></div>
+</div></main></body></html>"""
+
+
+def _png(path: Path, width: int, height: int) -> None:
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    raw = b"".join(b"\x00" + b"\x80" * (width * 3) for _ in range(height))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
+
+
+def test_the_checks_catch_a_broken_page(browser, tmp_path):
+    """The phone checks fail on a page with a figure wider than the screen, a figure cut by
+    its scroll box, and an object repr; they pass a figure that fits, and one that the book's
+    CSS scales down to the screen."""
+    (tmp_path / "_static").mkdir()
+    shutil.copy(REPO / "book" / "_static" / "book.css", tmp_path / "_static" / "book.css")
+    _png(tmp_path / "wide.png", 900, 300)
+    _png(tmp_path / "cut.png", 300, 200)
+    _png(tmp_path / "fits.png", 300, 200)
+    _png(tmp_path / "scaled.png", 900, 300)  # the book's CSS scales it to the screen
+    (tmp_path / "broken.html").write_text(BROKEN_PAGE)
+    (tmp_path / "shots").mkdir()
+    s = Site(tmp_path, browser, shots=tmp_path / "shots")
+    try:
+        v = s.visit("broken")
+    finally:
+        s.close()
+    assert object_reprs(v.narrow["text"]) == ["<IPython.core.display.Markdown object>"]
+    bad = figures_not_whole(v.narrow)
+    assert len(bad) == 2, bad
+    assert "wide.png" in bad[0] and "on a 390 px screen" in bad[0], bad
+    assert "cut.png" in bad[1] and "shown in part" in bad[1], bad
+    assert [Path(f["src"]).name for f in v.narrow["figures"]] == ["wide.png", "cut.png", "fits.png", "scaled.png"]
+    assert v.narrow_overflow_px > 1  # the 900 px figure also widens the page
 
 
 @pytest.mark.parametrize("page", PAGES)

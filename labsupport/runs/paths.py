@@ -49,11 +49,12 @@ def run_dir(chapter: str, run_id: str, root: Path | None = None, where: str = ""
 
 
 def runs_root() -> Path:
-    """The runs folder (LABSUPPORT_RUNS overrides it, for tests and scratch runs): the book's
-    runs/ in a checkout of the book, else runs/ in the working directory (a reader who
-    installed labsupport from the book's wheel and runs a downloaded chapter)."""
-    if "LABSUPPORT_RUNS" in os.environ:
-        return Path(os.environ["LABSUPPORT_RUNS"])
+    """The runs folder (LABSUPPORT_RUNS overrides it, for tests, scratch runs and a reader's
+    runs folder anywhere, `~` allowed): the book's runs/ in a checkout of the book, else runs/
+    in the working directory (a reader who installed labsupport from the book's wheel and
+    unpacked a chapter's runs, served by the book, beside its notebook)."""
+    if os.environ.get("LABSUPPORT_RUNS"):
+        return Path(os.environ["LABSUPPORT_RUNS"]).expanduser()
     return REPO_ROOT / "runs" if (REPO_ROOT / "_toc.yml").is_file() else Path.cwd() / "runs"
 
 
