@@ -122,6 +122,7 @@ CHAPTERS = [
         },
         checks={"repeats": REPEATS, "burst": at_least(1), "hbm_n": at_least(1)},
         smoke={"repeats": 20, "burst": 50, "hbm_n": 1 << 26},
+        reads=("why-a-gpu",),
     ),
     Chapter(
         "model-code-to-kernels",
