@@ -135,7 +135,8 @@ CHAPTERS = [
         },
         checks={"preset": preset(), "repeats": REPEATS},
         smoke={"repeats": 10},
-        reads=("kernels-in-one-token",),
+        # shared.glue_values() reads every owner's run (the eager step's kernels are shown)
+        reads=("kernels-in-one-token", "why-a-gpu", "launch-overhead"),
     ),
     Chapter(
         "where-kernels-come-from",
