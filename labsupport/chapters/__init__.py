@@ -296,6 +296,8 @@ ONE_TOKEN_TWO_GPUS = Chapter(
     },
     smoke={"repeats": 3, "variants": ["eager", "cuda-graph"], "sweep_max": 1 << 20},
     cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2, "variants": ["eager"], "sweep_max": 16384},
+    # the one-GPU steps it shows are the shared ones (shared.glue_values reads every owner's run)
+    reads=("kernels-in-one-token", "launch-overhead", "why-a-gpu"),
     gpus=2,
 )
 
