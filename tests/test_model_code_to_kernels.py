@@ -112,3 +112,16 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monk
     assert set(run.table("mlp_kernels").module) >= set(ch.MLP_LINES), "each line's kernels under its annotation"
     mlp = run.results["mlp"]
     assert mlp["ms_min"] <= mlp["ms_median"] <= mlp["ms_max"]
+
+
+def test_the_answer_comes_before_the_measuring_code():
+    import json
+
+    from .conftest import REPO
+
+    nb = json.loads((REPO / "notebooks" / "model_code_to_kernels.ipynb").read_text())
+    md = [
+        i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown" and "## The answer" in "".join(c["source"])
+    ]
+    live = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
+    assert len(md) == 1 and md[0] < live

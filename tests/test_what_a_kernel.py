@@ -174,3 +174,16 @@ def test_the_queue_refuses_after_a_profile(monkeypatch):
     measure_queue = definitions(NOTEBOOK, repeats=3, burst=2, hbm_n=16)["measure_queue"]
     with pytest.raises(harness.TimingError, match="the queue"):
         measure_queue(2, 16)
+
+
+def test_the_answer_comes_before_the_measuring_code():
+    import json
+
+    from .conftest import REPO
+
+    nb = json.loads((REPO / "notebooks" / "what_a_kernel.ipynb").read_text())
+    md = [
+        i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown" and "## The answer" in "".join(c["source"])
+    ]
+    live = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
+    assert len(md) == 1 and md[0] < live

@@ -241,3 +241,16 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, monkeypatch
     f = ch.fusion_table(run).set_index("variant")
     assert (f["per call µs (CUDA events)"] == t.set_index("variant").us_min.reindex(f.index)).all()
     assert "guards" in ch.compiled_call_text(run) and ch.compiled_host_us(run) is not None
+
+
+def test_the_answer_comes_before_the_measuring_code():
+    import json
+
+    from .conftest import REPO
+
+    nb = json.loads((REPO / "notebooks" / "where_kernels_come_from.ipynb").read_text())
+    md = [
+        i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown" and "## The answer" in "".join(c["source"])
+    ]
+    live = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
+    assert len(md) == 1 and md[0] < live

@@ -268,6 +268,7 @@ CHAPTERS = [
             "compile_backends": [],
             "contexts": [8, 64],
         },
+        reads=("why-a-gpu",),  # its ceilings (shared.limits); the hybrid's own step walls are its own
     ),
 ]
 
