@@ -216,7 +216,9 @@ def fused_backends_text(run: runs.Run) -> str:
     for r in f.itertuples():
         n = f"{r.fewest}" if r.fewest == r.most else f"{r.fewest} to {r.most} (by context)"
         parts.append(f"*{r.backend}* {n} kernel{'s' if r.most > 1 else ''}")
-    text = "the fused ones a few kernels each: " + ", ".join(parts)
+    lo, hi = int(f.fewest.min()), int(f.most.max())
+    each = f"{lo} kernel each" if lo == hi == 1 else f"{lo} to {hi} kernels each"
+    text = f"the fused ones {each}: " + ", ".join(parts)
     if (f.most > 1).any():
         text += (
             ". Where a fused backend runs two, the second combines the pieces of a context split across the GPU "
