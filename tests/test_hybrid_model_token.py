@@ -12,7 +12,7 @@ import pytest
 from labsupport import runs
 from labsupport.chapters import hybrid_model_token as hybrid
 from labsupport.chapters import published
-from labsupport.measure import gated_deltanet, hardware, models
+from labsupport.measure import gated_deltanet, hardware, harness, models
 from labsupport.traces import kernels, trace
 
 from .conftest import REPO, fixture_run
@@ -46,6 +46,13 @@ def _record_tiny(tmp_path_factory, calls: list, fail_profile=None, **params) -> 
     mp = pytest.MonkeyPatch()
     mp.setenv("LABSUPPORT_RUNS", str(root))
     watch_harness(mp, calls, fail_profile)  # a CPU profile counts as a GPU one: a later timing raises
+    real_interleaved = harness.interleaved
+
+    def interleaved(variants, **kw):
+        calls.append(("time", kw["what"]))
+        return real_interleaved(variants, **kw)
+
+    mp.setattr(harness, "interleaved", interleaved)
     try:
         return run_measuring_cells({**TINY, **params})["run"]
     finally:
@@ -69,11 +76,9 @@ def h200_run():
 
 def test_tiny_hybrid_times_everything_before_profiling(tiny_hybrid_run, tiny_hybrid_calls):
     run, calls = tiny_hybrid_run, tiny_hybrid_calls
-    assert [c for c in calls if c[0] == "time"] == [
-        ("time", "reference, prefill"),
-        ("time", f"reference, {hybrid.MODES['eager']}"),
-    ]
-    assert [c[0] for c in calls] == ["time", "time", "profile", "profile"], calls
+    # the backend's prompt and its step timed in turn, round after round, in one interleaved timing
+    assert [c for c in calls if c[0] == "time"] == [("time", "reference: prefill, eager")]
+    assert [c[0] for c in calls] == ["time", "profile", "profile"], calls
     assert [c[1] for c in calls if c[0] == "profile"] == ["prefill", "decode_step"]
     t = run.table("step_times")
     assert set(zip(t.backend, t["mode"], strict=True)) == {("reference", "eager")} and t.clean.all()
@@ -89,6 +94,10 @@ def test_tiny_hybrid_times_everything_before_profiling(tiny_hybrid_run, tiny_hyb
     assert (ok.wall_ms_median, ok.wall_ms_min, ok.wall_ms_max) == pytest.approx(
         (t.wall_ms.median(), t.wall_ms.min(), t.wall_ms.max())
     )
+    assert (ok.wall_ms_q1, ok.wall_ms_q3) == pytest.approx((t.wall_ms.quantile(0.25), t.wall_ms.quantile(0.75)))
+    assert list(t["round"]) == list(range(run.parameters["repeats"])), "each repeat labelled with its round"
+    assert "ceilings.csv" not in run.meta["files"], "the ceilings are those of Why a GPU"
+    assert "round after round" in hybrid.timing_note(run)
     assert v.loc[("reference", "cuda-graph"), "status"] == "not run: needs a CUDA GPU"
     assert list(run.table("variants").columns) == hybrid.VARIANT_COLUMNS
     assert run.results["method"]["wall_times"].startswith("host clock")
@@ -102,7 +111,8 @@ def test_tiny_hybrid_times_everything_before_profiling(tiny_hybrid_run, tiny_hyb
 def test_tiny_hybrid_variants_table(tiny_hybrid_run):
     v = hybrid.variants(tiny_hybrid_run).set_index(["backend", "mode"])
     ok = v.loc[("reference", "eager")]
-    assert ok["wall min ms"] <= ok["wall ms"] <= ok["wall max ms"]
+    assert ok["wall min ms"] == ok["wall ms"] <= ok["wall q1 ms"] <= ok["wall median ms"] <= ok["wall q3 ms"]
+    assert ok["wall q3 ms"] <= ok["wall max ms"]
     col = hybrid.measured_column(tiny_hybrid_run)
     assert col in v and v[col].isna().all(), "a CPU run measures no ceiling"
     assert v.loc[v.status != "ok", ["wall min ms", "wall max ms"]].isna().all().all()
@@ -150,8 +160,8 @@ def test_headline_is_keyed_by_backend_and_mode(h200_run, tiny_hybrid_run):
         ref = v.loc[("reference", "eager")]
         assert hybrid.headline(run) == {
             "eager kernels": ref.kernels,
-            "eager wall ms": ref.wall_ms_median,
-            "best wall ms": v.loc[v.status == "ok", "wall_ms_median"].min(),
+            "eager wall ms": ref.wall_ms_min,  # the minimum: the book's estimator
+            "best wall ms": v.loc[v.status == "ok", "wall_ms_min"].min(),
         }
 
 
@@ -361,7 +371,8 @@ def test_compact_variants_table(h200_run, tiny_hybrid_run):
         assert set(c["mode"]) <= set(hybrid.MODES_SHORT.values())
         ok = v.status == "ok"
         assert (c.loc[ok, "wall ms"] == v.loc[ok, "wall ms"]).all()
-        assert c.loc[~ok, "fastest–slowest ms"].eq("–").all()
+        assert c.loc[~ok, "median (quartiles) ms"].eq("–").all()
+        assert (v.loc[ok, "wall ms"] == run.table("variants").loc[ok, "wall_ms_min"]).all(), "the minimum"
     places = hybrid.idle_places(hybrid.step_gaps(h200_run, *hybrid.best_variant(h200_run)), width=20)
     assert places[["kernel before", "kernel after"]].map(len).max().max() <= 20
 
@@ -374,3 +385,23 @@ def test_one_depthwise_convolution_per_linear_attention_layer(h200_run, backend,
     assert list(c.index) == list(kernels.KINDS) + ["total"]
     assert c.loc["convolution", "kernels"] == h200_run.results["model"]["layer_types"].count("linear_attention")
     assert c.loc["other", "kernels"] == 0
+
+
+def test_each_hidden_table_has_one_toggle():
+    """A cell tagged both hide-input and hide-output gets two toggles with the same prompt ("Show the
+    kernels by kind" twice); hide-cell gives one, over the code and its table together."""
+    nb = json.loads((REPO / NOTEBOOK).read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert not [c.get("id") for c in code if {"hide-input", "hide-output"} <= set(c["metadata"].get("tags", []))]
+    prompts = [c["metadata"].get("mystnb", {}).get("code_prompt_show") for c in code]
+    assert prompts.count("Show the kernels by kind") == 1
+    assert all("hide-cell" in c["metadata"]["tags"] for c, p in zip(code, prompts, strict=True) if p)
+
+
+def test_the_answer_comes_before_the_measuring_code():
+    nb = json.loads((REPO / NOTEBOOK).read_text())
+    heads = [
+        i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown" and "## The answer" in "".join(c["source"])
+    ]
+    measuring = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
+    assert len(heads) == 1 and heads[0] < measuring

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labsupport.chapters import model_code_to_kernels as ch
-from labsupport.measure import decode, environment, triton_kernels
+from labsupport.measure import decode, environment, harness, triton_kernels
 
 from .conftest import fixture_run
 from .notebook_cells import assert_times_before_profiles, run_live
@@ -58,7 +58,9 @@ def test_rmsnorm_as_written_and_fused(run):
     h = ch.headline(run)
     times = run.table("rmsnorm_times").set_index("variant")
     assert h["RMSNorm kernels"] == t.loc[ch.AS_WRITTEN, "kernels"] == 8
-    assert h["fused RMSNorm µs"] == times.loc[ch.OURS, "us_median"]
+    assert h["fused RMSNorm µs"] == times.loc[ch.OURS, "us_min"], "the minimum: the book's estimator"
+    assert (t["per call µs (CUDA events)"] == times.us_min.reindex(t.index)).all()
+    assert (t["median µs"] == times.us_median.reindex(t.index)).all()
     assert h["MLP kernels"] == len(run.table("mlp_kernels"))
 
 
@@ -74,6 +76,14 @@ def test_operator_to_kernel_table():
 
 
 def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monkeypatch):
+    real, interleaved = harness.interleaved, []
+
+    def watch(variants, **kw):
+        calls.append(("time", kw["what"]))
+        interleaved.append(list(variants))
+        return real(variants, **kw)
+
+    monkeypatch.setattr(harness, "interleaved", watch)
     monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)
     monkeypatch.setattr(triton_kernels, "rmsnorm", torch_rmsnorm)
     monkeypatch.setattr(ch, "Params", functools.partial(ch.Params, device="cpu"))
@@ -87,14 +97,31 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monk
         "kernels",
         "us_median",
         "us_min",
+        "us_q1",
+        "us_q3",
         "us_max",
         "max_abs_diff_vs_transformers",
     ]
+    assert interleaved == [["mlp", ch.AS_WRITTEN, ch.F_RMS_NORM, ch.OURS]], "one interleaved timing of all four"
     assert list(times.variant) == [ch.AS_WRITTEN, ch.F_RMS_NORM, ch.OURS]
-    assert (times.us_min <= times.us_median).all() and (times.us_median <= times.us_max).all()
+    assert (times.us_min <= times.us_q1).all() and (times.us_q1 <= times.us_median).all()
+    assert (times.us_median <= times.us_q3).all() and (times.us_q3 <= times.us_max).all()
     k = run.table("rmsnorm_kernels")
     assert list(times.kernels) == [int((k.variant == v).sum()) for v in times.variant]
     assert set(ch.mlp_table(run).line) == set(ch.MLP_LINES)
     assert set(run.table("mlp_kernels").module) >= set(ch.MLP_LINES), "each line's kernels under its annotation"
     mlp = run.results["mlp"]
     assert mlp["ms_min"] <= mlp["ms_median"] <= mlp["ms_max"]
+
+
+def test_the_answer_comes_before_the_measuring_code():
+    import json
+
+    from .conftest import REPO
+
+    nb = json.loads((REPO / "notebooks" / "model_code_to_kernels.ipynb").read_text())
+    md = [
+        i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown" and "## The answer" in "".join(c["source"])
+    ]
+    live = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
+    assert len(md) == 1 and md[0] < live

@@ -149,14 +149,37 @@ def test_every_file_of_the_run_is_described_and_the_run_validates(tiny_run):
             assert set(cols) <= set(pd.read_csv(tiny_run.path / name).columns), name
 
 
+def with_shared_owners(root):
+    """Copy the published runs of the chapters that own the shared quantities (the one-GPU steps the
+    page shows) into the runs folder `root`, beside the run a test recorded there."""
+    import json
+    import shutil
+
+    from labsupport.chapters import shared
+
+    from .conftest import REPO
+
+    manifest = root / "published.json"
+    mine = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    theirs = json.loads((REPO / "runs" / "published.json").read_text())
+    for owner in shared.OWNERS:
+        dest = root / owner / theirs[owner]
+        if not dest.exists():
+            shutil.copytree(REPO / "runs" / owner / theirs[owner], dest)
+        mine[owner] = theirs[owner]
+    manifest.write_text(json.dumps(mine, indent=2, sort_keys=True) + "\n")
+
+
 def test_the_page_replays_the_cpu_run(tiny_run, tmp_path):
     from .test_launch_overhead import replay_notebook
 
+    with_shared_owners(tiny_run.path.parents[1])
     text = replay_notebook(NOTEBOOK, tiny_run, tmp_path)
     assert "Traceback" not in text and "image/png" in text
     assert "TP=2 rank 1" in text and "decode step" in text
     layers = TINY_CFG["num_hidden_layers"]  # o_proj and down_proj, each layer
     assert f"worked out the sharding of {2 * layers} operators per step" in text and "under no_grad 0." in text
+    assert "The kernels in one token, run " in text, "the one-GPU eager wall is the shared one, labelled"
 
 
 def test_a_launch_that_dies_is_run_again_with_the_eager_step_alone(tmp_path, monkeypatch):
@@ -453,3 +476,53 @@ def test_the_page_says_whether_the_split_picked_the_same_token(h200_run, tiny_ru
     else:
         assert f"picked token {two} where the model on one GPU picked {one}" in text
     assert ch.agreement_text(tiny_run).startswith("Every rank at TP=2 computed the same next token")
+
+
+def test_the_one_gpu_walls_shown_are_the_shared_ones():
+    """The page's TP=1 walls are the book's shared values (eager: The kernels in one token; CUDA graph
+    and compiled: Launch overhead), labelled; the split rows are this run's, by their minimum."""
+    from .conftest import fixture_run
+
+    run = fixture_run("one-token-two-gpus")
+    mine = ch.steps(run)
+    v = run.table("variants")
+    assert (
+        mine["wall ms"]
+        == v.set_index(["tp", "rank", "variant"])
+        .wall_ms_min.reindex(list(zip(mine.tp, mine["rank"], mine.variant, strict=True)))
+        .values
+    ).all(), "the minimum, the book's estimator"
+    given = {"eager": 29.9, "cuda-graph": 9.3, "compile": 7.0}
+    shown = ch.steps_shown(run, given, {f: f"owner of {f}" for f in given})
+    one = shown[shown.tp == 1].set_index("variant")
+    assert one["wall ms"].to_dict() == given and one["GPU idle ms"].isna().all()
+    assert one.loc["eager", "wall from"] == "owner of eager"
+    split = shown[shown.tp == 2]
+    assert (split["wall from"] == "this run").all()
+    assert (split["wall ms"].values == mine[mine.tp == 2]["wall ms"].values).all()
+    assert (shown["speed-up over TP=1"] == mine["speed-up over TP=1"]).all(), "the speed-up stays this run's own"
+    assert set(ch.SHARED_ONE_GPU.values()) <= set(shared_names())
+
+
+def shared_names():
+    from labsupport.chapters import shared
+
+    return shared.QUANTITIES
+
+
+def test_the_page_says_whose_cost_the_ratio_is_and_shows_no_own_one_gpu_wall():
+    import json
+
+    from .conftest import REPO
+
+    nb = json.loads((REPO / "notebooks" / NOTEBOOK.split("/")[-1]).read_text())
+    text = "".join("".join(c["source"]) for c in nb["cells"])
+    assert "DTensor's and the host's cost, not tensor parallelism's" in text
+    for own in ("a_wall_ms_1", "e_wall_ms_1", "k_wall_ms_1", "best_1_ms"):
+        assert f"`{own}" not in text, own
+    assert "{glue:text}`eager_wall_ms`" in text
+    md = [
+        i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown" and "## The answer" in "".join(c["source"])
+    ]
+    live = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
+    assert len(md) == 1 and md[0] < live

@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from labsupport import runs
+from labsupport.chapters import shared
 from labsupport.chapters import what_a_kernel as ch
-from labsupport.measure import decode, environment, hardware, harness, triton_kernels
+from labsupport.measure import decode, environment, harness, triton_kernels
 from labsupport.traces import kernels
 
 from .conftest import fixture_run
@@ -56,7 +57,8 @@ def test_add_table_and_headline(run):
     t = run.table("add_times").set_index("implementation")
     k = run.table("add_kernels").groupby("implementation").dur_ns.sum() / 1e3
     assert (at["kernel µs (profiler)"] == k.reindex(at.index)).all()
-    assert (at["per call µs (CUDA events)"] == t.ms_median.reindex(at.index) * 1e3).all()
+    # the estimator: the least of the calls (every run recorded ms_min)
+    assert (at["per call µs (CUDA events)"] == t.ms_min.reindex(at.index) * 1e3).all()
     assert (at["kernel µs (profiler)"] < at["per call µs (CUDA events)"]).all(), "the launch costs more than the add"
     h = ch.headline(run)
     assert h["torch add µs"] == at.loc[ch.TORCH_ADD, "per call µs (CUDA events)"]
@@ -67,6 +69,9 @@ def test_sync_costs_by_what(run):
     s = ch.sync_costs(run)
     assert set(s.index) == {ch.SYNC_IDLE, ch.SYNC_ITEM, ch.SYNC_TINY}
     assert (s > 0).all()
+    assert (s == run.table("sync").set_index("what").us_min).all(), "the minimum, the book's estimator"
+    # an old run has no quartiles: the table shows what it has
+    assert list(ch.sync_table(run).columns) == ["what", "µs (min)", "µs (median)", "µs (max)"]
 
 
 def test_launch_config_without_launch_dimensions():
@@ -91,6 +96,9 @@ def test_the_queue(run):
     assert len(q) == run.parameters["burst"]
     assert (q.call_return_us >= q.call_start_us).all() and q.gpu_done_us.is_monotonic_increasing
     s = ch.queue_summary(run)
+    call = q.call_return_us - q.call_start_us
+    assert s["launch_call_us"] == call.min() and s["launch_call_us_median"] == call.median()
+    assert s["launch_call_us"] <= s["launch_call_us_q1"] <= s["launch_call_us_median"] <= s["launch_call_us_q3"]
     assert s["host_issue_all_ms"] < s["gpu_done_all_ms"] <= s["host_sync_returned_ms"] + 1e-3
     assert s["gpu_done_all_ms"] == q.gpu_done_us.max() / 1e3
     assert 0 < s["queue_depth_at_last_launch"] <= run.parameters["burst"]
@@ -105,7 +113,7 @@ def test_l2_and_the_add_out_of_the_cache(run):
     assert c.l2_bytes == 60 * 2**20 and c.fits
     assert (h.n == run.parameters["hbm_n"]).all() and (h["GB/s"] == h.bytes / (h.ms_median * 1e-3) / 1e9).all()
     assert (h["of datasheet"] == h["GB/s"] / 4800).all()
-    lim = hardware.run_limits(run)
+    lim = shared.limits()  # the ceilings of "Why a GPU", not this run's own
     assert (h["of measured copy"] == h["GB/s"] / (lim.copy_tbs * 1e3)).all()
     torch_gbs = h.set_index("implementation").loc[ch.TORCH_ADD, "GB/s"]
     text = ch.hbm_text(run)
@@ -125,7 +133,19 @@ def test_runs_without_the_cache_size_or_the_add_out_of_it(run, tmp_path):
     assert not ch.cache(small).fits and "larger than this GPU's" in ch.l2_text(small)
 
 
+def watch_interleaved(monkeypatch, calls):
+    """Log each interleaved timing in `calls` as ("time", what), as the fixture logs time_region."""
+    real = harness.interleaved
+
+    def interleaved(variants, **kw):
+        calls.append(("time", kw.get("what", "")))
+        return real(variants, **kw)
+
+    monkeypatch.setattr(harness, "interleaved", interleaved)
+
+
 def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monkeypatch):
+    watch_interleaved(monkeypatch, calls)
     monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)
     monkeypatch.setattr(triton_kernels, "add", lambda a, b, block=1024, num_warps=4: a + b)
     monkeypatch.setattr(ch, "Params", functools.partial(ch.Params, n=4096, burst_n=1024, device="cpu"))
@@ -137,6 +157,13 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monk
     assert list(h.implementation) == [ch.TORCH_ADD, ch.OUR_ADD] and (h.n == 8192).all()
     assert (h.bytes == 3 * 8192 * 4).all() and h.clean.all()
     assert list(run.table("sync").what) == [ch.SYNC_IDLE, ch.SYNC_ITEM, ch.SYNC_TINY]
+    assert [w for k, w in calls if k == "time"][:1] == ["adds, 4096 elements"], "the two adds interleaved"
+    sync = run.table("sync")
+    assert (sync.us_min <= sync.us_q1).all() and (sync.us_q1 <= sync.us_median).all()
+    assert (sync.us_median <= sync.us_q3).all() and (sync.repeats == 3).all()
+    at = run.table("add_times")
+    assert {"ms_min", "ms_q1", "ms_q3"} <= set(at.columns) and (at.repeats == 3).all()
+    assert "ceilings.csv" not in run.meta["files"], "the ceilings are those of Why a GPU"
     assert run.table("add_times").clean.all()
     assert set(ch.add_kernels(run).implementation) == {ch.TORCH_ADD, ch.OUR_ADD}
     assert set(run.results["method"]) == set(harness.method())
@@ -147,3 +174,16 @@ def test_the_queue_refuses_after_a_profile(monkeypatch):
     measure_queue = definitions(NOTEBOOK, repeats=3, burst=2, hbm_n=16)["measure_queue"]
     with pytest.raises(harness.TimingError, match="the queue"):
         measure_queue(2, 16)
+
+
+def test_the_answer_comes_before_the_measuring_code():
+    import json
+
+    from .conftest import REPO
+
+    nb = json.loads((REPO / "notebooks" / "what_a_kernel.ipynb").read_text())
+    md = [
+        i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown" and "## The answer" in "".join(c["source"])
+    ]
+    live = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
+    assert len(md) == 1 and md[0] < live

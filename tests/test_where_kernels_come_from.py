@@ -113,6 +113,44 @@ def test_attention_backends_table(run):
     assert (ok.max_abs_diff < 0.05).all()
 
 
+def test_fused_backends_said_from_the_run(run):
+    """Not "one fused kernel each": FlashAttention runs a split-KV kernel and a combine kernel."""
+    f = ch.fused_backends(run).set_index("backend")
+    assert f.loc["FLASH_ATTENTION", "fewest"] == f.loc["FLASH_ATTENTION", "most"] == 2
+    assert f.loc["EFFICIENT_ATTENTION", "most"] == 1
+    text = ch.fused_backends_text(run)
+    assert "*FLASH_ATTENTION* 2 kernels" in text and "*EFFICIENT_ATTENTION* 1 kernel" in text
+    assert "*CUDNN_ATTENTION* 1 to 2 (by context) kernels" in text and "combines" in text
+    assert "one fused kernel each" not in text and text.startswith("the fused ones 1 to 2 kernels each: ")
+
+
+def test_compiled_call_tied_to_the_host(run, tmp_path):
+    t = run.table("fusion_times").set_index("variant")
+    text = ch.compiled_call_text(run)
+    assert "us_min" not in t.columns and ch.per_call_column(t) == "us_median", "an old run: the median"
+    assert f"{t.loc[ch.COMPILED, 'us_median']:.0f} µs (median of its calls)" in text
+    assert f"took {t.loc[ch.COMPILED, 'issue_us_median']:.0f} µs to return" in text
+    assert "guards" in text and "cannot say" in text, "this run cannot split guards from the wrapper"
+    assert ch.compiled_host_us(run) is None
+    # a run that kept the compiled call's profile splits it
+    import gzip
+    import json
+
+    from labsupport.runs.writer import sha256
+
+    new = _copy(run, tmp_path)
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "TorchDynamo Cache Lookup", "ts": 0, "dur": 12.5},
+        {"ph": "X", "cat": "cpu_op", "name": "Torch-Compiled Region: 0/0", "ts": 13, "dur": 30.0},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "ts": 20, "dur": 4.0},
+    ]
+    with gzip.open(new.path / ch.COMPILED_TRACE, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    new.meta["files"][ch.COMPILED_TRACE] = sha256(new.path / ch.COMPILED_TRACE)
+    assert ch.compiled_host_us(new) == {"guards": 12.5, "compiled region": 30.0, "launch calls": 4.0}
+    assert "guards 12 µs, compiled region 30 µs, launch calls 4 µs" in ch.compiled_call_text(new)
+
+
 def _copy(run, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(run.path, root / ch.CHAPTER / run.run_id)
@@ -185,6 +223,7 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, monkeypatch
         "fusion_times.csv",
         "fused_rmsnorm_source.py",
         "attention_backends.csv",
+        ch.COMPILED_TRACE,
     }
     assert set(run.results["method"]) >= {"wall_times", "gpu_times", "host"}
     t = run.table("fusion_times")
@@ -195,3 +234,23 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, monkeypatch
     ok = a[a.status == "ok"]
     assert list(ok.backend) == ["MATH", "MATH"] and ok.clean.all() and (ok.kernels > 0).all()
     assert ch.timing_note(run).endswith("taken before anything was profiled in the process.")
+    assert ch.timing_note(run).startswith("Every per-call time is the least of 2 timed calls")
+    for table in (t, ok):
+        assert (table.us_min <= table.us_q1).all() and (table.us_q1 <= table.us_median).all()
+        assert (table.us_median <= table.us_q3).all() and (table.wall_us_min <= table.wall_us_median).all()
+    f = ch.fusion_table(run).set_index("variant")
+    assert (f["per call µs (CUDA events)"] == t.set_index("variant").us_min.reindex(f.index)).all()
+    assert "guards" in ch.compiled_call_text(run) and ch.compiled_host_us(run) is not None
+
+
+def test_the_answer_comes_before_the_measuring_code():
+    import json
+
+    from .conftest import REPO
+
+    nb = json.loads((REPO / "notebooks" / "where_kernels_come_from.ipynb").read_text())
+    md = [
+        i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown" and "## The answer" in "".join(c["source"])
+    ]
+    live = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
+    assert len(md) == 1 and md[0] < live

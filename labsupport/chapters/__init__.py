@@ -122,6 +122,7 @@ CHAPTERS = [
         },
         checks={"repeats": REPEATS, "burst": at_least(1), "hbm_n": at_least(1)},
         smoke={"repeats": 20, "burst": 50, "hbm_n": 1 << 26},
+        reads=("why-a-gpu",),
     ),
     Chapter(
         "model-code-to-kernels",
@@ -134,7 +135,8 @@ CHAPTERS = [
         },
         checks={"preset": preset(), "repeats": REPEATS},
         smoke={"repeats": 10},
-        reads=("kernels-in-one-token",),
+        # shared.glue_values() reads every owner's run (the eager step's kernels are shown)
+        reads=("kernels-in-one-token", "why-a-gpu", "launch-overhead"),
     ),
     Chapter(
         "where-kernels-come-from",
@@ -269,6 +271,7 @@ CHAPTERS = [
             "compile_backends": [],
             "contexts": [8, 64],
         },
+        reads=("why-a-gpu",),  # its ceilings (shared.limits); the hybrid's own step walls are its own
     ),
 ]
 
@@ -297,6 +300,8 @@ ONE_TOKEN_TWO_GPUS = Chapter(
     },
     smoke={"repeats": 3, "variants": ["eager", "cuda-graph"], "sweep_max": 1 << 20},
     cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2, "variants": ["eager"], "sweep_max": 16384},
+    # the one-GPU steps it shows are the shared ones (shared.glue_values reads every owner's run)
+    reads=("kernels-in-one-token", "launch-overhead", "why-a-gpu"),
     gpus=2,
 )
 

@@ -33,6 +33,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "fusion_times.csv": "the time of each of them",
         "fused_rmsnorm_source.py": "the Triton source torch.compile generated for the fused RMSNorm",
         "attention_backends.csv": "each attention backend at each context length: kernels, GPU time, time per call",
+        "trace-rmsnorm-compiled.json.gz": "the raw profiler trace of one compiled RMSNorm call, with its host events "
+        "(Dynamo's guard check, the compiled region, the launch)",
     },
     "kernels-in-one-token": {
         "ceilings.csv": _CEILINGS,

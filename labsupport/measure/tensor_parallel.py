@@ -10,7 +10,8 @@ columns), row-parallel o_proj and down_proj (each rank's partial sum, then one a
 That is two all-reduces per layer. The embedding, the norms and the LM head stay whole on
 every rank. On one rank the model runs as written (TP=1, no DTensor).
 
-Each rank then times every step form first (harness.time_region, clean), profiles one step
+Each rank then times every step form first (harness.interleaved, clean: the forms in turn, round
+after round), profiles one step
 of each (harness.profile_region), and writes into DIR/rank<r>/: step_times.csv,
 variants.csv, collectives.csv (what one eager step all-reduces), allreduce.csv (with
 --sweep), trace-<variant>.json.gz and info.json. NCCL on GPUs, gloo on a CPU (the tests).
@@ -145,16 +146,20 @@ def variant_row(variant: str, k: pd.DataFrame, t: harness.Timing, path: Path) ->
         "wall_ms_median": t.median,
         "wall_ms_min": t.low,
         "wall_ms_max": t.high,
+        "wall_ms_q1": t.q1,
+        "wall_ms_q3": t.q3,
         "issue_ms_median": statistics.median(t.issue_ms),
         "clean": t.clean,
     }
 
 
 def time_variants(model, prompt, args, where: str, say) -> tuple[dict, dict, list]:
-    """Build and time each step form asked for, every rank in step: ({variant: (step, Timing)},
-    {variant: why it has no numbers}, step_times rows)."""
+    """Build each step form asked for, then time them in turn, round after round (harness.interleaved:
+    a change in the host's speed touches every form alike), every rank in step (the same forms in the
+    same order on every rank): ({variant: (step, Timing)}, {variant: why it has no numbers},
+    step_times rows). If the interleaved timing fails on any rank, each form is timed alone."""
     device = where.split(":")[0]
-    built, status, times = {}, {}, []
+    steps_built, status, times = {}, {}, []
     for v in [v for v in args.variants if v in VARIANTS]:
         if v != "eager" and device != "cuda":
             status[v] = "needs a CUDA GPU"
@@ -162,20 +167,51 @@ def time_variants(model, prompt, args, where: str, say) -> tuple[dict, dict, lis
         try:
             say(f"{v}: building (a compile takes minutes)" if v == "compile" else f"{v}: building")
             step = build_step(v, model, prompt)
-            t = harness.time_region(
-                step, what=f"{v} step", device=device, repeats=args.repeats, setup=steps.setup(step)
-            )
             ok, err = True, ""
-        except (harness.TimingError, harness.ProfileError):
-            raise
         except Exception as e:  # recorded, not hidden: the variant's row says why
             ok, err = False, first_line(e)
         if not agree(ok, where):
             status[v] = f"failed: {err}" if err else "failed on another rank"
             continue
-        built[v] = (step, t)
+        steps_built[v] = step
+    timed, err = {}, ""
+    if steps_built:
+        say(f"timing {', '.join(steps_built)} in turn, {args.repeats} rounds")
+        try:
+            timed = harness.interleaved(
+                {v: (step, steps.setup(step)) for v, step in steps_built.items()},
+                device=device,
+                rounds=args.repeats,
+                warmup=3,
+                what="step",
+            )
+            ok = True
+        except (harness.TimingError, harness.ProfileError):
+            raise
+        except Exception as e:
+            ok, err = False, first_line(e)
+        if not agree(ok, where):
+            say(f"interleaved timing failed ({err or 'on another rank'}); timing each form alone")
+            timed = {}
+            for v, step in steps_built.items():
+                try:
+                    t = harness.time_region(
+                        step, what=f"{v} step", device=device, repeats=args.repeats, setup=steps.setup(step)
+                    )
+                    ok, err = True, ""
+                except (harness.TimingError, harness.ProfileError):
+                    raise
+                except Exception as e:
+                    ok, err = False, first_line(e)
+                if agree(ok, where):
+                    timed[v] = t
+                else:
+                    status[v] = f"failed: {err}" if err else "failed on another rank"
+    built = {}
+    for v, t in timed.items():
+        built[v] = (steps_built[v], t)
         times += t.rows(variant=v)
-        say(f"{v}: median {t.median:.3f} ms over {len(t.wall_ms)} repeats")
+        say(f"{v}: least {t.low:.3f} ms, median {t.median:.3f} ms over {len(t.wall_ms)} repeats")
     return built, status, times
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from labsupport import runs
-from labsupport.chapters.hybrid_model_token.keys import GROUPS, OUTSIDE, trace_file
-from labsupport.measure import hardware
+from labsupport.chapters.hybrid_model_token.keys import GROUPS, OUTSIDE, trace_file, wall_column
+from labsupport.chapters.hybrid_model_token.tables import limits
 from labsupport.traces import kernels, trace
 
 
@@ -130,7 +130,7 @@ def lm_head(run: runs.Run, backend: str = "reference") -> LMHead:
     head = head[head.kind == "matrix multiply"]
     m = run.results["model"]
     ms = head.dur_ns.sum() / 1e6
-    sheet_tbs = hardware.run_limits(run).datasheet_tbs
+    sheet_tbs = limits(run).datasheet_tbs
     gb = m["lm_head_bytes"] / 1e9
     return LMHead(
         rows=m["lm_head_rows"],
@@ -160,8 +160,8 @@ def time_budget(run: runs.Run) -> pd.DataFrame:
                 "mode": v["mode"],
                 "matrix multiplies ms": mm_ms,
                 "other kernels ms": (k.dur_ns.sum() - mm.dur_ns.sum()) / 1e6,
-                "GPU idle ms": max(v.wall_ms_median - v.gpu_busy_ns / 1e6, 0.0),
-                "wall ms": v.wall_ms_median,
+                "GPU idle ms": max(v[wall_column(v)] - v.gpu_busy_ns / 1e6, 0.0),
+                "wall ms": v[wall_column(v)],
                 "GEMM kernels": int((~name).sum()),
                 "split-K reduce kernels": int(name.sum()),
                 "matmul TB/s": mm_bytes / 1e12 / (mm_ms / 1e3) if mm_ms else float("nan"),

@@ -10,7 +10,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters.hybrid_model_token.census import kernel_table
-from labsupport.chapters.hybrid_model_token.keys import trace_file
+from labsupport.chapters.hybrid_model_token.keys import trace_file, wall_column
 from labsupport.traces import kernels, trace
 
 GAP_NS = 2000  # a gap between kernels this long or longer is listed on its own (with its neighbours)
@@ -252,16 +252,16 @@ def idle_summary(run: runs.Run, backend: str, mode: str) -> IdleSummary:
     return IdleSummary(
         backend=backend,
         mode=mode,
-        wall_ms=float(v.wall_ms_median),
+        wall_ms=float(v[wall_column(v)]),
         busy_ms=busy,
-        idle_ms=float(v.wall_ms_median) - busy,
+        idle_ms=float(v[wall_column(v)]) - busy,
         profiled_ms=span / 1e6,
         profiled_idle_ms=span / 1e6 - busy,
         before_first_ms=float(part.get("before the first kernel", 0.0)),
         between_launches_ms=float(part.get("between two launches", 0.0)),
         inside_graph_ms=float(part.get("inside one graph", 0.0)),
         after_last_ms=float(part.get("after the last kernel", 0.0)),
-        host_estimate_ms=float(v.wall_ms_median) - busy - float(part.get("inside one graph", 0.0)),
+        host_estimate_ms=float(v[wall_column(v)]) - busy - float(part.get("inside one graph", 0.0)),
         graph_launches=int(k.loc[k.launch_api == "cudaGraphLaunch", "correlation"].nunique()),
         compiled_regions=sum(
             1

@@ -17,12 +17,14 @@ VARIANT_COLUMNS = [
     "wall_ms_median",
     "wall_ms_min",
     "wall_ms_max",
+    "wall_ms_q1",
+    "wall_ms_q3",
     "issue_ms_median",
     "clean",
     "graphs_compiled_while_profiling",
     "compile_s",
 ]
-STEP_TIME_COLUMNS = ["backend", "mode", "repeat", "wall_ms", "issue_ms", "gpu_ms", "clean"]
+STEP_TIME_COLUMNS = ["backend", "mode", "repeat", "wall_ms", "issue_ms", "gpu_ms", "clean", "round"]
 PREFILL_COLUMNS = [
     "backend",
     "status",
@@ -32,6 +34,8 @@ PREFILL_COLUMNS = [
     "wall_ms_median",
     "wall_ms_min",
     "wall_ms_max",
+    "wall_ms_q1",
+    "wall_ms_q3",
     "clean",
 ]
 CACHE_GROWTH_COLUMNS = ["context", "status", "layer_type", "layers", "bytes"]
@@ -53,6 +57,12 @@ OUTSIDE = {
     "sample": "sampling (argmax)",
     "model": "model glue (masks, positions)",
 }
+
+
+def wall_column(table) -> str:
+    """The column a wall time is read from: the minimum of the timed repeats (the book's estimator for
+    host-timed numbers), which every run of the chapter recorded; the median in a table without it."""
+    return "wall_ms_min" if "wall_ms_min" in table else "wall_ms_median"
 
 
 def trace_file(backend: str, mode: str) -> str:

@@ -160,6 +160,41 @@ class Recorder:
             when = "failed while profiling (after it was timed): " if profiling else "failed: "
             self.failed(backend, mode, when + first_line(e))
 
+    def time_all(self, backend: str, calls: dict, repeats: int, device: str, warmup: int = 2) -> None:
+        """Time one backend's variants in turn, round after round (harness.interleaved), so that a
+        change in the host's speed touches all of them alike. `calls` maps a mode ("prefill" or a
+        step's mode) to (step or None, fn, setup or None); each Timing is kept in `timed` for its
+        profile. If the interleaved timing fails, each variant is timed alone, and one that still
+        fails is recorded with the reason."""
+        if not calls:
+            return
+        what = f"{backend}: " + ", ".join(calls)
+        try:
+            timed = harness.interleaved(
+                {m: (fn, setup) for m, (_, fn, setup) in calls.items()},
+                device=device,
+                rounds=repeats,
+                warmup=warmup,
+                what=what,
+                progress=self.progress,
+            )
+        except (harness.TimingError, harness.ProfileError):
+            raise
+        except Exception as e:  # one variant broke the rounds: time each alone, record the one that fails
+            self.progress(f"  interleaved timing failed ({first_line(e)}); timing each variant alone")
+            timed = {}
+            for m, (_, fn, setup) in calls.items():
+                with self.attempt(backend, m):
+                    timed[m] = harness.time_region(
+                        fn, what=f"{backend}, {m}", device=device, repeats=repeats, warmup=warmup, setup=setup
+                    )
+        for m, t in timed.items():
+            self.timed[(backend, m)] = (calls[m][0], t)
+            self.progress(
+                f"  {m}: wall {t.low:.2f} ms (least of {len(t.wall_ms)}; median {t.median:.2f}, "
+                f"quartiles {t.q1:.2f} to {t.q3:.2f})"
+            )
+
     def prefill_profiled(self, backend: str, t: harness.Timing, k: pd.DataFrame) -> None:
         """The prompt's row: its wall times (timed) and the kernels of its profile."""
         self.prefills[backend] = {
@@ -171,6 +206,8 @@ class Recorder:
             "wall_ms_median": t.median,
             "wall_ms_min": t.low,
             "wall_ms_max": t.high,
+            "wall_ms_q1": t.q1,
+            "wall_ms_q3": t.q3,
             "clean": t.clean,
         }
         self.progress(f"  {len(k)} kernels")
@@ -190,6 +227,8 @@ class Recorder:
             "wall_ms_median": t.median,
             "wall_ms_min": t.low,
             "wall_ms_max": t.high,
+            "wall_ms_q1": t.q1,
+            "wall_ms_q3": t.q3,
             "issue_ms_median": statistics.median(t.issue_ms),
             "clean": t.clean,
             "graphs_compiled_while_profiling": recompiled,

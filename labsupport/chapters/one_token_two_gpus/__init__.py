@@ -16,6 +16,7 @@ communication kind, the curve, and the answer, all computed from the run here.
 """
 
 from labsupport.chapters.one_token_two_gpus.analysis import (
+    SHARED_ONE_GPU,
     Answer,
     Collectives,
     agreement,
@@ -35,6 +36,7 @@ from labsupport.chapters.one_token_two_gpus.analysis import (
     references,
     split_degree,
     steps,
+    steps_shown,
     time_split,
 )
 from labsupport.chapters.one_token_two_gpus.figures import COLORS, allreduce_figure, ranks_timeline
@@ -72,6 +74,6 @@ __all__ = [
     "degrees", "split_degree", "steps", "kernel_table", "layer_kernels", "census", "Collectives", "collectives",
     "allreduce_curve",
     "at_bytes", "agreement", "agreement_text", "Answer", "answer", "references", "published_allreduce_us", "headline",
-    "main_form", "best", "time_split",
+    "main_form", "best", "time_split", "SHARED_ONE_GPU", "steps_shown",
     "COLORS", "allreduce_figure", "ranks_timeline",
 ]  # fmt: skip

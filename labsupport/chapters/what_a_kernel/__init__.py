@@ -18,8 +18,10 @@ from .analysis import (
     launch_config,
     launches,
     load,
+    per_call_us,
     queue_summary,
     sync_costs,
+    sync_table,
 )
 from .figures import queue
 from .measure import (
@@ -35,6 +37,7 @@ from .measure import (
     l2_cache_bytes,
     per_call_row,
     progress,
+    wait_row,
 )
 
 __all__ = [
@@ -61,8 +64,11 @@ __all__ = [
     "launches",
     "load",
     "per_call_row",
+    "per_call_us",
     "progress",
     "queue",
     "queue_summary",
     "sync_costs",
+    "sync_table",
+    "wait_row",
 ]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from labsupport import runs
+from labsupport.chapters import shared
 from labsupport.measure import hardware
 from labsupport.traces import kernels, trace
 
@@ -65,8 +66,23 @@ def launches(run: runs.Run) -> pd.DataFrame:
 
 
 def sync_costs(run: runs.Run) -> pd.Series:
-    """The median µs of each way of waiting for the GPU, by what was timed."""
-    return run.table("sync").set_index("what").us_median
+    """The µs of each way of waiting for the GPU, by what was timed: the minimum of its trials (the
+    book's estimator for host-timed numbers; every run has it)."""
+    return run.table("sync").set_index("what").us_min
+
+
+def sync_table(run: runs.Run) -> pd.DataFrame:
+    """Each way of waiting: minimum (the estimator), quartiles where the run has them (runs from
+    before the interleaved timing have none), median and maximum, in µs."""
+    s = run.table("sync")
+    cols = [c for c in ("us_min", "us_q1", "us_median", "us_q3", "us_max") if c in s.columns]
+    return s[["what", *cols]].rename(columns={c: f"µs ({c[3:]})" for c in cols})
+
+
+def per_call_us(run: runs.Run, impl: str) -> float:
+    """One add's time per call in µs (CUDA events around the call): the minimum of its trials."""
+    t = run.table("add_times").set_index("implementation")
+    return float(t.loc[impl, "ms_min" if "ms_min" in t.columns else "ms_median"]) * 1e3
 
 
 def burst_kernels(run: runs.Run) -> pd.DataFrame:
@@ -82,7 +98,11 @@ def queue_summary(run: runs.Run) -> dict:
     gpu_each = q.gpu_done_us.diff().dropna()
     last = q.loc[q.launch.idxmax()]  # the last launch of the burst
     return {
-        "launch_call_us": float(call.median()),
+        # the least of the burst's launch calls (the book's estimator), with the median and quartiles
+        "launch_call_us": float(call.min()),
+        "launch_call_us_q1": float(call.quantile(0.25)),
+        "launch_call_us_median": float(call.median()),
+        "launch_call_us_q3": float(call.quantile(0.75)),
         "host_issue_all_ms": s["host_issue_all_us"] / 1e3,
         "gpu_done_all_ms": float(last.gpu_done_us) / 1e3,
         "host_sync_returned_ms": s["host_sync_returned_us"] / 1e3,
@@ -95,17 +115,17 @@ def queue_summary(run: runs.Run) -> dict:
 
 def headline(run: runs.Run) -> dict:
     q = queue_summary(run)
-    t = run.table("add_times").set_index("implementation").ms_median * 1e3
     return {
         "launch call µs": q["launch_call_us"],
-        "torch add µs": float(t.loc[TORCH_ADD]),
-        "Triton add µs": float(t.loc[OUR_ADD]),
+        "torch add µs": per_call_us(run, TORCH_ADD),
+        "Triton add µs": per_call_us(run, OUR_ADD),
     }
 
 
 def add_table(run: runs.Run) -> pd.DataFrame:
     """Each implementation's kernel time on the GPU (profiler) beside its time per call
-    from Python (CUDA events around the call, which include getting the launch out)."""
+    from Python (CUDA events around the call, which include getting the launch out: the minimum
+    of the trials, the two implementations timed interleaved)."""
     k = add_kernels(run)
     t = run.table("add_times").set_index("implementation")
     rows = []
@@ -115,7 +135,7 @@ def add_table(run: runs.Run) -> pd.DataFrame:
             {
                 "implementation": impl,
                 "kernel µs (profiler)": kernel_us,
-                "per call µs (CUDA events)": t.loc[impl, "ms_median"] * 1e3,
+                "per call µs (CUDA events)": per_call_us(run, impl),
                 "GB/s during the kernel": t.loc[impl, "bytes"] / (kernel_us * 1e-6) / 1e9,
             }
         )
@@ -147,7 +167,7 @@ def hbm_add(run: runs.Run) -> pd.DataFrame | None:
     if "hbm_add.csv" not in run.meta["files"]:
         return None
     h = run.table("hbm_add")
-    lim = hardware.run_limits(run)
+    lim = shared.limits()
     h["GB/s"] = h.bytes / (h.ms_median * 1e-3) / 1e9
     h["of datasheet"] = h["GB/s"] / (lim.datasheet_tbs * 1e3) if lim.datasheet_tbs else float("nan")
     h["of measured copy"] = h["GB/s"] / (lim.copy_tbs * 1e3) if lim.copy_tbs else float("nan")
@@ -199,7 +219,7 @@ def hbm_text(run: runs.Run) -> str:
             f"This run did not time an add larger than the L2 cache on its own. The adds of the burst below, "
             f"{q['add_mb']:,.0f} MB each, are: each ran at {q['add_tbs']:.2f} TB/s."
         )
-    lim, c = hardware.run_limits(run), cache(run)
+    lim, c = shared.limits(), cache(run)
     t = h.set_index("implementation")
     tr, ou = t.loc[TORCH_ADD], t.loc[OUR_ADD]
     vs = []
@@ -207,13 +227,14 @@ def hbm_text(run: runs.Run) -> str:
         vs.append(f"{tr['of datasheet']:.0%} of the {lim.datasheet_name} datasheet's {lim.datasheet_tbs:.1f} TB/s")
     if lim.copy_tbs and tr["of measured copy"] <= 1:
         vs.append(
-            f"{tr['of measured copy']:.0%} of the {lim.copy_tbs:.2f} TB/s a large copy reached in this run "
-            "(a copy, like an add, reads and writes)"
+            f"{tr['of measured copy']:.0%} of the {lim.copy_tbs:.2f} TB/s a large copy reached in the run "
+            "of *Why a GPU* (a copy, like an add, reads and writes)"
         )
     elif lim.copy_tbs:
         vs.append(
-            f"{tr['of measured copy']:.0%} of the {lim.copy_tbs:.2f} TB/s a large copy reached in this run: "
-            "that copy is a rate measured in practice, not a limit, and the datasheet's peak is the ceiling "
+            f"{tr['of measured copy']:.0%} of the {lim.copy_tbs:.2f} TB/s a large copy reached in the run "
+            "of *Why a GPU*: that copy is a rate measured in practice, not a limit, and the datasheet's peak is "
+            "the ceiling "
             "that holds"
         )
     times_l2 = f", {tr.bytes / c.l2_bytes:,.0f} times the L2 cache" if c.l2_bytes else ""

@@ -51,15 +51,34 @@ def l2_cache_bytes() -> int | None:
 
 def per_call_row(impl: str, t: harness.Timing, n: int) -> dict:
     """One implementation's time per call: CUDA events around the call (the host clock on a
-    CPU), median, min and max."""
-    ms = pd.Series(t.gpu_ms or t.wall_ms)
+    CPU), taken interleaved with the other implementation (harness.interleaved): the minimum
+    (the book's estimator), the quartiles, the median and the maximum."""
+    ms = list(t.gpu_ms or t.wall_ms)
     return {
         "implementation": impl,
         "n": n,
-        "ms_median": float(ms.median()),
-        "ms_min": float(ms.min()),
-        "ms_max": float(ms.max()),
+        "ms_median": float(pd.Series(ms).median()),
+        "ms_min": float(min(ms)),
+        "ms_q1": harness.quantile(ms, 0.25),
+        "ms_q3": harness.quantile(ms, 0.75),
+        "ms_max": float(max(ms)),
         "repeats": len(ms),
         "bytes": 3 * n * 4,
+        "clean": t.clean,
+    }
+
+
+def wait_row(what: str, t: harness.Timing) -> dict:
+    """One way of waiting for the GPU, timed on the host clock (interleaved with the others): the
+    minimum (the estimator), the quartiles, the median and the maximum, in µs."""
+    us = [w * 1e3 for w in t.wall_ms]
+    return {
+        "what": what,
+        "us_median": float(pd.Series(us).median()),
+        "us_min": float(min(us)),
+        "us_q1": harness.quantile(us, 0.25),
+        "us_q3": harness.quantile(us, 0.75),
+        "us_max": float(max(us)),
+        "repeats": len(us),
         "clean": t.clean,
     }
