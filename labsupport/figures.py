@@ -3,9 +3,10 @@ a phone as on a laptop.
 
 The rule that keeps them legible: a figure is at most 9 inches wide and no text in it is under
 10 pt. The book shows a figure's PNG (bbox "tight") shrunk to the text column, 688 px wide at
-1280 px; on a 390 px phone the column is 358 px, and book/_static/book.css keeps a figure at
-least 500 px wide there, in a scroll box of its own, so 10 pt stays about 7 px high.
-`text_heights_px` computes that height for every text of a figure (tests/test_figures.py)."""
+1280 px, where no text may be under 9 px; on a 390 px phone the column is 358 px and
+book/_static/book.css scales the whole figure to it (none is shown in part), so its text stays
+at least 5 px high, readable with the phone's zoom. `text_heights_px` computes those heights for
+every text of a figure (tests/test_figures.py)."""
 
 from __future__ import annotations
 
@@ -48,17 +49,14 @@ plt.rcParams.update(
 )
 
 # How the book shows a figure (book/_static/book.css): the text column's width at each page
-# width, and the least width a figure keeps on a phone (it scrolls sideways in its own box).
+# width; a figure wider than the column is scaled down to it, whole.
 COLUMN_PX = {1280: 688, 390: 358}  # measured in the built book (Chromium)
-PHONE_FIGURE_MIN_PX = 500
-PHONE_PAGE_PX = 540  # book.css's media query: pages at most this wide keep the minimum
-MIN_TEXT_PX = 7.0
+MIN_TEXT_PX = {1280: 9.0, 390: 5.0}  # the least text height, in screen pixels, at each page width
 
 
 def shown_width_px(natural_px: float, page_px: int) -> float:
     """The width the book shows a figure whose PNG is `natural_px` wide, on a page `page_px` wide."""
-    shown = min(natural_px, COLUMN_PX[page_px])
-    return max(shown, PHONE_FIGURE_MIN_PX) if page_px <= PHONE_PAGE_PX else shown
+    return min(natural_px, COLUMN_PX[page_px])
 
 
 def text_heights_px(fig, page_px: int) -> list[tuple[float, str]]:

@@ -1,5 +1,6 @@
 """Every figure the book draws is legible on a 390 px phone and at 1280 px: no text under
-figures.MIN_TEXT_PX pixels high as the book shows it (labsupport.figures.text_heights_px), no
+figures.MIN_TEXT_PX pixels high (9 px at 1280, legends included) as the book shows it
+(labsupport.figures.text_heights_px), no
 tick label in scientific notation (6×10⁰) on a log axis, and every bar on a log axis labelled
 with its value. The figures are the ones each chapter notebook draws, its cells executed in
 this process in replay mode on the chapter's fixture run (as papermill would run them)."""
@@ -41,7 +42,7 @@ def problems(name: str, fig) -> list[str]:
     found = []
     for page in (390, 1280):
         px, text = figures.text_heights_px(fig, page)[0]
-        if px < figures.MIN_TEXT_PX:
+        if px < figures.MIN_TEXT_PX[page]:
             found.append(f"{name}: at {page} px the text {text[:40]!r} is {px:.1f} px high")
     for ax in fig.axes:
         for axis, scale in (("x", ax.get_xscale()), ("y", ax.get_yscale())):
@@ -79,17 +80,17 @@ def test_the_status_history_figure_is_legible():
 
 
 def test_the_measure_catches_a_figure_too_wide_for_its_text():
-    """A 12-inch figure with 8 pt ticks: on a phone its ticks would be about 5 px high."""
+    """A 12-inch figure with 8 pt ticks: at 1280 px its ticks would be about 6 px high."""
     fig, ax = plt.subplots(figsize=(12, 3))
     ax.plot([1, 10, 100], [1, 2, 3])
     ax.tick_params(labelsize=8)
     ax.set_xscale("log")
     found = problems("wide", fig)
-    assert any("at 390 px" in p for p in found)
+    assert any("at 1280 px" in p for p in found)
     assert any("scientific notation" in p for p in found)  # matplotlib's own log ticks: 10^0
     px = figures.text_heights_px(fig, 390)[0][0]
     natural = fig.get_tightbbox().padded(0.1).width * fig.dpi
-    assert px == pytest.approx(8 * fig.dpi / 72 * figures.PHONE_FIGURE_MIN_PX / natural, rel=1e-6)
+    assert px == pytest.approx(8 * fig.dpi / 72 * figures.COLUMN_PX[390] / natural, rel=1e-6)
     figures.plain_ticks(ax, "x")
     assert not any("scientific" in p for p in problems("wide", fig))
     plt.close(fig)
