@@ -18,7 +18,6 @@ import torch
 from labsupport import runs
 from labsupport.chapters import why_a_gpu as ch
 from labsupport.measure import hardware, harness, models
-from labsupport.traces import trace
 
 from .conftest import fixture_run
 
@@ -92,18 +91,21 @@ def test_per_token_arithmetic(any_run):
     assert sheet["ridge FLOP/byte"] == pytest.approx(989 / 4.8)
     measured = ar.loc[ch.MEASURED]
     lim = hardware.run_limits(any_run)
-    assert measured["TB/s"] == pytest.approx(lim.read_or_copy_tbs)
+    # The measured row reads at the practical ceiling: the best of the copy, the read stream, the product.
+    m = ch.matvec_summary(any_run)
+    best = max(t for t in (lim.copy_tbs, lim.read_tbs, (m.gpu_kernel_gbs or m.gpu_call_gbs) / 1e3) if t)
+    assert measured["TB/s"] == pytest.approx(best) == ch.practical_ceiling_tbs(any_run)
+    assert ch.shared(any_run)["ceiling_tbs"] == pytest.approx(best)
     assert measured["TFLOP/s"] == pytest.approx(lim.gemm_tflops)
     assert (ar["memory / math"] > 50).all()
     shown = ch.arithmetic_display(any_run)
     assert list(shown.index) == ["H200 SXM datasheet", "measured on this GPU"]
     text = ch.memory_ceiling_text(any_run)
-    if lim.read_tbs is None:  # before the read stream, the copy is the memory ceiling
-        assert measured["TB/s"] == pytest.approx(ch.ceilings(any_run).copy_tbs)
-        assert text.startswith("a large device-to-device copy")
+    assert text.startswith("a large device-to-device copy") and f"{best:.2f} TB/s, is the practical ceiling" in text
+    if lim.read_tbs is None:  # before the read stream: the copy and the product only
+        assert "read stream" not in text
     else:
-        assert measured["TB/s"] == pytest.approx(lim.read_tbs) and f"{lim.read_tbs:.2f} TB/s" in text
-        assert ch.ceilings(any_run).read_by in text
+        assert f"{lim.read_tbs:.2f} TB/s" in text and ch.ceilings(any_run).read_by in text
 
 
 def test_matvec_rates_and_summary(any_run):
@@ -140,19 +142,20 @@ def test_matvec_kernel_time_where_the_run_profiled_it(run, tmp_path):
 def test_batch_sweep_and_ridge(run):
     s = ch.sweep(run)
     assert list(s.batch) == run.parameters["batches"][: len(s)]
-    assert (s["tokens/s"] == s.batch / (s.wall_ms_median / 1e3)).all()
+    # The wall time is the minimum of the trials (the book's estimator); tokens/s are taken at it.
+    assert (s["wall ms"] == s.wall_ms_min).all() and (s["tokens/s"] == s.batch / (s.wall_ms_min / 1e3)).all()
     assert (s["matmul ms"] <= s["GPU ms"]).all()
     assert ch.smallest(s).batch == 1 and ch.largest(s).batch == s.batch.max()
     r = ch.ridge(run)
     big = ch.largest(s)
-    assert r.measured_batch == pytest.approx(r.floor_ms / r.ms_per_sequence)
+    assert r.measured_batch == pytest.approx(r.flat_ms / r.ms_per_sequence)
     assert r.ms_per_sequence == pytest.approx(big["matmul ms"] / big.batch)
-    assert r.floor_ms == pytest.approx(s.loc[s.batch <= 8, "matmul ms"].median())
+    assert r.flat_ms == pytest.approx(s.loc[s.batch <= 8, "matmul ms"].median()) == ch.flat_ms(s)
     assert r.flat_until in set(s.batch) and r.flat_until < s.batch.max()
-    assert ch.bound_at(run, 1) == "memory-bound" and ch.bound_at(run, int(big.batch)) == "compute-bound"
+    assert ch.bound_at(run, 1) == s.regime.iloc[0] and ch.bound_at(run, int(big.batch)) == s.regime.iloc[-1]
     assert r.datasheet_batch == pytest.approx(206.04, abs=0.01)
     lim = hardware.run_limits(run)
-    assert r.ceilings_batch == pytest.approx(lim.gemm_tflops / lim.read_or_copy_tbs)
+    assert r.ceilings_batch == pytest.approx(lim.gemm_tflops / ch.practical_ceiling_tbs(run))
     h = ch.headline(run)
     assert h["ridge batch"] == r.measured_batch and h["copy TB/s"] == pytest.approx(lim.copy_tbs)
 
@@ -164,34 +167,101 @@ def test_a_batch_out_of_memory_is_left_out_of_the_sweep(run, tmp_path):
     assert list(ch.sweep(with_oom).batch) == list(s.batch)
 
 
-def test_how_the_wall_times_were_taken(any_run, run):
+def interleaved_run(run, root, b1_ms=None, scale=None):
+    """`run` as a run of the new method: the sweep timed interleaved (results' sweep_method), with
+    quartiles; `b1_ms` sets the batch-1 step's minimum, `scale(row)` every wall time."""
+    sw = run.table("batch_sweep").copy()
+    if scale is not None:
+        for col in ("wall_ms_min", "wall_ms_median", "wall_ms_max"):
+            sw[col] = [scale(r) * r[col] / r.wall_ms_min for _, r in sw.iterrows()]
+    if b1_ms is not None:
+        sw.loc[sw.batch == 1, "wall_ms_min"] = b1_ms
+    sw["wall_ms_q1"] = (sw.wall_ms_min + sw.wall_ms_median) / 2
+    sw["wall_ms_q3"] = (sw.wall_ms_median + sw.wall_ms_max) / 2
+    derived = derived_run(run, root, {"batch_sweep": sw})
+    derived.results["sweep_method"] = ch.SWEEP_METHOD
+    return derived
+
+
+EAGER = {"eager_wall_ms": 29.85, "eager_gpu_busy_ms": 7.52, "eager_kernels": 2218}
+
+
+def test_how_the_wall_times_were_taken(any_run, run, tmp_path):
     shown = ch.sweep_display(any_run)
     s = ch.sweep(any_run)
+    assert not ch.interleaved(any_run) and "wall q1–q3" not in shown  # recorded before the quartiles
+    assert list(shown["wall ms"]) == list(s.wall_ms_min) and list(shown["wall median"]) == list(s.wall_ms_median)
     if "wall_clean" in s:
         assert ch.wall_times_clean(any_run)
-        assert list(shown["wall min–max"]) == [
-            f"{lo:.1f}–{hi:.1f}" for lo, hi in zip(s.wall_ms_min, s.wall_ms_max, strict=True)
-        ]
-        assert "before the process's first profile" in ch.sweep_note(any_run)
+        note = ch.sweep_note(any_run, EAGER, "k1")
+        assert "measured the old way" in note and "back to back on the same growing cache" in note
+        one = s.set_index("batch").loc[1]
+        assert f"{one.wall_ms_min:.1f} ms (the minimum of 5" in note and "29.9 ms in *The kernels in one token*" in note
+        assert f"{one.wall_ms_min / 29.85:.1f} times" in note and "run `k1`" in note
     else:
-        # A run recorded before the harness timed each batch size after profiling it: the page says
-        # so, and shows no range.
-        assert not ch.wall_times_clean(any_run) and "upper bound" in ch.sweep_note(any_run)
-        assert "wall min–max" not in shown
+        # A run recorded before the harness timed each batch size after profiling it: the page says so.
+        assert not ch.wall_times_clean(any_run) and "upper bound" in ch.sweep_note(any_run, EAGER)
+    new = interleaved_run(run, tmp_path / "new")
+    shown = ch.sweep_display(new)
+    assert ch.interleaved(new) and "wall q1–q3" in shown
+    assert "in an order that rotates from round to round" in ch.sweep_note(new)
 
 
-def test_the_batch_1_step_beside_the_census_chapters(run, tmp_path):
-    census = fixture_run("kernels-in-one-token")
-    wall, busy, run_id = ch.census_step(census)
-    k = census.table("kernels")
-    assert busy == trace.busy_ns(k.start_ns, k.end_ns) / 1e6 and run_id == census.run_id
-    assert wall == census.table("step_times").wall_ms.median()
-    note = ch.sweep_note(run, (wall, busy, run_id))
-    one = ch.sweep(run).set_index("batch").loc[1]
-    assert f"{one.wall_ms_median:.1f} ms, against {wall:.1f} ms" in note and f"run `{run_id}`" in note
-    assert "*The kernels in one token*" not in ch.sweep_note(run)
-    before_harness = derived_run(census, tmp_path, drop_results=("method",))
-    assert ch.census_step(before_harness) is None
+def test_the_batch_1_step_against_the_shared_eager_step(run, tmp_path):
+    # The check itself: more than 10% apart is flagged.
+    assert ch.Batch1(32.0, 33.0, 12, 30.0).agrees and ch.Batch1(27.5, 28.0, 12, 30.0).agrees
+    assert not ch.Batch1(33.1, 34.0, 12, 30.0).agrees and not ch.Batch1(26.9, 27.0, 12, 30.0).agrees
+    assert ch.Batch1(90.9, 90.9, 5, 29.85).ratio == pytest.approx(90.9 / 29.85)
+    # The recorded (old-method) run's batch-1 step is flagged: about twice the eager step.
+    old = ch.batch1_check(run, EAGER["eager_wall_ms"])
+    assert old.sweep_ms == ch.sweep(run).set_index("batch").loc[1, "wall_ms_min"] and not old.agrees
+    # The eager step is the shared one, from the fixture run of "The kernels in one token".
+    from labsupport.chapters import shared
+
+    eager = shared.owner_values("kernels-in-one-token", fixture_run("kernels-in-one-token"))
+    assert ch.batch1_check(run, eager["eager_wall_ms"]).eager_ms == eager["eager_wall_ms"]
+    close = interleaved_run(run, tmp_path / "close", b1_ms=31.0)
+    c = ch.batch1_check(close, 29.85)
+    assert c.agrees and c.trials == 5
+    note = ch.sweep_note(close, EAGER, "k1")
+    assert "took 31.0 ms (the minimum of 5), 4% above the eager step's 29.9 ms." in note
+    far = interleaved_run(run, tmp_path / "far", b1_ms=40.0)
+    assert not ch.batch1_check(far, 29.85).agrees
+    assert "more than 10% apart" in ch.sweep_note(far, EAGER, "k1")
+    assert "more than" not in ch.sweep_note(close, EAGER, "k1")
+    short = derived_run(run, tmp_path / "short", {"batch_sweep": run.table("batch_sweep").query("batch > 1")})
+    assert ch.batch1_check(short, 29.85) is None
+
+
+def test_each_batch_size_falls_in_one_regime(run, tmp_path):
+    s = ch.sweep(run)
+    assert set(s.regime) <= {ch.OVERHEAD, ch.MEMORY, ch.COMPUTE}
+    # The recorded run (the old method): the GPU busy for under half of every step, so every batch
+    # size is overhead-bound; the GPU's own time is memory-bound while the matmuls stay flat.
+    assert (s["GPU ms"] / s["wall ms"] < ch.batch_sweep.OVERHEAD_BUSY).all() and (s.regime == ch.OVERHEAD).all()
+    flat = ch.flat_ms(s)
+    assert list(s["GPU regime"]) == [
+        ch.COMPUTE if m > ch.batch_sweep.FLAT_TOLERANCE * flat else ch.MEMORY for m in s["matmul ms"]
+    ]
+    g = ch.regime_batches(run, "GPU regime")
+    assert g[ch.MEMORY] == [1, 2, 4, 8, 16, 32, 64, 128] and g[ch.COMPUTE][0] == 160
+    assert ch.regime_text(run) == (
+        "By wall time: overhead-bound, batches 1 to 512. By the GPU's own time alone: memory-bound, batches 1 "
+        "to 128; compute-bound, batches 160 to 512."
+    )
+    # A quiet host: the wall time just above the GPU's busy time past batch 64, three times it below.
+    quiet = interleaved_run(run, tmp_path, scale=lambda r: r.gpu_busy_ns / 1e6 * (3 if r.batch <= 64 else 1.2))
+    q = ch.sweep(quiet).set_index("batch").regime
+    assert q[1] == q[64] == ch.OVERHEAD and q[128] == ch.MEMORY and q[512] == ch.COMPUTE
+    assert ch.bound_at(quiet, 128) == ch.MEMORY and "memory-bound, batch 128;" in ch.regime_text(quiet)
+    assert list(ch.sweep_display(quiet).regime) == list(q)
+
+
+def test_ridge_pair_text_gets_the_direction_right(run):
+    text = ch.ridge_pair_text(run)
+    # Less bandwidth per FLOP (the H100) means the larger ridge: 295 against the H200's 206.
+    assert "H100" in text and "at 295 FLOP/byte" in text and "at 206 FLOP/byte" in text
+    assert text.index("295") < text.index("206") and "less bandwidth per FLOP needs the larger batch" in text
 
 
 def test_bytes_per_step_count_the_kv_cache(any_run):
@@ -227,7 +297,10 @@ def test_limits_are_drawn_at_the_limits(any_run):
     assert s["memory limit ms"].to_numpy() == pytest.approx((s.bytes / (lim.datasheet_tbs * 1e12) * 1e3).to_numpy())
     assert s["math limit ms"].to_numpy() == pytest.approx((s.FLOP / (lim.datasheet_tflops * 1e12) * 1e3).to_numpy())
     assert (s["limit ms"] == s[["memory limit ms", "math limit ms"]].max(axis=1)).all()
-    assert s["read floor ms"].to_numpy() == pytest.approx((s.bytes / (read_tbs * 1e12) * 1e3).to_numpy())
+    # Dashed: the bytes at the practical ceiling (the best rate any kernel of the run reached).
+    ceil = ch.practical_ceiling_tbs(any_run)
+    assert ceil >= read_tbs and s["ceiling ms"].to_numpy() == pytest.approx((s.bytes / (ceil * 1e12) * 1e3).to_numpy())
+    assert (s["ceiling ms"] >= s["memory limit ms"]).all()  # the floor: no kernel beats it
     # The matrix multiplies' memory limit is the weight matrices at the datasheet's bandwidth, at every batch.
     assert (s["matmul memory limit ms"] == c.matmul_bytes / (lim.datasheet_tbs * 1e9)).all()
     assert s["matmul math limit ms"].to_numpy() == pytest.approx(
@@ -400,13 +473,22 @@ def test_matmul_choice_per_batch(run):
 
 
 def test_figures_build(any_run):
-    for fig in (ch.bytes_figure(any_run), ch.throughput_figure(any_run)):
+    from labsupport import figures as plots
+
+    for fig in (ch.bytes_figure(any_run), ch.throughput_figure(any_run), ch.limits_figure(any_run)):
         assert fig.axes
+        # Readable: no text under 9 px on a 1280 px page.
+        small = [(round(px, 1), t) for px, t in plots.text_heights_px(fig, 1280) if px < 9]
+        assert not small, small
         plt.close(fig)
     fig = ch.limits_figure(any_run)
     labels = " ".join(t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts())
-    _, name = hardware.measured_read(hardware.run_limits(any_run))
-    assert "datasheet" in labels and f"measured {name}" in labels
+    assert "floor: bytes at 4.80 TB/s (H200 SXM datasheet)" in labels and "the practical ceiling" in labels
+    plt.close(fig)
+    # The throughput figure names the regimes it shades.
+    fig = ch.throughput_figure(any_run)
+    texts = {t.get_text() for t in fig.axes[0].texts}
+    assert {r.replace("-bound", "-\nbound") for r in ch.sweep(any_run).regime} == texts
     plt.close(fig)
 
 
@@ -414,14 +496,14 @@ def test_batch_explorer_widget_replays_the_sweep(run):
     box = ch.explorer(run)
     slider, out = box.children
     assert list(slider.options) == list(ch.sweep(run).batch)
-    assert "batch 1</b>" in out.value and "memory-bound" in out.value
+    assert "batch 1</b>" in out.value and "overhead-bound" in out.value and "wall 64.73 ms (minimum)" in out.value
     slider.value = max(slider.options)
-    assert f"batch {max(slider.options)}</b>" in out.value and "compute-bound" in out.value
+    assert f"batch {max(slider.options)}</b>" in out.value and ch.bound_at(run, max(slider.options)) in out.value
 
 
 # The notebook's measuring cells, live on a CPU ------------------------------------------------
 
-TINY = dict(mode="live", preset="tiny", device="cpu", prompt_len=16, batches=[1, 2, 4], steps=2, matvec_repeats=2)
+TINY = dict(mode="live", preset="tiny", device="cpu", prompt_len=16, batches=[1, 2, 4], rounds=2, matvec_repeats=2)
 
 
 def run_live_cells(**given):
@@ -441,20 +523,41 @@ def run_live_cells(**given):
     raise AssertionError("no cell of the notebook loads the run")
 
 
-def test_the_notebook_times_everything_before_it_profiles(runs_root, calls):
+@pytest.fixture
+def sweeps(monkeypatch, calls):
+    """Every interleaved timing the cells make, logged into `calls` as ("time", what) too."""
+    real, seen = harness.interleaved, []
+
+    def interleaved(variants, **kw):
+        calls.append(("time", kw.get("what", "")))
+        seen.append((list(variants), kw))
+        return real(variants, **kw)
+
+    monkeypatch.setattr(harness, "interleaved", interleaved)
+    return seen
+
+
+def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, sweeps):
     run = run_live_cells(**TINY)
+    # The batch sizes are timed together, interleaved in rounds, before any profile.
+    assert [(v, kw["rounds"], kw["warmup"]) for v, kw in sweeps] == [
+        (["batch 1", "batch 2", "batch 4"], TINY["rounds"], ch.DECODE_WARMUP)
+    ]
     kinds = [k for k, _ in calls]
     assert "profile" in kinds and "time" not in kinds[kinds.index("profile") :], calls
     assert [w for k, w in calls if k == "profile"] == ["decode_step"] * 3 + ["matvec"]
     assert run.path.parent.parent == runs_root and run.parameters == {k: v for k, v in TINY.items() if k != "mode"}
     s = run.table("batch_sweep")
     assert list(s.batch) == [1, 2, 4] and (s.status == "ok").all() and s.wall_clean.all()
-    assert (s.wall_ms_min <= s.wall_ms_median).all() and (s.wall_ms_median <= s.wall_ms_max).all()
+    assert (s.wall_ms_min <= s.wall_ms_q1).all() and (s.wall_ms_q1 <= s.wall_ms_median).all()
+    assert (s.wall_ms_median <= s.wall_ms_q3).all() and (s.wall_ms_q3 <= s.wall_ms_max).all()
     p = run.parameters
-    assert (s.context_end == p["prompt_len"] + ch.DECODE_WARMUP + p["steps"]).all()
-    assert (s.context_profiled == s.context_end - p["steps"] + 1).all()
+    # Every step after a fresh prefill: the timed and the profiled step both see the prompt alone.
+    assert (s.context_end == p["prompt_len"] + 1).all() and (s.context_profiled == p["prompt_len"] + 1).all()
     times = run.table("batch_times")
-    assert len(times) == 3 * p["steps"] and times.clean.all()
+    assert len(times) == 3 * p["rounds"] and times.clean.all()
+    assert sorted(times["round"]) == sorted(list(range(p["rounds"])) * 3)
+    assert ch.interleaved(run) and (s.wall_repeats == p["rounds"]).all()
     assert set(run.table("batch_matmuls").batch) <= {1, 2, 4}
     mv = ch.matvec(run)
     assert sorted(zip(mv.timing, mv.dtype, strict=True)) == sorted(
@@ -466,19 +569,26 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls):
         ]
     )
     assert set(run.results["method"]) == set(harness.method())
-    assert set(run.results) == {"method", "model", "kv_bytes_per_token", "matvec_kernels"}
+    assert set(run.results) - {"host_probe"} == {
+        "method",
+        "model",
+        "kv_bytes_per_token",
+        "matvec_kernels",
+        "sweep_method",
+    }
+    assert set(ch.regimes(ch.sweep(run))) <= {ch.OVERHEAD, ch.MEMORY, ch.COMPUTE}
     assert not list(run.path.glob(".profile*")), "the scratch trace is removed"
 
 
 def test_the_notebook_stops_the_sweep_at_a_batch_out_of_memory(runs_root, calls, monkeypatch):
-    real = ch.time_batch
+    real = ch.fits_batch
 
-    def time_batch(model, batch, *args):
+    def fits_batch(model, batch, *args):
         if batch >= 2:
             raise torch.OutOfMemoryError("fake: out of memory")
         return real(model, batch, *args)
 
-    monkeypatch.setattr(ch, "time_batch", time_batch)
+    monkeypatch.setattr(ch, "fits_batch", fits_batch)
     run = run_live_cells(**TINY)
     s = run.table("batch_sweep")
     assert list(zip(s.batch, s.status, strict=True)) == [(1, "ok"), (2, "out of memory")], "batch 4 is skipped"
@@ -492,7 +602,9 @@ def test_the_notebook_shows_its_measuring_code_and_reads_no_other_chapters_modul
     measuring = [
         tags
         for src, tags in code
-        if any(f in src for f in ("recording.recording(", "ch.time_batch(", "ch.profile_batch(", "ch.time_matvec_gpu("))
+        if any(
+            f in src for f in ("recording.recording(", "ch.time_batches(", "ch.profile_batch(", "ch.time_matvec_gpu(")
+        )
     ]
     assert len(measuring) >= 3 and not any(measuring), "the measuring cells are visible"
     assert not [src for src, tags in code if "remove-input" in tags or "hide-output" in tags]
@@ -501,5 +613,6 @@ def test_the_notebook_shows_its_measuring_code_and_reads_no_other_chapters_modul
     # its own chapter module, and the closing list of the run's data
     assert sorted(imports) == [
         "from labsupport.chapters import data_files",
+        "from labsupport.chapters import shared",
         "from labsupport.chapters import why_a_gpu as ch",
     ]

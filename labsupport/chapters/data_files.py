@@ -10,8 +10,12 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
     "why-a-gpu": {
         "ceilings.csv": _CEILINGS,
         "matvec.csv": "the decode-sized matrix-vector product timed on the CPU (FP32, BF16) and on the GPU",
-        "batch_sweep.csv": "one decode step per batch size: kernels, GPU-busy and matmul time, wall time",
-        "batch_times.csv": "every timed step of the batch sweep, per batch size",
+        "batch_sweep.csv": (
+            "one decode step per batch size: kernels, GPU-busy and matmul time, wall time (minimum, quartiles, median)"
+        ),
+        "batch_times.csv": (
+            "every timed step of the batch sweep, per batch size (and round, where the sizes were timed interleaved)"
+        ),
         "batch_matmuls.csv": "the matrix multiplies of each batch size's step, by shape, with the kernel cuBLAS chose",
     },
     "what-a-kernel": {

@@ -6,7 +6,11 @@ from labsupport import figures as plots
 from labsupport import runs
 from labsupport.measure import hardware
 
-from .batch_sweep import ridge, sweep
+from .batch_sweep import COMPUTE, MEMORY, OVERHEAD, ridge, sweep
+from .one_token import practical_ceiling_tbs
+
+# The shading of each regime in the throughput figure.
+REGIME_SHADES = {OVERHEAD: "#eeeeee", MEMORY: "#deebf7", COMPUTE: "#fde0c5"}
 
 
 def bytes_figure(run: runs.Run):
@@ -53,7 +57,7 @@ def limits_figure(run: runs.Run):
     s = sweep(run)
     r = ridge(run)
     lim = hardware.run_limits(run)
-    read_tbs, read_name = hardware.measured_read(lim)
+    ceil_tbs = practical_ceiling_tbs(run)
     mem, math = plots.KIND_COLORS["copy/convert/concat"], plots.KIND_COLORS["reduction"]
     sheet = f"{lim.datasheet_name} datasheet" if lim.datasheet_name else "datasheet"
     fig, ax = plt.subplots(1, 2, figsize=(9, 6), sharey=True)
@@ -65,8 +69,8 @@ def limits_figure(run: runs.Run):
             "matrix multiplies (measured)",
             "matmul memory limit ms",
             "matmul math limit ms",
-            "matmul read floor ms",
-            "matmul GEMM floor ms",
+            "matmul ceiling ms",
+            "matmul GEMM ms",
             "The matrix multiplies: weights only",
         ),
         (
@@ -75,7 +79,7 @@ def limits_figure(run: runs.Run):
             "whole step, GPU busy (measured)",
             "memory limit ms",
             "math limit ms",
-            "read floor ms",
+            "ceiling ms",
             None,
             "The whole step: weights and KV cache",
         ),
@@ -89,7 +93,7 @@ def limits_figure(run: runs.Run):
                 "-",
                 color=mem,
                 lw=1.5,
-                label=f"memory limit: bytes at {lim.datasheet_tbs:.2f} TB/s ({sheet})",
+                label=f"floor: bytes at {lim.datasheet_tbs:.2f} TB/s ({sheet})",
             )
         if lim.datasheet_tflops:
             a.plot(
@@ -100,14 +104,14 @@ def limits_figure(run: runs.Run):
                 lw=1.5,
                 label=f"math limit: operations at {lim.datasheet_tflops:.0f} TFLOP/s ({sheet})",
             )
-        if read_tbs:
+        if ceil_tbs:
             a.plot(
                 b,
                 s[read_col],
                 "--",
                 color=mem,
                 lw=1,
-                label=f"bytes at the measured {read_name} ({read_tbs:.2f} TB/s, this run)",
+                label=f"bytes at the practical ceiling ({ceil_tbs:.2f} TB/s, this run)",
             )
         if gemm_col and lim.gemm_tflops:
             a.plot(
@@ -148,6 +152,7 @@ def limits_figure(run: runs.Run):
         [*handles[:1], *h1[:1], *handles[1:]],
         [*labels[:1], *l1[:1], *labels[1:]],
         frameon=False,
+        fontsize=10,
         loc="upper left",
         bbox_to_anchor=(0, -0.2),
         ncol=1,
@@ -159,18 +164,49 @@ def limits_figure(run: runs.Run):
     return plots.finish(fig, run.label)
 
 
+def _shade_regimes(ax, s) -> None:
+    """Shade the batch sizes of each regime (on a log2 axis: from halfway to the neighbours) and
+    name each stretch at the top of the axes."""
+    import numpy as np
+
+    b = list(s.batch)
+    edges = [b[0] / 2**0.5] + [float(np.sqrt(x * y)) for x, y in zip(b, b[1:], strict=False)] + [b[-1] * 2**0.5]
+    regs = list(s.regime)
+    start = 0
+    for i in range(1, len(b) + 1):
+        if i == len(b) or regs[i] != regs[start]:
+            lo, hi = edges[start], edges[i]
+            ax.axvspan(lo, hi, color=REGIME_SHADES.get(regs[start], "#f5f5f5"), zorder=0, lw=0)
+            ax.text(
+                float(np.sqrt(lo * hi)),
+                0.97,
+                regs[start].replace("-bound", "-\nbound"),
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="top",
+                fontsize=10,
+                color="#333",
+            )
+            start = i
+    ax.set_xlim(edges[0], edges[-1])
+
+
 def throughput_figure(run: runs.Run):
-    """Tokens per second: if the GPU never waited (GPU busy), and as measured (wall time)."""
+    """Tokens per second: if the GPU never waited (GPU busy), and as measured (wall time, the
+    minimum of the trials), over the regime of each batch size (shaded, named at the top)."""
     import matplotlib.pyplot as plt
 
     s = sweep(run)
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    _shade_regimes(ax, s)
     ax.plot(s.batch, s["GPU tokens/s"], "o-", color=plots.OURS, label="if the GPU never waited (GPU busy)")
-    ax.plot(s.batch, s["tokens/s"], "s--", color="#999", ms=4, label="measured wall time (eager)")
+    ax.plot(s.batch, s["tokens/s"], "s--", color="#555", ms=4, label="measured wall time (eager, minimum)")
     _batch_axis(ax, s.batch)
+    ax.set_xlim(*ax.get_xlim())
     ax.set_yscale("log")
     plots.plain_ticks(ax, "y")
     ax.set_ylabel("tokens per second")
-    ax.set_title("Throughput grows with the batch")
-    ax.legend(fontsize=10, frameon=False)
+    ax.set_title("Throughput grows with the batch", pad=8)
+    ax.set_ylim(top=ax.get_ylim()[1] * 6)  # room for the regimes' names
+    ax.legend(fontsize=10, frameon=False, loc="lower right")
     return plots.finish(fig, run.label)

@@ -3,9 +3,10 @@
 rows they write into the run.
 
 Live, every time is taken before the first profile of the process (labsupport.measure.harness):
-the ceilings, the sweep's wall times at every batch size, the GPU's matrix-vector product
-per call and the CPU's; then the profiles that give the GPU times (one decode step per
-batch size, the matrix-vector product alone). The notebook's cells keep that order."""
+the ceilings, the sweep's wall times at every batch size (interleaved in rounds, each step after
+a fresh prefill), the GPU's matrix-vector product per call and the CPU's; then the profiles that
+give the GPU times (one decode step per batch size, the matrix-vector product alone). The
+notebook's cells keep that order."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from labsupport.measure import harness
 from labsupport.traces import kernels, trace
 
 CHAPTER = "why-a-gpu"
-DECODE_WARMUP = 2  # untimed (or traced-and-discarded) steps on each batch's fresh cache
+DECODE_WARMUP = 2  # untimed (or traced-and-discarded) steps per batch size, each after a fresh prefill
 
 # What each time in the matvec table is.
 KERNEL_TIME = "kernel time (profiler)"
@@ -32,7 +33,7 @@ class Params:
     preset: str = "qwen3-8b"
     prompt_len: int = 256
     batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 160, 192, 224, 256, 384, 512])
-    steps: int = 5
+    rounds: int = 12  # timed steps per batch size, one per round (interleaved)
     matvec_repeats: int = 20
     device: str = "cuda"
 
@@ -152,41 +153,66 @@ def profile_matvec_gpu(w, x, device: str, trace_path) -> tuple[dict, list[str]]:
 
 # The decode step at one batch size ----------------------------------------------------------
 
+# How the sweep's wall times are taken (run.results["sweep_method"]; older runs have none: each
+# batch size's steps one after another on one growing cache, batch after batch, median of a few).
+SWEEP_METHOD = "interleaved"
 
-def _steps_on_fresh_cache(model, batch: int, prompt_len: int, device: str):
-    """A fresh prefill of `batch` random prompts, and a function that runs the next decode
-    step on its cache (each step adds one token to every sequence)."""
+
+def batch_prompt(model, batch: int, prompt_len: int, device: str):
+    """The `batch` random prompts of one batch size (seeded by the batch size)."""
     from labsupport.measure import decode
 
-    prompt = decode.Prompt.random(model.config.vocab_size, batch, prompt_len, device, seed=batch)
-    cache, tok = decode.prefill(model, prompt)
-    state = {"tok": tok}
-
-    def step():
-        state["tok"] = decode.decode_step(model, cache, state["tok"])
-
-    return step, cache
+    return decode.Prompt.random(model.config.vocab_size, batch, prompt_len, device, seed=batch)
 
 
-def time_batch(model, batch: int, prompt_len: int, steps: int, device: str) -> tuple[harness.Timing, int]:
-    """Wall times of `steps` decode steps at one batch size: a fresh prefill, DECODE_WARMUP
-    untimed steps, then the timed ones, one after another on the same cache. Returns the
-    timing and the context length after the last step."""
-    step, cache = _steps_on_fresh_cache(model, batch, prompt_len, device)
-    t = harness.time_region(
-        step, what=f"decode step, batch {batch}", device=device, repeats=steps, warmup=DECODE_WARMUP
+def fresh_step(model, prompt, holder: dict | None = None):
+    """One decode step after a fresh prefill, as (fn, setup) for the harness: `setup()` prefills
+    `prompt` (a new cache, outside the timed span), `fn(cache, tok)` runs the next step on it, so
+    every step sees the same context (the method of the eager step of *The kernels in one
+    token*). `holder["cache"]` keeps the last cache, to read its length afterwards."""
+    from labsupport.measure import decode
+
+    def setup():
+        cache, tok = decode.prefill(model, prompt)
+        if holder is not None:
+            holder["cache"] = cache
+        return cache, tok
+
+    return (lambda cache, tok: decode.decode_step(model, cache, tok)), setup
+
+
+def fits_batch(model, batch: int, prompt_len: int, device: str) -> None:
+    """One untimed prefill and step at one batch size: raises torch.OutOfMemoryError where the
+    batch does not fit in the GPU's memory (before any batch size is timed)."""
+    fn, setup = fresh_step(model, batch_prompt(model, batch, prompt_len, device))
+    fn(*setup())
+    harness.sync(device)
+
+
+def time_batches(model, batches: list[int], prompt_len: int, rounds: int, device: str, progress=None) -> dict:
+    """Wall times of the decode step at every batch size, interleaved (harness.interleaved): in
+    each of `rounds` rounds one step per batch size, in an order that rotates from round to
+    round, each after a fresh prefill of that batch's prompts (outside the timed span);
+    DECODE_WARMUP untimed trials per batch size first. Returns {batch: harness.Timing}."""
+    variants = {f"batch {b}": fresh_step(model, batch_prompt(model, b, prompt_len, device)) for b in batches}
+    t = harness.interleaved(
+        variants, device=device, rounds=rounds, warmup=DECODE_WARMUP, what="decode step", progress=progress
     )
-    return t, cache.get_seq_length()
+    return {b: t[f"batch {b}"] for b in batches}
 
 
 def profile_batch(model, batch: int, prompt_len: int, device: str, trace_path) -> tuple[pd.DataFrame, int]:
-    """The kernels of one decode step at one batch size: a fresh prefill, DECODE_WARMUP steps
-    traced and discarded in the same profiler session, then the kept step. Returns the kernel
-    table and the context length after the kept step."""
-    step, cache = _steps_on_fresh_cache(model, batch, prompt_len, device)
-    k = harness.profile_region(step, trace_path, region="decode_step", device=device, warmup=DECODE_WARMUP)
+    """The kernels of one decode step at one batch size, as it was timed: DECODE_WARMUP steps
+    traced and discarded in the same profiler session, then the kept step, each after a fresh
+    prefill (outside the profiled region). Returns the kernel table and the context length
+    after the kept step."""
+    holder: dict = {}
+    fn, setup = fresh_step(model, batch_prompt(model, batch, prompt_len, device), holder)
+    k = harness.profile_region(fn, trace_path, region="decode_step", device=device, warmup=DECODE_WARMUP, setup=setup)
     k["kind"] = k["name"].map(kernels.classify)
-    return k, cache.get_seq_length()
+    context = holder["cache"].get_seq_length()
+    holder.clear()
+    return k, context
 
 
 def batch_matmuls(batch: int, k: pd.DataFrame) -> pd.DataFrame:
@@ -201,7 +227,7 @@ def batch_matmuls(batch: int, k: pd.DataFrame) -> pd.DataFrame:
 
 def sweep_row(batch: int, timing: harness.Timing, context_end: int, k: pd.DataFrame, context_profiled: int) -> dict:
     """One batch size of the sweep: GPU times from its profiled step, wall times from its
-    timed steps."""
+    timed steps (the minimum, the book's estimator, with the quartiles, median and range)."""
     return {
         "batch": batch,
         "status": "ok",
@@ -212,6 +238,8 @@ def sweep_row(batch: int, timing: harness.Timing, context_end: int, k: pd.DataFr
         "attention_ns": int(k.loc[k.kind == "attention", "dur_ns"].sum()),
         "wall_ms_median": timing.median,
         "wall_ms_min": timing.low,
+        "wall_ms_q1": timing.q1,
+        "wall_ms_q3": timing.q3,
         "wall_ms_max": timing.high,
         "issue_ms_median": float(pd.Series(timing.issue_ms).median()),
         "wall_repeats": len(timing.wall_ms),

@@ -68,13 +68,24 @@ def per_token_arithmetic(
                 "ridge FLOP/byte": tflops / tbs,
             }
         )
-    return pd.DataFrame(rows)
+    columns = ["ceilings", "TFLOP/s", "TB/s", "math ms", "memory ms", "memory / math", "ridge FLOP/byte"]
+    return pd.DataFrame(rows, columns=columns)  # no rows for a GPU without a datasheet or ceilings (a CPU)
+
+
+def practical_ceiling_tbs(run: runs.Run) -> float | None:
+    """The practical ceiling: the best rate any kernel of the run reached reading memory (the
+    copy, the read stream, the matrix-vector product's kernel, or its call in older runs)."""
+    lim, mv = hardware.run_limits(run), matvec_summary(run)
+    reads = [t for t in (lim.copy_tbs, lim.read_tbs, (mv.gpu_kernel_gbs or mv.gpu_call_gbs) / 1e3) if t]
+    return max(reads) if reads else None
 
 
 def arithmetic(run: runs.Run) -> pd.DataFrame:
+    """The per-token arithmetic at the datasheet's rates and at the run's: the practical ceiling
+    (practical_ceiling_tbs) and the measured GEMM rate."""
     lim = hardware.run_limits(run)
     return per_token_arithmetic(
-        counts(run), hardware.datasheet_or_none(run.provenance["gpu"]), lim.read_or_copy_tbs, lim.gemm_tflops
+        counts(run), hardware.datasheet_or_none(run.provenance["gpu"]), practical_ceiling_tbs(run), lim.gemm_tflops
     )
 
 
@@ -157,16 +168,28 @@ def matvec_summary(run: runs.Run) -> Matvec:
 
 
 def memory_ceiling_text(run: runs.Run) -> str:
-    """The measured memory ceiling: the read stream where the run measured one (a decode step
-    reads its weights), else the copy."""
-    lim = hardware.run_limits(run)
+    """The practical ceiling and what reached it: the best of the copy, the read stream and the
+    matrix-vector product's kernel."""
+    lim, m = hardware.run_limits(run), matvec_summary(run)
+    gemv = (m.gpu_kernel_gbs or m.gpu_call_gbs) / 1e3
+    parts = (
+        [f"a large device-to-device copy moved {lim.copy_tbs:.2f} TB/s (bytes read plus written)"]
+        if lim.copy_tbs
+        else []
+    )
     if lim.read_tbs:
-        return (
+        parts.append(
             f"a large read stream (the faster of a sum and a matrix-vector product over the same bytes: "
-            f"the {ceilings(run).read_by}) read {lim.read_tbs:.2f} TB/s, the ceiling for a step that reads its "
-            f"weights (a device-to-device copy, counted as bytes read plus written, moved {lim.copy_tbs:.2f} TB/s)"
+            f"the {ceilings(run).read_by}) read {lim.read_tbs:.2f} TB/s"
         )
-    return f"a large device-to-device copy moved {lim.copy_tbs:.2f} TB/s (bytes read plus written)"
+    parts.append(f"the matrix-vector product below read its matrix at {gemv:.2f} TB/s")
+    if not lim.copy_tbs:  # a run without ceilings (a CPU): the product alone
+        return parts[-1]
+    return (
+        "; ".join(parts)
+        + f". The best of these, {practical_ceiling_tbs(run):.2f} TB/s, is the practical ceiling: the fastest any "
+        "kernel read this GPU's memory in this run"
+    )
 
 
 def matvec_text(run: runs.Run) -> str:
@@ -226,18 +249,16 @@ def shared(run: runs.Run) -> dict:
     and the practical ceiling (the best rate any kernel of the run reached: the copy, the read
     stream, the matrix-vector product)."""
     sheet = hardware.datasheet_or_none(run.provenance["gpu"])
-    c = ceilings(run)
+    c = hardware.run_limits(run)  # a run without ceilings (on a CPU): NaN
     step_bytes = counts(run).decode_bytes
-    mv = matvec_summary(run)
-    reads = [t for t in (c.copy_tbs, c.read_tbs, (mv.gpu_kernel_gbs or mv.gpu_call_gbs) / 1e3) if t]
-    ceiling = max(reads) if reads else None
+    ceiling = practical_ceiling_tbs(run)
     nan = float("nan")
     return {
         "datasheet_tbs": sheet.bandwidth_tbs if sheet else nan,
         "datasheet_tflops": sheet.bf16_tflops if sheet else nan,
-        "copy_tbs": c.copy_tbs,
+        "copy_tbs": c.copy_tbs or nan,
         "read_tbs": c.read_tbs if c.read_tbs else nan,
-        "gemm_tflops": c.gemm_tflops,
+        "gemm_tflops": c.gemm_tflops or nan,
         "step_gb": step_bytes / 1e9,
         "floor_ms": step_bytes / 1e9 / sheet.bandwidth_tbs if sheet else nan,
         "ceiling_tbs": ceiling if ceiling else nan,

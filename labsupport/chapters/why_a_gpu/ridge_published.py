@@ -69,8 +69,7 @@ def ridge_comparison(run: runs.Run) -> pd.DataFrame:
     own datasheet ridge; and where the whole step, KV cache included, reaches each ridge. Rows
     keyed by `key` (PUBLISHED, DATASHEET_RIDGE, CEILINGS_RIDGE, MEASURED_CROSSING, KV_RIDGE)."""
     sheet = hardware.datasheet_or_none(run.provenance["gpu"])
-    r, lim = ridge(run), hardware.run_limits(run)
-    _, read_name = hardware.measured_read(lim)
+    r = ridge(run)
     gpu = sheet.name if sheet else run.provenance["gpu"]
     own = sheet.ridge_flop_per_byte if sheet else float("nan")
     rows = [
@@ -86,7 +85,7 @@ def ridge_comparison(run: runs.Run) -> pd.DataFrame:
     if sheet:
         rows.append((DATASHEET_RIDGE, "datasheet ridge (weights only)", gpu, own, own, f"{sheet.name} datasheet"))
     rows += [
-        (CEILINGS_RIDGE, f"measured ceilings: GEMM rate / {read_name}", gpu, r.ceilings_batch, own, "this run"),
+        (CEILINGS_RIDGE, "measured ceilings: GEMM rate / practical ceiling", gpu, r.ceilings_batch, own, "this run"),
         (MEASURED_CROSSING, "matrix multiplies' times cross (measured)", gpu, r.measured_batch, own, "this run"),
     ]
     for sh in [H100] + ([sheet] if sheet and sheet != H100 else []):
@@ -180,3 +179,18 @@ def ridge_text(run: runs.Run) -> str:
         "different contexts at once, which moves the crossing again."
     )
     return "\n\n".join(parts)
+
+
+def ridge_pair_text(run: runs.Run) -> str:
+    """The H100's datasheet ridge beside this GPU's, for the exercise on where the ridge falls:
+    the GPU with less bandwidth per FLOP has the larger ridge (its BF16 rate over its bandwidth)."""
+    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    pair = [H100] + ([sheet] if sheet and sheet != H100 else [])
+    each = "; the ".join(
+        f"{s.name} ({s.bf16_tflops:.0f} TFLOP/s over {s.bandwidth_tbs:.2f} TB/s) at {s.ridge_flop_per_byte:.0f} "
+        "FLOP/byte"
+        for s in sorted(pair, key=lambda s: s.bandwidth_tbs / s.bf16_tflops)
+    )
+    if len(pair) == 1:
+        return f"From its datasheet, the {each}."
+    return f"From the datasheets: the {each}. The one with less bandwidth per FLOP needs the larger batch."

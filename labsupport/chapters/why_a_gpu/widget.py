@@ -16,7 +16,7 @@ def explorer(run: runs.Run):
     def show(batch):
         r = s.loc[batch]
         return (
-            f"<b>batch {batch}</b>: GPU time {r['GPU ms']:.2f} ms per step, wall {r.wall_ms_median:.2f} ms; "
+            f"<b>batch {batch}</b>: GPU time {r['GPU ms']:.2f} ms per step, wall {r['wall ms']:.2f} ms (minimum); "
             f"{r['tokens/s']:,.0f} tokens/s (GPU alone could do {r['GPU tokens/s']:,.0f}); "
             f"weights+KV read at {r['TB/s']:.2f} TB/s; matmuls at {r['matmul TFLOP/s']:.0f} TFLOP/s; "
             f"{bound_at(run, batch)}"
