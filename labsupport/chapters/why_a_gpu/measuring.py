@@ -32,8 +32,8 @@ class Params:
 
     preset: str = "qwen3-8b"
     prompt_len: int = 256
-    batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 160, 192, 224, 256, 384, 512])
-    rounds: int = 12  # timed steps per batch size, one per round (interleaved)
+    batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512])
+    rounds: int = 8  # timed steps per batch size, one per round (interleaved)
     matvec_repeats: int = 20
     device: str = "cuda"
 
