@@ -77,8 +77,8 @@ OWNERS = tuple(dict.fromkeys(q.owner for q in QUANTITIES.values()))
 
 
 class Shown:
-    """A value glued as its one text: `{glue:text}` shows `text` (no quotes, no repr), on every
-    page alike."""
+    """A value glued as its one text: `{glue:text}` and `{glue:md}` show `text` (no quotes, no
+    repr), on every page alike."""
 
     def __init__(self, text: str):
         self.text = text
@@ -87,6 +87,11 @@ class Shown:
         return self.text
 
     __str__ = __repr__
+
+    def _repr_markdown_(self) -> str:  # `{glue:md}` shows the same text
+        import html
+
+        return html.escape(self.text, quote=False)
 
 
 @dataclass(frozen=True)
