@@ -147,7 +147,7 @@ def test_smoke_runs_chapters_small_into_a_scratch_folder_and_publishes_nothing(e
     before = tree_bytes(copied_runs)
     env = {**env, "LABSUPPORT_SMOKE_DIR": str(tmp_path / "smoke")}
     r = subprocess.run(
-        [sys.executable, "-m", "labsupport", "live", "--smoke", "prefill-vs-decode", "why-a-gpu", "--allow-cpu"],
+        [sys.executable, "-m", "labsupport", "live", "--smoke", "prefill-vs-decode", "what-a-kernel", "--allow-cpu"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -157,7 +157,7 @@ def test_smoke_runs_chapters_small_into_a_scratch_folder_and_publishes_nothing(e
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     table = r.stdout[r.stdout.index("\nsmoke ") :]
     assert re.search(r"prefill-vs-decode\s+pass\s+\d+ s", table)
-    assert re.search(r"why-a-gpu\s+skip .*no CPU path", table)
+    assert re.search(r"what-a-kernel\s+skip .*no CPU path", table)
     assert "smoke: 1 passed, 0 failed, 1 skipped" in table
     assert "'prompt_lens': [1, 8, 16]" in r.stdout, "the chapter's smoke and CPU parameters were used"
     scratch = list((tmp_path / "smoke").glob("*/runs/prefill-vs-decode/*-cpu"))
