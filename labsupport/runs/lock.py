@@ -130,14 +130,14 @@ def acquire(root: Path, what: str) -> Lock:
         lock.note()
     except BaseException as e:
         if fd >= 0:
-            try:
-                if raw.strip():  # a killed holder's note is kept for the next command
+            if not raw.strip():
+                path.unlink(missing_ok=True)  # an empty lock file is never left
+            elif os.pread(fd, MAX_BYTES, 0) != raw:  # a killed holder's note is kept for the next command
+                try:
                     os.pwrite(fd, raw, 0)
                     os.ftruncate(fd, len(raw))
-                else:
-                    path.unlink(missing_ok=True)  # an empty lock file is never left
-            except OSError:
-                path.unlink(missing_ok=True)
+                except OSError:
+                    pass
             os.close(fd)
         os.close(dir_fd)
         if isinstance(e, OSError):

@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,12 +210,27 @@ def flipped(p: Promotion) -> bool:
 
 @contextmanager
 def signals_held():
-    """Hold off SIGTERM, SIGINT and SIGHUP (they are delivered when the block ends)."""
+    """Hold off SIGTERM, SIGINT and SIGHUP (they are delivered when the block ends). Blocked
+    in this thread and, since a signal sent to the process may reach another thread (one of
+    a library's), also caught by a handler that only notes it, then re-raised at the end."""
+    if threading.current_thread() is not threading.main_thread():
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return
+    noted: list[int] = []
+    handlers = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in HELD_SIGNALS}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # one blocked here is noted now
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        for s in dict.fromkeys(noted):
+            signal.raise_signal(s)
 
 
 def flip(p: Promotion) -> None:
