@@ -317,3 +317,82 @@ def test_recover_never_follows_a_linked_log_folder(world):
     with pytest.raises(runs.RunError):
         leftovers.recover(n.root, {"what": "nightly", "run_id": NIGHT}, n.book, n.logs)
     assert everything(victim) == before
+
+
+# --- values: a run someone else sealed with fresh checksums ---
+
+
+def _reseal(run_path: Path, name: str, data: bytes) -> None:
+    (run_path / name).write_bytes(data)
+    meta = json.loads((run_path / "meta.json").read_text())
+    meta["files"][name] = hashlib.sha256(data).hexdigest()
+    (run_path / "meta.json").write_text(json.dumps(meta))
+
+
+def _edit_step_times(n: Night, value: str) -> Path:
+    run_path = n.root / CHAPTER / n.old_run
+    lines = (run_path / "step_times.csv").read_text().splitlines()
+    head = lines[0].split(",")
+    row = lines[3].split(",")
+    row[head.index("wall_ms")] = value
+    lines[3] = ",".join(row)
+    _reseal(run_path, "step_times.csv", ("\n".join(lines) + "\n").encode())
+    return run_path / "step_times.csv"
+
+
+@pytest.mark.parametrize("value", ["nan", "-5.0", "1e308", "inf", "fast"])
+def test_a_bad_step_time_stops_the_book_and_validation_in_one_line(world, value):
+    from labsupport import chapters
+    from labsupport.ops import bookbuild, validate
+
+    n, victim = world
+    path = _edit_step_times(n, value)
+    with pytest.raises(bookbuild.BuildError) as e:
+        bookbuild.check_runs(n.root)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and "column wall_ms, row 3" in msg, msg
+    run = runs.load_run(CHAPTER, n.old_run, n.root)
+    problems = validate.check_run(chapters.by_slug(CHAPTER), run)
+    assert any("column wall_ms, row 3" in p for p in problems), problems
+    with pytest.raises(runs.RunError, match="column wall_ms, row 3"):
+        run.table("step_times")  # what a notebook reads: never shown
+
+
+def test_a_bad_value_is_refused_when_the_run_is_recorded(world):
+    import pandas as pd
+
+    n, victim = world
+    bad = r"step_times.csv: column wall_ms, row 2: -1.0 is outside"
+    with pytest.raises(runs.RunError, match=bad), runs.RunWriter(CHAPTER, {}, NIGHT, root=n.root) as w:
+        w.write_table("step_times", pd.DataFrame({"repeat": [0, 1], "wall_ms": [1.0, -1.0]}))
+    assert runs.list_runs(CHAPTER, n.root) == [n.old_run] and not (n.root / CHAPTER / f".incomplete-{NIGHT}").exists()
+
+
+def test_a_header_only_table_and_a_non_text_gpu_are_one_line(world):
+    from labsupport.ops import bookbuild
+
+    n, victim = world
+    run_path = n.root / CHAPTER / n.old_run
+    header = (run_path / "step_times.csv").read_text().splitlines()[0]
+    _reseal(run_path, "step_times.csv", (header + "\n").encode())
+    with pytest.raises(bookbuild.BuildError, match="step_times.csv has no rows"):
+        bookbuild.check_runs(n.root)
+    meta = json.loads((run_path / "meta.json").read_text())
+    meta["provenance"]["gpu"] = {"name": ["H200"]}
+    (run_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(bookbuild.BuildError, match="provenance field gpu is not text"):
+        bookbuild.check_runs(n.root)
+
+
+def test_a_trace_that_expands_past_the_cap_is_one_line(world, monkeypatch):
+    import gzip
+
+    from labsupport.ops import bookbuild
+    from labsupport.runs import load
+
+    n, victim = world
+    monkeypatch.setattr(load, "MAX_TRACE_BYTES", 1 << 20)
+    bomb = gzip.compress(b'{"traceEvents": [' + b" " * (4 << 20) + b"]}")
+    _reseal(n.root / CHAPTER / n.old_run, "trace.json.gz", bomb)
+    with pytest.raises(bookbuild.BuildError, match="expands to more than 1 MiB"):
+        bookbuild.check_runs(n.root)

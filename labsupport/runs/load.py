@@ -96,7 +96,7 @@ def check_values(df: pd.DataFrame, path: Path, chapter: str) -> None:
                 raise RunError(f"{path}: column {col}, row {i + 1}: {str(raw.iloc[i])[:40]!r} is not a number")
             if v != v and may_lack is not None and may_lack[i]:
                 continue
-            what = "missing (NaN)" if v != v else f"{v!r} is outside [{lo:g}, {hi:g}]"
+            what = "missing (NaN)" if v != v else f"{float(v)!r} is outside [{lo:g}, {hi:g}]"
             raise RunError(f"{path}: column {col}, row {i + 1}: {what}")
 
 
