@@ -396,3 +396,17 @@ def test_a_trace_that_expands_past_the_cap_is_one_line(world, monkeypatch):
     _reseal(n.root / CHAPTER / n.old_run, "trace.json.gz", bomb)
     with pytest.raises(bookbuild.BuildError, match="expands to more than 1 MiB"):
         bookbuild.check_runs(n.root)
+
+
+def test_no_orphans_ends_grandchildren_and_removes_the_scratch_folder(tmp_path):
+    from labsupport.ops import children
+
+    scratch = tmp_path / ".scratch-1"
+    with children.no_orphans(scratch):
+        assert os.environ["TMPDIR"] == str(scratch)
+        # a child that starts a grandchild and exits (as jupyter-book leaves a kernel)
+        p = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+        grandchild = int(p.stdout.readline())
+    p.wait(timeout=30)
+    assert not scratch.exists()
+    assert not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]

@@ -5,11 +5,12 @@ reads. Called with the runs folder's lock held (labsupport.runs.lock), so nothin
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from labsupport import runs
-from labsupport.ops import history
+from labsupport.ops import children, history
 from labsupport.runs import promotion
 
 
@@ -120,6 +121,11 @@ def recover(
         dest.mkdir(parents=True, exist_ok=True)
         shutil.move(str(report), dest / report.name)
         done.append(f"moved {report.name}, the report of a night that never published, to {dest}")
+    for logs in {nightly_dir, *([live_dir] if live_dir is not None else [])}:
+        for d in sorted(logs.glob(f"{children.SCRATCH}*")) if logs.is_dir() else []:
+            if d.is_dir() and not d.is_symlink() and d.name != f"{children.SCRATCH}{os.getpid()}":
+                shutil.rmtree(d)
+                done.append(f"removed the scratch folder {d} of a killed command")
     for tmp in [*root.glob(".*.tmp*"), *root.glob("nightly/.*.tmp*")]:
         if tmp.is_file():
             tmp.unlink()

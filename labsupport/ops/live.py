@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from labsupport import chapters, runs
-from labsupport.ops import history, leftovers
+from labsupport.ops import children, history, leftovers
 from labsupport.runs import lock, promotion
 from labsupport.runs.provenance import REPO_ROOT
 
@@ -199,7 +199,11 @@ def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: b
         print(f"error: {e}", file=sys.stderr)
         return 1
     try:
-        return _live(lk, root, selected, per_chapter, publish)
+        if LOG_DIR.is_symlink():
+            print(f"error: {LOG_DIR} is a symbolic link; refusing to write through it", file=sys.stderr)
+            return 1
+        with children.no_orphans(LOG_DIR / f"{children.SCRATCH}{os.getpid()}"):
+            return _live(lk, root, selected, per_chapter, publish)
     finally:
         lock.release(lk)
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from labsupport import chapters, runs
-from labsupport.ops import bookbuild, drift, history, leftovers, live, validate
+from labsupport.ops import bookbuild, children, drift, history, leftovers, live, validate
 from labsupport.runs import lock, promotion
 from labsupport.runs.provenance import REPO_ROOT
 
@@ -163,7 +163,14 @@ def main(
         print(f"nightly not started: {e}", file=sys.stderr)
         return 1
     try:
-        return _night(lk, root, selected, per_chapter, build_book, timing_threshold, min_kernels)
+        check_folders(root)
+    except runs.RunError as e:
+        lock.release(lk)
+        print(f"nightly failed: {e}; nothing was changed", file=sys.stderr)
+        return 1
+    try:
+        with children.no_orphans(NIGHTLY_DIR / f"{children.SCRATCH}{os.getpid()}"):
+            return _night(lk, root, selected, per_chapter, build_book, timing_threshold, min_kernels)
     finally:
         lock.release(lk)
 
@@ -175,11 +182,6 @@ def check_folders(root: Path) -> None:
 
 
 def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_kernels) -> int:
-    try:
-        check_folders(root)
-    except runs.RunError as e:
-        print(f"nightly failed: {e}; nothing was changed", file=sys.stderr)
-        return 1
     try:
         for line in leftovers.recover(root, lk.stale, BOOK_DIR, NIGHTLY_DIR, live.LOG_DIR):
             print(f"before the night: {line}", flush=True)
