@@ -92,12 +92,17 @@ def _run(args) -> int:
         print(f"The book is at {html / 'index.html'}")
         return 0
     if args.cmd == "recover":
-        from labsupport.ops import leftovers, nightly
+        from labsupport.ops import leftovers, live, nightly
         from labsupport.runs import lock
 
         root = runs.runs_root()
-        with lock.held(root, "recover") as lk:
-            done = leftovers.recover(root, lk.stale, nightly.BOOK_DIR, nightly.NIGHTLY_DIR)
+        try:
+            with lock.held(root, "recover") as lk:
+                done = leftovers.recover(root, lk.stale, nightly.BOOK_DIR, nightly.NIGHTLY_DIR, live.LOG_DIR)
+        except (lock.LockError, runs.RunError, OSError) as e:
+            why = str(e) if isinstance(e, (lock.LockError, runs.RunError)) else f"{type(e).__name__}: {e}"
+            print(f"recover failed: {why}", file=sys.stderr)
+            return 1
         print("\n".join(done) if done else "nothing to recover")
         return 0
     return 0

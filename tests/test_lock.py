@@ -59,6 +59,7 @@ def test_a_killed_holders_lock_is_taken_over_and_its_runs_set_aside(tmp_path):
     (root / "ch" / "20990101T000000Z-h200").mkdir(parents=True)
     (root / "ch" / "20990101T000000Z-h200" / "meta.json").write_text("{}")
     (root / "ch" / ".incomplete-20990101T000000Z-h200").mkdir()
+    (tmp_path / "logs" / "20990101T000000Z-h200").mkdir(parents=True)  # as fresh_run_id makes it
     p = hold(root, "kill")
     p.wait(timeout=60)
     assert p.returncode == -9 and (root / lock.NAME).exists()

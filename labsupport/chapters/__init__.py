@@ -9,6 +9,7 @@ anything runs. A rule names a parameter the notebook's `parameters` cell defines
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,31 @@ def preset(*names) -> Rule:
 
 
 # Columns the analysis code reads, by kind of table (more may be present).
+# The one declaration of what a number in a run may be (finite always, and within these
+# bounds), by column name, first match wins; a chapter's `ranges` overrides it per column.
+# Times are never negative and below 1e7 ms (about three hours); start/end stamps may be any
+# non-negative stamp; counts, bytes and rates are never negative.
+RANGES = (
+    ("start_ns", (0, 1e19)),
+    ("end_ns", (0, 1e19)),
+    ("*_ns", (0, 1e13)),
+    ("*_ns_*", (0, 1e13)),
+    ("*_us", (0, 1e10)),
+    ("*_us_*", (0, 1e10)),
+    ("*us_median", (0, 1e10)),
+    ("* µs", (0, 1e10)),
+    ("*_ms", (0, 1e7)),
+    ("*_ms_*", (0, 1e7)),
+    ("*ms_median", (0, 1e7)),
+    ("* ms", (0, 1e7)),
+    ("kernels", (0, 1e9)),
+    ("*bytes", (0, 1e16)),
+    ("*tbs", (0, 1e4)),
+    ("*tflops", (0, 1e6)),
+    ("GB/s", (0, 1e7)),
+    ("TB/s", (0, 1e4)),
+)
+
 KERNELS = ("name", "start_ns", "end_ns", "dur_ns", "op", "module", "kind")
 KERNELS_BY_LAYER = KERNELS + ("short_name", "layer", "part")
 CEILINGS = ("copy_bytes", "copy_ms_median", "gemm_n", "gemm_ms_median", "copy_tbs", "gemm_tflops")
@@ -66,6 +92,15 @@ class Chapter:
     cpu: dict = field(default_factory=dict, hash=False, compare=False)  # what `--allow-cpu` changes (the tiny model)
     reads: tuple[str, ...] = ()  # other chapters whose published runs this chapter's notebook reads
     gpus: int = 1  # GPUs its live run needs: the nightly skips it, in one line, on a box with fewer
+    ranges: dict = field(default_factory=dict, hash=False, compare=False)  # {"file.csv:column" or column: (lo, hi)}
+
+    def range_of(self, file: str, column: str) -> tuple[float, float] | None:
+        """The values a numeric column may hold (None: not a checked column): this chapter's
+        `ranges` entry for "file:column" or "column", else the first of RANGES matching its name."""
+        for key in (f"{file}:{column}", column):
+            if key in self.ranges:
+                return self.ranges[key]
+        return next((r for pattern, r in RANGES if fnmatch.fnmatchcase(column, pattern)), None)
 
     @property
     def module(self) -> str:

@@ -30,12 +30,18 @@ class BuildError(RuntimeError):
 
 def check_runs(root: Path) -> None:
     """The runs the book replays are whole (every file, every trace, the declared columns of
-    every table) and the history reads: else one BuildError line."""
+    every table, every number in its range, no declared table empty) and the history reads:
+    else one BuildError line naming the file (and the column and row of a bad value)."""
+    from labsupport import chapters
+
+    declared = {c.slug: c.columns for c in chapters.CHAPTERS}
     try:
         for run in runs.check_published(root).values():
             for name in run.meta["files"]:
                 if name.endswith(".csv"):
-                    run.table(name[:-4], nrows=1)
+                    df = run.table(name[:-4])  # every value in its declared range (chapters.RANGES)
+                    if df.empty and name in declared.get(run.chapter, {}):
+                        raise runs.RunError(f"{run.path / name} has no rows")
         history.read(root)
     except runs.RunError as e:
         raise BuildError(str(e)) from None

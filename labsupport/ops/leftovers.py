@@ -5,11 +5,12 @@ reads. Called with the runs folder's lock held (labsupport.runs.lock), so nothin
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from labsupport import runs
-from labsupport.ops import history
+from labsupport.ops import children, history
 from labsupport.runs import promotion
 
 
@@ -56,10 +57,41 @@ def orphan_reports(root: Path) -> list[Path]:
     return sorted(p for p in d.glob("*-drift.*") if p.name.split("-drift.")[0] not in nights)
 
 
-def recover(root: Path, stale: dict | None, book_dir: Path | None, nightly_dir: Path) -> list[str]:
+def _ever_published(root: Path, run_id: str) -> bool | None:
+    """Whether history.csv has rows of `run_id` (None when there is no readable history)."""
+    if not history.path(root).is_file():
+        return False
+    try:
+        h = history.read(root)
+    except runs.RunError:
+        return None
+    return bool(h.published_as.astype(str).str.endswith(f" {run_id}").any())
+
+
+def pruned_leftovers(root: Path) -> list[str]:
+    """Old runs a killed prune had moved aside (runs/<chapter>/.pruning-<id>/): deleted."""
+    done = []
+    for chapter_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        for d in sorted(chapter_dir.glob(".pruning-*")):
+            if d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d)
+                done.append(f"finished pruning {chapter_dir.name}/{d.name[len('.pruning-') :]}")
+    return done
+
+
+def recover(
+    root: Path, stale: dict | None, book_dir: Path | None, nightly_dir: Path, live_dir: Path | None = None
+) -> list[str]:
     """Finish or discard staged publications, set aside a killed holder's runs, move orphan
-    drift reports and remove temporary files; one line per thing done."""
-    done = promotion.recover(root)
+    drift reports and remove temporary files; one line per thing done. Where runs are set
+    aside comes from the project's layout (`nightly_dir`, `live_dir`: <dir>/<run id>/failed-runs),
+    never from the lock file, and only for a run id whose log folder its command created there
+    and that was never published; a bookkeeping file that is not what this code writes is a
+    RunError naming it, with nothing moved or deleted."""
+    for d in (root / "nightly", nightly_dir):
+        runs.check_real_dir(d, "recover")
+    done = promotion.recover(root, book_dir)
+    done += pruned_leftovers(root)
     if book_dir is not None:  # staged books of discarded nights, books replaced by a publication
         for d in book_dir.parent.glob(f".{book_dir.name}-*"):
             if d.is_dir() and not d.is_symlink():
@@ -71,9 +103,16 @@ def recover(root: Path, stale: dict | None, book_dir: Path | None, nightly_dir: 
             f"took over the lock of {stale.get('what', 'a command')} pid {stale.get('pid', '?')} "
             f"(started {stale.get('started', '?')}), which is no longer running"
         )
+        if stale.get("invalid"):
+            done.append(f"its lock file {root / '.lock'} was not one this code writes ({stale['invalid']})")
+        logs = live_dir if str(stale.get("what", "")).startswith("live") and live_dir is not None else nightly_dir
         if rid and runs.RUN_ID_PATTERN.match(str(rid)):
-            aside = Path(stale.get("aside") or nightly_dir / rid / "failed-runs")
-            moved = set_aside(root, rid, aside, complete=not stale.get("keep_runs"))
+            aside = logs / rid / "failed-runs"
+            ever = _ever_published(root, rid)
+            # A whole run is set aside only when its command's log folder exists (it made it
+            # before writing the lock) and the run id was never published.
+            whole = not stale.get("keep_runs") and (logs / rid).is_dir() and ever is False
+            moved = set_aside(root, rid, aside, complete=whole)
             if moved:
                 done.append(f"set aside its unpublished runs ({', '.join(moved)}) in {aside}")
     for report in orphan_reports(root):
@@ -82,6 +121,11 @@ def recover(root: Path, stale: dict | None, book_dir: Path | None, nightly_dir: 
         dest.mkdir(parents=True, exist_ok=True)
         shutil.move(str(report), dest / report.name)
         done.append(f"moved {report.name}, the report of a night that never published, to {dest}")
+    for logs in {nightly_dir, *([live_dir] if live_dir is not None else [])}:
+        for d in sorted(logs.glob(f"{children.SCRATCH}*")) if logs.is_dir() else []:
+            if d.is_dir() and not d.is_symlink() and d.name != f"{children.SCRATCH}{os.getpid()}":
+                shutil.rmtree(d)
+                done.append(f"removed the scratch folder {d} of a killed command")
     for tmp in [*root.glob(".*.tmp*"), *root.glob("nightly/.*.tmp*")]:
         if tmp.is_file():
             tmp.unlink()

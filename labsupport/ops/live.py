@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from labsupport import chapters, runs
-from labsupport.ops import history, leftovers
+from labsupport.ops import children, history, leftovers
 from labsupport.runs import lock, promotion
 from labsupport.runs.provenance import REPO_ROOT
 
@@ -195,11 +195,15 @@ def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: b
     root = runs.runs_root()
     try:
         lk = lock.acquire(root, "live" if publish else "live --no-publish")
-    except lock.Busy as e:
+    except lock.LockError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     try:
-        return _live(lk, root, selected, per_chapter, publish)
+        if LOG_DIR.is_symlink():
+            print(f"error: {LOG_DIR} is a symbolic link; refusing to write through it", file=sys.stderr)
+            return 1
+        with children.no_orphans(LOG_DIR / f"{children.SCRATCH}{os.getpid()}"):
+            return _live(lk, root, selected, per_chapter, publish)
     finally:
         lock.release(lk)
 
@@ -207,14 +211,22 @@ def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: b
 def _live(lk, root: Path, selected, per_chapter: dict, publish: bool) -> int:
     from labsupport.ops import nightly
 
-    for line in leftovers.recover(root, lk.stale, nightly.BOOK_DIR, nightly.NIGHTLY_DIR):
-        print(f"before running: {line}", flush=True)
-    runs.published(root)  # a damaged manifest or history stops here, before any chapter runs
-    history.read(root)
-    run_id = fresh_run_id(LOG_DIR)
-    log_dir = LOG_DIR / run_id
-    # A killed `live` leaves runs its next holder sets aside; `--no-publish` runs are kept.
-    lk.note(run_id=run_id, aside=str(log_dir / "failed-runs"), keep_runs=not publish)
+    try:
+        for d in (root / "nightly", LOG_DIR):
+            runs.check_real_dir(d, "live writes there")
+        for line in leftovers.recover(root, lk.stale, nightly.BOOK_DIR, nightly.NIGHTLY_DIR, LOG_DIR):
+            print(f"before running: {line}", flush=True)
+        runs.published(root)  # a damaged manifest or history stops here, before any chapter runs
+        history.read(root)
+        run_id = fresh_run_id(LOG_DIR)
+        log_dir = LOG_DIR / run_id
+        # A killed `live` leaves runs its next holder sets aside (in LOG_DIR/<id>/failed-runs);
+        # `--no-publish` runs are kept.
+        lk.note(run_id=run_id, keep_runs=not publish)
+    except (runs.RunError, OSError) as e:
+        why = str(e) if isinstance(e, runs.RunError) else f"{type(e).__name__}: {e}"
+        print(f"error: {why}; nothing was run and the published runs are unchanged", file=sys.stderr)
+        return 1
     set_environment()
     total = time.perf_counter()
     for i, ch in enumerate(selected, 1):

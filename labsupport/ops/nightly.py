@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from labsupport import chapters, runs
-from labsupport.ops import bookbuild, drift, history, leftovers, live, validate
+from labsupport.ops import bookbuild, children, drift, history, leftovers, live, validate
 from labsupport.runs import lock, promotion
 from labsupport.runs.provenance import REPO_ROOT
 
@@ -162,18 +162,31 @@ def main(
     root = runs.runs_root()
     try:
         lk = lock.acquire(root, "nightly")
-    except lock.Busy as e:
+    except lock.LockError as e:
         print(f"nightly not started: {e}", file=sys.stderr)
         return 1
     try:
-        return _night(lk, root, selected, per_chapter, build_book, timing_threshold, min_kernels)
+        check_folders(root)
+    except runs.RunError as e:
+        lock.release(lk)
+        print(f"nightly failed: {e}; nothing was changed", file=sys.stderr)
+        return 1
+    try:
+        with children.no_orphans(NIGHTLY_DIR / f"{children.SCRATCH}{os.getpid()}"):
+            return _night(lk, root, selected, per_chapter, build_book, timing_threshold, min_kernels)
     finally:
         lock.release(lk)
 
 
+def check_folders(root: Path) -> None:
+    """No folder the nightly writes to may be a symbolic link (it would write where it points)."""
+    for d in (root / "nightly", NIGHTLY_DIR, live.LOG_DIR):
+        runs.check_real_dir(d, "the nightly writes there")
+
+
 def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_kernels) -> int:
     try:
-        for line in leftovers.recover(root, lk.stale, BOOK_DIR, NIGHTLY_DIR):
+        for line in leftovers.recover(root, lk.stale, BOOK_DIR, NIGHTLY_DIR, live.LOG_DIR):
             print(f"before the night: {line}", flush=True)
     except BaseException as e:
         print(
@@ -182,9 +195,13 @@ def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_ker
             file=sys.stderr,
         )
         return 1
-    run_id = live.fresh_run_id(NIGHTLY_DIR)
-    out_dir = NIGHTLY_DIR / run_id
-    lk.note(run_id=run_id, aside=str(out_dir / "failed-runs"))
+    try:
+        run_id = live.fresh_run_id(NIGHTLY_DIR)
+        out_dir = NIGHTLY_DIR / run_id
+        lk.note(run_id=run_id)
+    except OSError as e:
+        print(f"nightly failed: cannot start the night: {_reason(e)}; nothing was changed", file=sys.stderr)
+        return 1
     live.set_environment()
     t_all = time.perf_counter()
     manifest = None
@@ -205,7 +222,10 @@ def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_ker
     except BaseException as e:  # SIGTERM arrives as KeyboardInterrupt
         reason = _reason(e)
         stage = root / f"{promotion.PREFIX}{run_id}"
-        staged = promotion.load(stage) if stage.is_dir() else None
+        try:
+            staged = promotion.load(stage, BOOK_DIR) if stage.is_dir() else None
+        except runs.RunError:
+            staged = None
         if manifest is not None and _is_published(root, manifest):
             return _flipped_but(staged, run_id, reason, out_dir)
         return _failed(root, run_id, reason, staged, stage, out_dir)
@@ -224,10 +244,13 @@ def _failed(root: Path, run_id: str, reason: str, staged, stage: Path, out_dir: 
         with promotion.signals_held():
             promotion.discard(staged, stage)
             leftovers.set_aside(root, run_id, out_dir / "failed-runs")
-            (out_dir / "FAILED.txt").write_text(reason + "\n")
         left = ""
     except Exception as e:
         left = f" (setting its runs aside failed too, {_reason(e)}: the next nightly or `make recover` does it)"
+    try:
+        (out_dir / "FAILED.txt").write_text(reason + "\n")
+    except OSError as e:
+        left += f" (the note {out_dir / 'FAILED.txt'} could not be written: {_reason(e)})"
     print(
         f"nightly failed: {reason}; nothing was published: the published runs, history, reports "
         f"and book are unchanged{left}; logs in {out_dir}",

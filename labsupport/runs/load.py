@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,7 +51,9 @@ class Run:
         """A CSV table of the run, with the columns its chapter declares (chapters.py); an
         empty, unreadable or short table is a RunError naming the file."""
         path = self.file(f"{name}.csv")
-        return read_table(path, _declared_columns(self.chapter, path.name), **read_csv_args)
+        df = read_table(path, _declared_columns(self.chapter, path.name), **read_csv_args)
+        check_values(df, path, self.chapter)
+        return df
 
     @property
     def label(self) -> str:
@@ -64,6 +67,37 @@ def _declared_columns(chapter: str, name: str) -> tuple[str, ...]:
 
     known = {c.slug: c for c in chapters.CHAPTERS}
     return known[chapter].columns.get(name, ()) if chapter in known else ()
+
+
+def check_values(df: pd.DataFrame, path: Path, chapter: str) -> None:
+    """Every number in a column the chapter registry gives a range (chapters.RANGES, a
+    chapter's `ranges`) is a finite number within it; a missing value only where the row's
+    status is not "ok" (a batch that ran out of memory, say). Else one RunError naming the
+    file, the column and the (1-based data) row."""
+    from labsupport import chapters
+
+    ch = next((c for c in chapters.CHAPTERS if c.slug == chapter), None)
+    if ch is None or df.empty:
+        return
+    may_lack = (df["status"].astype(str) != "ok").to_numpy() if "status" in df.columns else None
+    for col in df.columns:
+        bounds = ch.range_of(path.name, str(col))
+        if bounds is None:
+            continue
+        raw = df[col]
+        if raw.dtype == bool:
+            raise RunError(f"{path}: column {col}, row 1: {raw.iloc[0]!r} is not a number")
+        values = pd.to_numeric(raw, errors="coerce").astype(float).to_numpy()
+        lo, hi = bounds
+        for i, v in enumerate(values):
+            if v == v and lo <= v <= hi:
+                continue
+            if v != v and raw.iloc[i] is not None and raw.iloc[i] == raw.iloc[i]:  # text, not a number
+                raise RunError(f"{path}: column {col}, row {i + 1}: {str(raw.iloc[i])[:40]!r} is not a number")
+            if v != v and may_lack is not None and may_lack[i]:
+                continue
+            what = "missing (NaN)" if v != v else f"{float(v)!r} is outside [{lo:g}, {hi:g}]"
+            raise RunError(f"{path}: column {col}, row {i + 1}: {what}")
 
 
 def read_table(path: Path, required=(), **read_csv_args) -> pd.DataFrame:
@@ -89,6 +123,7 @@ def _first_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
+MAX_TRACE_BYTES = int(os.environ.get("LABSUPPORT_MAX_TRACE_BYTES", 512 << 20))  # decompressed
 _JSON_CHECKED: set[tuple[str, str]] = set()
 
 
@@ -100,7 +135,12 @@ def _check_json(path: Path, digest: str) -> None:
         return
     try:
         with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
-            json.loads(f.read())
+            data = f.read(MAX_TRACE_BYTES + 1)
+        if len(data) > MAX_TRACE_BYTES:
+            raise RunError(
+                f"{path} expands to more than {MAX_TRACE_BYTES >> 20} MiB, more than any trace a run holds; not reading it"
+            )
+        json.loads(data)
     except (OSError, EOFError, ValueError) as e:  # gzip: truncated/corrupt; json: not JSON
         raise RunError(f"{path} is not a readable trace: {_first_line(e)}") from None
     _JSON_CHECKED.add(key)
@@ -157,6 +197,9 @@ def _check_meta(meta, chapter: str, run_id: str, meta_path: Path) -> None:
     lacking = [f for f in provenance.REQUIRED_FIELDS if f not in prov]
     if lacking:
         raise RunError(f"{meta_path}: provenance lacks {', '.join(lacking)}")
+    not_text = [f for f in provenance.REQUIRED_FIELDS if not isinstance(prov[f], str) or len(prov[f]) > 4000]
+    if not_text:
+        raise RunError(f"{meta_path}: provenance field {not_text[0]} is not text")
     if not isinstance(meta["parameters"], dict):
         raise RunError(f"{meta_path} is corrupt: 'parameters' is not an object")
 

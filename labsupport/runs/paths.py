@@ -48,6 +48,37 @@ def run_dir(chapter: str, run_id: str, root: Path | None = None, where: str = ""
     return path
 
 
+def inside(root: Path, rel, where: str) -> Path:
+    """`root`/`rel` after checking `rel` is a plain relative path of plain names (no '..', not
+    absolute, no hidden part) whose every existing step is a real folder or file under `root`
+    (no symbolic link on the way) on the same filesystem; else one RunError naming `where`."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel:
+        raise RunError(f"{where}: {rel!r} is not a plain relative path inside {root}")
+    parts = rel.split("/")
+    if not all(FILE_PATTERN.match(p) for p in parts):
+        raise RunError(f"{where}: {rel!r} is not a plain relative path inside {root} (no '..', no hidden names)")
+    dev = os.stat(root).st_dev
+    path = root
+    for part in parts:
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            break
+        if path.is_symlink():
+            raise RunError(f"{where}: {path} is a symbolic link; refusing to follow it")
+        if st.st_dev != dev:
+            raise RunError(f"{where}: {path} is on another filesystem than {root}")
+    return path
+
+
+def check_real_dir(path: Path, where: str = "") -> Path:
+    """`path` if it is not a symbolic link (it may not exist yet), else one RunError."""
+    if path.is_symlink():
+        raise RunError(f"{where + ': ' if where else ''}{path} is a symbolic link; refusing to write through it")
+    return path
+
+
 def runs_root() -> Path:
     """The runs folder (LABSUPPORT_RUNS overrides it, for tests, scratch runs and a reader's
     runs folder anywhere, `~` allowed): the book's runs/ in a checkout of the book, else runs/

@@ -27,11 +27,13 @@ import json
 import os
 import shutil
 import signal
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from labsupport import runs
+from labsupport.runs.paths import inside
 from labsupport.runs.writer import fsync_dir
 
 PREFIX = ".promote-"
@@ -41,6 +43,17 @@ HELD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 class PromotionError(RuntimeError):
     """Completing a flipped publication failed (the publication itself stands)."""
+
+
+class PlanError(runs.RunError):
+    """A plan.json that is not one this code wrote: one line naming it; nothing is moved."""
+
+
+DONE_PREFIX = ".promoted-"  # a completed stage, renamed so, then deleted
+DISCARDED_PREFIX = ".discarded-"  # a stage never flipped in, renamed so, then deleted
+PLAN_KEYS = {"night", "manifest_sha256", "files", "book", "book_dir", "book_inode"}
+MAX_PLAN_BYTES = 1 << 20
+MAX_PLAN_FILES = 1000
 
 
 @dataclass
@@ -99,10 +112,13 @@ def stage(
     for `book_dir`. Changes nothing that is published."""
     runs.check_run_id(night, "promotion")
     for rel in files:
-        parts = Path(rel).parts
-        if Path(rel).is_absolute() or ".." in parts or not all(runs.FILE_PATTERN.match(p) for p in parts):
-            raise ValueError(f"cannot stage {rel!r}: not a plain path inside the runs folder")
+        try:
+            inside(root, rel, "staging a publication")
+        except runs.RunError as e:
+            raise ValueError(str(e)) from None
     st = root / f"{PREFIX}{night}"
+    if st.is_symlink():
+        raise ValueError(f"{st} is a symbolic link; not staging through it")
     if st.exists():
         shutil.rmtree(st)
     st.mkdir()
@@ -124,22 +140,66 @@ def stage(
     return p
 
 
-def load(stage_dir: Path) -> Promotion | None:
-    """The promotion staged in `stage_dir`, or None when its plan was never written whole."""
+def load(stage_dir: Path, book_dir: Path | None = None) -> Promotion | None:
+    """The promotion staged in `stage_dir`, or None when its plan was never written whole
+    (missing, or cut short: not JSON). A plan that parses but is not one `stage` could have
+    written is a PlanError naming it: its night must be the folder's, every file a plain path
+    inside the runs folder (no link on the way), and its book, if any, the book folder this
+    project serves (`book_dir`, from the project's own layout, never from the plan) and the
+    staged folder beside it."""
+    path = stage_dir / PLAN
     try:
-        plan = json.loads((stage_dir / PLAN).read_text())
-        return Promotion(
-            stage_dir.parent,
-            plan["night"],
-            stage_dir,
-            plan["manifest_sha256"],
-            list(plan["files"]),
-            Path(plan["book"]) if plan["book"] else None,
-            Path(plan["book_dir"]) if plan["book_dir"] else None,
-            plan["book_inode"],
-        )
-    except (OSError, ValueError, KeyError, TypeError):
+        if path.is_symlink():
+            raise PlanError(f"{path} is a symbolic link; not following it, nothing was moved or deleted")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_PLAN_BYTES + 1)
+    except OSError:
         return None
+    if len(raw) > MAX_PLAN_BYTES:
+        raise PlanError(f"{path} is larger than any plan this code writes; nothing was moved or deleted")
+    try:
+        plan = json.loads(raw)
+    except ValueError:
+        return None
+    return _parse_plan(plan, stage_dir, book_dir, path)
+
+
+def _parse_plan(plan, stage_dir: Path, book_dir: Path | None, path: Path) -> Promotion:
+    def bad(why: str):
+        return PlanError(f"{path} is not a plan this code wrote: {why}; nothing was moved or deleted")
+
+    if not isinstance(plan, dict) or set(plan) != PLAN_KEYS:
+        raise bad(f"expected exactly the keys {', '.join(sorted(PLAN_KEYS))}")
+    night = plan["night"]
+    if not isinstance(night, str) or not runs.RUN_ID_PATTERN.match(night) or stage_dir.name != f"{PREFIX}{night}":
+        raise bad(f"night {night!r} is not the run id of its folder {stage_dir.name}")
+    sha = plan["manifest_sha256"]
+    if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise bad("manifest_sha256 is not a SHA-256 digest")
+    files = plan["files"]
+    if not isinstance(files, list) or len(files) > MAX_PLAN_FILES:
+        raise bad("files is not a list of paths")
+    root = stage_dir.parent
+    for rel in files:
+        try:
+            inside(root, rel, str(path))
+            inside(stage_dir, rel, str(path))
+        except runs.RunError as e:
+            raise bad(str(e).split(": ", 1)[-1]) from None
+    book, bdir, inode = plan["book"], plan["book_dir"], plan["book_inode"]
+    if book is None and bdir is None and inode is None:
+        return Promotion(root, night, stage_dir, sha, list(files))
+    if book_dir is None:
+        raise bad("it names a book folder, and this command serves none")
+    book_dir = Path(book_dir)
+    if bdir != str(book_dir) or book != str(staged_book_path(book_dir, night)):
+        raise bad(f"its book folders are not {book_dir} and the staged one beside it")
+    if not isinstance(inode, int) or isinstance(inode, bool) or inode < 0:
+        raise bad("book_inode is not an inode number")
+    for p in (book_dir.parent, book_dir, Path(book)):
+        if p.is_symlink():
+            raise bad(f"{p} is a symbolic link")
+    return Promotion(root, night, stage_dir, sha, list(files), Path(book), book_dir, inode)
 
 
 def flipped(p: Promotion) -> bool:
@@ -150,12 +210,27 @@ def flipped(p: Promotion) -> bool:
 
 @contextmanager
 def signals_held():
-    """Hold off SIGTERM, SIGINT and SIGHUP (they are delivered when the block ends)."""
+    """Hold off SIGTERM, SIGINT and SIGHUP (they are delivered when the block ends). Blocked
+    in this thread and, since a signal sent to the process may reach another thread (one of
+    a library's), also caught by a handler that only notes it, then re-raised at the end."""
+    if threading.current_thread() is not threading.main_thread():
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return
+    noted: list[int] = []
+    handlers = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in HELD_SIGNALS}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # one blocked here is noted now
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        for s in dict.fromkeys(noted):
+            signal.raise_signal(s)
 
 
 def flip(p: Promotion) -> None:
@@ -182,15 +257,25 @@ def commit(p: Promotion) -> None:
 def complete(p: Promotion) -> None:
     """Put the staged history, reports and book in place (idempotent), then drop the stage."""
     for rel in p.files:
-        src, dst = p.stage / rel, p.root / rel
+        src, dst = inside(p.stage, rel, str(p.stage / PLAN)), inside(p.root, rel, str(p.stage / PLAN))
         if src.exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dst)
             _fsync_dir(dst.parent)
     if p.book is not None:
         _install_book(p)
-    shutil.rmtree(p.stage)
+    _drop(p.stage, DONE_PREFIX)
     _fsync_dir(p.root)
+
+
+def _drop(stage_dir: Path, prefix: str) -> None:
+    """Rename a stage to <prefix><night> (one step: no half-deleted .promote- folder is ever
+    seen), then delete it; `recover` deletes one a kill left."""
+    gone = stage_dir.with_name(prefix + stage_dir.name[len(PREFIX) :])
+    if gone.exists():
+        shutil.rmtree(gone)
+    os.rename(stage_dir, gone)
+    shutil.rmtree(gone)
 
 
 def _inode(path: Path) -> int | None:
@@ -236,9 +321,12 @@ def exchange(a: Path, b: Path) -> None:
 
 def discard(p: Promotion | None, stage_dir: Path) -> None:
     """Drop a promotion that was never flipped in (its staged book too)."""
+    if stage_dir.is_symlink():
+        raise PlanError(f"{stage_dir} is a symbolic link; nothing was deleted")
     if p is not None and p.book is not None and p.book.exists() and _inode(p.book) == p.book_inode:
         shutil.rmtree(p.book)
-    shutil.rmtree(stage_dir, ignore_errors=True)
+    if stage_dir.is_dir():
+        _drop(stage_dir, DISCARDED_PREFIX)
 
 
 def cleanup(p: Promotion) -> None:
@@ -253,15 +341,22 @@ def cleanup(p: Promotion) -> None:
 
 
 def pending(root: Path) -> list[Path]:
-    return sorted(d for d in root.glob(f"{PREFIX}*") if d.is_dir()) if root.is_dir() else []
+    """Staged publications (real folders; a link named so is refused by `recover`)."""
+    if not root.is_dir():
+        return []
+    return sorted(d for d in root.glob(f"{PREFIX}*") if d.is_dir() or d.is_symlink())
 
 
-def recover(root: Path) -> list[str]:
+def recover(root: Path, book_dir: Path | None = None) -> list[str]:
     """Finish every flipped promotion left by a killed process and discard the others;
-    returns one line per promotion handled. Call with the lock held."""
+    returns one line per promotion handled. Call with the lock held. `book_dir` is the book
+    folder this project serves (its layout, not the plan, says where books go). A plan that
+    is not one this code wrote is a PlanError: nothing is moved or deleted."""
     done = []
     for d in pending(root):
-        p = load(d)
+        if d.is_symlink():
+            raise PlanError(f"{d} is a symbolic link, not a staged publication; nothing was moved or deleted")
+        p = load(d, book_dir)
         if p is not None and flipped(p):
             with signals_held():
                 complete(p)
@@ -270,4 +365,9 @@ def recover(root: Path) -> list[str]:
         else:
             discard(p, d)
             done.append(f"discarded the staged publication {d.name} (never flipped in)")
+    for prefix, what in ((DONE_PREFIX, "completed"), (DISCARDED_PREFIX, "discarded")):
+        for d in sorted(root.glob(f"{prefix}*")) if root.is_dir() else []:
+            if d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d)
+                done.append(f"removed the remains of the {what} publication {d.name[len(prefix) :]}")
     return done

@@ -50,7 +50,13 @@ def prune(chapter: str, keep: set[str], root: Path | None = None) -> list[str]:
     keep = set(keep) | {published(root).get(chapter)}
     removed = [r for r in list_runs(chapter, root) if r not in keep]
     for r in removed:
-        shutil.rmtree(root / chapter / r)
+        # Moved aside in one rename first, so a kill while deleting leaves no half run that
+        # `runs` lists; `recover` deletes a left .pruning- folder.
+        aside = root / chapter / f".pruning-{r}"
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.rename(root / chapter / r, aside)
+        shutil.rmtree(aside)
     return removed
 
 

@@ -96,12 +96,26 @@ class RunWriter:
                 files.append(p)
         return files
 
+    def _check_tables(self, files: list[Path]) -> None:
+        """Every table readable and every number in its declared range (chapters.RANGES),
+        checked before the run exists: a bad value is one RunError naming file, column, row."""
+        from labsupport.runs.load import check_values, read_table
+
+        for p in files:
+            if p.suffix == ".csv":
+                try:
+                    df = read_table(p)
+                except RunError:
+                    continue  # an empty table is the validation's to report
+                check_values(df, self.final / p.name, self.chapter)
+
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
         try:
             files = self._files()
+            self._check_tables(files)
             meta = {
                 "chapter": self.chapter,
                 "run_id": self.run_id,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from decimal import Decimal
 from pathlib import Path
 
@@ -99,13 +100,21 @@ def ns(x) -> int:
     return int((Decimal(x) * 1000).to_integral_value())
 
 
+# The same cap as labsupport.runs.load.MAX_TRACE_BYTES (this layer imports no other): a
+# trace that expands beyond it (a decompression bomb) is refused in one line, unread.
+MAX_TRACE_BYTES = int(os.environ.get("LABSUPPORT_MAX_TRACE_BYTES", 512 << 20))
+
+
 def load_events(path: Path) -> list[dict]:
     """The traceEvents of a (gzip-compressed or plain) Chrome trace."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt") as f:
-            data = json.load(f, parse_float=Decimal)
+        with opener(path, "rb") as f:
+            raw = f.read(MAX_TRACE_BYTES + 1)
+        if len(raw) > MAX_TRACE_BYTES:
+            raise TraceError(f"{path} expands to more than {MAX_TRACE_BYTES >> 20} MiB; not reading it")
+        data = json.loads(raw, parse_float=Decimal)
     except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TraceError(f"cannot read profiler trace {path}: {e}") from None
     events = data.get("traceEvents") if isinstance(data, dict) else None

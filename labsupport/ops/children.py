@@ -1,0 +1,86 @@
+"""No orphans: the nightly and live commands end every process they started (a notebook's
+kernel, jupyter-book and its kernels, fresh timing processes) on every exit path, and remove
+their scratch folder (TMPDIR of their children, inside their log folder)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+SCRATCH = ".scratch-"  # <log dir>/.scratch-<pid>: a command's TMPDIR; `recover` removes a killed one's
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """The processes below `pid` (this one by default), read from /proc (empty where there is none)."""
+    pid = pid or os.getpid()
+    parent = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for e in entries:
+        if not e.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{e}/stat").read_text()
+        except OSError:
+            continue
+        parent[int(e)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def end_descendants(grace_s: float = 3.0) -> list[int]:
+    """SIGTERM every process below this one, then SIGKILL those still there after `grace_s`;
+    returns the pids that were ended."""
+    pids = descendants()
+    for p in pids:
+        with suppress(OSError):
+            os.kill(p, signal.SIGTERM)
+    deadline = time.time() + grace_s
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    for p in [*pids, *descendants()]:
+        if _alive(p):
+            with suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    with suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@contextmanager
+def no_orphans(scratch: Path | None = None):
+    """Around a command: its children's TMPDIR is `scratch` (created, then removed), and
+    whatever processes are left below it at the end are ended."""
+    old = os.environ.get("TMPDIR")
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
+        os.environ["TMPDIR"] = str(scratch)
+    try:
+        yield
+    finally:
+        end_descendants()
+        if scratch is not None:
+            if old is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = old
+            shutil.rmtree(scratch, ignore_errors=True)
