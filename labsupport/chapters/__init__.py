@@ -73,6 +73,9 @@ RANGES = (
     ("TB/s", (0, 1e4)),
 )
 
+# Empty cells every chapter may have: CUDA-event times of a run on a CPU (there are no events).
+MAY_LACK = ("*:gpu_ms",)
+
 KERNELS = ("name", "start_ns", "end_ns", "dur_ns", "op", "module", "kind")
 KERNELS_BY_LAYER = KERNELS + ("short_name", "layer", "part")
 CEILINGS = ("copy_bytes", "copy_ms_median", "gemm_n", "gemm_ms_median", "copy_tbs", "gemm_tflops")
@@ -93,6 +96,10 @@ class Chapter:
     reads: tuple[str, ...] = ()  # other chapters whose published runs this chapter's notebook reads
     gpus: int = 1  # GPUs its live run needs: the nightly skips it, in one line, on a box with fewer
     ranges: dict = field(default_factory=dict, hash=False, compare=False)  # {"file.csv:column" or column: (lo, hi)}
+    # "file.csv:column" patterns whose cells may be empty in a row that has no status column or an
+    # "ok" one: a number this form was not measured for (a form timed by another chapter, a
+    # quartile of a single span, CUDA events on a CPU); everywhere else an empty cell is refused.
+    may_lack: tuple[str, ...] = ()
 
     def range_of(self, file: str, column: str) -> tuple[float, float] | None:
         """The values a numeric column may hold (None: not a checked column): this chapter's
@@ -101,6 +108,11 @@ class Chapter:
             if key in self.ranges:
                 return self.ranges[key]
         return next((r for pattern, r in RANGES if fnmatch.fnmatchcase(column, pattern)), None)
+
+    def lacks_allowed(self, file: str, column: str) -> bool:
+        """Whether an empty cell in `column` of `file` means "not measured here" (may_lack)."""
+        key = f"{file}:{column}"
+        return any(fnmatch.fnmatchcase(key, p) for p in (*self.may_lack, *MAY_LACK))
 
     @property
     def module(self) -> str:
@@ -218,6 +230,7 @@ CHAPTERS = [
         smoke={"contexts": [256, 4096], "repeats": 5, "fresh_processes": 1},
         cpu={"preset": "tiny", "prompt_len": 16, "contexts": [8, 32], "repeats": 2, "fresh_processes": 1},
         reads=("why-a-gpu", "launch-overhead"),  # the ceilings; the page glues every shared quantity
+        may_lack=("profiler_effect.csv:wall_ms_q*",),  # the profiled span: one value, no quartiles
     ),
     Chapter(
         "launch-overhead",
@@ -232,6 +245,7 @@ CHAPTERS = [
         smoke={"preset": "tiny", "prompt_len": 64, "repeats": 3, "max_autotune": True},
         cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
         reads=("kernels-in-one-token", "why-a-gpu"),  # the eager steps' numbers; the ceilings
+        may_lack=("variants.csv:wall_ms_*", "variants.csv:issue_ms_*"),  # eager forms: timed by the census chapter
     ),
     Chapter(
         "closing-the-gap",
@@ -257,6 +271,7 @@ CHAPTERS = [
         smoke={"preset": "tiny", "prompt_len": 64, "repeats": 3},
         cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
         reads=("why-a-gpu", "kernels-in-one-token", "launch-overhead"),
+        may_lack=("rungs.csv:wall_ms_*", "rungs.csv:issue_ms_*", "rungs.csv:gpu_ms_*"),  # rungs timed elsewhere
     ),
     Chapter(
         "prefill-vs-decode",

@@ -8,6 +8,7 @@ publication itself)."""
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -57,6 +58,7 @@ def rows_for(published_as: str, chapter, run: runs.Run, notebook_s: float | None
             "value": float(v),
         }
         for k, v in values.items()
+        if v is not None and math.isfinite(float(v))  # a number the run does not have (a CPU run's copy TB/s)
     ]
 
 

@@ -28,7 +28,8 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
     """Problems found in `run` (an empty list means it passed).
 
     Every file the chapter declares is present; every table has rows; numbers are not NaN
-    (rows with a status other than "ok" excepted, such as a batch that ran out of memory);
+    (rows with a status other than "ok" excepted, such as a batch that ran out of memory, and the
+    columns the registry says may lack a number: Chapter.may_lack);
     times and counts are not negative; kernel tables hold at least `min_kernels` kernels;
     tables have the columns chapters.py declares; traces parse; the provenance is complete.
     """
@@ -60,12 +61,12 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
             continue
         ok = df[df["status"] == "ok"] if "status" in df else df
         measured = [c for c in ok.columns if _measured(c)]
-        nan_cols = [c for c in measured if ok[c].isna().any()]
+        nan_cols = [c for c in measured if ok[c].isna().any() and not chapter.lacks_allowed(name, c)]
         if nan_cols:
             problems.append(f"{name}: NaN in {', '.join(nan_cols)}")
         for c in measured:
             values = pd.to_numeric(ok[c], errors="coerce")
-            if values.isna().any() and c not in nan_cols:
+            if values.isna().any() and c not in nan_cols and not chapter.lacks_allowed(name, c):
                 problems.append(f"{name}: non-numeric values in {c}")
             elif (values < 0).any():
                 problems.append(f"{name}: negative values in {c}")

@@ -72,7 +72,8 @@ def _declared_columns(chapter: str, name: str) -> tuple[str, ...]:
 def check_values(df: pd.DataFrame, path: Path, chapter: str) -> None:
     """Every number in a column the chapter registry gives a range (chapters.RANGES, a
     chapter's `ranges`) is a finite number within it; a missing value only where the row's
-    status is not "ok" (a batch that ran out of memory, say). Else one RunError naming the
+    status is not "ok" (a batch that ran out of memory, say) or the registry declares the column
+    may lack it (Chapter.may_lack). Else one RunError naming the
     file, the column and the (1-based data) row."""
     from labsupport import chapters
 
@@ -94,7 +95,7 @@ def check_values(df: pd.DataFrame, path: Path, chapter: str) -> None:
                 continue
             if v != v and raw.iloc[i] is not None and raw.iloc[i] == raw.iloc[i]:  # text, not a number
                 raise RunError(f"{path}: column {col}, row {i + 1}: {str(raw.iloc[i])[:40]!r} is not a number")
-            if v != v and may_lack is not None and may_lack[i]:
+            if v != v and ((may_lack is not None and may_lack[i]) or ch.lacks_allowed(path.name, str(col))):
                 continue
             what = "missing (NaN)" if v != v else f"{float(v)!r} is outside [{lo:g}, {hi:g}]"
             raise RunError(f"{path}: column {col}, row {i + 1}: {what}")
