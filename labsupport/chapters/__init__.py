@@ -266,6 +266,7 @@ CHAPTERS = [
             "step_times.csv": ("rung", "repeat", "wall_ms"),
             "matmuls.csv": ("matrix", "n", "k", "bytes", "cublas_us", "triton_us"),
             "gemv_tuning.csv": ("n", "k", "block_n", "block_k", "num_warps", "num_stages", "us", "chosen"),
+            "tokens_per_forward.csv": ("tokens", "path", "status", "ms_min"),  # runs since issue 25
         },
         checks={"preset": preset("qwen3-8b", "tiny"), "prompt_len": at_least(1), "repeats": REPEATS},
         smoke={"preset": "tiny", "prompt_len": 64, "repeats": 3},

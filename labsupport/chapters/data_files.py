@@ -68,7 +68,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "rungs.csv": "each rung of the ladder: kernels, GPU-busy, wall and compile time, its logits against eager's",
         "step_times.csv": "every timed trial of our rungs, in interleaved rounds: wall and CUDA-event ms",
         "matmuls.csv": "each weight shape's matmul for one token: cuBLAS against our Triton GEMV, in µs and TB/s",
-        "gemv_tuning.csv": "every configuration of our GEMV tried on every weight shape, and the one kept",
+        "gemv_tuning.csv": "every configuration of our GEMV tried on every weight shape (BF16 and FP8 weights, "
+        "split-K), and the ones kept",
+        "tokens_per_forward.csv": "the best BF16 rung's decoder on 1 to 16 tokens at once: ms per forward, "
+        "in interleaved rounds",
         "trace-eager.json.gz": "the raw trace of the eager step",
         "trace-cuda-graph.json.gz": "the raw trace of transformers' static-cache step replayed as a CUDA graph",
         "trace-compile.json.gz": "the raw trace of transformers' step compiled (reduce-overhead)",
@@ -76,7 +79,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "trace-fused-projections.json.gz": "the raw trace of our step with fused Q/K/V and gate/up",
         "trace-triton-gemv.json.gz": "the raw trace of our step with our Triton GEMV",
         "trace-fused-gemv.json.gz": "the raw trace of our step with norms, SiLU and residual adds inside the GEMVs",
-        "trace-fused-attention.json.gz": "the raw trace of our step with our attention kernels (the best rung)",
+        "trace-fused-attention.json.gz": "the raw trace of our step with our attention kernels",
+        "trace-split-k.json.gz": "the raw trace of our step with split-K GEMVs where the tuner chose them",
+        "trace-pdl.json.gz": "the raw trace of our step with our GEMVs launched with programmatic dependent launch",
+        "trace-fp8-weights.json.gz": "the raw trace of our step reading FP8 weights",
     },
     "prefill-vs-decode": {
         "ceilings.csv": _CEILINGS,

@@ -15,6 +15,17 @@ Three optional fusions (`Fusion`), so that one kernel does what would otherwise 
   silu(gate) * up, one value per pair, so the activation kernel after gate/up goes away;
 - `residual`: the output is residual + W x (the residual add after o_proj and down_proj).
 
+Three launch options, for the last rungs:
+- FP8 weights (`scale`): W stored as float8 E4M3 with one float32 scale per row
+  (labsupport.measure.gemv_fp8); each row's sum is multiplied by its scale, x stays BF16;
+- split-K (`Config.split_k` > 1): each row's K is cut into split_k stretches, one program per
+  (rows, stretch), each adding its partial sum into a float32 buffer with atomics; a second
+  small kernel (`_finish`) applies the norm's scale, the rounding, SiLU x up or the residual,
+  and zeroes the buffer again for the next call. More programs for the small matrices;
+- programmatic dependent launch (`pdl`): the kernel is launched so that it may start while the
+  kernel before it drains (Hopper and later); it waits (`gdc_wait`) before reading anything,
+  then lets the kernel after it be launched (`gdc_launch_dependents`).
+
 `tune()` times a list of block shapes on the GPU and keeps the fastest per weight shape and
 fusion. Triton has its own autotuner (`triton.autotune`), but it keeps only the winner; the
 book records every candidate's time, so the choice can be shown and checked.
@@ -36,6 +47,7 @@ class Config:
     block_k: int
     num_warps: int
     num_stages: int
+    split_k: int = 1  # programs along K per block of rows (module docstring)
 
 
 @dataclass(frozen=True)
@@ -63,8 +75,25 @@ CANDIDATES = [
         (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 512, 4), (16, 512, 8),
     ]
 ]  # fmt: skip
-# The chosen config for each weight shape and fusion (N, K, Fusion), filled by tune().
+# Split-K candidates, tried on the smaller matrices only (at most SPLIT_MAX_ELEMENTS weights):
+# o_proj, the fused QKV and the separate projections, whose few thousand rows leave each
+# program a short stretch of work between filling the GPU and draining it. (A first trial on the
+# H200 found split-K slower than one kernel on every shape, by 3-4 us on o_proj: the atomics and
+# the second kernel cost more than the extra programs gain; the two least slow are kept, so that
+# the tuner decides on each run.)
+SPLIT_CANDIDATES = [Config(4, 512, 4, 2, 4), Config(2, 1024, 4, 2, 4)]
+SPLIT_MAX_ELEMENTS = 32 * 2**20
+# The candidates tried with FP8 weights: the five fastest of a first trial on the H200 (eight
+# rows of 1,024 FP8 weights per program read o_proj at 2.3 TB/s, sixteen rows of 512 gate/up at
+# 3.2 TB/s; long K chunks were slower).
+FP8_CANDIDATES = [
+    Config(bn, bk, w, 2) for bn, bk, w in [(8, 1024, 8), (8, 1024, 4), (16, 1024, 8), (16, 512, 4), (32, 512, 8)]
+]
+# The chosen config for each weight shape and fusion (N, K, Fusion), filled by tune(): without
+# split-K (CHOSEN), best of all (CHOSEN_SPLIT, the split-K rung's), FP8 weights (CHOSEN_FP8).
 CHOSEN: dict[tuple[int, int, Fusion], Config] = {}
+CHOSEN_SPLIT: dict[tuple[int, int, Fusion], Config] = {}
+CHOSEN_FP8: dict[tuple[int, int, Fusion], Config] = {}
 
 
 @cache
@@ -74,15 +103,24 @@ def _kernel():
 
     @triton.jit
     def gemv_kernel(
-        x_ptr, w_ptr, y_ptr, norm_w_ptr, res_ptr, N, K, eps,
+        x_ptr, w_ptr, y_ptr, norm_w_ptr, res_ptr, scale_ptr, ws_ptr, N, K, eps,
         NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        SCALE: tl.constexpr = False, SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False,
     ):  # fmt: skip
+        if PDL:  # wait for the kernel before (its writes visible), then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
         acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
         sq = tl.zeros((BLOCK_K,), tl.float32)
-        for k in range(0, K, BLOCK_K):
+        lo, hi = 0, K
+        if SPLIT_K > 1:  # this program's stretch of K
+            chunk = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+            lo = tl.program_id(1) * chunk
+            hi = lo + chunk
+        for k in range(lo, hi, BLOCK_K):
             cols = k + tl.arange(0, BLOCK_K)
             col_ok = cols < K
             xv = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -92,42 +130,134 @@ def _kernel():
             w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
             acc += w.to(tl.float32) * xv[None, :]
         y = tl.sum(acc, axis=1)
+        if SCALE:  # FP8 weights: each row's scale
+            y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        if SPLIT_K > 1:  # a partial sum: _finish does the rest
+            tl.atomic_add(ws_ptr + rows, y, mask=row_ok)
+        else:
+            if NORM:
+                y = y / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+            y = y.to(y_ptr.dtype.element_ty)  # rounded, as a matmul's output is
+            if SILU:  # rows 2i and 2i+1 are gate_i and up_i: write silu(gate_i) * up_i at i
+                gate, up = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
+                g = gate.to(tl.float32)
+                act = (g / (1.0 + tl.exp(-g))).to(up.dtype)
+                out_rows = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+                tl.store(y_ptr + out_rows, act * up, mask=out_rows < N // 2)
+            else:
+                if RESIDUAL:
+                    y = y + tl.load(res_ptr + rows, mask=row_ok, other=0.0)
+                tl.store(y_ptr + rows, y, mask=row_ok)
+
+    return triton, gemv_kernel
+
+
+@cache
+def _finish():
+    """The second kernel of a split-K GEMV: reads the summed rows from the float32 buffer and
+    zeroes it, applies the norm's scale (its sum of squares over the whole x), rounds, and writes
+    silu(gate) * up or adds the residual, as the one-kernel GEMV's epilogue does."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def finish_kernel(
+        ws_ptr, x_ptr, y_ptr, res_ptr, N, K, eps,
+        NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+        BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        row_ok = rows < N
+        y = tl.load(ws_ptr + rows, mask=row_ok, other=0.0)
+        tl.store(ws_ptr + rows, tl.zeros((BLOCK,), tl.float32), mask=row_ok)  # ready for the next call
         if NORM:
+            sq = tl.zeros((BLOCK_K,), tl.float32)
+            for k in range(0, K, BLOCK_K):
+                cols = k + tl.arange(0, BLOCK_K)
+                xv = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+                sq += xv * xv
             y = y / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-        y = y.to(y_ptr.dtype.element_ty)  # rounded, as a matmul's output is
-        if SILU:  # rows 2i and 2i+1 are gate_i and up_i: write silu(gate_i) * up_i at i
-            gate, up = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
+        y = y.to(y_ptr.dtype.element_ty)
+        if SILU:
+            gate, up = tl.split(tl.reshape(y, (BLOCK // 2, 2)))
             g = gate.to(tl.float32)
             act = (g / (1.0 + tl.exp(-g))).to(up.dtype)
-            out_rows = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+            out_rows = tl.program_id(0) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
             tl.store(y_ptr + out_rows, act * up, mask=out_rows < N // 2)
         else:
             if RESIDUAL:
                 y = y + tl.load(res_ptr + rows, mask=row_ok, other=0.0)
             tl.store(y_ptr + rows, y, mask=row_ok)
 
-    return triton, gemv_kernel
+    return finish_kernel
 
 
-def launch(x, w, out, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, residual=None, config=None):
-    """Run the kernel: out = W @ f(x) (+ residual), or silu(gate) * up of its row pairs."""
+_WORKSPACE: dict = {}
+
+
+def workspace(n: int, device):
+    """The float32 buffer of n rows a split-K GEMV sums into: zeroed once, made on first use (the
+    warm-up runs before any CUDA-graph capture), and zeroed again by every _finish."""
+    import torch
+
+    key = (n, str(device))
+    if key not in _WORKSPACE:
+        _WORKSPACE[key] = torch.zeros(n, device=device, dtype=torch.float32)
+    return _WORKSPACE[key]
+
+
+def choose(n: int, k: int, fusion: Fusion, fp8: bool = False, split: bool = False) -> Config:
+    """The tuned config of a weight shape and fusion: FP8's, or with split-K allowed (the split-K
+    rung), or the plain one, each falling back to the plain shape's and then DEFAULT."""
+    tables = ([CHOSEN_FP8] if fp8 else []) + ([CHOSEN_SPLIT] if split else []) + [CHOSEN]
+    for table in tables:
+        c = table.get((n, k, fusion)) or table.get((n, k, PLAIN))
+        if c is not None and not (fusion.silu and c.block_n < 2):
+            return c
+    return DEFAULT
+
+
+def launch(
+    x, w, out, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, residual=None, config=None,
+    scale=None, split: bool = False, pdl: bool = False,
+):  # fmt: skip
+    """Run the kernel: out = W @ f(x) (+ residual), or silu(gate) * up of its row pairs; `scale`:
+    W is FP8 with these row scales; `split`: split-K configs allowed; `pdl`: launched with
+    programmatic dependent launch (module docstring)."""
     triton, kernel = _kernel()
     n, k = w.shape
     fusion = Fusion(norm_weight is not None, silu, residual is not None)
-    c = config or CHOSEN.get((n, k, fusion)) or CHOSEN.get((n, k, PLAIN), DEFAULT)
-    kernel[(triton.cdiv(n, c.block_n),)](
+    c = config or choose(n, k, fusion, fp8=scale is not None, split=split)
+    ws = workspace(n, x.device) if c.split_k > 1 else out
+    extra = {"launch_pdl": True} if pdl else {}
+    kernel[(triton.cdiv(n, c.block_n), c.split_k)](
         x, w, out,
         norm_weight if norm_weight is not None else w, residual if residual is not None else out,
+        scale if scale is not None else out, ws,
         n, k, eps,
         NORM=fusion.norm, SILU=silu, RESIDUAL=fusion.residual,
-        BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages,
+        BLOCK_N=c.block_n, BLOCK_K=c.block_k, SCALE=scale is not None, SPLIT_K=c.split_k, PDL=pdl,
+        num_warps=c.num_warps, num_stages=c.num_stages, **extra,
     )  # fmt: skip
+    if c.split_k > 1:
+        block = 256
+        _finish()[(triton.cdiv(n, block),)](
+            ws, x, out, residual if residual is not None else out, n, k, eps,
+            NORM=fusion.norm, SILU=silu, RESIDUAL=fusion.residual, PDL=pdl, BLOCK=block, BLOCK_K=1024,
+            num_warps=4, **extra,
+        )  # fmt: skip
     return out
 
 
-def gemv(x, w, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, residual=None, config=None):
+def gemv(
+    x, w, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, residual=None, config=None,
+    scale=None, split: bool = False, pdl: bool = False,
+):  # fmt: skip
     """W @ f(x) for one vector x (any leading dimensions of size 1), in F.linear's convention
-    (W of shape [N, K]); with `silu`, N/2 outputs (module docstring)."""
+    (W of shape [N, K]); with `silu`, N/2 outputs; `scale`, `split`, `pdl`: launch's."""
     import math
 
     import torch
@@ -136,9 +266,12 @@ def gemv(x, w, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, resid
     lead = x.shape[:-1]
     if math.prod(lead) != 1:
         raise ValueError(f"gemv takes one vector (batch 1), got input of shape {tuple(x.shape)}")
-    out = torch.empty(n, device=x.device, dtype=w.dtype)
+    out = torch.empty(n, device=x.device, dtype=x.dtype if scale is not None else w.dtype)
     res = residual.reshape(n) if residual is not None else None
-    launch(x.reshape(-1), w, out, norm_weight=norm_weight, eps=eps, silu=silu, residual=res, config=config)
+    launch(
+        x.reshape(-1), w, out, norm_weight=norm_weight, eps=eps, silu=silu, residual=res, config=config,
+        scale=scale, split=split, pdl=pdl,
+    )  # fmt: skip
     return out.reshape(*lead, n)
 
 
@@ -149,19 +282,21 @@ def interleave(gate, up):
     return torch.stack((gate, up), dim=1).reshape(-1, gate.shape[1]).contiguous()
 
 
-def time_per_call_us(n: int, k: int, call, repeats: int = 20) -> float:
+def time_per_call_us(n: int, k: int, call, repeats: int = 20, fp8: bool = False) -> float:
     """Microseconds per call of `call(x, w)` (which writes its own output) on a BF16 weight of
-    shape (N, K), as the kernels run inside a decode step's CUDA graph: many calls captured in
-    one graph and replayed (no launch gaps from Python), each on a different copy of the weight
-    so that none is read from L2 (the copies together are several times the L2 cache)."""
+    shape (N, K) (FP8 with `fp8`), as the kernels run inside a decode step's CUDA graph: many
+    calls captured in one graph and replayed (no launch gaps from Python), each on a different
+    copy of the weight so that none is read from L2 (the copies together are several times the
+    L2 cache)."""
     import torch
 
     from labsupport.measure import hardware
 
-    nbytes = n * k * 2
+    nbytes = n * k * (1 if fp8 else 2)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     copies = max(2, -(-4 * l2 // nbytes))
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16).to(dtype) for _ in range(copies)]
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     calls = max(32, copies)
     side = torch.cuda.Stream()
@@ -180,17 +315,24 @@ def time_per_call_us(n: int, k: int, call, repeats: int = 20) -> float:
     return ms[len(ms) // 2] * 1e3 / calls
 
 
-def fused_call(n: int, k: int, fusion: Fusion, config: Config | None = None):
+def fused_call(
+    n: int, k: int, fusion: Fusion, config: Config | None = None, fp8: bool = False, split: bool = False,
+    pdl: bool = False,
+):  # fmt: skip
     """A call(x, w) for time_per_call_us running the kernel with `fusion` (its norm weight,
-    residual and output made here, once)."""
+    residual, output and, with `fp8`, row scales made here, once)."""
     import torch
 
     out = torch.empty(n // 2 if fusion.silu else n, device="cuda", dtype=torch.bfloat16)
     norm = torch.ones(k, device="cuda", dtype=torch.bfloat16) if fusion.norm else None
     res = torch.randn(n, device="cuda", dtype=torch.bfloat16) if fusion.residual else None
+    scale = torch.full((n,), 0.01, device="cuda", dtype=torch.float32) if fp8 else None
 
     def call(x, w):
-        launch(x.reshape(-1), w, out, norm_weight=norm, silu=fusion.silu, residual=res, config=config)
+        launch(
+            x.reshape(-1), w, out, norm_weight=norm, silu=fusion.silu, residual=res, config=config, scale=scale,
+            split=split, pdl=pdl,
+        )  # fmt: skip
 
     return call
 
@@ -204,28 +346,53 @@ class Trial:
     fusion: Fusion
     config: Config
     us: float  # per call, time_per_call_us
-    tbs: float  # weight bytes read per second, TB/s (BF16 weights)
-    chosen: bool = False
+    tbs: float  # weight bytes read per second, TB/s (of the weights' own bytes: BF16, or FP8)
+    chosen: bool = False  # the config kept without split-K (rungs 7-9), or FP8's
+    chosen_split: bool = False  # the config kept with split-K allowed (the split-K rung)
+    weights: str = "bf16"  # or "fp8"
 
     def as_row(self) -> dict:
         return {"n": self.n, "k": self.k, "fusion": self.fusion.label, **asdict(self.config), "us": self.us,
-                "tbs": self.tbs, "chosen": self.chosen}  # fmt: skip
+                "tbs": self.tbs, "chosen": self.chosen, "chosen_split": self.chosen_split,
+                "weights": self.weights}  # fmt: skip
 
 
-def tune(cases, candidates=CANDIDATES, progress=print) -> list[Trial]:
-    """Time every candidate config on each case (N, K, Fusion) (time_per_call_us), keep the
-    fastest in CHOSEN, and return every trial."""
+def tune(
+    cases, candidates=CANDIDATES, progress=print, split_candidates=SPLIT_CANDIDATES, fp8: bool = False
+) -> list[Trial]:
+    """Time every candidate config on each case (N, K, Fusion) (time_per_call_us), and the split-K
+    candidates on the smaller matrices; keep the fastest without split-K in CHOSEN (in CHOSEN_FP8
+    with `fp8`: FP8 weights, FP8_CANDIDATES by default, no split-K) and the fastest of all in
+    CHOSEN_SPLIT; return every trial."""
     trials = []
+    if fp8 and candidates is CANDIDATES:
+        candidates = FP8_CANDIDATES
     for n, k, fusion in cases:
         mine = []
-        for c in candidates:
+        splits = [] if fp8 or n * k > SPLIT_MAX_ELEMENTS else list(split_candidates)
+        for c in [*candidates, *splits]:
             if fusion.silu and c.block_n < 2:
                 continue
-            us = time_per_call_us(n, k, fused_call(n, k, fusion, c))
-            mine.append(Trial(n, k, fusion, c, us, n * k * 2 / us / 1e6))
-        best = min(mine, key=lambda t: t.us)
+            try:
+                us = time_per_call_us(n, k, fused_call(n, k, fusion, c, fp8=fp8), fp8=fp8)
+            except Exception as e:  # a split-K or FP8 candidate failing leaves the others
+                if c.split_k == 1 and not fp8:
+                    raise
+                progress(f"    {n}x{k} {fusion.label} with {c}: failed: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            mine.append(
+                Trial(n, k, fusion, c, us, n * k * (1 if fp8 else 2) / us / 1e6, weights="fp8" if fp8 else "bf16")
+            )
+        best = min((t for t in mine if t.config.split_k == 1), key=lambda t: t.us)
         best.chosen = True
-        CHOSEN[(n, k, fusion)] = best.config
-        progress(f"  GEMV {n}x{k} {fusion.label}: {best.us:.1f} us, {best.tbs:.2f} TB/s with {best.config}")
+        (CHOSEN_FP8 if fp8 else CHOSEN)[(n, k, fusion)] = best.config
+        top = min(mine, key=lambda t: t.us)
+        if not fp8:
+            top.chosen_split = True
+            CHOSEN_SPLIT[(n, k, fusion)] = top.config
+        label = "FP8 " if fp8 else ""
+        progress(f"  {label}GEMV {n}x{k} {fusion.label}: {best.us:.1f} us, {best.tbs:.2f} TB/s with {best.config}")
+        if top is not best:
+            progress(f"    split-K: {top.us:.1f} us, {top.tbs:.2f} TB/s with {top.config}")
         trials.extend(mine)
     return trials

@@ -6,6 +6,12 @@ forward pass in one screen, using the weights of a transformers model, so that e
     Options.matmul     "torch" (cuBLAS through F.linear) or "triton" (labsupport.measure.gemv)
     Options.fuse_gemv  with "triton": RMSNorm, SiLU x up and the residual adds done inside the GEMVs
     Options.fused_attention  q/k norms, rotary, cache write and attention in two kernels of ours
+    Options.split_k    with "triton": the tuned split-K configs allowed (the smaller matrices)
+    Options.pdl        with "triton": our GEMVs launched with programmatic dependent launch
+    Options.fp8        with fuse_gemv: every matrix in FP8 E4M3 with row scales (gemv_fp8)
+
+VerifyStep runs the same decoder on T tokens at once (a verify pass of speculative decoding):
+the weights read once for T tokens; its matmuls are cuBLAS's (F.linear), our GEMV taking one vector.
 
 The decoder layer is compiled once with torch.compile (every layer has the same shapes, its
 weights are arguments) and the whole step, 36 compiled layers and the LM head, is captured
@@ -21,6 +27,8 @@ import time
 from dataclasses import dataclass
 from functools import cache, partial
 
+from labsupport.measure import gemv_fp8
+
 
 @dataclass(frozen=True)
 class Options:
@@ -28,6 +36,9 @@ class Options:
     matmul: str = "torch"  # or "triton"
     fuse_gemv: bool = False
     fused_attention: bool = False  # q/k norms, rotary, cache write and attention in two kernels of ours
+    split_k: bool = False
+    pdl: bool = False
+    fp8: bool = False
 
     def __post_init__(self):
         if self.matmul not in ("torch", "triton"):
@@ -36,6 +47,10 @@ class Options:
             raise ValueError("fuse_gemv needs fused=True and matmul='triton'")
         if self.fused_attention and not self.fused:
             raise ValueError("fused_attention needs fused=True (it reads the fused q|k|v vector)")
+        if (self.split_k or self.pdl) and self.matmul != "triton":
+            raise ValueError("split_k and pdl are options of our GEMV: they need matmul='triton'")
+        if self.fp8 and not self.fuse_gemv:
+            raise ValueError("fp8 needs fuse_gemv=True (our GEMV reads the FP8 weights)")
 
 
 @cache
@@ -50,13 +65,16 @@ def ops():
     @torch.library.custom_op(
         "labsupport::gemv",
         mutates_args=(),
-        schema="(Tensor x, Tensor w, Tensor? norm_weight, float eps, bool silu, Tensor? residual) -> Tensor",
+        schema="(Tensor x, Tensor w, Tensor? norm_weight, float eps, bool silu, Tensor? residual, Tensor? scale, "
+        "bool split, bool pdl) -> Tensor",
     )
-    def gemv_op(x, w, norm_weight, eps, silu, residual):
-        return gemv.gemv(x, w, norm_weight=norm_weight, eps=eps, silu=silu, residual=residual)
+    def gemv_op(x, w, norm_weight, eps, silu, residual, scale, split, pdl):
+        return gemv.gemv(
+            x, w, norm_weight=norm_weight, eps=eps, silu=silu, residual=residual, scale=scale, split=split, pdl=pdl
+        )
 
     @gemv_op.register_fake
-    def _(x, w, norm_weight, eps, silu, residual):
+    def _(x, w, norm_weight, eps, silu, residual, scale, split, pdl):
         return x.new_empty(*x.shape[:-1], w.shape[0] // 2 if silu else w.shape[0])
 
     @torch.library.custom_op(
@@ -102,10 +120,14 @@ def layer(x, pos, cos, sin, k_cache, v_cache, *w, shape: Shape, opts: Options, k
     """One decoder layer on x [B, T, hidden] at positions pos [T]; writes the cache in place.
     `w`: input norm, post-attention norm, q norm, k norm, the attention input weight(s)
     (Q, K, V or QKV), o_proj, the MLP input weight(s) (gate, up or gate-up), down_proj.
-    `kernels`: ops(), our kernels, used for a single token as opts asks."""
+    `kernels`: ops(), our kernels, used for a single token as opts asks. With opts.fp8 the
+    four matrices are FP8 and their row scales follow them in `w`."""
     import torch.nn.functional as F
 
     s, eps = shape, shape.eps
+    sc = (None, None, None, None)
+    if opts.fp8:  # (..., qkv, o, gate_up, down, their four scales)
+        w, sc = w[:-4], w[-4:]
     n_in = 1 if opts.fused else 3
     in_norm, post_norm, q_norm, k_norm = w[:4]
     attn_in, wo = w[4 : 4 + n_in], w[4 + n_in]
@@ -113,28 +135,28 @@ def layer(x, pos, cos, sin, k_cache, v_cache, *w, shape: Shape, opts: Options, k
     one_token = x.shape[1] == 1 and kernels is not None
     gemv = kernels[0] if one_token and opts.matmul == "triton" else None
 
-    def mm(v, weight, norm=None, silu=False, residual=None):
+    def mm(v, weight, norm=None, silu=False, residual=None, scale=None):
         if gemv is None:
-            return F.linear(v, weight)
-        return gemv(v, weight, norm, eps, silu, residual)
+            return F.linear(v, weight if scale is None else gemv_fp8.dequantize(weight, scale, v.dtype))
+        return gemv(v, weight, norm, eps, silu, residual, scale, opts.split_k, opts.pdl)
 
     fuse = opts.fuse_gemv and gemv is not None
     h = x if fuse else rmsnorm(x, in_norm, eps)
-    qkv = [mm(h, wi, norm=in_norm if fuse else None) for wi in attn_in]
+    qkv = [mm(h, wi, norm=in_norm if fuse else None, scale=sc[0]) for wi in attn_in]
     if opts.fused_attention and one_token:
         a = kernels[1](qkv[0], q_norm, k_norm, cos, sin, k_cache, v_cache, pos, s.heads, eps).view(1, 1, -1)
     else:
         a = attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s, opts.fused)
-    x = mm(a, wo, residual=x) if fuse else x + mm(a, wo)
+    x = mm(a, wo, residual=x, scale=sc[1]) if fuse else x + mm(a, wo, scale=sc[1])
     if fuse:  # the gate/up weight is interleaved (gemv.interleave): its GEMV writes silu(gate) * up
-        return mm(mm(x, mlp_in[0], norm=post_norm, silu=True), wdown, residual=x)
+        return mm(mm(x, mlp_in[0], norm=post_norm, silu=True, scale=sc[2]), wdown, residual=x, scale=sc[3])
     h = rmsnorm(x, post_norm, eps)
-    gu = [mm(h, wi) for wi in mlp_in]
+    gu = [mm(h, wi, scale=sc[2]) for wi in mlp_in]
     if opts.fuse_gemv:  # the prompt, with the interleaved gate/up weight: rows gate_i, up_i
         gate, up = gu[0].unflatten(-1, (-1, 2)).unbind(-1)
     else:
         gate, up = gu[0].chunk(2, dim=-1) if opts.fused else gu
-    return x + mm(F.silu(gate) * up, wdown)
+    return x + mm(F.silu(gate) * up, wdown, scale=sc[3])
 
 
 def attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s: Shape, fused: bool):
@@ -187,7 +209,14 @@ class Qwen3Decoder:
                 attn = [torch.cat(attn).contiguous()]
                 mlp = [gemv.interleave(*mlp) if opts.fuse_gemv else torch.cat(mlp).contiguous()]
             norms = [lyr.input_layernorm.weight, lyr.post_attention_layernorm.weight, a.q_norm.weight, a.k_norm.weight]
-            self.weights.append((*norms, *attn, a.o_proj.weight, *mlp, p.down_proj.weight))
+            mats = (*attn, a.o_proj.weight, *mlp, p.down_proj.weight)
+            if opts.fp8:  # FP8 copies with row scales; the BF16 concatenations are dropped
+                q = [gemv_fp8.quantize(m) for m in mats]
+                mats = (*(m for m, _ in q), *(c for _, c in q))
+            self.weights.append((*norms, *mats))
+        self.lm_scale = None
+        if opts.fp8:
+            self.lm_head, self.lm_scale = gemv_fp8.quantize(self.lm_head)
         dev, dt = self.embed.device, self.embed.dtype
         kv = (1, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k_cache = [torch.zeros(kv, device=dev, dtype=dt) for _ in m.layers]
@@ -202,23 +231,38 @@ class Qwen3Decoder:
         self.layer_step = self.layer_eager
 
     def compile(self):
-        """Compile the decoder layer (once: every layer has the same shapes)."""
+        """Compile the decoder layer (once: every layer has the same shapes). Every rung's options
+        and every verify width is a compilation of the same function: dynamo's limit of
+        recompilations per function (8 by default) is raised so that none falls back to eager."""
         import torch
 
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
         self.layer_step = torch.compile(self.layer_eager, fullgraph=True, dynamic=False)
 
-    def forward(self, tokens, pos, step: bool = True):
-        """Logits of the last position for tokens [B, T] at positions pos [T]; `step` uses the
-        (compiled) step layer, else the eager one (the prefill)."""
+    def weight_bytes(self) -> int:
+        """The bytes a step reads as weights: every layer's matrices, norms and (FP8) scales,
+        the final norm and the LM head (with its scales); the embedding's one row is left out."""
+        ts = [t for w in self.weights for t in w] + [self.norm, self.lm_head]
+        ts += [self.lm_scale] if self.lm_scale is not None else []
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    def forward(self, tokens, pos, step: bool = True, last_only: bool = True):
+        """Logits of the last position for tokens [B, T] at positions pos [T] (of every position,
+        [B, T, vocab], with not `last_only`); `step` uses the (compiled) step layer, else the eager
+        one (the prefill)."""
         import torch.nn.functional as F
 
         fn = self.layer_step if step else self.layer_eager
         x = F.embedding(tokens, self.embed)
         for w, kc, vc in zip(self.weights, self.k_cache, self.v_cache, strict=True):
             x = fn(x, pos, self.cos, self.sin, kc, vc, *w)
-        x, eps = x[:, -1:], self.shape.eps
-        if not (step and self.opts.matmul == "triton"):
-            return F.linear(rmsnorm(x, self.norm, eps), self.lm_head)[:, -1]
+        x, eps = (x[:, -1:] if last_only else x), self.shape.eps
+        if not (step and self.opts.matmul == "triton" and x.shape[1] == 1):
+            head = self.lm_head if self.lm_scale is None else gemv_fp8.dequantize(self.lm_head, self.lm_scale, x.dtype)
+            logits = F.linear(rmsnorm(x, self.norm, eps), head)
+            return logits[:, -1] if last_only else logits
         if self.opts.fuse_gemv:  # the final norm as one Triton kernel: inside the LM head's GEMV, the
             # norm's weight would be read again by each of its ~19,000 programs (measured slower)
             from labsupport.measure import triton_kernels
@@ -226,7 +270,8 @@ class Qwen3Decoder:
             x = triton_kernels.rmsnorm(x, self.norm, eps)
         else:
             x = rmsnorm(x, self.norm, eps)
-        return self.kernels[0](x, self.lm_head, None, eps, False, None)[:, -1]
+        o = self.opts
+        return self.kernels[0](x, self.lm_head, None, eps, False, None, self.lm_scale, o.split_k, o.pdl)[:, -1]
 
 
 class OwnStep:
@@ -266,6 +311,53 @@ class OwnStep:
     def run(self):
         logits = self.dec.forward(self.tok, self.pos)
         return logits, logits.argmax(-1, keepdim=True)
+
+    def __call__(self):
+        import torch
+
+        if self.graph is not None:
+            self.graph.replay()
+            return self.out
+        with torch.no_grad():
+            return self.run()
+
+
+class VerifyStep:
+    """`t` tokens at once through the decoder of an OwnStep `own` (its weights, cache and compiled
+    layer), at positions len(prompt) .. len(prompt) + t - 1, logits of every position (a verify
+    pass of speculative decoding: the weights read once for t tokens). Its matmuls are cuBLAS's
+    (F.linear; our GEMV takes one vector), its attention PyTorch's; compiled for this shape and,
+    on a GPU, captured in a CUDA graph. Every call redoes the same pass."""
+
+    def __init__(self, own: OwnStep, t: int):
+        import torch
+
+        self.dec, self.t = own.dec, t
+        if own.pos.item() + t > self.dec.max_len:
+            raise ValueError(f"{t} tokens do not fit the cache's {self.dec.max_len} slots")
+        self.tok = own.tok.reshape(1, 1).repeat(1, t).clone()
+        self.pos = own.pos + torch.arange(t, device=own.pos.device)
+        dev = self.tok.device
+        t0 = time.perf_counter()
+        side = torch.cuda.Stream() if dev.type == "cuda" else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), torch.no_grad():
+            for _ in range(3):  # compiles this shape, outside any capture
+                self.run()
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+        self.compile_s = time.perf_counter() - t0
+        self.graph = None
+        if dev.type == "cuda":
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph), torch.no_grad():
+                self.out = self.run()
+
+    def run(self):
+        logits = self.dec.forward(self.tok, self.pos, last_only=False)
+        return logits, logits.argmax(-1)
 
     def __call__(self):
         import torch

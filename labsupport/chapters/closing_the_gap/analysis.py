@@ -12,6 +12,8 @@ import pandas as pd
 from labsupport import runs
 from labsupport.chapters.closing_the_gap.params import (
     ERROR_FACTOR,
+    FP8_ERROR_FACTOR,
+    FP8_RUNGS,
     RUNGS,
     SHARED_CONFIG,
     SHARED_RUNGS,
@@ -88,6 +90,17 @@ def floor(run: runs.Run, vals: dict | None = None) -> Floor:
     return Floor(int(run.results["model"]["decode_bytes"]), lim.datasheet_tbs, None, False)
 
 
+def fp8_floor(run: runs.Run, vals: dict | None = None) -> Floor | None:
+    """The FP8 rung's own floor: the bytes its step reads (FP8 matrices, their row scales, the
+    BF16 norms: run.results["fp8"]) at the same datasheet bandwidth and practical ceiling as the
+    BF16 floor. None for a run without an FP8 rung."""
+    rec = run.results.get("fp8") or {}
+    if "decode_bytes" not in rec:
+        return None
+    f = floor(run, vals)
+    return Floor(int(rec["decode_bytes"]), f.datasheet_tbs, f.ceiling_tbs, f.shared)
+
+
 def kernel_table(run: runs.Run, rung: str) -> pd.DataFrame:
     """Kernels of one rung's profiled step (from its raw trace), with kind and source."""
     device = run.provenance.get("device", "cuda")
@@ -159,7 +172,8 @@ def ladder(run: runs.Run, vals: dict | None = None) -> pd.DataFrame:
             row["timed by"] = own.loc[rung, "timed by"]
             row["compile s"] = here.get("compile_s", nan)
         else:
-            row |= {"status": here.status if here is not None else "not run", "from": "–"}
+            status = here.status if here is not None else "not in this run (recorded before this rung existed)"
+            row |= {"status": status, "from": "–"}
         rows.append(row)
     cols = ["rung", "status", "from", "same answers", "kernels", "GPU busy ms", "ms", "q1", "median", "q3", "max",
             "timed by", "compile s"]  # fmt: skip
@@ -168,9 +182,16 @@ def ladder(run: runs.Run, vals: dict | None = None) -> pd.DataFrame:
         out[c] = pd.to_numeric(out[c], errors="coerce")
     out["wall ms"] = out["ms"]  # the step's time per token (the name the figures and older code read)
     out["idle ms"] = out["ms"] - out["GPU busy ms"]
-    out["TB/s"] = f.decode_bytes / 1e9 / out["ms"]
-    out["x floor"] = out["ms"] / f.floor_ms
-    out["x ceiling"] = out["ms"] / f.ceiling_ms
+    # Each rung against its own floor: the BF16 floor, or (FP8_RUNGS) the FP8 step's own bytes.
+    f8 = fp8_floor(run, vals)
+    own_floor = out.rung.isin(FP8_RUNGS) & (f8 is not None)
+    nbytes = pd.Series(float(f.decode_bytes), index=out.index).where(~own_floor, f8.decode_bytes if f8 else 0)
+    out["weights"] = ["fp8" if r in FP8_RUNGS else "bf16" for r in out.rung]
+    out["floor ms"] = pd.Series(f.floor_ms, index=out.index).where(~own_floor, f8.floor_ms if f8 else 0)
+    ceiling_ms = pd.Series(f.ceiling_ms, index=out.index).where(~own_floor, f8.ceiling_ms if f8 else 0)
+    out["TB/s"] = nbytes / 1e9 / out["ms"]
+    out["x floor"] = out["ms"] / out["floor ms"]
+    out["x ceiling"] = out["ms"] / ceiling_ms
     # The waterfall: what each rung saves against the last rung before it that ran.
     out["ms saved"] = out["ms"].ffill().shift(1) - out["ms"]
     return out.reset_index(drop=True)
@@ -179,7 +200,7 @@ def ladder(run: runs.Run, vals: dict | None = None) -> pd.DataFrame:
 def best(run: runs.Run) -> str:
     """The fastest rung that gives eager's answers (a rung that fails the check is not a result)."""
     d = ladder(run)
-    good = d[(d.status == "ok") & d["same answers"].eq(True) & d["ms"].notna()]
+    good = d[(d.status == "ok") & d["same answers"].eq(True) & d["ms"].notna() & ~d.rung.isin(FP8_RUNGS)]
     return str(good.loc[good["ms"].idxmin(), "rung"])
 
 
@@ -190,7 +211,8 @@ def time_split(run: runs.Run) -> pd.DataFrame:
     d = ladder(run)
     d = d[(d.status == "ok") & d["ms"].notna()]
     f = floor(run)
-    fl = f.floor_ms if f.datasheet_tbs else 0.0  # a GPU without a known datasheet (a CPU) has no floor
+    # each rung's own floor (FP8's is its own bytes); a GPU without a known datasheet (a CPU) has none
+    fl = d["floor ms"] if f.datasheet_tbs else 0.0
     return pd.DataFrame(
         {
             "rung": d.rung,
@@ -291,6 +313,10 @@ def tuning(run: runs.Run) -> pd.DataFrame:
     """Every GEMV config tried on every weight shape, and which won."""
     t = run.table("gemv_tuning")
     t["chosen"] = t.chosen.astype(str).eq("True")
+    # runs recorded before split-K and FP8: BF16 weights, one kernel per GEMV
+    t["chosen_split"] = t.chosen_split.astype(str).eq("True") if "chosen_split" in t else t.chosen
+    t["weights"] = t.get("weights", "bf16")
+    t["split_k"] = t.get("split_k", 1)
     return t
 
 
@@ -308,6 +334,10 @@ def headline(run: runs.Run) -> dict:
 
 def tolerance_text() -> str:
     return f"{ERROR_FACTOR:g} times eager's own"
+
+
+def fp8_tolerance_text() -> str:
+    return f"{FP8_ERROR_FACTOR:g} times eager's own"
 
 
 def next_to_published(run: runs.Run, published: pd.DataFrame) -> pd.DataFrame:
@@ -380,3 +410,73 @@ def matmul_launches(run: runs.Run, rung: str) -> pd.DataFrame:
     )
     out.insert(4, "blocks per SM", out.blocks / sms if sms else float("nan"))
     return out.sort_values("µs", ascending=False).reset_index(drop=True)
+
+
+def overlaps(k: pd.DataFrame) -> dict:
+    """How many of a profiled step's kernels (k: kernel_table) start before the kernel before them
+    (in start order) has ended, and the time so shared: what programmatic dependent launch shows
+    in a trace (on one stream, kernels launched without it never overlap)."""
+    k = k.sort_values("start_ns")
+    prev_end = k.end_ns.cummax().shift(1)
+    over = (prev_end - k.start_ns).clip(lower=0).fillna(0)
+    return {"kernels": len(k), "overlapping": int((over > 0).sum()), "overlap_us": float(over.sum() / 1e3)}
+
+
+def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
+    """Where a rung's kernel time goes, kernel by kernel: its profiled step's kernels grouped by
+    name and launch shape (a GEMV's grid tells which weight it read), with kernels per step, µs in
+    all and per kernel, share of the kernel time, and for our GEMV the weight bytes read (the
+    matrix found from the tuned configs: N / BLOCK_N x split-K programs) and so TB/s."""
+    import math
+
+    k = kernel_table(run, rung)
+    k = k.assign(grid=k["grid"].astype(str) if "grid" in k else "")
+    g = k.groupby(["name", "grid"], as_index=False, sort=False).agg(kernels=("dur_ns", "size"), ns=("dur_ns", "sum"))
+    matrix = {}
+    if "gemv_tuning.csv" in run.meta["files"]:
+        t = tuning(run)
+        fp8 = rung in FP8_RUNGS
+        col = "chosen_split" if rung in ("split-k", "pdl") else "chosen"
+        w = t[t[col] & t.weights.eq("fp8" if fp8 else "bf16")]
+        names = {v: n for n, v in _shape_names(run).items()}
+        for r in w.itertuples():
+            blocks = math.ceil(r.n / r.block_n) * int(r.split_k)
+            hit = (names.get((r.n, r.k), f"{r.n}x{r.k}"), r.n * r.k * (1 if fp8 else 2))
+            if hit not in matrix.setdefault(blocks, []):
+                matrix[blocks].append(hit)
+    rows = []
+    for r in g.itertuples():
+        blocks = math.prod(int(x) for x in r.grid.split(",")) if "," in r.grid else None
+        hit = matrix.get(blocks, []) if "gemv" in r.name else []
+        # several weights of one grid (o_proj and down_proj have the same rows): each read equally often
+        label = " / ".join(h[0] for h in hit)
+        nbytes = sum(h[1] for h in hit) / len(hit) if hit else float("nan")
+        us = r.ns / 1e3
+        rows.append({"kernel": kernels.short_name(r.name), "weight": label, "grid": r.grid, "kernels": r.kernels,
+                     "µs": us, "µs per kernel": us / r.kernels, "MB": nbytes * r.kernels / 1e6})  # fmt: skip
+    out = pd.DataFrame(rows)
+    out["share"] = out["µs"] / out["µs"].sum()
+    out["TB/s"] = out.MB / out["µs"]  # MB per µs is TB/s
+    return out.sort_values("µs", ascending=False).reset_index(drop=True)
+
+
+def _shape_names(run: runs.Run) -> dict:
+    """Weight names by (N, K), from matmuls.csv (where the run has it)."""
+    if "matmuls.csv" not in run.meta["files"]:
+        return {}
+    m = run.table("matmuls")
+    return {r.matrix: (int(r.n), int(r.k)) for r in m.itertuples()}
+
+
+def tokens_per_forward(run: runs.Run) -> pd.DataFrame | None:
+    """tokens_per_forward.csv with each width's time per token and both against the BF16 floor
+    (one forward reads the weights once, whatever the tokens); None for a run without it."""
+    if "tokens_per_forward.csv" not in run.meta["files"]:
+        return None
+    t = run.table("tokens_per_forward")
+    f = floor(run)
+    t["ms per token"] = t.ms_min / t.tokens
+    t["forward x floor"] = t.ms_min / f.floor_ms
+    t["token x floor"] = t["ms per token"] / f.floor_ms
+    t["tokens/s"] = 1e3 / t["ms per token"]
+    return t

@@ -14,7 +14,8 @@ def ladder_figure(
 ):
     """Each rung's wall time as three stacked parts (time_split): the floor, kernel time above
     it, and GPU idle; a dashed line at the floor and a dotted one at the target; each bar
-    labelled with its wall time and its multiple of the floor. A bar far longer than the others
+    labelled with its wall time and its multiple of its floor (an FP8 rung's is its own, shorter:
+    its floor part is drawn to it, and its label says so). A bar far longer than the others
     (eager's) is cut at the axis's end, its label saying so. A rung that fails the same-answers
     check is labelled so. `texts` gives a rung's time as text (a shared quantity's own digits)."""
     parts = [("floor ms", "#2f4b7c"), ("kernels above floor ms", "#f2b880"), ("GPU idle ms", "#c9c9c9")]
@@ -29,10 +30,11 @@ def ladder_figure(
         width = split[col].clip(lower=0)
         ax.barh(names, width, left=left, color=color, label=col.removesuffix(" ms"))
         left = left + width
+    own = split["floor ms"] if "floor ms" in split else pd.Series(floor_ms, index=split.index)
     for y, (i, rung, wall) in enumerate(zip(split.index, split.rung, split["wall ms"], strict=True)):
-        text = f"{(texts or {}).get(rung) or f'{wall:.2f}'} ms" + (
-            f", {wall / floor_ms:.2f}x" if floor_ms == floor_ms else ""
-        )
+        fl = float(own[i]) if isinstance(own, pd.Series) else floor_ms
+        text = f"{(texts or {}).get(rung) or f'{wall:.2f}'} ms" + (f", {wall / fl:.2f}x" if fl == fl and fl else "")
+        text += " its own floor" if fl == fl and floor_ms == floor_ms and abs(fl - floor_ms) > 1e-9 else ""
         text += " (wrong answers)" if passed.get(rung) is False else ""
         cut = left[i] > xmax
         ax.text(xmax * 0.99 if cut else left[i] + xmax * 0.01, y, text + (" →" if cut else ""), va="center",

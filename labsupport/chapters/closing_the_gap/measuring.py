@@ -12,10 +12,14 @@ from labsupport.chapters.closing_the_gap.params import (
     CHAPTER,
     ERROR_FACTOR,
     ERROR_FLOOR,
+    FP8_ERROR_FACTOR,
+    FP8_RUNGS,
     OWN_OPTIONS,
     RUNG_COLUMNS,
     RUNGS,
     SHARED_RUNGS,
+    TOKEN_COLUMNS,
+    TOKENS,
     progress,
 )
 from labsupport.measure import decode, recording, steps
@@ -101,9 +105,14 @@ def runs_here(rung: str, device: str) -> str | None:
     no BF16 interpreter, so only the plain PyTorch rungs run."""
     if rung == "max-autotune":
         return "not run here: measured in launch-overhead"
-    if device == "cuda" or rung in ("eager", "own-compiled", "fused-projections"):
-        return None
-    return "not run: needs a CUDA GPU"
+    if device != "cuda" and rung not in ("eager", "own-compiled", "fused-projections"):
+        return "not run: needs a CUDA GPU"
+    if rung == "pdl":
+        import torch
+
+        if torch.cuda.get_device_capability()[0] < 9:
+            return "not run: programmatic dependent launch needs a Hopper GPU (sm_90) or later"
+    return None
 
 
 def timed_here(rung: str) -> bool:
@@ -111,7 +120,12 @@ def timed_here(rung: str) -> bool:
     return rung not in SHARED_RUNGS
 
 
-def fidelity(out, ref: Reference) -> dict:
+def error_factor(rung: str) -> float:
+    """The allowed error of `rung` as a multiple of eager's: FP8_ERROR_FACTOR for FP8 weights."""
+    return FP8_ERROR_FACTOR if rung in FP8_RUNGS else ERROR_FACTOR
+
+
+def fidelity(out, ref: Reference, factor: float = ERROR_FACTOR) -> dict:
     """How far a rung's step output (logits, next token) is from eager's and from float32: the
     largest absolute logit difference from each, eager's own error against float32, eager's
     largest logit, cosine similarity with eager, same greedy token, and whether that passes
@@ -130,7 +144,7 @@ def fidelity(out, ref: Reference) -> dict:
         "max_abs_logit": float(eager.abs().max()),
         "cosine": float(torch.nn.functional.cosine_similarity(a, eager, dim=0)),
         "same_token": same,
-        "passed": same and err <= max(ERROR_FACTOR * ref.eager_error, ERROR_FLOOR * float(truth.abs().max())),
+        "passed": same and err <= max(factor * ref.eager_error, ERROR_FLOOR * float(truth.abs().max())),
     }
 
 
@@ -213,6 +227,14 @@ def tuning_cases(model) -> list:
     ]
 
 
+def fp8_tuning_cases(model) -> list:
+    """What gemv.tune times with FP8 weights: the cases the FP8 rung runs (its fused GEMVs and
+    the LM head)."""
+    from labsupport.measure.gemv import PLAIN
+
+    return tuning_cases(model)[-4:] + [(*weight_shapes(model)["lm_head"], PLAIN)]
+
+
 def time_matmuls(shapes: dict[str, tuple[int, int]]) -> pd.DataFrame:
     """Each weight shape read by one token's matmul: cuBLAS (torch.mm, as F.linear calls it) against our
     Triton GEMV with its tuned config, per call as inside a CUDA graph (gemv.time_per_call_us)."""
@@ -234,3 +256,49 @@ def time_matmuls(shapes: dict[str, tuple[int, int]]) -> pd.DataFrame:
         )  # fmt: skip
         progress(f"  {name} {n}x{k}: cuBLAS {us['cublas']:.1f} us, Triton {us['triton']:.1f} us")
     return pd.DataFrame(rows)
+
+
+def fp8_record(step) -> dict:
+    """What the run keeps of the FP8 rung's step: the bytes it reads as weights (FP8 matrices,
+    their float32 row scales, the BF16 norms), from which its own floor comes."""
+    return {"decode_bytes": int(step.dec.weight_bytes())}
+
+
+def best_timed(timed: dict, checks: dict) -> str | None:
+    """The fastest BF16 rung timed here that gave eager's answers (by the minimum of its CUDA
+    events where it has them, else of its wall time), or None."""
+    good = [r for r in timed if r not in FP8_RUNGS and checks.get(r, {}).get("passed")]
+    key = lambda r: min(timed[r].gpu_ms) if timed[r].gpu_ms else timed[r].low  # noqa: E731
+    return min(good, key=key) if good else None
+
+
+def time_tokens(step, device: str, rounds: int, tokens=TOKENS) -> pd.DataFrame:
+    """tokens_per_forward.csv: the decoder of `step` (an OwnStep: the best BF16 rung's) run on
+    1, 2, 4, 8, 16 tokens at once (qwen3_decode.VerifyStep, compiled, one CUDA graph each; one
+    token goes through the rung's own kernels, several through cuBLAS and PyTorch's attention,
+    our GEMV taking one vector), all timed interleaved (CUDA events on a GPU). A width that fails
+    to build is recorded with its reason."""
+    from labsupport.measure import harness, qwen3_decode
+
+    ours = step.dec.opts.matmul == "triton"
+    variants, rows = {}, {}
+    for t in tokens:
+        path = "the rung's kernels (our GEMV)" if t == 1 and ours else "cuBLAS matmuls, PyTorch attention"
+        rows[t] = {"tokens": t, "path": path, "status": "ok"}
+        try:
+            v = qwen3_decode.VerifyStep(step, t)
+        except Exception as e:  # one width failing leaves the others
+            rows[t]["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            progress(f"  {t} tokens: {rows[t]['status']}")
+            continue
+        variants[f"{t} tokens"] = (v, None)
+        rows[t]["compile_s"] = v.compile_s
+    timed = harness.interleaved(variants, device=device, rounds=rounds, warmup=3, what="tokens per forward",
+                                progress=progress) if variants else {}  # fmt: skip
+    for name, tm in timed.items():
+        t = int(name.split()[0])
+        vals = list(tm.gpu_ms) or list(tm.wall_ms)
+        q = {f"ms_{n}": harness.quantile(vals, v) for n, v in (("q1", 0.25), ("median", 0.5), ("q3", 0.75))}
+        rows[t] |= {"ms_min": min(vals), **q, "ms_max": max(vals), "repeats": len(vals)}
+        progress(f"  {t} tokens: {rows[t]['ms_min']:.3f} ms per forward (minimum)")
+    return pd.DataFrame(list(rows.values()), columns=TOKEN_COLUMNS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labsupport import runs
+from labsupport.measure import gemv_fp8
 
 CHAPTER = "closing-the-gap"
 # The rungs, by data key, in ladder order, with the label the page shows for each. The first
@@ -20,6 +21,9 @@ RUNGS = {
     "triton-gemv": "+ our Triton GEMV for every matmul",
     "fused-gemv": "+ norms, SiLU × up and residual adds inside the GEMVs",
     "fused-attention": "+ q/k norms, rotary, cache write and attention in two kernels of ours",
+    "split-k": "+ split-K for the smaller matrices where the tuner finds it faster",
+    "pdl": "+ programmatic dependent launch: each GEMV may start while the kernel before drains",
+    "fp8-weights": "FP8 (E4M3) weights with row scales, on rung 9: a floor of its own",
 }
 # Short names for the figure's axis, by the same keys.
 RUNG_SHORT = {
@@ -32,6 +36,9 @@ RUNG_SHORT = {
     "triton-gemv": "7 our Triton GEMV",
     "fused-gemv": "8 fused into the GEMVs",
     "fused-attention": "9 our attention kernels",
+    "split-k": "10 split-K",
+    "pdl": "11 dependent launch",
+    "fp8-weights": "12 FP8 weights (own floor)",
 }
 # The rungs that are transformers' step: shared quantities (labsupport.chapters.shared), timed by
 # the chapter that owns each, by the prefix of their names there. This chapter shows their
@@ -48,7 +55,26 @@ OWN_OPTIONS = {
     "triton-gemv": {"fused": True, "matmul": "triton"},
     "fused-gemv": {"fused": True, "matmul": "triton", "fuse_gemv": True},
     "fused-attention": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True},
+    "split-k": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "split_k": True},
+    "pdl": {
+        "fused": True,
+        "matmul": "triton",
+        "fuse_gemv": True,
+        "fused_attention": True,
+        "split_k": True,
+        "pdl": True,
+    },
+    # on rung 9's options, not on split-K's or PDL's: a failure of either cannot take this rung down
+    "fp8-weights": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "fp8": True},
 }
+# The rungs whose weights are not BF16: each has its own floor (its own bytes over the datasheet),
+# is never set against the BF16 floor, and is never "the best rung" (which is BF16's).
+FP8_RUNGS = ("fp8-weights",)
+# Tokens per forward: the best BF16 rung's decoder run on this many tokens at once (a verify pass).
+TOKENS = (1, 2, 4, 8, 16)
+TOKEN_COLUMNS = [
+    "tokens", "path", "status", "ms_min", "ms_q1", "ms_median", "ms_q3", "ms_max", "repeats", "compile_s",
+]  # fmt: skip
 RUNG_COLUMNS = [
     "rung", "status", "kernels", "gpu_busy_ns", "first_kernel_ns", "last_kernel_end_ns", "profiled_step_ns",
     "wall_ms_median", "wall_ms_min", "wall_ms_max", "clean", "compile_s",
@@ -66,9 +92,14 @@ ERROR_FACTOR = 2.0
 # ... or, where eager is float32 already (the tests' tiny model) and its own error is nil, at
 # most this fraction of the largest logit.
 ERROR_FLOOR = 1e-3
+# The FP8 rung's allowed error, as a multiple of eager's own: ERROR_FACTOR times the ratio of
+# E4M3's relative step (3 mantissa bits: 2^-3) to BF16's (2^-7), 16 (gemv_fp8's docstring).
+FP8_ERROR_FACTOR = gemv_fp8.tolerance_factor(ERROR_FACTOR)
 # The issue's target: 1.15x the time of the step's bytes at the practical ceiling (the best rate
 # any kernel reached on the same GPU: shared.ceiling_ms).
 TARGET_X_FLOOR = 1.15
+# Issue 25's target for the best BF16 rung on the H200: 3.80 ms per step (1.21x its datasheet floor).
+TARGET_MS = 3.80
 
 
 @dataclass

@@ -1,0 +1,48 @@
+"""FP8 weights for our GEMV: each weight matrix stored as float8 E4M3 (torch.float8_e4m3fn, one
+byte a weight) with one float32 scale per output row (per channel), read by our Triton GEMV
+(labsupport.measure.gemv, `scale=`) with BF16 activations and float32 accumulation.
+
+Per-channel scaling: row i is divided by s_i = max_j |W_ij| / 448 (448 is E4M3's largest
+finite value), so every row uses the format's whole range and its largest weight is exact
+to E4M3's precision; the kernel multiplies each row's sum by s_i at the end (a row's scale
+factors out of its dot product).
+
+Why the error is larger than BF16's: E4M3 keeps 3 mantissa bits, so neighbouring values are
+2^-3 apart relative to their power of two and rounding to nearest is off by at most half that,
+2^-4 (6.25%), about 2^-3 / sqrt(12) = 3.6% on average (rounding error uniform over one step);
+BF16 keeps 8 significant bits (7 stored), a relative step of 2^-7. The weights' rounding error is
+therefore about 2^4 = 16 times BF16's. (Weights far below their row's largest, under 2^-6 of
+s_i x 448, fall into E4M3's subnormals and lose more; with the near-Gaussian weights of a
+linear layer those are a small share.) The chapter's FP8 tolerance follows from that
+(closing_the_gap.params.FP8_ERROR_FACTOR).
+"""
+
+from __future__ import annotations
+
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+MANTISSA_BITS = 3  # E4M3's stored mantissa bits; BF16 stores 7
+RELATIVE_STEP = 2.0**-MANTISSA_BITS  # spacing of neighbouring values, relative to their power of two
+BF16_RELATIVE_STEP = 2.0**-7
+
+
+def quantize(w, emulate: bool = False):
+    """(W in E4M3, float32 row scales) of a weight [N, K]: W ~ W8 * scale[:, None]. With
+    `emulate`, W8 is returned as float32 holding the E4M3 values exactly (for Triton's
+    interpreter, which has no float8 type)."""
+    import torch
+
+    wf = w.float()
+    scale = (wf.abs().amax(dim=1) / E4M3_MAX).clamp(min=1e-12)
+    w8 = (wf / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (w8.float() if emulate else w8), scale.contiguous()
+
+
+def dequantize(w8, scale, dtype):
+    """The weight W8 * scale as `dtype` (for the prompt's matmuls, through F.linear)."""
+    return (w8.float() * scale[:, None]).to(dtype)
+
+
+def tolerance_factor(error_factor: float) -> float:
+    """The FP8 rung's allowed error, as a multiple of eager's own: the BF16 rungs' factor times
+    the ratio of E4M3's relative step to BF16's (2^-3 / 2^-7 = 16, module docstring)."""
+    return error_factor * RELATIVE_STEP / BF16_RELATIVE_STEP
