@@ -8,6 +8,7 @@ folder, checks each run, and publishes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -160,11 +161,41 @@ def run_logged(
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     try:
-        return run_chapter(chapter, run_id, parameters, out_dir, root)
+        with kernel_stderr_to(out_dir / f"{chapter.slug}.kernel.log"):
+            return run_chapter(chapter, run_id, parameters, out_dir, root)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
         handler.close()
+
+
+@contextlib.contextmanager
+def kernel_stderr_to(path: Path):
+    """Start notebook kernels with their standard error in `path`, not on the command's terminal:
+    what a kernel prints when it is stopped (a ZMQ traceback after SIGTERM) or warns at start-up
+    belongs to the chapter's logs, and the command's own one-line reason stays the last word.
+    jupyter_client starts kernels through its local provisioner's `launch_kernel`; where that is
+    not there (another jupyter_client), kernels keep the command's standard error."""
+    try:
+        from jupyter_client.provisioning import local_provisioner as lp
+    except ImportError:
+        yield
+        return
+    original = getattr(lp, "launch_kernel", None)
+    if original is None:
+        yield
+        return
+    with open(path, "ab") as log:
+
+        def launch(cmd, **kw):
+            kw.setdefault("stderr", log)
+            return original(cmd, **kw)
+
+        lp.launch_kernel = launch
+        try:
+            yield
+        finally:
+            lp.launch_kernel = original
 
 
 def publish_run(root: Path, chapter: chapters.Chapter, run: runs.Run, seconds: float) -> None:
