@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -124,6 +125,8 @@ def compare(
         if key not in h_old:
             continue
         o, n = float(h_old[key]), float(h_new[key])
+        if not (math.isfinite(o) and math.isfinite(n)):
+            continue  # a number one of the runs does not have: nothing to compare
         rel = (n - o) / o if o else float("inf") if n else 0.0
         d.timing.append({"metric": key, "old": o, "new": n, "change": rel, "moved": abs(rel) > threshold})
     return d
@@ -183,11 +186,7 @@ def to_markdown(drifts: list[ChapterDrift], threshold: float, title: str) -> str
         else:
             lines.append("No structural change: the same kernels, by kind and by source.")
         lines += ["", "| headline number | published | new | change | |", "|---|---|---|---|---|"]
-        lines += [
-            f"| {md_text(t['metric'])} | {t['old']:.4g} | {t['new']:.4g} | {t['change']:+.1%} | "
-            f"{'**moved**' if t['moved'] else 'noise'} |"
-            for t in d.timing
-        ]
+        lines += [timing_row(t) for t in d.timing]
         lines.append("")
     return "\n".join(lines)
 
@@ -205,3 +204,18 @@ def host_line(h: dict) -> str:
     if h.get("slow"):
         return text + f" **Host slower than usual**: {md_text(h['why'])}."
     return text + " The host held its speed."
+
+
+def timing_row(t: dict) -> str:
+    """One headline number's row; a number either run lacks (reports written before compare()
+    skipped them) shows as a dash, not as nan."""
+    if not all(math.isfinite(float(t[k])) for k in ("old", "new")):
+        return f"| {md_text(t['metric'])} | {_num(t['old'])} | {_num(t['new'])} | – | not in both runs |"
+    return (
+        f"| {md_text(t['metric'])} | {t['old']:.4g} | {t['new']:.4g} | {t['change']:+.1%} | "
+        f"{'**moved**' if t['moved'] else 'noise'} |"
+    )
+
+
+def _num(v) -> str:
+    return f"{float(v):.4g}" if math.isfinite(float(v)) else "–"
