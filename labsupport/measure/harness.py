@@ -153,6 +153,29 @@ class Timing:
         }
 
 
+def timed_call(fn, setup, device: str) -> tuple[float, float, float | None]:
+    """One trial: `setup()` (outside the timed span), then `fn(*args)` timed: the wall time until the
+    GPU had finished, the issue time until the call returned, and on a GPU the time between CUDA
+    events recorded around it on the stream (None on a CPU); all in ms."""
+    events = str(device).startswith("cuda")  # "cuda:1" too: a rank's own GPU
+    args = setup() if setup is not None else ()
+    sync(device)
+    if events:
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    fn(*args)
+    t1 = time.perf_counter()
+    if events:
+        end.record()
+    sync(device)
+    t2 = time.perf_counter()
+    del args
+    return (t2 - t0) * 1e3, (t1 - t0) * 1e3, start.elapsed_time(end) if events else None
+
+
 def time_region(
     fn, *, what: str, device: str, repeats: int, warmup: int = 3, setup=None, allow_after_profile: bool = False
 ) -> Timing:
@@ -167,9 +190,6 @@ def time_region(
             f"{_chapter}: {what}: wall times must be taken before the first profile in a "
             "process (CUPTI stays attached after it); time first, then profile"
         )
-    events = str(device).startswith("cuda")  # "cuda:1" too: a rank's own GPU
-    if events:
-        import torch
     wall, issue, gpu = [], [], []
     gc.collect()
     was_enabled = gc.isenabled()
@@ -177,24 +197,12 @@ def time_region(
     hostprobe.read(f"before {what}")
     try:
         for i in range(warmup + repeats):
-            args = setup() if setup is not None else ()
-            sync(device)
-            if events:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-            t0 = time.perf_counter()
-            fn(*args)
-            t1 = time.perf_counter()
-            if events:
-                end.record()
-            sync(device)
-            t2 = time.perf_counter()
-            del args
+            w, s, g = timed_call(fn, setup, device)
             if i >= warmup:
-                wall.append((t2 - t0) * 1e3)
-                issue.append((t1 - t0) * 1e3)
-                if events:
-                    gpu.append(start.elapsed_time(end))
+                wall.append(w)
+                issue.append(s)
+                if g is not None:
+                    gpu.append(g)
     finally:
         if was_enabled:
             gc.enable()
@@ -233,34 +241,19 @@ def interleaved(
     if not names or rounds < 1 or per_round < 1:
         raise ValueError("interleaved needs at least one variant, one round and one trial per round")
     calls = {n: (v if isinstance(v, tuple) else (v, None)) for n, v in variants.items()}
-    events = str(device).startswith("cuda")
-    if events:
-        import torch
     out = {n: Timing(what=f"{what}: {n}" if what else n, wall_ms=[], issue_ms=[]) for n in names}
     every = probe_every if probe_every > 0 else max(1, (rounds + 1) // 2)
 
     def trial(name: str, keep: int | None) -> None:
         fn, setup = calls[name]
-        args = setup() if setup is not None else ()
-        sync(device)
-        if events:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        fn(*args)
-        t1 = time.perf_counter()
-        if events:
-            end.record()
-        sync(device)
-        t2 = time.perf_counter()
-        del args
+        w, i, g = timed_call(fn, setup, device)
         if keep is not None:
             t = out[name]
-            t.wall_ms.append((t2 - t0) * 1e3)
-            t.issue_ms.append((t1 - t0) * 1e3)
+            t.wall_ms.append(w)
+            t.issue_ms.append(i)
             t.rounds.append(keep)
-            if events:
-                t.gpu_ms.append(start.elapsed_time(end))
+            if g is not None:
+                t.gpu_ms.append(g)
 
     gc.collect()
     was_enabled = gc.isenabled()

@@ -314,3 +314,32 @@ def region_kernels(path: Path, device: str = "cuda", region: str = "decode_step"
     events = load_events(path)
     span = origin_span_ns(events, region)
     return inside_region(kernel_table(events, device=device, origin=region), span)
+
+
+def call_paths(events: list[dict], correlations, leave_out: tuple[str, ...] = ()) -> dict:
+    """For each kernel (by its launch's correlation id) the chain of CPU operators the launching
+    thread was inside when it launched it, outermost first, joined by " › " ("reshape › clone ›
+    copy_"; "aten::" left out, and the annotations named in `leave_out`)."""
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") in ("cuda_runtime", "cuda_driver")
+        and isinstance(e.get("args"), dict)
+        and "correlation" in e["args"]
+    }
+    ops: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "dur" in e:
+            s = ns(e["ts"])
+            ops.setdefault((e["pid"], e["tid"]), []).append((s, s + ns(e["dur"]), e["name"]))
+    queries: dict = {}
+    for c in dict.fromkeys(correlations):
+        launch = launches.get(c)
+        if launch is not None:
+            queries.setdefault((launch["pid"], launch["tid"]), []).append((c, ns(launch["ts"])))
+    paths = {}
+    for key, items in queries.items():
+        for (c, _), stack in zip(items, enclosing(ops.get(key, []), [t for _, t in items]), strict=True):
+            paths[c] = " › ".join(n.removeprefix("aten::") for n in stack if n not in leave_out)
+    return paths

@@ -142,29 +142,7 @@ def call_paths(k: pd.DataFrame, path: Path, device: str) -> pd.Series:
     fallback = k.op.astype(str).str.removeprefix("aten::") if "op" in k else pd.Series("", index=k.index)
     if device != "cuda" or k.empty or "correlation" not in k:
         return fallback
-    events = trace.load_events(path)
-    launches = {
-        e["args"]["correlation"]: e
-        for e in events
-        if e.get("ph") == "X"
-        and e.get("cat") in ("cuda_runtime", "cuda_driver")
-        and isinstance(e.get("args"), dict)
-        and "correlation" in e["args"]
-    }
-    ops: dict = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "dur" in e:
-            s = trace.ns(e["ts"])
-            ops.setdefault((e["pid"], e["tid"]), []).append((s, s + trace.ns(e["dur"]), e["name"]))
-    queries: dict = {}
-    for c in dict.fromkeys(k.correlation):
-        launch = launches.get(c)
-        if launch is not None:
-            queries.setdefault((launch["pid"], launch["tid"]), []).append((c, trace.ns(launch["ts"])))
-    paths = {}
-    for key, items in queries.items():
-        for (c, _), stack in zip(items, trace.enclosing(ops.get(key, []), [t for _, t in items]), strict=True):
-            paths[c] = " › ".join(n.removeprefix("aten::") for n in stack if n != "decode_step")
+    paths = trace.call_paths(trace.load_events(path), k.correlation, leave_out=("decode_step",))
     return k.correlation.map(paths).fillna(fallback)
 
 

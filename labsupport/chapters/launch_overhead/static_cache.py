@@ -21,29 +21,7 @@ def call_paths(run: runs.Run, variant: str) -> pd.DataFrame:
     k = kernel_table(run, variant)
     if run.provenance.get("device", "cuda") == "cpu" or k.empty:
         return k.assign(call=k.op.str.removeprefix("aten::"))
-    events = trace.load_events(run.file(trace_file(variant)))
-    launches = {
-        e["args"]["correlation"]: e
-        for e in events
-        if e.get("ph") == "X"
-        and e.get("cat") in ("cuda_runtime", "cuda_driver")
-        and isinstance(e.get("args"), dict)
-        and "correlation" in e["args"]
-    }
-    ops: dict = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "dur" in e:
-            s = trace.ns(e["ts"])
-            ops.setdefault((e["pid"], e["tid"]), []).append((s, s + trace.ns(e["dur"]), e["name"]))
-    queries: dict = {}
-    for c in dict.fromkeys(k.correlation):
-        launch = launches.get(c)
-        if launch is not None:
-            queries.setdefault((launch["pid"], launch["tid"]), []).append((c, trace.ns(launch["ts"])))
-    paths = {}
-    for key, items in queries.items():
-        for (c, _), stack in zip(items, trace.enclosing(ops.get(key, []), [t for _, t in items]), strict=True):
-            paths[c] = " › ".join(n.removeprefix("aten::") for n in stack)
+    paths = trace.call_paths(trace.load_events(run.file(trace_file(variant))), k.correlation)
     return k.assign(call=k.correlation.map(paths).fillna(k.op.str.removeprefix("aten::")))
 
 
