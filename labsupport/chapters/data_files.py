@@ -170,17 +170,52 @@ def data_list(run):
     )
 
 
-def host_text(run) -> str:
-    """One sentence on the host's speed while the run was recorded, from its host probe
-    (labsupport.measure.hostprobe): the readings' range, and whether the host was slow."""
+def host_reference_ms(run) -> float | None:
+    """The host's best speed seen on this GPU: the quickest host-probe reading of any published
+    run recorded on the same GPU (None when none has a probe). A run whose typical reading is
+    well above it was recorded while the host was slower than it can be."""
+    from labsupport import runs
     from labsupport.measure import hostprobe
 
-    h = hostprobe.assess(run.results.get("host_probe", []))
+    best = []
+    try:
+        published = runs.published()
+    except runs.RunError:
+        published = {}
+    for slug, rid in {**published, run.chapter: run.run_id}.items():
+        try:
+            other = run if (slug, rid) == (run.chapter, run.run_id) else runs.load_run(slug, rid, verify=False)
+        except runs.RunError:
+            continue
+        if other.provenance.get("gpu") != run.provenance.get("gpu"):
+            continue
+        h = hostprobe.assess(other.results.get("host_probe", []))
+        if h is not None:
+            best.append(h.best_ms)
+    return min(best) if best else None
+
+
+def _host_speed(run):
+    from labsupport.measure import hostprobe
+
+    return hostprobe.assess(
+        run.results.get("host_probe", []),
+        reference_ms=host_reference_ms(run),
+        reference_what="the host's best reading on this GPU",
+    )
+
+
+def host_text(run) -> str:
+    """One sentence on the host's speed while the run was recorded, from its host probe
+    (labsupport.measure.hostprobe), against the best speed the probe saw in any published run on
+    this GPU: the readings' range, and whether the host was slow."""
+    h = _host_speed(run)
     if h is None:
         return "This run was recorded before the host probe existed: the host's speed at the time is not known."
     text = (
         f"Host probe (a fixed CPU workload, {h.readings} readings while the run was recorded): "
-        f"{h.best_ms:.2f} to {h.worst_ms:.2f} ms, typically {h.median_ms:.2f} ms."
+        f"{h.best_ms:.2f} to {h.worst_ms:.2f} ms, typically {h.median_ms:.2f} ms"
+        + (f", against {h.reference_ms:.2f} ms at the host's best on this GPU." if h.reference_ms else ".")
     )
     if h.slow:
         return text + f" The host was slower than usual during this run: {h.why}."
@@ -190,15 +225,13 @@ def host_text(run) -> str:
 def host_banner(run):
     """A warning for the top of a chapter whose run was recorded on a slow host (nothing when the
     host held its speed): its host-timed numbers are then higher than the host's best."""
-    from IPython.display import HTML
-
-    from labsupport.measure import hostprobe
-
-    h = hostprobe.assess(run.results.get("host_probe", []))
-    if h is None or not h.slow:
-        return HTML("")
     import html
 
+    from IPython.display import HTML
+
+    h = _host_speed(run)
+    if h is None or not h.slow:
+        return HTML("")
     return HTML(
         '<div class="admonition warning"><p class="admonition-title">A slow host</p><p>'
         + html.escape(

@@ -96,7 +96,9 @@ class HostSpeed:
         return self.worst_ms / self.best_ms if self.best_ms > 0 else float("nan")
 
 
-def assess(readings: list[dict], reference_ms: float | None = None) -> HostSpeed | None:
+def assess(
+    readings: list[dict], reference_ms: float | None = None, reference_what: str = "the reference"
+) -> HostSpeed | None:
     """The host's speed over a run (None when the run has no probe readings: recorded before
     the probe existed)."""
     ms = sorted(float(r["ms"]) for r in readings or [] if isinstance(r, dict) and "ms" in r)
@@ -111,7 +113,7 @@ def assess(readings: list[dict], reference_ms: float | None = None) -> HostSpeed
         )
     if reference_ms and mid / reference_ms >= SLOW:
         why.append(
-            f"its typical probe reading was {mid / reference_ms:.2f}x the published run's "
+            f"its typical probe reading was {mid / reference_ms:.2f}x {reference_what} "
             f"({mid:.2f} against {reference_ms:.2f} ms)"
         )
     return HostSpeed(len(ms), best, mid, worst, reference_ms, bool(why), "; ".join(why))

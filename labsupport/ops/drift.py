@@ -45,7 +45,11 @@ def host_speed(new: runs.Run, old: runs.Run | None) -> dict:
     """What the host probe says of the new run: its readings against its own quickest and against
     the published run's typical reading ({} when the new run has no probe: recorded before it)."""
     ref = hostprobe.assess(old.results.get("host_probe", [])) if old is not None else None
-    h = hostprobe.assess(new.results.get("host_probe", []), reference_ms=ref.median_ms if ref else None)
+    h = hostprobe.assess(
+        new.results.get("host_probe", []),
+        reference_ms=ref.median_ms if ref else None,
+        reference_what="the published run's",
+    )
     if h is None:
         return {}
     return {
