@@ -132,7 +132,9 @@ def test_the_static_checks_see_what_they_look_for():
 
 @pytest.fixture(scope="module")
 def glued(request) -> dict[str, dict[str, str]]:
-    """{page: {glue name: its text/plain}} of every page of the built book."""
+    """{page: {glue name: its text as {glue:text} shows it}} of every page of the built book."""
+    from myst_nb.core.variables import format_plain_text
+
     given = os.environ.get("LABSUPPORT_BOOK_HTML")
     html = Path(given).resolve() if given else request.getfixturevalue("built_book")
     executed = html.parent / "jupyter_execute"
@@ -140,7 +142,11 @@ def glued(request) -> dict[str, dict[str, str]]:
     for path in sorted(executed.rglob("*.glue.json")):
         page = str(path.relative_to(executed)).removesuffix(".glue.json")
         data = json.loads(path.read_text())
-        out[page] = {name: "".join(o.get("data", {}).get("text/plain", "")) for name, o in data.items()}
+        # as the page shows it: myst-nb's glue:text evaluates text/plain as a literal first ("2,218" would
+        # be the tuple (2, 218)), then formats it
+        out[page] = {
+            name: format_plain_text("".join(o.get("data", {}).get("text/plain", "")), "") for name, o in data.items()
+        }
     assert out, f"no glued values under {executed}"
     return out
 
@@ -224,8 +230,15 @@ def test_the_fixture_values_are_what_the_owner_chapters_measured(fixture_values)
 
 
 def test_shown_is_its_text_and_nothing_else():
+    """What {glue:text} and {glue:md} show of a shared value is its text: the kernel count "2,218"
+    is not the tuple (2, 218) that myst-nb's literal evaluation makes of an unquoted 2,218."""
+    from myst_nb.core.variables import format_plain_text
+
     s = shared.Shown("29.1")
-    assert repr(s) == str(s) == f"{s}" == "29.1"
+    assert str(s) == f"{s}" == "29.1"
+    for text in ("2,218", "29.1", "–", "20261201T205344Z-h200"):
+        assert format_plain_text(repr(shared.Shown(text)), "") == text
+        assert shared.Shown(text)._repr_markdown_() == text
     v = shared.Value(shared.QUANTITIES["eager_kernels"], 2218.0, None)
     assert v.text == "2,218"
     assert shared.Value(shared.QUANTITIES["floor_ms"], float("nan"), None).text == "–"

@@ -78,15 +78,18 @@ OWNERS = tuple(dict.fromkeys(q.owner for q in QUANTITIES.values()))
 
 class Shown:
     """A value glued as its one text: `{glue:text}` and `{glue:md}` show `text` (no quotes, no
-    repr), on every page alike."""
+    tuple), on every page alike."""
 
     def __init__(self, text: str):
         self.text = text
 
     def __repr__(self) -> str:
-        return self.text
+        # quoted: myst-nb's {glue:text} evaluates text/plain as a Python literal before it shows it,
+        # and "2,218" unquoted is the tuple (2, 218)
+        return repr(self.text)
 
-    __str__ = __repr__
+    def __str__(self) -> str:
+        return self.text
 
     def _repr_markdown_(self) -> str:  # `{glue:md}` shows the same text
         import html
