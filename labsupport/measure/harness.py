@@ -142,15 +142,18 @@ class Timing:
 
     def summary(self, prefix: str = "wall_ms") -> dict:
         """The estimator (minimum), the quartiles and the median, the range and the count."""
-        return {
-            f"{prefix}_min": self.low,
-            f"{prefix}_q1": self.q1,
-            f"{prefix}_median": self.median,
-            f"{prefix}_q3": self.q3,
-            f"{prefix}_max": self.high,
-            f"{prefix}_repeats": len(self.wall_ms),
-            "clean": self.clean,
-        }
+        return {**spread(self.wall_ms, prefix), f"{prefix}_repeats": len(self.wall_ms), "clean": self.clean}
+
+
+def spread(values: list[float], prefix: str) -> dict:
+    """`{prefix}_min` (the book's estimator), `_q1`, `_median`, `_q3` and `_max` of `values`."""
+    return {
+        f"{prefix}_min": float(min(values)),
+        f"{prefix}_q1": quantile(values, 0.25),
+        f"{prefix}_median": float(statistics.median(values)),
+        f"{prefix}_q3": quantile(values, 0.75),
+        f"{prefix}_max": float(max(values)),
+    }
 
 
 def timed_call(fn, setup, device: str) -> tuple[float, float, float | None]:

@@ -320,14 +320,7 @@ def call_paths(events: list[dict], correlations, leave_out: tuple[str, ...] = ()
     """For each kernel (by its launch's correlation id) the chain of CPU operators the launching
     thread was inside when it launched it, outermost first, joined by " › " ("reshape › clone ›
     copy_"; "aten::" left out, and the annotations named in `leave_out`)."""
-    launches = {
-        e["args"]["correlation"]: e
-        for e in events
-        if e.get("ph") == "X"
-        and e.get("cat") in ("cuda_runtime", "cuda_driver")
-        and isinstance(e.get("args"), dict)
-        and "correlation" in e["args"]
-    }
+    launches = launch_events(events)
     ops: dict = {}
     for e in events:
         if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "dur" in e:
@@ -343,3 +336,16 @@ def call_paths(events: list[dict], correlations, leave_out: tuple[str, ...] = ()
         for (c, _), stack in zip(items, enclosing(ops.get(key, []), [t for _, t in items]), strict=True):
             paths[c] = " › ".join(n.removeprefix("aten::") for n in stack if n not in leave_out)
     return paths
+
+
+def launch_events(events: list[dict]) -> dict:
+    """The CPU's launch calls (CUDA runtime or driver API) of a trace, by correlation id: the id
+    a kernel or memset shares with the call that issued it."""
+    return {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") in ("cuda_runtime", "cuda_driver")
+        and isinstance(e.get("args"), dict)
+        and "correlation" in e["args"]
+    }

@@ -98,14 +98,7 @@ def memsets_by_module(run: runs.Run, backend: str, mode: str = "eager") -> pd.Da
     operator whose call issued them (layer numbers dropped: `mlp.down_proj`), with their size.
     Only an eager step's trace labels modules."""
     events = trace.load_events(run.file(trace_file(backend, mode)))
-    launches = {
-        e["args"]["correlation"]: e
-        for e in events
-        if e.get("ph") == "X"
-        and e.get("cat") in ("cuda_runtime", "cuda_driver")
-        and isinstance(e.get("args"), dict)
-        and "correlation" in e["args"]
-    }
+    launches = trace.launch_events(events)
     sets = [e for e in events if e.get("ph") == "X" and e.get("cat") == "gpu_memset"]
     found = [(m, launches.get(m.get("args", {}).get("correlation"))) for m in sets]
     queries = [(ln["pid"], ln["tid"], trace.ns(ln["ts"])) for _, ln in found if ln is not None]

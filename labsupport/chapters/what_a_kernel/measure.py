@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pandas as pd
-
 from labsupport.measure import harness
 
 CHAPTER = "what-a-kernel"
@@ -57,11 +55,7 @@ def per_call_row(impl: str, t: harness.Timing, n: int) -> dict:
     return {
         "implementation": impl,
         "n": n,
-        "ms_median": float(pd.Series(ms).median()),
-        "ms_min": float(min(ms)),
-        "ms_q1": harness.quantile(ms, 0.25),
-        "ms_q3": harness.quantile(ms, 0.75),
-        "ms_max": float(max(ms)),
+        **harness.spread(ms, "ms"),
         "repeats": len(ms),
         "bytes": 3 * n * 4,
         "clean": t.clean,
@@ -74,11 +68,7 @@ def wait_row(what: str, t: harness.Timing) -> dict:
     us = [w * 1e3 for w in t.wall_ms]
     return {
         "what": what,
-        "us_median": float(pd.Series(us).median()),
-        "us_min": float(min(us)),
-        "us_q1": harness.quantile(us, 0.25),
-        "us_q3": harness.quantile(us, 0.75),
-        "us_max": float(max(us)),
+        **harness.spread(us, "us"),
         "repeats": len(us),
         "clean": t.clean,
     }
