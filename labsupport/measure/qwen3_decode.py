@@ -274,7 +274,46 @@ class Qwen3Decoder:
         return self.kernels[0](x, self.lm_head, None, eps, False, None, self.lm_scale, o.split_k, o.pdl)[:, -1]
 
 
-class OwnStep:
+class Captured:
+    """A step of our decoder that is warmed up (compiled, every kernel run once) on a side stream,
+    then on a GPU captured in a CUDA graph; a call replays the graph (or, without one, runs the
+    step). Subclasses give `run()`."""
+
+    graph = None
+
+    def warm_and_capture(self, dev, graph: bool, since: float) -> float:
+        """Warm up, then capture; returns the seconds from `since` (the compile's start) to the end
+        of the warm-up: the compile time, the capture left out."""
+        import torch
+
+        side = torch.cuda.Stream() if dev.type == "cuda" else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), torch.no_grad():
+            for _ in range(3):  # compile, and run every kernel once, before any capture
+                self.run()
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+        warmed = time.perf_counter() - since
+        self.graph = None
+        if graph and dev.type == "cuda":
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph), torch.no_grad():
+                self.out = self.run()
+        return warmed
+
+    def __call__(self):
+        import torch
+
+        if self.graph is not None:
+            self.graph.replay()
+            return self.out
+        with torch.no_grad():
+            return self.run()
+
+
+class OwnStep(Captured):
     """One decode step of Qwen3Decoder at position `len(prompt)`, after a prefill of the
     prompt, fed `token`: compiled, and on a GPU captured in a CUDA graph. Returns (logits,
     next token); every call redoes the same step (same slot, same input)."""
@@ -292,37 +331,14 @@ class OwnStep:
         t = time.perf_counter()
         if compile:
             self.dec.compile()
-        side = torch.cuda.Stream() if dev.type == "cuda" else None
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), torch.no_grad():
-            for _ in range(3):  # compile, and run every kernel once, before any capture
-                self.run()
-        if side is not None:
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-        self.compile_s = time.perf_counter() - t
-        self.graph = None
-        if graph and dev.type == "cuda":
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph), torch.no_grad():
-                self.out = self.run()
+        self.compile_s = self.warm_and_capture(dev, graph, since=t)
 
     def run(self):
         logits = self.dec.forward(self.tok, self.pos)
         return logits, logits.argmax(-1, keepdim=True)
 
-    def __call__(self):
-        import torch
 
-        if self.graph is not None:
-            self.graph.replay()
-            return self.out
-        with torch.no_grad():
-            return self.run()
-
-
-class VerifyStep:
+class VerifyStep(Captured):
     """`t` tokens at once through the decoder of an OwnStep `own` (its weights, cache and compiled
     layer), at positions len(prompt) .. len(prompt) + t - 1, logits of every position (a verify
     pass of speculative decoding: the weights read once for t tokens). Its matmuls are cuBLAS's
@@ -338,32 +354,8 @@ class VerifyStep:
         self.tok = own.tok.reshape(1, 1).repeat(1, t).clone()
         self.pos = own.pos + torch.arange(t, device=own.pos.device)
         dev = self.tok.device
-        t0 = time.perf_counter()
-        side = torch.cuda.Stream() if dev.type == "cuda" else None
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), torch.no_grad():
-            for _ in range(3):  # compiles this shape, outside any capture
-                self.run()
-        if side is not None:
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-        self.compile_s = time.perf_counter() - t0
-        self.graph = None
-        if dev.type == "cuda":
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph), torch.no_grad():
-                self.out = self.run()
+        self.compile_s = self.warm_and_capture(dev, graph=True, since=time.perf_counter())  # compiles this shape
 
     def run(self):
         logits = self.dec.forward(self.tok, self.pos, last_only=False)
         return logits, logits.argmax(-1)
-
-    def __call__(self):
-        import torch
-
-        if self.graph is not None:
-            self.graph.replay()
-            return self.out
-        with torch.no_grad():
-            return self.run()
