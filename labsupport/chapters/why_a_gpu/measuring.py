@@ -33,7 +33,7 @@ class Params:
     preset: str = "qwen3-8b"
     prompt_len: int = 256
     batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512])
-    rounds: int = 8  # timed steps per batch size, one per round (interleaved)
+    rounds: int = 20  # timed steps per batch size, one per round (interleaved)
     matvec_repeats: int = 20
     device: str = "cuda"
 
