@@ -1,5 +1,5 @@
 """Command line: `python -m labsupport live|nightly [chapters]`, `live --smoke`, `runs`,
-`book` (what `make book` runs) and `recover`.
+`book` (what `make book` runs), `recover` and `derive`.
 
 Errors in what it is given (a parameter, a damaged published.json or run, a lock held by
 another command) are one line, `error: ...`, and exit status 1.
@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("runs", help="list chapters, their recorded runs and the published one")
     sub.add_parser("book", help="check the runs, build the book; on failure the reason is the last line")
     sub.add_parser("recover", help="finish or set aside what a killed nightly or live command left behind")
+    derive = sub.add_parser("derive", help="write the replay tables of runs recorded before runs stored them")
+    derive.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
     return ap
 
 
@@ -91,6 +93,10 @@ def _run(args) -> int:
             return 1
         print(f"The book is at {html / 'index.html'}")
         return 0
+    if args.cmd == "derive":
+        from labsupport.ops import derive
+
+        return derive.main(args.chapters)
     if args.cmd == "recover":
         from labsupport.ops import leftovers, live, nightly
         from labsupport.runs import lock

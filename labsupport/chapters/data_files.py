@@ -4,6 +4,8 @@ fails on it."""
 
 from __future__ import annotations
 
+from labsupport.traces.replay import is_derived
+
 _CEILINGS = "the GPU's measured copy, read and BF16 matrix-multiply rates (the ceilings the chapter compares with)"
 
 DESCRIPTIONS: dict[str, dict[str, str]] = {
@@ -130,11 +132,19 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
 
 META = "provenance (GPU, driver, CUDA, library versions, commit, time, command), parameters, results, checksums"
 
+DERIVED = {
+    "events": "derived from the trace of the same name: its events in a table, which replay reads instead of the trace",
+    "kernels": "derived from the trace of the same name: its kernels with their launching call, operator, module",
+    "regions": "derived from the trace of the same name: its annotated regions (start, length in ns)",
+}
+
 
 def describe(chapter: str, name: str) -> str | None:
     """The line on file `name` of a run of `chapter` (meta.json's for any chapter), or None."""
     if name == "meta.json":
         return META
+    if is_derived(name):  # the replay tables beside each trace (labsupport.traces.replay)
+        return DERIVED[name.rsplit(".", 3)[1]]
     return DESCRIPTIONS.get(chapter, {}).get(name)
 
 

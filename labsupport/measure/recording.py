@@ -9,6 +9,7 @@ the writer that leaves nothing behind unless the whole block succeeds.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -19,6 +20,7 @@ import pandas as pd
 from labsupport import runs
 from labsupport.measure import decode, hardware, harness, hostprobe, models
 from labsupport.runs import provenance
+from labsupport.traces import replay
 
 
 def writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool = False) -> runs.RunWriter:
@@ -30,7 +32,10 @@ def writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool = Fa
     decode.require_device(params.device, allow_cpu=allow_cpu and getattr(params, "preset", "").startswith("tiny"))
     prov = provenance.collect()
     run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
-    return runs.RunWriter(chapter, asdict(params), run_id, meta={"provenance": prov})
+    w = runs.RunWriter(chapter, asdict(params), run_id, meta={"provenance": prov})
+    # Beside each profiler trace, the tables replay reads instead of parsing it.
+    w.derive = functools.partial(replay.derive_folder, device=prov["device"])
+    return w
 
 
 @contextlib.contextmanager

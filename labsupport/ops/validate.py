@@ -9,6 +9,7 @@ import pandas as pd
 from labsupport import runs
 from labsupport.chapters import Chapter
 from labsupport.runs import provenance
+from labsupport.traces import replay
 
 TIME_SUFFIXES = ("_ns", "_ms", "_us", " ms", " µs", "ms_median", "us_median")
 RATE_WORDS = ("tbs", "tflops", "GB/s", "TB/s")
@@ -31,7 +32,9 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
     (rows with a status other than "ok" excepted, such as a batch that ran out of memory, and the
     columns the registry says may lack a number: Chapter.may_lack);
     times and counts are not negative; kernel tables hold at least `min_kernels` kernels;
-    tables have the columns chapters.py declares; traces parse; the provenance is complete.
+    tables have the columns chapters.py declares; traces parse, and the tables replay reads
+    beside each (labsupport.traces.replay) are what the trace gives when re-derived now; the
+    provenance is complete.
     """
     problems = []
     files = run.meta.get("files", {})
@@ -44,6 +47,13 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
                 run.file(name)
             except runs.RunError as e:
                 problems.append(str(e))
+                continue
+            if replay.trace_base(name) is not None:  # its stored tables re-derived and compared
+                found = replay.check(run.path / name, run.provenance.get("device"))
+                if found:
+                    problems.append(found)
+    for name in sorted(set(run.meta.get("derived", {})) - set(files)):
+        problems.append(f"meta.json says {name} was derived, but does not list it with a checksum")
     prov = run.provenance
     for field in provenance.REQUIRED_FIELDS:
         if str(prov.get(field, "")).strip() in ("", "unknown"):

@@ -56,6 +56,10 @@ class RunWriter:
         self.tmp = self.chapter_dir / f".incomplete-{self.run_id}"
         self.meta = dict(meta or {})
         self.extra: dict = {}
+        # Called with the run's folder once everything is written, before the files are listed:
+        # writes files derived from the others and returns what meta.json's "derived" says of them
+        # (labsupport.measure.recording sets it: the replay tables of the profiler traces).
+        self.derive = None
 
     def __enter__(self) -> RunWriter:
         if self.final.exists():
@@ -114,6 +118,7 @@ class RunWriter:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
         try:
+            derived = self.derive(self.tmp) if self.derive is not None else {}
             files = self._files()
             self._check_tables(files)
             meta = {
@@ -124,6 +129,8 @@ class RunWriter:
                 "results": self.extra,
                 "files": {p.name: sha256(p) for p in files},
             }
+            if derived:
+                meta["derived"] = derived
             (self.tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
             for p in files + [self.tmp / "meta.json"]:
                 with open(p, "rb") as f:

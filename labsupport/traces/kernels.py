@@ -113,8 +113,10 @@ def annotate(df: pd.DataFrame) -> pd.DataFrame:
     """Add kind, a readable short name, and the decoder layer and part of the model
     (self_attn, mlp, a norm, lm_head, ...) that launched each kernel."""
     df = df.copy()
-    df["kind"] = df["name"].map(classify)
-    df["short_name"] = df["name"].map(short_name)
+    # By distinct name (a step launches the same few hundred kernels thousands of times).
+    names = df["name"].unique()
+    df["kind"] = df["name"].map(dict(zip(names, map(classify, names), strict=True)))
+    df["short_name"] = df["name"].map(dict(zip(names, map(short_name, names), strict=True)))
     layer = df["module"].str.extract(r"^layers\.(\d+)(?:\.|$)")[0]
     df["layer"] = pd.to_numeric(layer, errors="coerce").astype("Int64")
     part = df["module"].str.extract(r"^layers\.\d+\.([A-Za-z_]+)")[0]

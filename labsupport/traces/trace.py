@@ -106,7 +106,26 @@ MAX_TRACE_BYTES = int(os.environ.get("LABSUPPORT_MAX_TRACE_BYTES", 512 << 20))
 
 
 def load_events(path: Path) -> list[dict]:
-    """The traceEvents of a (gzip-compressed or plain) Chrome trace."""
+    """The traceEvents of a (gzip-compressed or plain) Chrome trace; for a trace of a run that
+    stores its tables (labsupport.traces.replay), its complete ("X") events read from the stored
+    table, which is what every analysis walks, without parsing the trace."""
+    tables = _stored(path)
+    if tables is not None:
+        return replay.events(tables)
+    return parse_events(path)
+
+
+def _stored(path: Path) -> dict | None:
+    """The checked stored tables of a trace (replay.stored), None without; a tampered, stale or
+    unlisted table is a TraceError, never a fall-back to parsing."""
+    try:
+        return replay.stored(Path(path))
+    except replay.StoredTableError as e:
+        raise TraceError(str(e)) from None
+
+
+def parse_events(path: Path) -> list[dict]:
+    """The traceEvents of a (gzip-compressed or plain) Chrome trace, parsed exactly (Decimal)."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
@@ -269,8 +288,13 @@ def kernel_table(events: list[dict], device: str = "cuda", origin: str = "decode
 
 def read_kernels(path: Path, device: str = "cuda", origin: str = "decode_step") -> pd.DataFrame:
     """kernel_table() of a trace file: when the trace holds the `origin` annotation, only the
-    kernels launched inside it (see `inside_region`)."""
-    events = load_events(path)
+    kernels launched inside it (see `inside_region`). A trace of a run that stores its tables is
+    read from its stored kernel table, unparsed."""
+    tables = _stored(path)
+    if tables is not None and tables["device"] == device:
+        k, span = _stored_kernels(tables, device, origin)
+        return k if span is None else inside_region(k, span)
+    events = parse_events(path)
     k = kernel_table(events, device=device, origin=origin)
     spans = [e for e in complete_events(events, {"user_annotation"}) if e["name"] == origin]
     return inside_region(k, ns(spans[0]["dur"])) if spans else k
@@ -311,7 +335,13 @@ def origin_span_ns(events: list[dict], origin: str = "decode_step") -> int:
 
 def region_kernels(path: Path, device: str = "cuda", region: str = "decode_step") -> pd.DataFrame:
     """read_kernels() for a trace that must hold the `region` annotation."""
-    events = load_events(path)
+    tables = _stored(path)
+    if tables is not None and tables["device"] == device:
+        k, span = _stored_kernels(tables, device, region)
+        if span is None:
+            raise TraceError(f"no {region!r} annotation in the trace")
+        return inside_region(k, span)
+    events = parse_events(path)
     span = origin_span_ns(events, region)
     return inside_region(kernel_table(events, device=device, origin=region), span)
 
@@ -349,3 +379,22 @@ def launch_events(events: list[dict]) -> dict:
         and isinstance(e.get("args"), dict)
         and "correlation" in e["args"]
     }
+
+
+def _stored_kernels(tables: dict, device: str, origin: str) -> tuple[pd.DataFrame, int | None]:
+    """kernel_table(..., origin) from a trace's stored tables (its kernel table on the trace's own
+    clock, and its annotations), and the origin annotation's length (None: not in the trace)."""
+    k = replay.kernels(tables)
+    regions = replay.regions(tables)
+    spans = regions[regions["name"] == origin]
+    if spans.empty:
+        return k, None
+    t0, span = int(spans["ts_ns"].iloc[0]), int(spans["dur_ns"].iloc[0])
+    k["start_ns"] -= t0
+    k["end_ns"] -= t0
+    launched = k["launch_api"] != "" if device != "cpu" else pd.Series(True, index=k.index)
+    k.loc[launched, "launch_ns"] -= t0
+    return k, span
+
+
+from labsupport.traces import replay  # noqa: E402  (replay derives its tables with this module)

@@ -1,0 +1,46 @@
+"""`python -m labsupport derive [chapter ...]`: write the replay tables (labsupport.traces.replay)
+of runs recorded before runs stored them, each from its own traces, and list them in its meta.json
+(files and their digests, and what each was derived from). A run that does not load whole and
+unmodified is refused, unchanged; a run whose tables are already there is re-derived the same."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from labsupport import runs
+from labsupport.runs.paths import CHAPTER_PATTERN
+from labsupport.runs.writer import sha256, write_atomic
+from labsupport.traces import replay
+
+
+def derive_run(run: runs.Run) -> list[str]:
+    """Write the tables of one run (loaded and checked); returns the names written."""
+    device = run.provenance.get("device", "cuda")
+    derived = replay.derive_folder(run.path, device)
+    if not derived:
+        return []
+    meta = json.loads((run.path / "meta.json").read_text())
+    for name in derived:
+        meta["files"][name] = sha256(run.path / name)
+    meta["derived"] = {**meta.get("derived", {}), **derived}
+    write_atomic(run.path / "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
+    return sorted(derived)
+
+
+def main(chapter_slugs: list[str], root: Path | None = None, say=print) -> int:
+    root = root or runs.runs_root()
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and CHAPTER_PATTERN.match(p.name))
+    wanted = set(chapter_slugs)
+    unknown = wanted - {p.name for p in folders}
+    if unknown:
+        raise runs.RunError(f"no runs of {', '.join(sorted(unknown))} under {root}")
+    for folder in folders:
+        if wanted and folder.name not in wanted:
+            continue
+        for run_id in runs.list_runs(folder.name, root):
+            run = runs.load_run(folder.name, run_id, root)
+            written = derive_run(run)
+            total = sum((run.path / n).stat().st_size for n in written)
+            say(f"{folder.name}/{run_id}: {len(written)} tables, {total / 1e6:.2f} MB")
+    return 0
