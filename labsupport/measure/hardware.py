@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass
 
 from labsupport.measure import datasheets
 
-
 # The table and its sources live in datasheets.py; these names stay here for the chapters.
 Datasheet = datasheets.Datasheet
 DATASHEETS = datasheets.DATASHEETS
