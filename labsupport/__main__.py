@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     pk = sub.add_parser("pack", help="check a run and write it as one archive to share (build/packs/)")
     pk.add_argument("chapter")
     pk.add_argument("run_id", nargs="?", help="run id (default: the published run)")
+    pk.add_argument("--label", default="a reader's run", help="what the run is, as the gallery page shows it")
     gal = sub.add_parser("gallery", help="add a packed run to runs/gallery/ (checked as untrusted), or list them")
     gal_sub = gal.add_subparsers(dest="gallery_cmd", required=True)
     gal_sub.add_parser("add", help="check an archive and file it under runs/gallery/").add_argument("archive")
@@ -102,7 +103,7 @@ def _run(args) -> int:
         from labsupport.ops import pack
 
         try:
-            _, summary = pack.pack(args.chapter, args.run_id)
+            _, summary = pack.pack(args.chapter, args.run_id, label=args.label)
         except pack.PackError as e:
             print(f"pack failed: {e}", file=sys.stderr)
             return 1

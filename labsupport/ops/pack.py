@@ -83,9 +83,15 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def pack(chapter: str, run_id: str | None = None, root: Path | None = None, out_dir: Path | None = None) -> tuple:
+def pack(
+    chapter: str,
+    run_id: str | None = None,
+    root: Path | None = None,
+    out_dir: Path | None = None,
+    label: str = "a reader's run",
+) -> tuple:
     """Check the run (the published one by default) and write its archive; returns (path,
-    one-line summary). A run that fails a check is a PackError and no archive is written."""
+    one-line summary); `label` says what the run is on the gallery page. A run that fails a check is a PackError and no archive is written."""
     run = runs.load_run(chapter, run_id, root)
     problems = check(run)
     if problems:
@@ -102,6 +108,7 @@ def pack(chapter: str, run_id: str | None = None, root: Path | None = None, out_
         "run_id": run.run_id,
         **f,
         "clocks": clocks(run.provenance),
+        "label": str(label)[:200],  # what the run is, as the gallery page shows it
         "packed_by": provenance.git_commit(),
         "packed_at": provenance.utc_now(),
         "files": files,
