@@ -91,7 +91,8 @@ def pack(
     label: str = "a reader's run",
 ) -> tuple:
     """Check the run (the published one by default) and write its archive; returns (path,
-    one-line summary); `label` says what the run is on the gallery page. A run that fails a check is a PackError and no archive is written."""
+    one-line summary); `label` says what the run is on the gallery page. A run that fails a
+    check is a PackError and no archive is written."""
     run = runs.load_run(chapter, run_id, root)
     problems = check(run)
     if problems:
