@@ -1,5 +1,5 @@
 """Command line: `python -m labsupport live|nightly [chapters]`, `live --smoke`, `runs`,
-`book` (what `make book` runs), `recover` and `derive`.
+`book` (what `make book` runs), `recover`, `derive`, `pack <chapter> [run id]` and `gallery add|list`.
 
 Errors in what it is given (a parameter, a damaged published.json or run, a lock held by
 another command) are one line, `error: ...`, and exit status 1.
@@ -46,6 +46,14 @@ def _parser() -> argparse.ArgumentParser:
     night.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
     sub.add_parser("runs", help="list chapters, their recorded runs and the published one")
     sub.add_parser("book", help="check the runs, build the book; on failure the reason is the last line")
+    pk = sub.add_parser("pack", help="check a run and write it as one archive to share (build/packs/)")
+    pk.add_argument("chapter")
+    pk.add_argument("run_id", nargs="?", help="run id (default: the published run)")
+    pk.add_argument("--label", default="a reader's run", help="what the run is, as the gallery page shows it")
+    gal = sub.add_parser("gallery", help="add a packed run to runs/gallery/ (checked as untrusted), or list them")
+    gal_sub = gal.add_subparsers(dest="gallery_cmd", required=True)
+    gal_sub.add_parser("add", help="check an archive and file it under runs/gallery/").add_argument("archive")
+    gal_sub.add_parser("list", help="the runs of the gallery")
     sub.add_parser("recover", help="finish or set aside what a killed nightly or live command left behind")
     derive = sub.add_parser("derive", help="write the replay tables of runs recorded before runs stored them")
     derive.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
@@ -97,6 +105,26 @@ def _run(args) -> int:
         from labsupport.ops import derive
 
         return derive.main(args.chapters)
+    if args.cmd == "pack":
+        from labsupport.ops import pack
+
+        try:
+            _, summary = pack.pack(args.chapter, args.run_id, label=args.label)
+        except pack.PackError as e:
+            print(f"pack failed: {e}", file=sys.stderr)
+            return 1
+        print(summary)
+        return 0
+    if args.cmd == "gallery":
+        from labsupport.ops import gallery
+
+        try:
+            lines = [gallery.add(args.archive)] if args.gallery_cmd == "add" else gallery.listing()
+        except gallery.GalleryError as e:
+            print(f"gallery {args.gallery_cmd} refused: {e}; nothing was written", file=sys.stderr)
+            return 1
+        print("\n".join(lines))
+        return 0
     if args.cmd == "recover":
         from labsupport.ops import leftovers, live, nightly
         from labsupport.runs import lock

@@ -7,31 +7,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from labsupport.measure import datasheets
 
-@dataclass(frozen=True)
-class Datasheet:
-    """Vendor datasheet figures (dense BF16 tensor rate, memory bandwidth and size)."""
-
-    name: str
-    bf16_tflops: float
-    bandwidth_tbs: float
-    memory_gb: float
-    sms: int
-    source: str
-
-    @property
-    def ridge_flop_per_byte(self) -> float:
-        """Arithmetic intensity above which math, not memory, is the limit."""
-        return self.bf16_tflops * 1e12 / (self.bandwidth_tbs * 1e12)
-
-
-# Keys are the names torch.cuda.get_device_name() reports (matched by substring below).
-DATASHEETS = {
-    "NVIDIA H100 80GB HBM3": Datasheet("H100 SXM", 989.0, 3.35, 80, 132, "NVIDIA H100 Tensor Core GPU datasheet"),
-    "NVIDIA H200": Datasheet("H200 SXM", 989.0, 4.8, 141, 132, "NVIDIA H200 Tensor Core GPU datasheet"),
-    "NVIDIA A100-SXM4-80GB": Datasheet("A100 SXM 80GB", 312.0, 2.039, 80, 108, "NVIDIA A100 Tensor Core GPU datasheet"),
-    "NVIDIA L4": Datasheet("L4", 121.0, 0.3, 24, 58, "NVIDIA L4 Tensor Core GPU datasheet"),
-}
+# The table and its sources live in datasheets.py; these names stay here for the chapters.
+Datasheet = datasheets.Datasheet
+DATASHEETS = datasheets.DATASHEETS
 
 
 class UnknownGPUError(LookupError):
@@ -39,17 +19,11 @@ class UnknownGPUError(LookupError):
 
 
 def datasheet(gpu_name: str) -> Datasheet:
-    """The datasheet for the GPU torch reports as `gpu_name`.
-
-    An exact key wins; otherwise the longest key contained in the name (so
-    "NVIDIA H200 NVL" is not silently taken for anything else unless it contains a
-    known key). An unknown GPU raises UnknownGPUError that lists the known ones.
-    """
-    if gpu_name in DATASHEETS:
-        return DATASHEETS[gpu_name]
-    matches = [k for k in DATASHEETS if k in gpu_name]
-    if matches:
-        return DATASHEETS[max(matches, key=len)]
+    """The datasheet for the GPU torch reports as `gpu_name` (its whole name: datasheets.match).
+    An unknown GPU raises UnknownGPUError that lists the known ones."""
+    sheet = datasheets.match(gpu_name)
+    if sheet is not None:
+        return sheet
     known = "; ".join(DATASHEETS)
     raise UnknownGPUError(f"no datasheet for GPU {gpu_name!r}; known: {known}")
 

@@ -67,6 +67,30 @@ def nvidia_driver() -> str:
         return "unknown"
 
 
+# What nvidia-smi says of the GPU's clocks and power: a run's times depend on them.
+GPU_QUERY = ("clocks.max.sm", "clocks.max.memory", "clocks.sm", "power.limit", "power.max_limit")
+GPU_FIELDS = tuple(f"nvidia_smi_{k.replace('.', '_')}" for k in GPU_QUERY)  # their provenance fields
+
+
+def nvidia_smi_gpu() -> dict:
+    """The GPU's clocks (MHz) and power limits (W) as nvidia-smi reports them for GPU 0, by
+    field name; "not available" for each where nvidia-smi is missing or cannot answer."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+        values = [v.strip() for v in out.strip().splitlines()[0].split(",")]
+        if len(values) != len(GPU_QUERY):
+            raise ValueError(out)
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        values = ["not available"] * len(GPU_QUERY)
+    return {f: v[:40] for f, v in zip(GPU_FIELDS, values, strict=True)}
+
+
 def cpu_model() -> str:
     """The host CPU's model name and logical core count (the CPU launches every kernel)."""
     name = platform.processor() or "unknown CPU"
@@ -107,4 +131,5 @@ def collect(command: str | None = None) -> dict:
         "command": command or os.environ.get("LABSUPPORT_COMMAND") or " ".join(sys.argv),
         "device": "cuda" if on_gpu else "cpu",
         "teardown_cupti": os.environ.get("TEARDOWN_CUPTI", "unset"),
+        **(nvidia_smi_gpu() if on_gpu else dict.fromkeys(GPU_FIELDS, "not available")),
     }

@@ -1,0 +1,236 @@
+"""`python -m labsupport gallery add <archive>` and `gallery list`: readers' runs, beside the book's.
+
+An archive (written by `pack`) is untrusted input. It is read member by member, never
+extracted by tarfile: every member must be a regular file (no link of either kind, no device,
+no fifo) named <run id>/<plain name> (no absolute path, no '..', one folder), at most
+pack.MAX_FILE_BYTES each, pack.MAX_TOTAL_BYTES in all and pack.MAX_FILES in number; the bytes
+are copied out by count, so a header that lies about a size cannot write more. Then every file
+must be listed in pack.json and in the run's meta.json with its SHA-256 (none unlisted, none
+missing), and the run must load and validate as a run of its chapter does (ops.validate).
+
+It is staged in a hidden folder of runs/gallery/ and renamed into place at the end, at
+runs/gallery/<gpu>/<chapter>/<run id>/ (each GPU folder is a runs folder of its own, so a
+gallery run is loaded by the one loader every run goes through: runs.load_run). A bad archive is
+one line and leaves nothing behind. runs/published.json is never read or written here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from labsupport import chapters, runs
+from labsupport.ops import pack, validate
+from labsupport.runs.writer import sha256
+
+GALLERY = "gallery"
+MAX_ARCHIVE_BYTES = pack.MAX_TOTAL_BYTES
+CHUNK = 1 << 20
+
+
+class GalleryError(RuntimeError):
+    """An archive refused, or a gallery that cannot be read (one line)."""
+
+
+def gallery_root(root: Path | None = None) -> Path:
+    return runs.check_real_dir((root or runs.runs_root()) / GALLERY, "gallery")
+
+
+def shown(text, limit: int = 120) -> str:
+    """Text from an archive as a terminal may show it: printable characters only, cut short."""
+    s = "".join(c if c.isprintable() else "?" for c in str(text))
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def _member_name(m: tarfile.TarInfo, where: str) -> tuple[str, str]:
+    name = m.name
+    if name.startswith("/") or "\\" in name:
+        raise GalleryError(f"{where}: member {shown(name)!r} is an absolute path")
+    parts = name.split("/")
+    if ".." in parts:
+        raise GalleryError(f"{where}: member {shown(name)!r} leaves its folder")
+    if len(parts) != 2 or not all(runs.FILE_PATTERN.match(p) for p in parts):
+        raise GalleryError(f"{where}: member {shown(name)!r} is not <run id>/<plain file name>")
+    return parts[0], parts[1]
+
+
+def _unpack(archive: Path, dest: Path) -> str:
+    """Copy the archive's files into `dest` (a new empty folder), checked; returns the one
+    folder name all members share."""
+    where = str(archive)
+    try:
+        st = archive.lstat()
+    except OSError as e:
+        raise GalleryError(f"{where}: cannot read it ({type(e).__name__})") from None
+    if archive.is_symlink() or not archive.is_file():
+        raise GalleryError(f"{where} is not a regular file")
+    if st.st_size > MAX_ARCHIVE_BYTES:
+        raise GalleryError(f"{where} is {st.st_size >> 20} MiB, more than the {MAX_ARCHIVE_BYTES >> 20} MiB allowed")
+    top, seen, total = None, set(), 0
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for count, m in enumerate(tar, 1):
+                if count > pack.MAX_FILES:
+                    raise GalleryError(f"{where} holds more than {pack.MAX_FILES} members")
+                if m.issym() or m.islnk():
+                    raise GalleryError(f"{where}: member {shown(m.name)!r} is a link; only regular files are accepted")
+                if not m.isreg():
+                    raise GalleryError(f"{where}: member {shown(m.name)!r} is not a regular file")
+                folder, name = _member_name(m, where)
+                if top not in (None, folder):
+                    raise GalleryError(f"{where}: members lie in more than one folder ({shown(top)}, {shown(folder)})")
+                top = folder
+                if name in seen:
+                    raise GalleryError(f"{where}: {shown(name)!r} appears twice")
+                seen.add(name)
+                if m.size > pack.MAX_FILE_BYTES:
+                    raise GalleryError(
+                        f"{where}: {shown(name)!r} is {m.size >> 20} MiB, more than the "
+                        f"{pack.MAX_FILE_BYTES >> 20} MiB a file may be"
+                    )
+                total += m.size
+                if total > pack.MAX_TOTAL_BYTES:
+                    raise GalleryError(f"{where}: its files exceed {pack.MAX_TOTAL_BYTES >> 20} MiB in all")
+                src = tar.extractfile(m)
+                left = m.size
+                with open(dest / name, "xb") as out:
+                    while left > 0:
+                        chunk = src.read(min(CHUNK, left))
+                        if not chunk:
+                            raise GalleryError(f"{where}: {shown(name)!r} is truncated")
+                        out.write(chunk)
+                        left -= len(chunk)
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+        raise GalleryError(f"{where} is not a readable .tar.gz archive ({type(e).__name__})") from None
+    if top is None:
+        raise GalleryError(f"{where} holds no files")
+    return top
+
+
+def _check_listed(folder: Path, where: str) -> dict:
+    """pack.json and meta.json agree with the files: every file listed in both with its
+    SHA-256, none missing, none unlisted. Returns pack.json."""
+    try:
+        manifest = json.loads((folder / pack.PACK_JSON).read_text())
+        meta = json.loads((folder / "meta.json").read_text())
+    except FileNotFoundError as e:
+        raise GalleryError(f"{where} lacks {Path(e.filename).name}") from None
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise GalleryError(f"{where}: pack.json or meta.json is not JSON") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != pack.FORMAT:
+        raise GalleryError(f"{where}: pack.json is not a {pack.FORMAT} manifest")
+    listed = manifest.get("files")
+    if not isinstance(listed, dict) or not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
+        raise GalleryError(f"{where}: pack.json or meta.json does not list files")
+    present = {p.name for p in folder.iterdir()} - {pack.PACK_JSON}
+    wanted = set(listed)
+    if present - wanted:
+        raise GalleryError(f"{where}: {shown(sorted(present - wanted)[0])!r} is not listed in pack.json")
+    if wanted - present:
+        raise GalleryError(f"{where}: {shown(sorted(wanted - present)[0])!r} is listed but missing")
+    if set(meta["files"]) | {"meta.json"} != wanted:
+        raise GalleryError(f"{where}: pack.json and the run's meta.json list different files")
+    for name, entry in sorted(listed.items()):
+        digest = entry.get("sha256") if isinstance(entry, dict) else None
+        if sha256(folder / name) != digest or (name != "meta.json" and meta["files"][name] != digest):
+            raise GalleryError(f"{where}: {shown(name)!r} does not match its SHA-256")
+    for key in ("chapter", "run_id"):
+        if manifest.get(key) != meta.get(key):
+            raise GalleryError(f"{where}: pack.json and meta.json disagree on the {key}")
+    return manifest
+
+
+def add(archive: Path, root: Path | None = None) -> str:
+    """Check `archive` and file it under runs/gallery/; returns a one-line summary. Anything
+    wrong is one GalleryError and nothing is left behind."""
+    archive = Path(archive)
+    where = str(archive)
+    top = gallery_root(root)
+    made = not top.exists()
+    top.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".incoming-", dir=top))
+    done = False
+    try:
+        unpacked = stage / "unpacked"
+        unpacked.mkdir()
+        folder = _unpack(archive, unpacked)
+        manifest = _check_listed(unpacked, where)
+        try:
+            chapter = runs.check_chapter(manifest["chapter"], where)
+            run_id = runs.check_run_id(manifest["run_id"], where)
+            ch = chapters.by_slug(chapter)
+        except (runs.RunError, KeyError, LookupError):
+            raise GalleryError(f"{where}: {shown(manifest.get('chapter'))!r} is not a chapter of this book") from None
+        if folder != run_id:
+            raise GalleryError(f"{where}: its folder {shown(folder)!r} is not its run id")
+        staged_root = stage / "runs"
+        (staged_root / chapter).mkdir(parents=True)
+        unpacked.rename(staged_root / chapter / run_id)
+        try:
+            run = runs.load_run(chapter, run_id, staged_root)
+            problems = validate.check_run(ch, run)
+        except runs.RunError as e:
+            problems = [str(e).replace(str(staged_root), "<archive>")]
+        if problems:
+            raise GalleryError(f"{where}: {shown(problems[0].replace(str(staged_root), '<archive>'), 300)}")
+        slug = pack.gpu_slug(run.provenance.get("gpu"))
+        dest = runs.check_real_dir(top / slug, "gallery") / chapter / run_id
+        runs.check_real_dir(dest.parent, "gallery")
+        if dest.exists():
+            raise GalleryError(f"{where}: run {run_id} of {chapter} on {shown(slug)} is already in the gallery")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        (staged_root / chapter / run_id).rename(dest)
+        done = True
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made and not done:
+            shutil.rmtree(top, ignore_errors=True)  # the gallery folder this call made, empty again
+    f = pack.form(run)
+    return f"added {chapter} run {run_id} ({shown(f['gpu'])}, {shown(f['dtype'])}, {shown(f['preset'])}) -> {dest}"
+
+
+@dataclass
+class Entry:
+    """A run of the gallery: the GPU folder it is filed under, and the run (loaded checked)."""
+
+    gpu_slug: str
+    run: runs.Run
+
+    @property
+    def manifest(self) -> dict:
+        try:
+            return json.loads((self.run.path / pack.PACK_JSON).read_text())
+        except (OSError, ValueError):
+            return {}
+
+
+def entries(root: Path | None = None, verify: bool = True) -> list[Entry]:
+    """Every run of the gallery, each loaded checked; a damaged one is a RunError naming it."""
+    top = gallery_root(root)
+    if not top.is_dir():
+        return []
+    out = []
+    for gpu_dir in sorted(p for p in top.iterdir() if not p.name.startswith(".")):
+        if gpu_dir.is_symlink() or not gpu_dir.is_dir() or not runs.CHAPTER_PATTERN.match(gpu_dir.name):
+            raise runs.RunError(f"{gpu_dir} is not a GPU folder of the gallery (a real folder, lower-case name)")
+        for ch in chapters.CHAPTERS:
+            for run_id in runs.list_runs(ch.slug, gpu_dir):
+                out.append(Entry(gpu_dir.name, runs.load_run(ch.slug, run_id, gpu_dir, verify=verify)))
+    return out
+
+
+def listing(root: Path | None = None) -> list[str]:
+    """One line per gallery run, its text made safe to print."""
+    lines = []
+    for e in entries(root):
+        f = pack.form(e.run)
+        lines.append(
+            f"{e.run.chapter}  {e.run.run_id}  {shown(f['gpu'])}  {shown(f['dtype'])}  {shown(f['preset'])}  "
+            f"{shown(e.run.provenance.get('utc_time', ''))}"
+        )
+    return lines or ["the gallery is empty"]
