@@ -14,6 +14,7 @@ import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labsupport.runs import tables as run_tables
 from labsupport.runs.provenance import REPO_ROOT
 
 
@@ -368,6 +369,8 @@ ONE_TOKEN_TWO_GPUS = Chapter(
 
 
 CHAPTERS.append(ONE_TOKEN_TWO_GPUS)
+# A run's tables are checked against these declarations when loaded or written (runs/ imports no chapter code).
+run_tables.declare(CHAPTERS)
 
 
 def find(names: list[str] | None) -> list[Chapter]:
