@@ -124,6 +124,16 @@ class Chapter:
     def path(self) -> Path:
         return REPO_ROOT / self.notebook
 
+    def load(self, run_id: str | None = None):
+        """The chapter's published run (or `run_id`), loaded and checked whole (labsupport.runs)."""
+        from labsupport import runs
+
+        return runs.load_run(self.slug, run_id)
+
+    def progress(self, msg: str) -> None:
+        """A line of the live recording's log, naming the chapter."""
+        print(f"[{self.slug}] {msg}", flush=True)
+
     def headline(self, run) -> dict:
         """The few numbers of a run that the status page follows from night to night."""
         return importlib.import_module(f"labsupport.chapters.{self.module}").headline(run)
@@ -386,3 +396,14 @@ def find(names: list[str] | None) -> list[Chapter]:
 
 def by_slug(slug: str) -> Chapter:
     return find([slug])[0]
+
+
+def of_module(name: str) -> Chapter:
+    """The entry of the chapter whose module or package holds the module `name` (a module passes its
+    own __name__): a chapter module takes its CHAPTER, load() and progress() from here, so that the
+    registry is the one place that declares them."""
+    parts = name.split(".")
+    by_module = {c.module: c for c in CHAPTERS}
+    if parts[:2] != ["labsupport", "chapters"] or len(parts) < 3 or parts[2] not in by_module:
+        raise LookupError(f"{name} is not the module of a chapter in the registry")
+    return by_module[parts[2]]

@@ -14,7 +14,6 @@ published vLLM profile beside it (vllm.py), and the chapter's figures (figures.p
 
 from __future__ import annotations
 
-from labsupport import runs
 from labsupport.chapters.hybrid_model_token.census import (
     LMHead,
     census_by_group,
@@ -53,6 +52,8 @@ from labsupport.chapters.hybrid_model_token.keys import (
     PREFILL_COLUMNS,
     STEP_TIME_COLUMNS,
     VARIANT_COLUMNS,
+    load,
+    progress,
     trace_file,
 )
 from labsupport.chapters.hybrid_model_token.measuring import (
@@ -61,7 +62,6 @@ from labsupport.chapters.hybrid_model_token.measuring import (
     cache_rows,
     check_backends,
     model_facts,
-    progress,
 )
 from labsupport.chapters.hybrid_model_token.tables import (
     best_variant,
@@ -77,12 +77,6 @@ from labsupport.chapters.hybrid_model_token.tables import (
 )
 from labsupport.chapters.hybrid_model_token.vllm import KEYS as BESIDE_KEYS
 from labsupport.chapters.hybrid_model_token.vllm import OURS, PUBLISHED_PRESET, beside_published, prefill_flop
-
-
-def load(run_id: str | None = None) -> runs.Run:
-    """The published run (or `run_id`) of this chapter."""
-    return runs.load_run(CHAPTER, run_id)
-
 
 __all__ = [
     "ARTIFACTS",

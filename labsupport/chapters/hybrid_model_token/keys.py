@@ -3,7 +3,10 @@ parts of the model the census groups kernels by, the trace file of each variant.
 
 from __future__ import annotations
 
-CHAPTER = "hybrid-model-token"
+from labsupport import chapters
+
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 ARTIFACTS = ("variants.csv", "step_times.csv", "prefill.csv", "cache_growth.csv", "trace-reference-eager.json.gz")
 # The columns of the run's tables, written even when nothing ran.
 VARIANT_COLUMNS = [

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from labsupport.chapters.hybrid_model_token.keys import (
-    CHAPTER,
     MODES,
     PREFILL_COLUMNS,
     STEP_TIME_COLUMNS,
     VARIANT_COLUMNS,
+    progress,
 )
 from labsupport.measure import gated_deltanet, harness
 from labsupport.traces import trace
@@ -36,10 +36,6 @@ class Params:
     compile_backends: list[str] = field(default_factory=lambda: ["reference", "fla"])
     contexts: list[int] = field(default_factory=lambda: [512, 4096, 32768])
     device: str = "cuda"
-
-
-def progress(msg: str) -> None:
-    print(f"[{CHAPTER}] {msg}", flush=True)
 
 
 def check_backends(backends: list[str], device: str) -> None:

@@ -28,8 +28,6 @@ run), figures and roofline_figure.
 
 from __future__ import annotations
 
-from labsupport import runs
-
 from .ceilings import achieved_rates, ceiling_notes, ceilings_row, headline
 from .figures import gemm_rates, phase_census_bars, prompt_sweep_figure, utilisation_bars
 from .measure import (
@@ -58,6 +56,7 @@ from .names import (
     ROOFLINE_MODULES,
     SHORT,
     kernels_table_name,
+    load,
     progress,
     trace_file,
 )
@@ -94,12 +93,6 @@ from .work import (
     preset_shape,
     tokens_at_intensity,
 )
-
-
-def load(run_id: str | None = None) -> runs.Run:
-    """The published run (or `run_id`) of this chapter."""
-    return runs.load_run(CHAPTER, run_id)
-
 
 __all__ = [
     "achieved_rates",

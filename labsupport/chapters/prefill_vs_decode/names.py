@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from labsupport import chapters
 
-CHAPTER = "prefill-vs-decode"
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 # Files every run of the chapter contains (ceilings.csv too, on a GPU), and the columns of its tables.
-ARTIFACTS = chapters.by_slug(CHAPTER).artifacts
-COLUMNS = chapters.by_slug(CHAPTER).columns
+ARTIFACTS = ENTRY.artifacts
+COLUMNS = ENTRY.columns
 PHASES = ("prefill", "decode")
 # The profiler annotation that each phase's trace is timed from.
 ORIGIN = {"prefill": "prefill", "decode": "decode_step"}
@@ -45,10 +46,6 @@ def trace_file(phase: str) -> str:
 
 def kernels_table_name(phase: str) -> str:
     return f"kernels-{phase}"
-
-
-def progress(msg: str) -> None:
-    print(f"[{CHAPTER}] {msg}", flush=True)
 
 
 # The columns of the kernel tables (kernels-prefill.csv, kernels-decode.csv), and those read as text.
