@@ -7,7 +7,7 @@ from labsupport import chapters
 
 ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
 CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
-ARTIFACTS = ("variants.csv", "step_times.csv", "prefill.csv", "cache_growth.csv", "trace-reference-eager.json.gz")
+ARTIFACTS = ENTRY.artifacts
 # The columns of the run's tables, written even when nothing ran.
 VARIANT_COLUMNS = [
     "backend",
@@ -41,7 +41,7 @@ PREFILL_COLUMNS = [
     "wall_ms_q3",
     "clean",
 ]
-CACHE_GROWTH_COLUMNS = ["context", "status", "layer_type", "layers", "bytes"]
+CACHE_GROWTH_COLUMNS = list(ENTRY.columns["cache_growth.csv"])  # as the registry declares them
 MODES = {
     "eager": "eager, dynamic cache (as written)",
     "cuda-graph": "CUDA graph (static cache)",

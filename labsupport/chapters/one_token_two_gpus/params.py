@@ -17,10 +17,10 @@ VARIANTS = {
     "compile": 'torch.compile, mode "reduce-overhead"',
 }
 SHORT = {"eager": "eager step", "cuda-graph": "CUDA-graph step", "compile": "compiled step"}  # for sentences
-STEP_TIME_COLUMNS = ("tp", "rank", "variant", "repeat", "wall_ms")
+STEP_TIME_COLUMNS = ENTRY.columns["step_times.csv"]  # as the registry declares them
 VARIANT_COLUMNS = ("tp", "rank", "variant", "status")
-COLLECTIVE_COLUMNS = ("tp", "rank", "seq", "op", "bytes", "dtype")
-ALLREDUCE_COLUMNS = ("rank", "world", "bytes", "latency_us_median", "busbw_gbs")
+COLLECTIVE_COLUMNS = ENTRY.columns["collectives.csv"]  # as the registry declares them
+ALLREDUCE_COLUMNS = ENTRY.columns["allreduce.csv"]  # as the registry declares them
 
 
 @dataclass
