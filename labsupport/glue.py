@@ -1,9 +1,9 @@
 """Putting run data into the book's prose with myst-nb's `glue`, and into its tables.
 
-Importing this module (every chapter notebook does) makes every pandas Styler escape HTML in
-its cells and headers, whatever `.format(...)` calls follow: a kernel or op name such as
-`<img onerror=...>` recorded in a run shows as text, never as a tag. Markdown glued from run
-data is escaped the same way outside its code spans.
+Tables (`table`, and `styled` for a Styler of one's own) escape HTML in their cells and
+headers: a kernel or op name such as `<img onerror=...>` recorded in a run shows as text, never
+as a tag. Markdown glued from run data is escaped the same way outside its code spans. Importing
+this module changes nothing in pandas.
 """
 
 from __future__ import annotations
@@ -14,48 +14,17 @@ import re
 import pandas as pd
 
 
-def escape_tables() -> None:
-    """Make every pandas Styler escape HTML (cells and index/column labels). Styler only
-    honours the `styler.format.escape` option in its constructor, and a later `.format({...})`
-    would reset the other columns to unescaped text, so format and format_index are wrapped
-    to escape unless told otherwise."""
-    from pandas.io.formats.style import Styler
+def styled(df: pd.DataFrame, formats=None, **format_kw):
+    """`df.style`, escaping HTML in every cell and in the index and column labels, with `formats`
+    (and `na_rep`, `subset`, ... as Styler.format takes them) applied, escaped too. Every cell is
+    escaped first, then the formats applied to the cells they name (a format of some columns, or
+    of a `subset`, leaves the others escaped); a later .format() of the caller's would reset the
+    columns it touches to unescaped text, so pass formats here instead."""
+    styler = df.style.format(escape="html")
+    if formats is not None or format_kw:
+        styler = styler.format(formats, escape="html", **format_kw)
+    return styler.format_index(escape="html", axis=0).format_index(escape="html", axis=1)
 
-    pd.set_option("styler.format.escape", "html")
-    if getattr(Styler, "_labsupport_escapes", False):
-        return
-    fmt, fmt_index, init = Styler.format, Styler.format_index, Styler.__init__
-
-    def format(
-        self, formatter=None, subset=None, na_rep=None, precision=None, decimal=".", thousands=None, escape="html", **kw
-    ):
-        return fmt(self, formatter, subset, na_rep, precision, decimal, thousands, escape=escape, **kw)
-
-    def format_index(
-        self,
-        formatter=None,
-        axis=0,
-        level=None,
-        na_rep=None,
-        precision=None,
-        decimal=".",
-        thousands=None,
-        escape="html",
-        **kw,
-    ):
-        return fmt_index(self, formatter, axis, level, na_rep, precision, decimal, thousands, escape=escape, **kw)
-
-    def __init__(self, data, *args, **kw):
-        init(self, data, *args, **kw)
-        fmt_index(self, axis=0, escape="html")
-        fmt_index(self, axis=1, escape="html")
-
-    format.__doc__, format_index.__doc__ = fmt.__doc__, fmt_index.__doc__
-    Styler.format, Styler.format_index, Styler.__init__ = format, format_index, __init__
-    Styler._labsupport_escapes = True
-
-
-escape_tables()
 
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 
@@ -192,7 +161,7 @@ def table(
     shown = df.head(max_rows)
     fmt = {c: number_format(shown[c]) for c in shown.columns if pd.api.types.is_numeric_dtype(shown[c])}
     fmt.update(formats or {})
-    styler = shown.style.format(fmt, na_rep="–").hide(axis="index")
+    styler = styled(shown, fmt, na_rep="–").hide(axis="index")
     for c in wrap:
         styler = styler.set_properties(
             subset=[c], **{"white-space": "normal", "overflow-wrap": "anywhere", "min-width": "8em"}

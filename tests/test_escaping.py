@@ -58,11 +58,26 @@ def assert_escaped(html: str):
 def test_the_layer_table_styler_escapes(tampered):
     run = runs.load_run(CH, root=tampered)
     df = one_token.layer_kernels(run, one_token.middle_layer(run))
-    # The chapter's own call: .format() of some columns used to reset the others to raw HTML.
-    html = df.style.format({"start µs": "{:.1f}", "µs": "{:.2f}"}).hide(axis="index").to_html()
+    # The chapter's own call: formats for some columns must leave the others escaped too.
+    assert_escaped(book.table(df, {"start µs": "{:.1f}", "µs": "{:.2f}"}).data)
+    html = book.styled(df, {"start µs": "{:.1f}", "µs": "{:.2f}"}).hide(axis="index").to_html()
     assert_escaped(html)
-    html = df.set_index("operator").style.format("{:.2f}", subset=["µs"]).to_html()  # labels too
+    html = book.styled(df.set_index("operator"), "{:.2f}", subset=["µs"]).to_html()  # labels too
     assert_escaped(html)
+
+
+def test_importing_glue_changes_nothing_in_pandas():
+    """The escaping is the table helpers' own: no global patch of pandas' Styler or its options."""
+    import subprocess
+    import sys
+
+    code = (
+        "import pandas as pd; from pandas.io.formats.style import Styler; "
+        "before = (Styler.format, Styler.format_index, Styler.__init__, pd.get_option('styler.format.escape')); "
+        "import labsupport.glue; "
+        "assert before == (Styler.format, Styler.format_index, Styler.__init__, pd.get_option('styler.format.escape'))"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=RUNS.parent)
 
 
 def test_the_chapter_page_escapes(tampered, tmp_path, monkeypatch):

@@ -347,7 +347,7 @@ def test_notebook_shows_its_measuring_code():
     assert len(live) == 4 and not any(c.metadata.get("tags") for c in live)
     shown = "".join(c.source for c in live)
     for call in (
-        "recording.recording(",
+        "recording.PendingRun(",
         "models.build_model(",
         "ch.time_passes(",
         "harness.profile_region(",

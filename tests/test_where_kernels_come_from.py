@@ -14,7 +14,7 @@ import pytest
 
 from labsupport import runs
 from labsupport.chapters import where_kernels_come_from as ch
-from labsupport.measure import decode, environment, harness, profiler
+from labsupport.measure import decode, environment, harness
 from labsupport.traces import kernels, replay
 
 from .conftest import fixture_run
@@ -195,7 +195,7 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, monkeypatch
         out["MATH"] = (lambda: F.scaled_dot_product_attention(q, k, k), 0.0)
         return out
 
-    time_region, kernels_of = harness.time_region, profiler.kernels_of
+    time_region, profile_region = harness.time_region, harness.profile_region
 
     def time_on_cpu(fn, **kw):
         t = time_region(fn, **{**kw, "device": "cpu"})
@@ -203,7 +203,7 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, monkeypatch
         return t
 
     def profile_as_on_a_gpu(fn, path, **kw):
-        k = kernels_of(fn, path, **{**kw, "device": "cpu"})
+        k = profile_region(fn, path, **{**kw, "device": "cpu"})
         harness._profiles_in_process += 1
         return k
 
@@ -212,7 +212,7 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, monkeypatch
     monkeypatch.setattr(ch, "attention", attention)
     monkeypatch.setattr(harness, "_profiles_in_process", 0)
     monkeypatch.setattr(harness, "time_region", time_on_cpu)
-    monkeypatch.setattr(profiler, "kernels_of", profile_as_on_a_gpu)
+    monkeypatch.setattr(harness, "profile_region", profile_as_on_a_gpu)
     monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)
     monkeypatch.setattr(ch, "Params", functools.partial(ch.Params, device="cpu"))
     monkeypatch.setattr(environment, "check", lambda *a, **k: [])  # a CPU stands in for the GPU

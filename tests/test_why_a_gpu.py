@@ -603,7 +603,7 @@ def test_the_notebook_shows_its_measuring_code_and_reads_no_other_chapters_modul
         tags
         for src, tags in code
         if any(
-            f in src for f in ("recording.recording(", "ch.time_batches(", "ch.profile_batch(", "ch.time_matvec_gpu(")
+            f in src for f in ("recording.PendingRun(", "ch.time_batches(", "ch.profile_batch(", "ch.time_matvec_gpu(")
         )
     ]
     assert len(measuring) >= 3 and not any(measuring), "the measuring cells are visible"

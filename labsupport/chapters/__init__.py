@@ -1,6 +1,9 @@
-"""The chapter notebooks, in book order: the run folder each records into, the files its
-run must contain and the columns of its tables, the checks on its notebook parameters, and
-its smallest (smoke) parameters.
+"""The chapter notebooks, in book order: the one declaration of each chapter. Its entry names the
+run folder it records into, the files its run must contain and the columns of its tables, one
+line on every file (the closing list of data), the checks on its notebook parameters, its
+smallest (smoke) and CPU parameters, and the other chapters' runs it reads; Chapter.load and
+Chapter.progress are every chapter's load() and progress() (a chapter module takes them, and its
+CHAPTER, from of_module(__name__)).
 
 Parameter checks are declared per chapter as {parameter: rule}; labsupport.ops.params applies
 them (after the type check against the notebook's own default) to every `--param` before
@@ -14,6 +17,7 @@ import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labsupport.runs import tables as run_tables
 from labsupport.runs.provenance import REPO_ROOT
 
 
@@ -84,6 +88,10 @@ REPEATS = at_least(1)
 LENGTHS = each_at_least(1)
 
 
+# The line on ceilings.csv, a file of most chapters' runs.
+_CEILINGS = "the GPU's measured copy, read and BF16 matrix-multiply rates (the ceilings the chapter compares with)"
+
+
 @dataclass(frozen=True)
 class Chapter:
     slug: str  # also the folder under runs/
@@ -100,6 +108,9 @@ class Chapter:
     # "ok" one: a number this form was not measured for (a form timed by another chapter, a
     # quartile of a single span, CUDA events on a CPU); everywhere else an empty cell is refused.
     may_lack: tuple[str, ...] = ()
+    # {file: what it holds, in one line}: the chapter's closing list of data (data_files.data_list);
+    # every file a run may hold has one (a test fails on a file without).
+    describes: dict = field(default_factory=dict, hash=False, compare=False)
 
     def range_of(self, file: str, column: str) -> tuple[float, float] | None:
         """The values a numeric column may hold (None: not a checked column): this chapter's
@@ -123,6 +134,16 @@ class Chapter:
     def path(self) -> Path:
         return REPO_ROOT / self.notebook
 
+    def load(self, run_id: str | None = None):
+        """The chapter's published run (or `run_id`), loaded and checked whole (labsupport.runs)."""
+        from labsupport import runs
+
+        return runs.load_run(self.slug, run_id)
+
+    def progress(self, msg: str) -> None:
+        """A line of the live recording's log, naming the chapter."""
+        print(f"[{self.slug}] {msg}", flush=True)
+
     def headline(self, run) -> dict:
         """The few numbers of a run that the status page follows from night to night."""
         return importlib.import_module(f"labsupport.chapters.{self.module}").headline(run)
@@ -132,7 +153,7 @@ CHAPTERS = [
     Chapter(
         "why-a-gpu",
         "notebooks/why_a_gpu.ipynb",
-        # ceilings.csv: recorded on every GPU (recording(ceilings=True)), checked when present; none on a CPU
+        # ceilings.csv: recorded on every GPU (PendingRun(ceilings=True)), checked when present; none on a CPU
         ("matvec.csv", "batch_sweep.csv"),
         columns={
             "ceilings.csv": CEILINGS,
@@ -166,6 +187,21 @@ CHAPTERS = [
             "device": "cpu",
         },
         reads=("kernels-in-one-token", "launch-overhead", "prefill-vs-decode"),
+        describes={
+            "ceilings.csv": _CEILINGS,
+            "matvec.csv": "the decode-sized matrix-vector product timed on the CPU (FP32, BF16) and on the GPU",
+            "batch_sweep.csv": (
+                "one decode step per batch size: kernels, GPU-busy and matmul time, "
+                "wall time (minimum, quartiles, median)"
+            ),
+            "batch_times.csv": (
+                "every timed step of the batch sweep, per batch size (and round, where "
+                "the sizes were timed interleaved)"
+            ),
+            "batch_matmuls.csv": (
+                "the matrix multiplies of each batch size's step, by shape, with the kernel cuBLAS chose"
+            ),
+        },
     ),
     Chapter(
         "what-a-kernel",
@@ -180,6 +216,15 @@ CHAPTERS = [
         checks={"repeats": REPEATS, "burst": at_least(1), "hbm_n": at_least(1)},
         smoke={"repeats": 20, "burst": 50, "hbm_n": 1 << 26},
         reads=("why-a-gpu",),
+        describes={
+            "ceilings.csv": _CEILINGS,
+            "add_kernels.csv": "the kernels of each vector-add implementation, as profiled",
+            "add_times.csv": "the time of each vector-add implementation, per call and on the GPU",
+            "hbm_add.csv": "the vector add on a working set too large for the L2 cache (HBM bandwidth)",
+            "queue.csv": "a burst of launches: when each call started and returned on the CPU, when the GPU finished",
+            "sync.csv": "what waiting for the GPU costs, by kind of wait",
+            "burst_trace.json.gz": "the raw profiler trace of the burst of launches (opens in Perfetto)",
+        },
     ),
     Chapter(
         "model-code-to-kernels",
@@ -194,6 +239,11 @@ CHAPTERS = [
         smoke={"repeats": 10},
         # shared.glue_values() reads every owner's run (the eager step's kernels are shown)
         reads=("kernels-in-one-token", "why-a-gpu", "launch-overhead"),
+        describes={
+            "mlp_kernels.csv": "every kernel of one decoder layer's MLP, with the operator and module that launched it",
+            "rmsnorm_kernels.csv": "the kernels of RMSNorm as written, compiled and as one Triton kernel",
+            "rmsnorm_times.csv": "the time of each RMSNorm variant",
+        },
     ),
     Chapter(
         "where-kernels-come-from",
@@ -207,6 +257,16 @@ CHAPTERS = [
         checks={"preset": preset(), "contexts": LENGTHS, "repeats": REPEATS},
         smoke={"contexts": [256], "repeats": 10},
         reads=("kernels-in-one-token",),
+        describes={
+            "fusion_kernels.csv": "the kernels of RMSNorm eager and compiled, with their sources",
+            "fusion_times.csv": "the time of each of them",
+            "fused_rmsnorm_source.py": "the Triton source torch.compile generated for the fused RMSNorm",
+            "attention_backends.csv": "each attention backend at each context length: kernels, GPU time, time per call",
+            "trace-rmsnorm-compiled.json.gz": (
+                "the raw profiler trace of one compiled RMSNorm call, with its host events "
+                "(Dynamo's guard check, the compiled region, the launch)"
+            ),
+        },
     ),
     Chapter(
         "kernels-in-one-token",
@@ -231,6 +291,21 @@ CHAPTERS = [
         cpu={"preset": "tiny", "prompt_len": 16, "contexts": [8, 32], "repeats": 2, "fresh_processes": 1},
         reads=("why-a-gpu", "launch-overhead"),  # the ceilings; the page glues every shared quantity
         may_lack=("profiler_effect.csv:wall_ms_q*",),  # the profiled span: one value, no quartiles
+        describes={
+            "ceilings.csv": _CEILINGS,
+            "kernels.csv": "every kernel of the profiled decode step: name, kind, times, launch, operator, layer",
+            "census.csv": "the step's kernels and GPU time by kind",
+            "step_times.csv": (
+                "every clean (unprofiled) trial of the eager step in the recording process, with its round"
+            ),
+            "fresh_processes.csv": "the eager step timed in fresh processes that never profiled, with their CPU load",
+            "profiler_effect.csv": "the same step timed clean, after a profile, and as its span inside a profile",
+            "context_sweep.csv": "the step at each context length, dynamic and static cache: kernels, time, KV bytes",
+            "context_census.csv": "the census by kind at each context length",
+            "context_times.csv": "every trial at each context length, both caches, interleaved in rounds",
+            "context_ops.csv": "each profiled step of the sweep by kind and call path: kernels, GPU time",
+            "trace.json.gz": "the raw profiler trace of the decode step (opens in Perfetto)",
+        },
     ),
     Chapter(
         "launch-overhead",
@@ -246,6 +321,20 @@ CHAPTERS = [
         cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
         reads=("kernels-in-one-token", "why-a-gpu"),  # the eager steps' numbers; the ceilings
         may_lack=("variants.csv:wall_ms_*", "variants.csv:issue_ms_*"),  # eager forms: timed by the census chapter
+        describes={
+            "ceilings.csv": _CEILINGS,
+            "variants.csv": (
+                "each form of the step (eager, static cache, CUDA graph, compiled): kernels, busy, wall time"
+            ),
+            "step_times.csv": (
+                "every clean trial of each form this chapter times (CUDA graph, compiled), with its round"
+            ),
+            "trace-eager.json.gz": "the raw trace of the eager step",
+            "trace-eager-static.json.gz": "the raw trace of the eager step with a static cache",
+            "trace-cuda-graph.json.gz": "the raw trace of the CUDA-graph replay",
+            "trace-compile-reduce-overhead.json.gz": "the raw trace of the step compiled with mode reduce-overhead",
+            "trace-compile-max-autotune.json.gz": "the raw trace of the step compiled with mode max-autotune",
+        },
     ),
     Chapter(
         "closing-the-gap",
@@ -273,6 +362,29 @@ CHAPTERS = [
         cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
         reads=("why-a-gpu", "kernels-in-one-token", "launch-overhead"),
         may_lack=("rungs.csv:wall_ms_*", "rungs.csv:issue_ms_*", "rungs.csv:gpu_ms_*"),  # rungs timed elsewhere
+        describes={
+            "ceilings.csv": _CEILINGS,
+            "rungs.csv": (
+                "each rung of the ladder: kernels, GPU-busy, wall and compile time, its logits against eager's"
+            ),
+            "step_times.csv": "every timed trial of our rungs, in interleaved rounds: wall and CUDA-event ms",
+            "matmuls.csv": "each weight shape's matmul for one token: cuBLAS against our Triton GEMV, in µs and TB/s",
+            "gemv_tuning.csv": "every configuration of our GEMV tried on every weight shape (BF16 and FP8 weights, "
+            "split-K), and the ones kept",
+            "tokens_per_forward.csv": "the best BF16 rung's decoder on 1 to 16 tokens at once: ms per forward, "
+            "in interleaved rounds",
+            "trace-eager.json.gz": "the raw trace of the eager step",
+            "trace-cuda-graph.json.gz": "the raw trace of transformers' static-cache step replayed as a CUDA graph",
+            "trace-compile.json.gz": "the raw trace of transformers' step compiled (reduce-overhead)",
+            "trace-own-compiled.json.gz": "the raw trace of our decode step, compiled, in one CUDA graph",
+            "trace-fused-projections.json.gz": "the raw trace of our step with fused Q/K/V and gate/up",
+            "trace-triton-gemv.json.gz": "the raw trace of our step with our Triton GEMV",
+            "trace-fused-gemv.json.gz": "the raw trace of our step with norms, SiLU and residual adds inside the GEMVs",
+            "trace-fused-attention.json.gz": "the raw trace of our step with our attention kernels",
+            "trace-split-k.json.gz": "the raw trace of our step with split-K GEMVs where the tuner chose them",
+            "trace-pdl.json.gz": "the raw trace of our step with our GEMVs launched with programmatic dependent launch",
+            "trace-fp8-weights.json.gz": "the raw trace of our step reading FP8 weights",
+        },
     ),
     Chapter(
         "prefill-vs-decode",
@@ -303,6 +415,18 @@ CHAPTERS = [
         smoke={"prompt_lens": [1, 64, 512], "repeats": 3},
         cpu={"preset": "tiny", "prompt_len": 16, "prompt_lens": [1, 8, 16], "repeats": 2},
         reads=("why-a-gpu", "kernels-in-one-token", "launch-overhead"),
+        describes={
+            "ceilings.csv": _CEILINGS,
+            "phase_times.csv": "every timed trial of the prompt phase and of one decode step, in interleaved rounds",
+            "kernels-prefill.csv": "every kernel of the profiled prompt phase",
+            "kernels-decode.csv": "every kernel of the profiled decode step",
+            "census.csv": "both phases' kernels and GPU time by kind",
+            "prompt_sweep.csv": (
+                "the prompt phase at each prompt length: kernels, GPU busy, wall time (minimum, quartiles)"
+            ),
+            "trace-prefill.json.gz": "the raw trace of the prompt phase",
+            "trace-decode.json.gz": "the raw trace of the decode step",
+        },
     ),
     Chapter(
         "hybrid-model-token",
@@ -333,6 +457,19 @@ CHAPTERS = [
             "contexts": [8, 64],
         },
         reads=("why-a-gpu",),  # its ceilings (shared.limits); the hybrid's own step walls are its own
+        describes={
+            "ceilings.csv": _CEILINGS,
+            "variants.csv": "each backend and mode of the decode step: kernels, GPU-busy and wall time, status",
+            "step_times.csv": "every clean timing of each backend and mode",
+            "prefill.csv": "the prompt phase of each backend: kernels, GPU-busy and wall time",
+            "cache_growth.csv": "the cache after prompts of each length (attention's KV cache, Gated DeltaNet's state)",
+            "trace-reference-eager.json.gz": "the raw trace of the eager step, transformers' PyTorch Gated DeltaNet",
+            "trace-reference-cuda-graph.json.gz": "the raw trace of its CUDA-graph replay",
+            "trace-reference-compile.json.gz": "the raw trace of it compiled",
+            "trace-fla-eager.json.gz": "the raw trace of the eager step with flash-linear-attention's kernels",
+            "trace-fla-cuda-graph.json.gz": "the raw trace of its CUDA-graph replay",
+            "trace-fla-compile.json.gz": "the raw trace of it compiled",
+        },
     ),
 ]
 
@@ -364,10 +501,31 @@ ONE_TOKEN_TWO_GPUS = Chapter(
     # the one-GPU steps it shows are the shared ones (shared.glue_values reads every owner's run)
     reads=("kernels-in-one-token", "launch-overhead", "why-a-gpu"),
     gpus=2,
+    describes={
+        "ceilings.csv": _CEILINGS + ", on GPU 0",
+        "variants.csv": "each form of the step at TP=1 and split, per rank: kernels, communication, busy and wall time",
+        "step_times.csv": "every clean timing of each form of the step, per degree and rank",
+        "collectives.csv": "every collective one eager step issued, per degree and rank: operation, bytes, dtype",
+        "allreduce.csv": "the all-reduce sweep, per rank, launched one by one and replayed from a CUDA graph: "
+        "message size, latency, algorithm and bus bandwidth",
+        "topology.txt": "nvidia-smi topo -m: how the GPUs are connected (NVLink or PCIe)",
+        **{
+            f"trace-tp{tp}-rank{rank}-{form}.json.gz": f"the raw trace of rank {rank}'s {what} at TP={tp}"
+            for tp in range(1, 9)
+            for rank in range(tp)
+            for form, what in (
+                ("eager", "eager step"),
+                ("cuda-graph", "CUDA-graph replay"),
+                ("compile", "compiled step"),
+            )
+        },
+    },
 )
 
 
 CHAPTERS.append(ONE_TOKEN_TWO_GPUS)
+# A run's tables are checked against these declarations when loaded or written (runs/ imports no chapter code).
+run_tables.declare(CHAPTERS)
 
 
 def find(names: list[str] | None) -> list[Chapter]:
@@ -383,3 +541,14 @@ def find(names: list[str] | None) -> list[Chapter]:
 
 def by_slug(slug: str) -> Chapter:
     return find([slug])[0]
+
+
+def of_module(name: str) -> Chapter:
+    """The entry of the chapter whose module or package holds the module `name` (a module passes its
+    own __name__): a chapter module takes its CHAPTER, load() and progress() from here, so that the
+    registry is the one place that declares them."""
+    parts = name.split(".")
+    by_module = {c.module: c for c in CHAPTERS}
+    if parts[:2] != ["labsupport", "chapters"] or len(parts) < 3 or parts[2] not in by_module:
+        raise LookupError(f"{name} is not the module of a chapter in the registry")
+    return by_module[parts[2]]

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.measure import harness
 from labsupport.traces import kernels, trace
 
-CHAPTER = "model-code-to-kernels"
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 # The MLP's three lines: each is the profiler annotation around it and the key of its rows.
 MLP_LINES = GATE, UP, ACT = ("gate = x @ W_gate", "up = x @ W_up", "h = silu(gate) * up")
 # The three RMSNorms: the key of the rows of rmsnorm_times and rmsnorm_kernels.
@@ -30,10 +31,6 @@ class Params:
     tokens: int = 1  # rows of x: 1 is one decode step at batch 1
     repeats: int = 100
     device: str = "cuda"
-
-
-def progress(msg: str) -> None:
-    print(f"[{CHAPTER}] {msg}", flush=True)
 
 
 def mlp_bytes(hidden: int, inter: int, tokens: int, elem: int = 2) -> dict:
@@ -61,10 +58,6 @@ def spread(ms: pd.Series, prefix: str, scale: float = 1.0) -> dict:
         f"{prefix}_q3": float(v.quantile(0.75)),
         f"{prefix}_max": float(v.max()),
     }
-
-
-def load(run_id: str | None = None) -> runs.Run:
-    return runs.load_run(CHAPTER, run_id)
 
 
 def mlp_table(run: runs.Run) -> pd.DataFrame:

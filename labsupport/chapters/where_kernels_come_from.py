@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.measure import harness
 from labsupport.traces import kernels, trace
 
-CHAPTER = "where-kernels-come-from"
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 FUSED_SOURCE = "fused_rmsnorm_source.py"
 COMPILED_TRACE = "trace-rmsnorm-compiled.json.gz"  # the compiled RMSNorm's profile, kept (newer runs)
 # The host events of a compiled call in its profile: Dynamo's guard check (the cache lookup), the
@@ -53,10 +54,6 @@ class Params:
     contexts: list[int] = field(default_factory=lambda: [256, 4096])
     repeats: int = 100  # timed calls of each RMSNorm variant and each attention backend
     device: str = "cuda"
-
-
-def progress(msg: str) -> None:
-    print(f"[{CHAPTER}] {msg}", flush=True)
 
 
 def decode_kernels(decode_run: runs.Run) -> pd.DataFrame:
@@ -108,10 +105,6 @@ def attention(heads: int, kv_heads: int, head_dim: int, ctx: int) -> dict[str, t
             continue
         out[backend] = (fn, diff)
     return out
-
-
-def load(run_id: str | None = None) -> runs.Run:
-    return runs.load_run(CHAPTER, run_id)
 
 
 def timing_row(t: harness.Timing) -> dict:

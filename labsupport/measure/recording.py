@@ -1,14 +1,14 @@
-"""Open a new run of a chapter: the checks every live chapter makes before it measures, then
-the writer that leaves nothing behind unless the whole block succeeds.
+"""Open a new run of a chapter, the one way every chapter notebook does: the checks every live
+chapter makes before it measures, then a run that is written only when the measuring is done.
 
-    with recording.recording("launch-overhead", params) as run:
-        ...                       # measure; run.write_table("variants", df)
-    # here runs/launch-overhead/<run id>/ exists, whole (labsupport.runs.RunWriter)
+    w = recording.PendingRun("launch-overhead", params, run_id, ceilings=False)
+    ...                           # measure, in one cell or several: w.write_table("variants", df),
+                                  # w.extra["key"] = value, traces under w.path
+    run_id = w.write()            # here runs/launch-overhead/<run id>/ exists, whole
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import shutil
 import tempfile
@@ -36,25 +36,6 @@ def writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool = Fa
     # Beside each profiler trace, the tables replay reads instead of parsing it.
     w.derive = functools.partial(replay.derive_folder, device=prov["device"])
     return w
-
-
-@contextlib.contextmanager
-def recording(
-    chapter: str, params, run_id: str | None = None, *, allow_cpu: bool = False, ceilings: bool = False, progress=print
-):
-    """A new run of `chapter`, open for writing: errors name the chapter, meta.json records how
-    each kind of number was taken (harness.method) and, with `ceilings` on a GPU, the run
-    starts with the measured copy, read and GEMM ceilings (ceilings.csv)."""
-    harness.for_chapter(chapter)
-    hostprobe.reset()
-    hostprobe.read("run opened")
-    with writer(chapter, params, run_id, allow_cpu=allow_cpu) as w:
-        w.extra["method"] = harness.method()
-        if ceilings and getattr(params, "device", "cuda") == "cuda":
-            hardware.record_ceilings(w, progress)
-        yield w
-        hostprobe.read("run written")
-        w.extra["host_probe"] = hostprobe.readings()
 
 
 class PendingRun:

@@ -12,6 +12,12 @@ from pathlib import Path
 from labsupport import runs
 from labsupport.ops import children, history
 from labsupport.runs import promotion
+from labsupport.runs.provenance import REPO_ROOT
+
+# Where the nightly keeps its logs and the built book lies: here, not in nightly.py, so that
+# live (which recovers what a killed nightly left there) need not import nightly, which imports live.
+NIGHTLY_DIR = Path(os.environ.get("LABSUPPORT_NIGHTLY_DIR", REPO_ROOT / "build" / "nightly"))
+BOOK_DIR = Path(os.environ.get("LABSUPPORT_BOOK_DIR", REPO_ROOT / "_build" / "html"))
 
 
 def set_aside(root: Path, run_id: str, aside: Path, complete: bool = True) -> list[str]:

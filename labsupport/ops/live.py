@@ -240,12 +240,10 @@ def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: b
 
 
 def _live(lk, root: Path, selected, per_chapter: dict, publish: bool) -> int:
-    from labsupport.ops import nightly
-
     try:
         for d in (root / "nightly", LOG_DIR):
             runs.check_real_dir(d, "live writes there")
-        for line in leftovers.recover(root, lk.stale, nightly.BOOK_DIR, nightly.NIGHTLY_DIR, LOG_DIR):
+        for line in leftovers.recover(root, lk.stale, leftovers.BOOK_DIR, leftovers.NIGHTLY_DIR, LOG_DIR):
             print(f"before running: {line}", flush=True)
         runs.published(root)  # a damaged manifest or history stops here, before any chapter runs
         history.read(root)

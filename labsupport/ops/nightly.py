@@ -29,11 +29,8 @@ from pathlib import Path
 
 from labsupport import chapters, runs
 from labsupport.ops import bookbuild, children, drift, history, leftovers, live, validate
+from labsupport.ops.leftovers import BOOK_DIR, NIGHTLY_DIR
 from labsupport.runs import lock, promotion
-from labsupport.runs.provenance import REPO_ROOT
-
-NIGHTLY_DIR = Path(os.environ.get("LABSUPPORT_NIGHTLY_DIR", REPO_ROOT / "build" / "nightly"))
-BOOK_DIR = Path(os.environ.get("LABSUPPORT_BOOK_DIR", REPO_ROOT / "_build" / "html"))
 
 
 class NightlyFailure(Exception):

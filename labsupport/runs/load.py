@@ -12,6 +12,7 @@ import pandas as pd
 
 from labsupport.runs import provenance
 from labsupport.runs.paths import FILE_PATTERN, MANIFEST, RunError, check_chapter, check_run_id, run_dir, runs_root
+from labsupport.runs.tables import check_values, declared_columns, first_line, read_table
 from labsupport.runs.writer import sha256
 
 
@@ -51,7 +52,7 @@ class Run:
         """A CSV table of the run, with the columns its chapter declares (chapters.py); an
         empty, unreadable or short table is a RunError naming the file."""
         path = self.file(f"{name}.csv")
-        df = read_table(path, _declared_columns(self.chapter, path.name), **read_csv_args)
+        df = read_table(path, declared_columns(self.chapter, path.name), **read_csv_args)
         check_values(df, path, self.chapter)
         return df
 
@@ -60,68 +61,6 @@ class Run:
         """A one-line provenance footer for figures."""
         p = self.provenance
         return f"{p['gpu']} · run {self.run_id} · {p['utc_time'][:10]} · torch {p['torch']}"
-
-
-def _declared_columns(chapter: str, name: str) -> tuple[str, ...]:
-    from labsupport import chapters
-
-    known = {c.slug: c for c in chapters.CHAPTERS}
-    return known[chapter].columns.get(name, ()) if chapter in known else ()
-
-
-def check_values(df: pd.DataFrame, path: Path, chapter: str) -> None:
-    """Every number in a column the chapter registry gives a range (chapters.RANGES, a
-    chapter's `ranges`) is a finite number within it; a missing value only where the row's
-    status is not "ok" (a batch that ran out of memory, say) or the registry declares the column
-    may lack it (Chapter.may_lack). Else one RunError naming the
-    file, the column and the (1-based data) row."""
-    from labsupport import chapters
-
-    ch = next((c for c in chapters.CHAPTERS if c.slug == chapter), None)
-    if ch is None or df.empty:
-        return
-    may_lack = (df["status"].astype(str) != "ok").to_numpy() if "status" in df.columns else None
-    for col in df.columns:
-        bounds = ch.range_of(path.name, str(col))
-        if bounds is None:
-            continue
-        raw = df[col]
-        if raw.dtype == bool:
-            raise RunError(f"{path}: column {col}, row 1: {raw.iloc[0]!r} is not a number")
-        values = pd.to_numeric(raw, errors="coerce").astype(float).to_numpy()
-        lo, hi = bounds
-        for i, v in enumerate(values):
-            if v == v and lo <= v <= hi:
-                continue
-            if v != v and raw.iloc[i] is not None and raw.iloc[i] == raw.iloc[i]:  # text, not a number
-                raise RunError(f"{path}: column {col}, row {i + 1}: {str(raw.iloc[i])[:40]!r} is not a number")
-            if v != v and ((may_lack is not None and may_lack[i]) or ch.lacks_allowed(path.name, str(col))):
-                continue
-            what = "missing (NaN)" if v != v else f"{float(v)!r} is outside [{lo:g}, {hi:g}]"
-            raise RunError(f"{path}: column {col}, row {i + 1}: {what}")
-
-
-def read_table(path: Path, required=(), **read_csv_args) -> pd.DataFrame:
-    """Read a CSV file of a run: empty, unparsable or lacking a `required` column is one
-    RunError naming the file."""
-    try:
-        df = pd.read_csv(path, **read_csv_args)
-    except pd.errors.EmptyDataError:
-        raise RunError(f"{path} is empty") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
-        raise RunError(f"{path} is not a readable table: {_first_line(e)}") from None
-    missing = [c for c in required if c not in df.columns]
-    if missing:
-        raise RunError(
-            f"{path} lacks column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-            f"(it has {', '.join(map(str, df.columns))})"
-        )
-    return df
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 MAX_TRACE_BYTES = int(os.environ.get("LABSUPPORT_MAX_TRACE_BYTES", 512 << 20))  # decompressed
@@ -143,7 +82,7 @@ def _check_json(path: Path, digest: str) -> None:
             )
         json.loads(data)
     except (OSError, EOFError, ValueError) as e:  # gzip: truncated/corrupt; json: not JSON
-        raise RunError(f"{path} is not a readable trace: {_first_line(e)}") from None
+        raise RunError(f"{path} is not a readable trace: {first_line(e)}") from None
     _JSON_CHECKED.add(key)
 
 
@@ -157,7 +96,7 @@ def published(root: Path | None = None) -> dict[str, str]:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunError(f"{path} is corrupt: {_first_line(e)}") from None
+        raise RunError(f"{path} is corrupt: {first_line(e)}") from None
     if not isinstance(data, dict):
         raise RunError(f"{path} is corrupt: expected an object mapping chapters to run ids")
     for chapter, run_id in data.items():
@@ -220,7 +159,7 @@ def load_run(chapter: str, run_id: str | None = None, root: Path | None = None, 
     except FileNotFoundError:
         raise RunError(f"run {run_id!r} of chapter {chapter!r} is incomplete: no meta.json") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunError(f"run {run_id!r} of chapter {chapter!r} is corrupt: meta.json: {_first_line(e)}") from None
+        raise RunError(f"run {run_id!r} of chapter {chapter!r} is corrupt: meta.json: {first_line(e)}") from None
     _check_meta(meta, chapter, run_id, meta_path)
     if verify:
         for name, digest in meta["files"].items():

@@ -103,7 +103,7 @@ class RunWriter:
     def _check_tables(self, files: list[Path]) -> None:
         """Every table readable and every number in its declared range (chapters.RANGES),
         checked before the run exists: a bad value is one RunError naming file, column, row."""
-        from labsupport.runs.load import check_values, read_table
+        from labsupport.runs.tables import check_values, read_table
 
         for p in files:
             if p.suffix == ".csv":

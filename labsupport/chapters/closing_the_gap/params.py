@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labsupport import runs
+from labsupport import chapters
 from labsupport.measure import gemv_fp8
 
-CHAPTER = "closing-the-gap"
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 # The rungs, by data key, in ladder order, with the label the page shows for each. The first
 # four are transformers' model; the rest are our own decode step (labsupport.measure.qwen3_decode).
 RUNGS = {
@@ -110,15 +111,5 @@ class Params:
     device: str = "cuda"
 
 
-def progress(msg: str) -> None:
-    """A line of the live recording's log, naming the chapter."""
-    print(f"[{CHAPTER}] {msg}", flush=True)
-
-
 def trace_file(rung: str) -> str:
     return f"trace-{rung}.json.gz"
-
-
-def load(run_id: str | None = None) -> runs.Run:
-    """The published run (or `run_id`) of this chapter."""
-    return runs.load_run(CHAPTER, run_id)

@@ -1,7 +1,7 @@
-"""What the notebook's live cells call while they measure: the run's parameters, the facts of
-the model built, and the rows of the run's tables, filled as each variant is timed and profiled.
-
-A variant that cannot run, or fails, is recorded with the reason, never left out silently.
+"""The chapter's names (its run's tables and columns, the modes and backends measured, the parts of the model the
+census groups kernels by, the trace file of each variant) and what the notebook's live cells call while they measure:
+the run's parameters, the facts of the model built, and the rows of the run's tables, filled as each variant is timed
+and profiled. A variant that cannot run, or fails, is recorded with the reason, never left out silently.
 """
 
 from __future__ import annotations
@@ -13,15 +13,75 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from labsupport.chapters.hybrid_model_token.keys import (
-    CHAPTER,
-    MODES,
-    PREFILL_COLUMNS,
-    STEP_TIME_COLUMNS,
-    VARIANT_COLUMNS,
-)
+from labsupport import chapters
 from labsupport.measure import gated_deltanet, harness
 from labsupport.traces import trace
+
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
+ARTIFACTS = ENTRY.artifacts
+# The columns of the run's tables, written even when nothing ran.
+VARIANT_COLUMNS = [
+    "backend",
+    "mode",
+    "status",
+    "kernels",
+    "gpu_busy_ns",
+    "kernel_ns",
+    "launch_calls",
+    "wall_ms_median",
+    "wall_ms_min",
+    "wall_ms_max",
+    "wall_ms_q1",
+    "wall_ms_q3",
+    "issue_ms_median",
+    "clean",
+    "graphs_compiled_while_profiling",
+    "compile_s",
+]
+STEP_TIME_COLUMNS = ["backend", "mode", "repeat", "wall_ms", "issue_ms", "gpu_ms", "clean", "round"]
+PREFILL_COLUMNS = [
+    "backend",
+    "status",
+    "tokens",
+    "kernels",
+    "gpu_busy_ns",
+    "wall_ms_median",
+    "wall_ms_min",
+    "wall_ms_max",
+    "wall_ms_q1",
+    "wall_ms_q3",
+    "clean",
+]
+CACHE_GROWTH_COLUMNS = list(ENTRY.columns["cache_growth.csv"])  # as the registry declares them
+MODES = {
+    "eager": "eager, dynamic cache (as written)",
+    "cuda-graph": "CUDA graph (static cache)",
+    "compile": 'torch.compile "reduce-overhead" (static cache)',
+}
+# The same, short, for narrow tables (the prose says what each is).
+MODES_SHORT = {"eager": "eager", "cuda-graph": "CUDA graph", "compile": "torch.compile"}
+# What each part of a decoder layer is, for the census by layer type.
+GROUPS = {"linear_attn": "linear attention (Gated DeltaNet)", "self_attn": "full attention", "mlp": "MLP"}
+# ... and the kernels outside the decoder layers.
+OUTSIDE = {
+    "lm_head": "LM head",
+    "norm": "final norm",
+    "embed_tokens": "embedding lookup",
+    "rotary_emb": "rotary position tables",
+    "sample": "sampling (argmax)",
+    "model": "model glue (masks, positions)",
+}
+
+
+def wall_column(table) -> str:
+    """The column a wall time is read from: the minimum of the timed repeats (the book's estimator for
+    host-timed numbers), which every run of the chapter recorded; the median in a table without it."""
+    return "wall_ms_min" if "wall_ms_min" in table else "wall_ms_median"
+
+
+def trace_file(backend: str, mode: str) -> str:
+    return f"trace-{backend}-{mode}.json.gz"
 
 
 @dataclass
@@ -36,10 +96,6 @@ class Params:
     compile_backends: list[str] = field(default_factory=lambda: ["reference", "fla"])
     contexts: list[int] = field(default_factory=lambda: [512, 4096, 32768])
     device: str = "cuda"
-
-
-def progress(msg: str) -> None:
-    print(f"[{CHAPTER}] {msg}", flush=True)
 
 
 def check_backends(backends: list[str], device: str) -> None:

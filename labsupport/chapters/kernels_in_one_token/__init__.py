@@ -14,98 +14,25 @@ the context sweep (kernels by call path). Replay: every table and number of the 
     figures      the chapter's figures
 """
 
-from labsupport.chapters.kernels_in_one_token.analysis import (
-    Summary,
-    attention_kernel_names,
-    census_beside_published,
-    clean_times,
-    context_ops,
-    context_sweep,
-    context_wall_text,
-    fresh_processes,
-    headline,
-    kernel_table,
-    layer_kernels,
-    layer_parts,
-    middle_layer,
-    outside_layers,
-    per_layer,
-    profiler_effect,
-    recompute_census,
-    shared,
-    static_at_prompt,
-    static_copies,
-    summary,
-)
-from labsupport.chapters.kernels_in_one_token.figures import (
-    attention_share_figure,
-    bandwidth_figure,
-    census_figure,
-    gemv_figure,
-    kv_cache_figure,
-    layer_parts_figure,
-)
-from labsupport.chapters.kernels_in_one_token.matrices import (
-    PROJECTIONS,
-    gemv_by_shape,
-    kv_bytes_per_token,
-    kv_cache_text,
-    kv_cache_traffic,
-    projection_shapes,
-)
-from labsupport.chapters.kernels_in_one_token.measuring import (
-    ContextSweep,
-    call_paths,
-    context_row,
-    ops_rows,
-    pending_run,
-    profiler_effect_table,
-)
-from labsupport.chapters.kernels_in_one_token.params import CHAPTER, TRACE_FILE, Params, load, progress
+# ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
+from __future__ import annotations
 
-__all__ = [
-    "shared",
-    "CHAPTER",
-    "TRACE_FILE",
-    "Params",
-    "load",
-    "progress",
-    "pending_run",
-    "ContextSweep",
-    "context_row",
-    "call_paths",
-    "ops_rows",
-    "profiler_effect_table",
-    "Summary",
-    "summary",
-    "kernel_table",
-    "recompute_census",
-    "fresh_processes",
-    "profiler_effect",
-    "census_beside_published",
-    "per_layer",
-    "outside_layers",
-    "layer_kernels",
-    "layer_parts",
-    "middle_layer",
-    "context_sweep",
-    "context_wall_text",
-    "context_ops",
-    "static_copies",
-    "static_at_prompt",
-    "clean_times",
-    "attention_kernel_names",
-    "headline",
-    "PROJECTIONS",
-    "projection_shapes",
-    "gemv_by_shape",
-    "kv_bytes_per_token",
-    "kv_cache_traffic",
-    "kv_cache_text",
-    "census_figure",
-    "bandwidth_figure",
-    "layer_parts_figure",
-    "attention_share_figure",
-    "gemv_figure",
-    "kv_cache_figure",
-]
+# fmt: off
+from .analysis import (
+    attention_kernel_names, census_beside_published, clean_times, context_ops, context_sweep, context_wall_text,
+    fresh_processes, headline, kernel_table, layer_kernels, layer_parts, middle_layer, outside_layers, per_layer,
+    profiler_effect, recompute_census, shared, static_at_prompt, static_copies, Summary, summary,
+)
+from .figures import (
+    attention_share_figure, bandwidth_figure, census_figure, gemv_figure, kv_cache_figure, layer_parts_figure,
+)
+from .matrices import (
+    gemv_by_shape, kv_bytes_per_token, kv_cache_text, kv_cache_traffic, projection_shapes, PROJECTIONS,
+)
+from .measuring import (
+    call_paths, context_row, ContextSweep, ops_rows, pending_run, profiler_effect_table,
+)
+from .params import (
+    CHAPTER, load, Params, progress, TRACE_FILE,
+)
+# fmt: on

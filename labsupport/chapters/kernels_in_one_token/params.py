@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from labsupport import runs
+from labsupport import chapters
 
-CHAPTER = "kernels-in-one-token"
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 TRACE_FILE = "trace.json.gz"
 
 
@@ -22,13 +23,3 @@ class Params:
     context_repeats: int = 12  # rounds at every other context
     fresh_processes: int = 3  # fresh processes that time the eager step (none of them profiles)
     device: str = "cuda"
-
-
-def progress(msg: str) -> None:
-    """A line of the live recording's log, naming the chapter."""
-    print(f"[{CHAPTER}] {msg}", flush=True)
-
-
-def load(run_id: str | None = None) -> runs.Run:
-    """The published run (or `run_id`) of this chapter."""
-    return runs.load_run(CHAPTER, run_id)

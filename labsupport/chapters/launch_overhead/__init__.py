@@ -15,59 +15,26 @@ profiled step and what the static cache adds, all computed from the run here.
     figures       the breakdown figure
 """
 
-from labsupport.chapters.launch_overhead.analysis import (
-    EagerSummary,
-    breakdown,
-    eager_summary,
-    headline,
-    kernel_table,
-    measured_column,
-    one_layer,
-    profiled_note,
-    shared,
-    timing_note,
-    variants,
-    wall_stats,
-)
-from labsupport.chapters.launch_overhead.figures import breakdown_figure
-from labsupport.chapters.launch_overhead.measuring import (
-    failure,
-    first_line,
-    pending_run,
-    variant_row,
-    variants_table,
-)
-from labsupport.chapters.launch_overhead.params import (
-    CHAPTER,
-    OWNED,
-    SHARED_PREFIX,
-    STEP_TIME_COLUMNS,
-    VARIANT_COLUMNS,
-    VARIANTS,
-    Params,
-    load,
-    progress,
-    trace_file,
-)
-from labsupport.chapters.launch_overhead.static_cache import (
-    STATIC_CACHE_CALLS,
-    StaticCacheSummary,
-    call_paths,
-    static_cache_diff,
-    static_cache_summary,
-    what_call,
-)
+# ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
+from __future__ import annotations
+
 from labsupport.measure.steps import StaticStep, graphs_compiled  # what tests/test_hybrid.py imports from here
 
-__all__ = [
-    "shared",
-    "CHAPTER", "OWNED", "SHARED_PREFIX", "VARIANTS", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "Params", "load",
-    "progress", "trace_file",
-    "pending_run", "failure", "first_line", "variant_row", "variants_table",
-    "kernel_table", "one_layer", "measured_column", "timing_note", "variants", "wall_stats", "breakdown",
-    "profiled_note",
-    "EagerSummary",
-    "eager_summary", "headline",
-    "call_paths", "STATIC_CACHE_CALLS", "what_call", "static_cache_diff", "StaticCacheSummary", "static_cache_summary",
-    "breakdown_figure", "StaticStep", "graphs_compiled",
-]  # fmt: skip
+# fmt: off
+from .analysis import (
+    breakdown, eager_summary, EagerSummary, headline, kernel_table, measured_column, one_layer, profiled_note,
+    shared, timing_note, variants, wall_stats,
+)
+from .figures import (
+    breakdown_figure,
+)
+from .measuring import (
+    failure, first_line, pending_run, variant_row, variants_table,
+)
+from .params import (
+    CHAPTER, load, OWNED, Params, progress, SHARED_PREFIX, STEP_TIME_COLUMNS, trace_file, VARIANT_COLUMNS, VARIANTS,
+)
+from .static_cache import (
+    call_paths, STATIC_CACHE_CALLS, static_cache_diff, static_cache_summary, StaticCacheSummary, what_call,
+)
+# fmt: on

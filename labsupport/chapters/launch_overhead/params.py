@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labsupport import runs
+from labsupport import chapters
 
-CHAPTER = "launch-overhead"
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 # The variants of the step, by data key, with the label the page shows for each (at display time).
 VARIANTS = {
     "eager": "eager, dynamic cache (as written)",
@@ -39,15 +40,5 @@ class Params:
     device: str = "cuda"
 
 
-def progress(msg: str) -> None:
-    """A line of the live recording's log, naming the chapter."""
-    print(f"[{CHAPTER}] {msg}", flush=True)
-
-
 def trace_file(variant: str) -> str:
     return f"trace-{variant}.json.gz"
-
-
-def load(run_id: str | None = None) -> runs.Run:
-    """The published run (or `run_id`) of this chapter."""
-    return runs.load_run(CHAPTER, run_id)

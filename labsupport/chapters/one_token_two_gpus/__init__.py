@@ -15,65 +15,27 @@ communication kind, the curve, and the answer, all computed from the run here.
     figures    allreduce_figure, ranks_timeline
 """
 
-from labsupport.chapters.one_token_two_gpus.analysis import (
-    SHARED_ONE_GPU,
-    Answer,
-    Collectives,
-    agreement,
-    agreement_text,
-    allreduce_curve,
-    answer,
-    at_bytes,
-    best,
-    census,
-    collectives,
-    degrees,
-    headline,
-    kernel_table,
-    layer_kernels,
-    main_form,
-    published_allreduce_us,
-    references,
-    split_degree,
-    steps,
-    steps_shown,
-    time_split,
+# ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
+from __future__ import annotations
+
+# fmt: off
+from .analysis import (
+    agreement, agreement_text, allreduce_curve, answer, Answer, at_bytes, best, census, Collectives, collectives,
+    degrees, headline, kernel_table, layer_kernels, main_form, published_allreduce_us, references, SHARED_ONE_GPU,
+    split_degree, steps, steps_shown, time_split,
 )
-from labsupport.chapters.one_token_two_gpus.figures import COLORS, allreduce_figure, ranks_timeline
-from labsupport.chapters.one_token_two_gpus.measuring import (
-    TooFewGPUs,
-    collect,
-    gpus_here,
-    launch,
-    pending_run,
-    record_topology,
-    relaunch_eager,
-    require_gpus,
+from .figures import (
+    allreduce_figure, COLORS, ranks_timeline,
+)
+from .measuring import (
+    collect, gpus_here, launch, pending_run, record_topology, relaunch_eager, require_gpus, TooFewGPUs,
     torchrun_command,
 )
-from labsupport.chapters.one_token_two_gpus.params import (
-    ALLREDUCE_COLUMNS,
-    CHAPTER,
-    COLLECTIVE_COLUMNS,
-    SHORT,
-    STEP_TIME_COLUMNS,
-    VARIANT_COLUMNS,
-    VARIANTS,
-    Params,
-    load,
-    progress,
-    trace_file,
+from .params import (
+    ALLREDUCE_COLUMNS, CHAPTER, COLLECTIVE_COLUMNS, load, Params, progress, SHORT, STEP_TIME_COLUMNS, trace_file,
+    VARIANT_COLUMNS, VARIANTS,
 )
-from labsupport.chapters.one_token_two_gpus.topology import interconnect, link_between, recorded_interconnect
-
-__all__ = [
-    "CHAPTER", "VARIANTS", "SHORT", "VARIANT_COLUMNS", "STEP_TIME_COLUMNS", "COLLECTIVE_COLUMNS", "ALLREDUCE_COLUMNS",
-    "Params", "load", "progress", "trace_file",
-    "TooFewGPUs", "gpus_here", "require_gpus", "pending_run", "torchrun_command", "launch", "relaunch_eager", "collect",
-    "link_between", "interconnect", "record_topology", "recorded_interconnect",
-    "degrees", "split_degree", "steps", "kernel_table", "layer_kernels", "census", "Collectives", "collectives",
-    "allreduce_curve",
-    "at_bytes", "agreement", "agreement_text", "Answer", "answer", "references", "published_allreduce_us", "headline",
-    "main_form", "best", "time_split", "SHARED_ONE_GPU", "steps_shown",
-    "COLORS", "allreduce_figure", "ranks_timeline",
-]  # fmt: skip
+from .topology import (
+    interconnect, link_between, recorded_interconnect,
+)
+# fmt: on

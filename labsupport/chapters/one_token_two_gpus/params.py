@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from labsupport import runs
+from labsupport import chapters
 from labsupport.measure import allreduce
 
-CHAPTER = "one-token-two-gpus"
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 # The forms of the step, by data key, with the label the page shows for each.
 VARIANTS = {
     "eager": "eager, dynamic cache (as written)",
@@ -16,10 +17,10 @@ VARIANTS = {
     "compile": 'torch.compile, mode "reduce-overhead"',
 }
 SHORT = {"eager": "eager step", "cuda-graph": "CUDA-graph step", "compile": "compiled step"}  # for sentences
-STEP_TIME_COLUMNS = ("tp", "rank", "variant", "repeat", "wall_ms")
+STEP_TIME_COLUMNS = ENTRY.columns["step_times.csv"]  # as the registry declares them
 VARIANT_COLUMNS = ("tp", "rank", "variant", "status")
-COLLECTIVE_COLUMNS = ("tp", "rank", "seq", "op", "bytes", "dtype")
-ALLREDUCE_COLUMNS = ("rank", "world", "bytes", "latency_us_median", "busbw_gbs")
+COLLECTIVE_COLUMNS = ENTRY.columns["collectives.csv"]  # as the registry declares them
+ALLREDUCE_COLUMNS = ENTRY.columns["allreduce.csv"]  # as the registry declares them
 
 
 @dataclass
@@ -35,16 +36,6 @@ class Params:
     device: str = "cuda"
 
 
-def progress(msg: str) -> None:
-    """A line of the live recording's log, naming the chapter."""
-    print(f"[{CHAPTER}] {msg}", flush=True)
-
-
 def trace_file(tp: int, rank: int, variant: str) -> str:
     """The run's trace of one rank's profiled step of `variant` at tensor-parallel degree `tp`."""
     return f"trace-tp{tp}-rank{rank}-{variant}.json.gz"
-
-
-def load(run_id: str | None = None) -> runs.Run:
-    """The published run (or `run_id`) of this chapter."""
-    return runs.load_run(CHAPTER, run_id)

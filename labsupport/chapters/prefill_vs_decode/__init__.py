@@ -21,164 +21,32 @@ from the registry, and ceilings.csv on a GPU) and meta.json's results: the model
 (for FLOP and byte counts), the weight shapes of the decoder layer whose matrix multiplies
 are compared, and how each kind of number was taken (`method`; newer runs).
 
-The modules: names (files, phases, keys), work (the FLOP and byte model), measure (what the
-live cells call), tables, phases, sweep, roofline, ridges, ceilings (the analysis of a loaded
-run), figures and roofline_figure.
+The modules, one concern each: measuring (the chapter's names, the FLOP and byte model, what the
+live cells call), analysis (a loaded run's tables, each phase, the layer's matrix multiplies and
+the prompt sweep), ceilings (every rate against the ceilings: roofline, ridges, headline) and
+figures. Their public names are the package's.
 """
 
+# ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
 from __future__ import annotations
 
-from labsupport import runs
-
-from .ceilings import achieved_rates, ceiling_notes, ceilings_row, headline
-from .figures import gemm_rates, phase_census_bars, prompt_sweep_figure, utilisation_bars
-from .measure import (
-    KIND_COLUMNS,
-    Params,
-    annotate,
-    annotated_kernels,
-    census_table,
-    free,
-    kind_column,
-    model_record,
-    profile_prefill,
-    profile_sweep,
-    sweep_row,
-    time_passes,
+# fmt: off
+from .analysis import (
+    Bandwidth, bandwidth, census, crossover, Crossover, kernel_table, layer_gemm_kernels, layer_gemm_table,
+    layer_gemms, Limits, limits, measured_ridge, passes_table, Phase, phase_table, phases, prefill_timing,
+    PrefillTiming, prompt_sweep, recompute_kernels, roofline, shape, TIME_LABELS, utilisation,
 )
-from .names import (
-    ARTIFACTS,
-    CHAPTER,
-    COLUMNS,
-    GEMM_MODULES,
-    LM_HEAD,
-    MATMUL,
-    ORIGIN,
-    PHASES,
-    ROOFLINE_MODULES,
-    SHORT,
-    kernels_table_name,
-    progress,
-    trace_file,
+from .ceilings import (
+    achieved_rates, attainable, ceiling_notes, ceilings_row, gemm_points, headline, none_as_nan, pass_points, Ridge,
+    RIDGE_GPUS, ridge_table, ridge_text, ridges, roofline_clusters, roofline_table, RooflineCluster,
 )
-from .phases import (
-    TIME_LABELS,
-    Phase,
-    PrefillTiming,
-    census,
-    passes_table,
-    phase_table,
-    phases,
-    prefill_timing,
-    utilisation,
+from .figures import (
+    gemm_rates, phase_census_bars, prompt_sweep_figure, roofline_figure, utilisation_bars,
 )
-from .ridges import RIDGE_GPUS, Ridge, none_as_nan, ridge_table, ridge_text, ridges
-from .roofline import (
-    RooflineCluster,
-    attainable,
-    gemm_points,
-    pass_points,
-    roofline_clusters,
-    roofline_table,
+from .measuring import (
+    annotate, annotated_kernels, ARTIFACTS, census_table, CHAPTER, COLUMNS, forward_work, free, GEMM_MODULES,
+    kernels_table_name, kind_column, KIND_COLUMNS, LM_HEAD, load, MATMUL, matmul_intensity, model_record,
+    model_shape, ModelShape, ORIGIN, Params, phase_work, PHASES, preset_shape, profile_prefill, profile_sweep,
+    progress, ROOFLINE_MODULES, SHORT, sweep_row, time_passes, tokens_at_intensity, trace_file, Work,
 )
-from .roofline_figure import roofline_figure
-from .sweep import Crossover, crossover, layer_gemm_kernels, layer_gemm_table, layer_gemms, prompt_sweep, roofline
-from .tables import Bandwidth, Limits, bandwidth, kernel_table, limits, measured_ridge, recompute_kernels, shape
-from .work import (
-    ModelShape,
-    Work,
-    forward_work,
-    matmul_intensity,
-    model_shape,
-    phase_work,
-    preset_shape,
-    tokens_at_intensity,
-)
-
-
-def load(run_id: str | None = None) -> runs.Run:
-    """The published run (or `run_id`) of this chapter."""
-    return runs.load_run(CHAPTER, run_id)
-
-
-__all__ = [
-    "achieved_rates",
-    "annotate",
-    "annotated_kernels",
-    "ARTIFACTS",
-    "attainable",
-    "Bandwidth",
-    "bandwidth",
-    "ceiling_notes",
-    "ceilings_row",
-    "census",
-    "census_table",
-    "CHAPTER",
-    "COLUMNS",
-    "Crossover",
-    "crossover",
-    "forward_work",
-    "free",
-    "GEMM_MODULES",
-    "gemm_points",
-    "gemm_rates",
-    "headline",
-    "kernel_table",
-    "kernels_table_name",
-    "kind_column",
-    "KIND_COLUMNS",
-    "layer_gemm_kernels",
-    "layer_gemm_table",
-    "layer_gemms",
-    "Limits",
-    "limits",
-    "LM_HEAD",
-    "load",
-    "MATMUL",
-    "matmul_intensity",
-    "measured_ridge",
-    "model_record",
-    "model_shape",
-    "ModelShape",
-    "none_as_nan",
-    "ORIGIN",
-    "Params",
-    "pass_points",
-    "Phase",
-    "phase_census_bars",
-    "phase_table",
-    "phase_work",
-    "PHASES",
-    "passes_table",
-    "phases",
-    "prefill_timing",
-    "PrefillTiming",
-    "preset_shape",
-    "profile_prefill",
-    "profile_sweep",
-    "progress",
-    "prompt_sweep",
-    "prompt_sweep_figure",
-    "recompute_kernels",
-    "Ridge",
-    "RIDGE_GPUS",
-    "ridge_table",
-    "ridge_text",
-    "ridges",
-    "roofline",
-    "roofline_clusters",
-    "roofline_figure",
-    "ROOFLINE_MODULES",
-    "roofline_table",
-    "RooflineCluster",
-    "shape",
-    "SHORT",
-    "sweep_row",
-    "time_passes",
-    "TIME_LABELS",
-    "tokens_at_intensity",
-    "trace_file",
-    "utilisation",
-    "utilisation_bars",
-    "Work",
-]
+# fmt: on

@@ -5,70 +5,19 @@ asynchronous queue between the CPU and the GPU.
 The notebook measures (live) with the harness and the helpers of `measure`, writes the run,
 then reads it back with `analysis` and draws with `figures`."""
 
-from .analysis import (
-    Cache,
-    add_kernels,
-    add_table,
-    burst_kernels,
-    cache,
-    hbm_add,
-    hbm_text,
-    headline,
-    l2_text,
-    launch_config,
-    launches,
-    load,
-    per_call_us,
-    queue_summary,
-    sync_costs,
-    sync_table,
-)
-from .figures import queue
-from .measure import (
-    BURST_TRACE,
-    CHAPTER,
-    OUR_ADD,
-    PROFILE_REGION,
-    SYNC_IDLE,
-    SYNC_ITEM,
-    SYNC_TINY,
-    TORCH_ADD,
-    Params,
-    l2_cache_bytes,
-    per_call_row,
-    progress,
-    wait_row,
-)
+# ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
+from __future__ import annotations
 
-__all__ = [
-    "BURST_TRACE",
-    "CHAPTER",
-    "OUR_ADD",
-    "PROFILE_REGION",
-    "SYNC_IDLE",
-    "SYNC_ITEM",
-    "SYNC_TINY",
-    "TORCH_ADD",
-    "Cache",
-    "Params",
-    "add_kernels",
-    "add_table",
-    "burst_kernels",
-    "cache",
-    "hbm_add",
-    "hbm_text",
-    "headline",
-    "l2_cache_bytes",
-    "l2_text",
-    "launch_config",
-    "launches",
-    "load",
-    "per_call_row",
-    "per_call_us",
-    "progress",
-    "queue",
-    "queue_summary",
-    "sync_costs",
-    "sync_table",
-    "wait_row",
-]
+# fmt: off
+from .analysis import (
+    add_kernels, add_table, burst_kernels, cache, Cache, hbm_add, hbm_text, headline, l2_text, launch_config,
+    launches, per_call_us, queue_summary, sync_costs, sync_table,
+)
+from .figures import (
+    queue,
+)
+from .measure import (
+    BURST_TRACE, CHAPTER, l2_cache_bytes, load, OUR_ADD, Params, per_call_row, PROFILE_REGION, progress, SYNC_IDLE,
+    SYNC_ITEM, SYNC_TINY, TORCH_ADD, wait_row,
+)
+# fmt: on

@@ -13,7 +13,7 @@ from labsupport.chapters import shared
 from labsupport.measure import hardware
 from labsupport.traces import kernels, trace
 
-from .measure import BURST_TRACE, CHAPTER, OUR_ADD, TORCH_ADD
+from .measure import BURST_TRACE, OUR_ADD, TORCH_ADD
 
 
 def _dims_product(s) -> float:
@@ -46,10 +46,6 @@ def launch_config(k: pd.DataFrame) -> pd.DataFrame:
 
 
 # Replay ---------------------------------------------------------------------------------
-
-
-def load(run_id: str | None = None) -> runs.Run:
-    return runs.load_run(CHAPTER, run_id)
 
 
 def add_kernels(run: runs.Run) -> pd.DataFrame:

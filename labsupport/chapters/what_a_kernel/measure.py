@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labsupport import chapters
 from labsupport.measure import harness
 
-CHAPTER = "what-a-kernel"
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 BURST_TRACE = "burst_trace.json.gz"
 # The two implementations of the add: the key of each row of add_times, hbm_add and add_kernels.
 TORCH_ADD, OUR_ADD = "torch (a + b)", "ours (Triton)"
@@ -33,10 +35,6 @@ class Params:
     hbm_n: int = 1 << 28  # elements per vector of the add that does not fit in L2 (3 GiB moved)
     repeats: int = 100
     device: str = "cuda"
-
-
-def progress(msg: str) -> None:
-    print(f"[{CHAPTER}] {msg}", flush=True)
 
 
 def l2_cache_bytes() -> int | None:

@@ -1,4 +1,6 @@
-"""The chapter's own figures: what a step reads, its times against the limits, throughput."""
+"""The chapter's own figures: what a step reads, its times against the limits, throughput; and the live notebook's
+explorer of the sweep (not shown in the web book).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from labsupport import figures as plots
 from labsupport import runs
 from labsupport.measure import hardware
 
-from .batch_sweep import COMPUTE, MEMORY, OVERHEAD, ridge, sweep
+from .batch_sweep import COMPUTE, MEMORY, OVERHEAD, bound_at, ridge, sweep
 from .one_token import practical_ceiling_tbs
 
 # The shading of each regime in the throughput figure.
@@ -210,3 +212,25 @@ def throughput_figure(run: runs.Run):
     ax.set_ylim(top=ax.get_ylim()[1] * 6)  # room for the regimes' names
     ax.legend(fontsize=10, frameon=False, loc="lower right")
     return plots.finish(fig, run.label)
+
+
+def explorer(run: runs.Run):
+    """An ipywidgets explorer of the sweep: pick a batch size, read time, tokens/s, bound."""
+    import ipywidgets as widgets
+
+    s = sweep(run).set_index("batch")
+
+    def show(batch):
+        r = s.loc[batch]
+        return (
+            f"<b>batch {batch}</b>: GPU time {r['GPU ms']:.2f} ms per step, wall {r['wall ms']:.2f} ms (minimum); "
+            f"{r['tokens/s']:,.0f} tokens/s (GPU alone could do {r['GPU tokens/s']:,.0f}); "
+            f"weights+KV read at {r['TB/s']:.2f} TB/s; matmuls at {r['matmul TFLOP/s']:.0f} TFLOP/s; "
+            f"{bound_at(run, batch)}"
+        )
+
+    first = s.index.min()
+    slider = widgets.SelectionSlider(options=list(s.index), value=first, description="batch")
+    out = widgets.HTML(show(first))
+    slider.observe(lambda change: setattr(out, "value", show(change["new"])), names="value")
+    return widgets.VBox([slider, out])

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from labsupport import chapters
 from labsupport.measure import harness
 from labsupport.traces import kernels, trace
 
-CHAPTER = "why-a-gpu"
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 DECODE_WARMUP = 2  # untimed (or traced-and-discarded) steps per batch size, each after a fresh prefill
 
 # What each time in the matvec table is.
@@ -36,10 +38,6 @@ class Params:
     rounds: int = 20  # timed steps per batch size, one per round (interleaved)
     matvec_repeats: int = 20
     device: str = "cuda"
-
-
-def progress(msg: str) -> None:
-    print(f"[{CHAPTER}] {msg}", flush=True)
 
 
 def kv_bytes_per_token(cfg) -> int:

@@ -10,14 +10,10 @@ import pandas as pd
 from labsupport import runs
 from labsupport.measure import hardware, models
 
-from .measuring import CHAPTER, HOST_CLOCK, KERNEL_TIME, PER_CALL
+from .measuring import HOST_CLOCK, KERNEL_TIME, PER_CALL
 
 # The rows of the arithmetic table (data keys; labels come from ceilings_label at display time).
 DATASHEET, MEASURED = "datasheet", "measured"
-
-
-def load(run_id: str | None = None) -> runs.Run:
-    return runs.load_run(CHAPTER, run_id)
 
 
 def only(values: pd.Series):

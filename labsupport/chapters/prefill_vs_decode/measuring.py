@@ -1,9 +1,11 @@
-"""What the notebook's live cells call to measure: the parameters of a run, the model's
-description for meta.json, the interleaved timing of the decode step and the prefills, the profile of one prefill,
-the kernel tables, and the prompt sweep's rows.
+"""What the chapter measures and how: its names (run folder and files from the registry, its two phases, the keys its
+tables use for the matrices they compare; display labels in SHORT), the FLOP and byte model of a forward pass of batch 1
+(the model's shape, a pass's work, the arithmetic intensity of a prefill's matrix multiplies), and what the notebook's
+live cells call to measure: the parameters of a run, the model's description for meta.json, the interleaved timing of
+the decode step and the prefills, the profile of one prefill, the kernel tables, and the prompt sweep's rows.
 
-The order of the measurements is the notebook's (every wall time before the first profile
-in the process: labsupport.measure.harness refuses otherwise)."""
+The order of the measurements is the notebook's (every wall time before the first profile: labsupport.measure.harness).
+"""
 
 from __future__ import annotations
 
@@ -13,11 +15,190 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from labsupport import chapters
 from labsupport.measure import decode, harness, models
 from labsupport.traces import kernels, trace
 
-from .names import KERNEL_COLUMNS, MATMUL, ORIGIN, PHASES, progress
-from .work import model_shape
+ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
+CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
+# Files every run of the chapter contains (ceilings.csv too, on a GPU), and the columns of its tables.
+ARTIFACTS = ENTRY.artifacts
+COLUMNS = ENTRY.columns
+PHASES = ("prefill", "decode")
+# The profiler annotation that each phase's trace is timed from.
+ORIGIN = {"prefill": "prefill", "decode": "decode_step"}
+# The matrix multiplies of one decoder layer, in the order they run.
+GEMM_MODULES = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+LM_HEAD = "lm_head"
+# The points of the roofline figure: each weight matrix of a decoder layer, then the LM head.
+ROOFLINE_MODULES = (*GEMM_MODULES, LM_HEAD)
+# Display labels of the matrices (applied when a table or figure is shown).
+SHORT = {
+    "self_attn.q_proj": "q",
+    "self_attn.k_proj": "k",
+    "self_attn.v_proj": "v",
+    "self_attn.o_proj": "o",
+    "mlp.gate_proj": "gate",
+    "mlp.up_proj": "up",
+    "mlp.down_proj": "down",
+    LM_HEAD: "LM head",
+}
+MATMUL = "matrix multiply"
+
+
+def trace_file(phase: str) -> str:
+    return f"trace-{phase}.json.gz"
+
+
+def kernels_table_name(phase: str) -> str:
+    return f"kernels-{phase}"
+
+
+# The columns of the kernel tables (kernels-prefill.csv, kernels-decode.csv), and those read as text.
+KERNEL_COLUMNS = [
+    "name",
+    "start_ns",
+    "end_ns",
+    "dur_ns",
+    "stream",
+    "grid",
+    "block",
+    "op",
+    "module",
+    "kind",
+    "short_name",
+    "layer",
+    "part",
+]
+TEXT_COLUMNS = ["name", "stream", "grid", "block", "op", "module", "kind", "short_name", "part"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the FLOP and byte counts need to know of a model (batch 1, BF16)."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    matmul_parameters: int  # every nn.Linear weight, the LM head included
+    lm_head_parameters: int
+    weight_bytes: int  # every weight outside the embedding table (models.ModelCounts.decode_bytes)
+    bytes_per_value: int = 2
+
+    @property
+    def layer_matmul_parameters(self) -> int:
+        """Weights of the decoder layers' matrix multiplies (all layers together)."""
+        return self.matmul_parameters - self.lm_head_parameters
+
+    @property
+    def matmul_bytes(self) -> int:
+        return self.matmul_parameters * self.bytes_per_value
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of one token's keys and values, over all layers."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_value
+
+
+def model_shape(model) -> ModelShape:
+    """The shape of a built model (works on the `meta` device, too)."""
+    counts = models.count_model(model)
+    cfg = model.config
+    return ModelShape(
+        layers=cfg.num_hidden_layers,
+        heads=cfg.num_attention_heads,
+        kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        matmul_parameters=counts.matmul_weight_parameters,
+        lm_head_parameters=model.get_output_embeddings().weight.numel(),
+        weight_bytes=counts.decode_bytes,
+        bytes_per_value=counts.bytes_per_parameter,
+    )
+
+
+def preset_shape(name: str) -> ModelShape:
+    """The shape of preset `name` in BF16, from a model on the meta device (no memory used)."""
+    return model_shape(models.build_model(name, device="meta"))
+
+
+@dataclass(frozen=True)
+class Work:
+    """The arithmetic and the memory traffic a forward pass cannot do without."""
+
+    matmul_flops: int
+    attention_flops: int
+    bytes: int
+
+    @property
+    def flops(self) -> int:
+        return self.matmul_flops + self.attention_flops
+
+    @property
+    def flop_per_byte(self) -> float:
+        return self.flops / self.bytes
+
+
+def forward_work(shape: ModelShape, new_tokens: int, past_tokens: int = 0, logits_tokens: int = 1) -> Work:
+    """Model FLOPs and bytes of one forward pass of `new_tokens` tokens (batch 1) on top of
+    `past_tokens` tokens already in the KV cache: a prefill is (prompt, 0), a decode step
+    (1, prompt).
+
+        matmul FLOPs    = 2 × new_tokens × (weights of the decoder layers' matrix multiplies)
+                        + 2 × logits_tokens × (weights of the LM head)
+        attention FLOPs = 4 × layers × heads × head_dim × (query-key pairs)
+        query-key pairs = new_tokens × past_tokens + new_tokens × (new_tokens + 1) / 2
+        bytes           = every weight outside the embedding table, once
+                        + (past_tokens + new_tokens) × (bytes of one token's keys and values)
+
+    Each weight is used for one multiply and one add per token. The LM head runs for
+    `logits_tokens` tokens only (a prefill asks for the logits of its last token,
+    `logits_to_keep=1`). Attention is causal: a new token is scored against every token
+    before it and itself, 2 × head_dim operations for the score (Q times K) and 2 × head_dim
+    for the weighted sum of values (P times V), in every query head of every layer. The
+    bytes are the least that must move: the weights read once, and the keys and values of
+    the context read (the cache) or written (the new tokens) once. Not counted: norms,
+    rotary embeddings, softmax and activation functions (elementwise, few FLOPs), and the
+    activations' own memory traffic.
+    """
+    pairs = new_tokens * past_tokens + new_tokens * (new_tokens + 1) // 2
+    return Work(
+        matmul_flops=2 * new_tokens * shape.layer_matmul_parameters + 2 * logits_tokens * shape.lm_head_parameters,
+        attention_flops=4 * shape.layers * shape.heads * shape.head_dim * pairs,
+        bytes=shape.weight_bytes + (past_tokens + new_tokens) * shape.kv_bytes_per_token,
+    )
+
+
+def phase_work(shape: ModelShape, phase: str, prompt_len: int) -> Work:
+    """The work of the prefill of `prompt_len` tokens, or of the decode step right after it."""
+    if phase == "prefill":
+        return forward_work(shape, prompt_len, 0)
+    if phase == "decode":
+        return forward_work(shape, 1, prompt_len)
+    raise ValueError(f"unknown phase {phase!r}; phases: {', '.join(PHASES)}")
+
+
+def matmul_intensity(shape: ModelShape, tokens: int) -> float:
+    """FLOP per byte of weights of a prefill's matrix multiplies: about `tokens`, since each
+    weight (2 bytes) does 2 operations per token (the LM head, run once, pulls it down a little)."""
+    return forward_work(shape, tokens).matmul_flops / shape.matmul_bytes
+
+
+def tokens_at_intensity(shape: ModelShape, flop_per_byte: float) -> float:
+    """The prompt length whose matrix multiplies reach `flop_per_byte` (matmul_intensity inverted)."""
+    p = shape.bytes_per_value
+    p = shape.bytes_per_value
+    return (flop_per_byte * p * shape.matmul_parameters - 2 * shape.lm_head_parameters) / (
+        2 * shape.layer_matmul_parameters
+    )
 
 
 @dataclass

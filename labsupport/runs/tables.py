@@ -1,0 +1,80 @@
+"""A run's tables, checked against what their chapter declares: the columns a table must have and
+the range of every number (the chapter registry declares them here; runs/ imports no chapter code)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from labsupport.runs.paths import RunError
+
+# What each chapter declares about its tables (the columns a table must have, the range of each
+# number, the cells that may be empty), by chapter slug. runs/ imports no chapter code: the
+# chapter registry (labsupport.chapters) declares its chapters here when it is imported, as any
+# code that reads or writes a chapter's run does. An undeclared chapter's tables are read unchecked.
+SCHEMAS: dict = {}
+
+
+def declare(schemas) -> None:
+    """Declare the tables of chapters: each schema has a `slug`, `columns` ({csv file: columns}),
+    `range_of(file, column)` ((lo, hi) or None) and `lacks_allowed(file, column)`."""
+    SCHEMAS.update({s.slug: s for s in schemas})
+
+
+def declared_columns(chapter: str, name: str) -> tuple[str, ...]:
+    schema = SCHEMAS.get(chapter)
+    return schema.columns.get(name, ()) if schema is not None else ()
+
+
+def check_values(df: pd.DataFrame, path: Path, chapter: str) -> None:
+    """Every number in a column the chapter's declared schema gives a range (chapters.RANGES, a
+    chapter's `ranges`) is a finite number within it; a missing value only where the row's
+    status is not "ok" (a batch that ran out of memory, say) or the schema declares the column
+    may lack it (Chapter.may_lack). Else one RunError naming the
+    file, the column and the (1-based data) row."""
+    ch = SCHEMAS.get(chapter)
+    if ch is None or df.empty:
+        return
+    may_lack = (df["status"].astype(str) != "ok").to_numpy() if "status" in df.columns else None
+    for col in df.columns:
+        bounds = ch.range_of(path.name, str(col))
+        if bounds is None:
+            continue
+        raw = df[col]
+        if raw.dtype == bool:
+            raise RunError(f"{path}: column {col}, row 1: {raw.iloc[0]!r} is not a number")
+        values = pd.to_numeric(raw, errors="coerce").astype(float).to_numpy()
+        lo, hi = bounds
+        for i, v in enumerate(values):
+            if v == v and lo <= v <= hi:
+                continue
+            if v != v and raw.iloc[i] is not None and raw.iloc[i] == raw.iloc[i]:  # text, not a number
+                raise RunError(f"{path}: column {col}, row {i + 1}: {str(raw.iloc[i])[:40]!r} is not a number")
+            if v != v and ((may_lack is not None and may_lack[i]) or ch.lacks_allowed(path.name, str(col))):
+                continue
+            what = "missing (NaN)" if v != v else f"{float(v)!r} is outside [{lo:g}, {hi:g}]"
+            raise RunError(f"{path}: column {col}, row {i + 1}: {what}")
+
+
+def read_table(path: Path, required=(), **read_csv_args) -> pd.DataFrame:
+    """Read a CSV file of a run: empty, unparsable or lacking a `required` column is one
+    RunError naming the file."""
+    try:
+        df = pd.read_csv(path, **read_csv_args)
+    except pd.errors.EmptyDataError:
+        raise RunError(f"{path} is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        raise RunError(f"{path} is not a readable table: {first_line(e)}") from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise RunError(
+            f"{path} lacks column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"(it has {', '.join(map(str, df.columns))})"
+        )
+    return df
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
