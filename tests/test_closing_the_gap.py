@@ -137,6 +137,61 @@ def test_a_wrong_step_fails_the_check(tiny):
     assert check["max_abs_err"] > ch.ERROR_FACTOR * check["eager_abs_err"]
 
 
+def test_fused_rungs_share_one_concatenation_of_each_weight(tiny):
+    """Every rung is alive at once (timed interleaved): fused rungs on one model share its
+    concatenated weights instead of holding a copy each, and a weight written in place since is
+    concatenated afresh."""
+    model, prompt, ref = tiny
+    fused = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(fused=True))
+    again = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(fused=True))
+    assert all(a is b for a, b in zip(fused.weights[0], again.weights[0], strict=True))
+    interleaved = qwen3_decode.Qwen3Decoder(
+        model, 48, qwen3_decode.Options(fused=True, matmul="triton", fuse_gemv=True)
+    )
+    assert interleaved.weights[0][4] is fused.weights[0][4]  # q|k|v: one copy
+    assert interleaved.weights[0][6] is not fused.weights[0][6]  # gate|up interleaved is another layout
+    up = model.model.layers[0].mlp.up_proj.weight
+    with torch.no_grad():
+        up.add_(1.0)
+    try:
+        changed = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(fused=True))
+        assert changed.weights[0][6] is not fused.weights[0][6]
+        torch.testing.assert_close(changed.weights[0][6][-up.shape[0] :], up)
+    finally:
+        with torch.no_grad():
+            up.sub_(1.0)
+
+
+def test_another_token_passes_only_as_a_near_tie_of_the_float32_step(tiny):
+    """A rung whose greedy token is not eager's passes when the float32 step puts the two tokens
+    within eager's own error of each other (BF16's rounding can swap them), and fails otherwise."""
+    _, _, ref = tiny
+    e = int(ref.next_token)
+    truth = ref.truth.clone()
+    other = int(truth.reshape(-1).argsort()[-2])  # the runner-up
+    # a made-up eager error of 0.5 (the tiny model is float32: its own is nil)
+    close = ch.Reference(ref.token, ref.truth + 0.5, ref.next_token, truth)
+    logits = truth.clone()
+    logits.reshape(-1)[other] = truth.reshape(-1)[e] + 0.1  # the runner-up now wins by 0.1
+    gap = float(truth.reshape(-1)[e] - truth.reshape(-1)[other])
+    check = ch.fidelity((logits, torch.tensor([other])), close)
+    assert not check["same_token"] and check["tie_gap"] == pytest.approx(gap)
+    assert check["passed"] == (gap <= 0.5)
+    far = truth.clone()
+    far.reshape(-1)[e] += 10.0  # eager's token 10 above the rest in float32
+    check = ch.fidelity((logits, torch.tensor([other])), ch.Reference(ref.token, far + 0.5, ref.next_token, far))
+    assert check["tie_gap"] > 10 and not check["passed"]
+
+
+def test_the_page_says_a_run_without_tie_gaps_cannot_tell_a_tie_from_a_fault():
+    from labsupport import runs
+
+    run = runs.load_run("closing-the-gap", "20261201T230816Z-h200")
+    note = ch.token_note(run)
+    assert "cannot tell a near tie" in note and "attention in two kernels of ours" in note
+    assert ch.token_note(fixture_run("closing-the-gap")) == ""  # every rung chose eager's token there
+
+
 def test_options_that_do_not_fit_together_are_refused():
     with pytest.raises(ValueError, match="fuse_gemv"):
         qwen3_decode.Options(fuse_gemv=True)

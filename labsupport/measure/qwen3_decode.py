@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass
 from functools import cache, partial
 
@@ -187,9 +188,31 @@ def attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s: Shape, fu
     return a.transpose(1, 2).reshape(b, t, s.heads * s.head_dim)
 
 
+# The concatenated weights made so far, per model (held weakly: they go with the model, and a
+# deepcopy of the model, such as the float32 reference, carries none of them).
+_JOINED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def joined(model):
+    """A function that returns the concatenation of some of `model`'s weights, made on first use
+    and shared by every decoder built on the same model while those weights are unchanged (same
+    storage, no in-place write since). Each rung of *Closing the gap* is a decoder of its own, all
+    alive at once to be timed interleaved; with a copy each, six fused rungs held 50 GB of
+    identical concatenations and the FP8 rung (rung 9's options) ran out of the H200's memory."""
+    store = _JOINED.setdefault(model, {})
+
+    def made(key, sources, make):
+        signature = tuple((t.data_ptr(), t._version) for t in sources)
+        if key not in store or store[key][0] != signature:
+            store[key] = (signature, make(*sources))
+        return store[key][1]
+
+    return made
+
+
 class Qwen3Decoder:
-    """The weights of a transformers Qwen3 model (shared, or concatenated once when fused), a
-    KV cache of `max_len` slots per layer, and the forward pass above."""
+    """The weights of a transformers Qwen3 model (shared, or concatenated once per model when
+    fused: `joined`), a KV cache of `max_len` slots per layer, and the forward pass above."""
 
     def __init__(self, model, max_len: int, opts: Options):
         import torch
@@ -201,13 +224,17 @@ class Qwen3Decoder:
         self.shape = Shape(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps)
         self.embed, self.norm, self.lm_head = m.embed_tokens.weight, m.norm.weight, model.lm_head.weight
         self.weights = []
-        for lyr in m.layers:
+        made = joined(model)
+        for i, lyr in enumerate(m.layers):
             a, p = lyr.self_attn, lyr.mlp
             attn = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
             mlp = [p.gate_proj.weight, p.up_proj.weight]
             if opts.fused:
-                attn = [torch.cat(attn).contiguous()]
-                mlp = [gemv.interleave(*mlp) if opts.fuse_gemv else torch.cat(mlp).contiguous()]
+                attn = [made(("q|k|v", i), attn, lambda *a: torch.cat(a).contiguous())]
+                if opts.fuse_gemv:
+                    mlp = [made(("gate|up interleaved", i), mlp, gemv.interleave)]
+                else:
+                    mlp = [made(("gate|up", i), mlp, lambda *g: torch.cat(g).contiguous())]
             norms = [lyr.input_layernorm.weight, lyr.post_attention_layernorm.weight, a.q_norm.weight, a.k_norm.weight]
             mats = (*attn, a.o_proj.weight, *mlp, p.down_proj.weight)
             if opts.fp8:  # FP8 copies with row scales; the BF16 concatenations are dropped

@@ -20,7 +20,7 @@ import pandas as pd
 from labsupport import runs
 from labsupport.measure import decode, hardware, harness, hostprobe, models
 from labsupport.runs import provenance
-from labsupport.traces import replay
+from labsupport.traces import derived
 
 
 def writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool = False) -> runs.RunWriter:
@@ -34,7 +34,7 @@ def writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool = Fa
     run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
     w = runs.RunWriter(chapter, asdict(params), run_id, meta={"provenance": prov})
     # Beside each profiler trace, the tables replay reads instead of parsing it.
-    w.derive = functools.partial(replay.derive_folder, device=prov["device"])
+    w.derive = functools.partial(derived.derive_folder, device=prov["device"])
     return w
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from labsupport import runs
 from labsupport.runs.paths import CHAPTER_PATTERN
 from labsupport.runs.writer import sha256, write_atomic
-from labsupport.traces import replay
+from labsupport.traces import derived as derived_tables
 
 
 def derive_run(run: runs.Run) -> list[str]:
     """Write the tables of one run (loaded and checked); returns the names written."""
     device = run.provenance.get("device", "cuda")
-    derived = replay.derive_folder(run.path, device)
+    derived = derived_tables.derive_folder(run.path, device)
     if not derived:
         return []
     meta = json.loads((run.path / "meta.json").read_text())

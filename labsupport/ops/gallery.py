@@ -16,6 +16,7 @@ one line and leaves nothing behind. runs/published.json is never read or written
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import tarfile
@@ -73,6 +74,14 @@ def _unpack(archive: Path, dest: Path) -> str:
         raise GalleryError(f"{where} is {st.st_size >> 20} MiB, more than the {MAX_ARCHIVE_BYTES >> 20} MiB allowed")
     top, seen, total = None, set(), 0
     try:
+        # The whole compressed stream first: tarfile takes a member header it cannot read, after
+        # the first, for the archive's end, so a cut or damaged archive could pass for a short one.
+        unpacked = 0
+        with gzip.open(archive, "rb") as whole:
+            while chunk := whole.read(CHUNK):
+                unpacked += len(chunk)
+                if unpacked > pack.MAX_TOTAL_BYTES + (pack.MAX_FILES + 2) * 2 * tarfile.BLOCKSIZE:
+                    raise GalleryError(f"{where}: its files exceed {pack.MAX_TOTAL_BYTES >> 20} MiB in all")
         with tarfile.open(archive, "r:gz") as tar:
             for count, m in enumerate(tar, 1):
                 if count > pack.MAX_FILES:

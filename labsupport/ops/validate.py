@@ -9,7 +9,7 @@ import pandas as pd
 from labsupport import runs
 from labsupport.chapters import Chapter
 from labsupport.runs import provenance
-from labsupport.traces import replay
+from labsupport.traces import derived, replay
 
 TIME_SUFFIXES = ("_ns", "_ms", "_us", " ms", " µs", "ms_median", "us_median")
 RATE_WORDS = ("tbs", "tflops", "GB/s", "TB/s")
@@ -49,7 +49,7 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
                 problems.append(str(e))
                 continue
             if replay.trace_base(name) is not None:  # its stored tables re-derived and compared
-                found = replay.check(run.path / name, run.provenance.get("device"))
+                found = derived.check(run.path / name, run.provenance.get("device"))
                 if found:
                     problems.append(found)
     for name in sorted(set(run.meta.get("derived", {})) - set(files)):

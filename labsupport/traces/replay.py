@@ -25,7 +25,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 from decimal import Decimal
 from pathlib import Path
 
@@ -60,46 +59,17 @@ def is_derived(name: str) -> bool:
     return any(name.endswith(f".{s}.csv.gz") for s in SUFFIXES)
 
 
-def _sha256(data: bytes) -> str:
+def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _csv_gz(df: pd.DataFrame) -> bytes:
+def csv_gz(df: pd.DataFrame) -> bytes:
     """A table as gzip-compressed CSV, byte for byte the same for the same table (mtime 0)."""
     text = df.to_csv(index=False, lineterminator="\n").encode()
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=9) as f:
         f.write(text)
     return buf.getvalue()
-
-
-def derive(events: list[dict], device: str) -> dict[str, bytes]:
-    """The stored tables of a trace's events, as bytes: {"events": ..., "kernels": ..., "regions": ...}."""
-    from labsupport.traces import trace
-
-    x = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
-    rows = []
-    for e in x:
-        a = e.get("args") if isinstance(e.get("args"), dict) else {}
-        kept = {k: a[k] for k in ARG_KEYS if k in a}
-        rows.append(
-            (
-                e.get("cat", ""),
-                e.get("name", ""),
-                json.dumps(e.get("pid")),
-                json.dumps(e.get("tid")),
-                str(e["ts"]),
-                str(e["dur"]),
-                json.dumps(kept, sort_keys=True, default=str) if kept else "",
-            )
-        )
-    ev = pd.DataFrame(rows, columns=EVENT_COLUMNS)
-    k = trace.kernel_table(events, device=device, origin="\0no origin")  # times on the trace's clock
-    annotations = trace.complete_events(events, {"user_annotation"})
-    regions = pd.DataFrame(
-        [(e["name"], trace.ns(e["ts"]), trace.ns(e["dur"])) for e in annotations], columns=REGION_COLUMNS
-    )
-    return {"events": _csv_gz(ev), "kernels": _csv_gz(k), "regions": _csv_gz(regions)}
 
 
 def _meta(folder: Path) -> dict | None:
@@ -154,7 +124,7 @@ def _file_sha256(path: Path) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _digest(path: str, _mtime_ns: int, _size: int) -> str:
-    return _sha256(Path(path).read_bytes())
+    return sha256_hex(Path(path).read_bytes())
 
 
 @functools.lru_cache(maxsize=64)
@@ -192,59 +162,3 @@ def kernels(tables: dict) -> pd.DataFrame:
 def regions(tables: dict) -> pd.DataFrame:
     p = tables["regions"]
     return _read(str(p), _file_sha256(p), "regions").copy()
-
-
-def write_beside(trace_path: Path, device: str, events_list: list[dict] | None = None) -> dict[str, dict]:
-    """Derive the tables of the trace at `trace_path` and write them beside it; returns the
-    "derived" records for meta.json ({table name: record}). Digests are the caller's to list."""
-    from labsupport.traces import trace
-
-    trace_path = Path(trace_path)
-    evs = trace.parse_events(trace_path) if events_list is None else events_list
-    digest = _sha256(trace_path.read_bytes())
-    out = {}
-    for s, data in derive(evs, device).items():
-        name = table_names(trace_path.name)[s]
-        tmp = trace_path.parent / f".{name}.tmp-{os.getpid()}"
-        tmp.write_bytes(data)
-        os.replace(tmp, trace_path.parent / name)
-        out[name] = {"from": trace_path.name, "trace_sha256": digest, "device": device, "format": FORMAT}
-    return out
-
-
-def check(trace_path: Path, device: str | None = None) -> str | None:
-    """None when the stored tables of the trace at `trace_path` are what its trace gives now (or it
-    has none); else one line saying which differs."""
-    from labsupport.traces import trace
-
-    trace_path = Path(trace_path)
-    try:
-        tables = stored(trace_path)
-    except StoredTableError as e:
-        return str(e)
-    if tables is None:
-        return None
-    fresh = derive(trace.parse_events(trace_path), device or tables["device"] or "cuda")
-    for s, data in fresh.items():
-        p = tables[s]
-        if gzip.decompress(p.read_bytes()) != gzip.decompress(data):
-            return f"{p} differs from the table its trace {trace_path.name} gives; it was not derived from it"
-    return None
-
-
-def derive_folder(folder: Path, device: str) -> dict[str, dict]:
-    """Write the stored tables of every profiler trace in a run's folder; returns the "derived"
-    records for its meta.json. A .json file that is not a Chrome trace gets none."""
-    from labsupport.traces import trace
-
-    folder = Path(folder)
-    out = {}
-    for p in sorted(folder.iterdir()):
-        if p.name.startswith(".") or not p.is_file() or trace_base(p.name) is None:
-            continue
-        try:
-            evs = trace.parse_events(p)
-        except trace.TraceError:
-            continue  # not a profiler trace (or a damaged one: validation reports it)
-        out.update(write_beside(p, device, evs))
-    return out

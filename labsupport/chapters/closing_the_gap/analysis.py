@@ -256,6 +256,42 @@ def fidelity(run: runs.Run) -> pd.DataFrame:
     ).reset_index(drop=True)
 
 
+def token_note(run: runs.Run) -> str:
+    """What the rungs whose greedy token is not eager's mean (Markdown; empty when every rung
+    chose eager's). Random weights make the top logits close, so two tokens can be a near tie
+    that BF16's rounding alone swaps: a run records, per rung, how far apart the float32 step
+    puts the two tokens (`tie_gap`); an older run did not, and cannot tell a tie from a fault."""
+    r = run.table("rungs")
+    r = r[(r.status == "ok") & ~r.same_token.astype(str).eq("True")]
+    if r.empty:
+        return ""
+    eager_err = float(run.table("rungs").set_index("rung").loc["eager", "eager_abs_err"])
+    names = ", ".join(f"*{RUNGS.get(x, x)}*" for x in r.rung)
+    text = f"{names} chose another greedy token than eager. "
+    if "tie_gap" not in r or r.tie_gap.isna().all():
+        return text + (
+            "This run did not record how far apart the float32 step puts the two tokens (runs recorded since do: "
+            "the column `tie_gap`), so it cannot tell a near tie, which BF16's rounding alone can swap, from a "
+            f"fault; the rule counts them as failed. Their largest error against float32 was "
+            f"{r.max_abs_err.max():.3f}, eager's own {eager_err:.3f}, and their logits' cosine with eager's "
+            f"{r.cosine.min():.4f}: the numbers of a correct step, but the rule does not pass a rung on them."
+        )
+    ties = r[r.tie_gap <= eager_err]
+    if len(ties):
+        text += (
+            f"For {', '.join(f'*{RUNGS.get(x, x)}*' for x in ties.rung)} float32 puts the two tokens "
+            f"{ties.tie_gap.max():.3f} apart at most, less than eager's own error ({eager_err:.3f}): a near tie that "
+            "BF16's rounding alone can swap, which the rule passes when the error is within its bound. "
+        )
+    far = r[r.tie_gap > eager_err]
+    if len(far):
+        text += (
+            f"For {', '.join(f'*{RUNGS.get(x, x)}*' for x in far.rung)} float32 puts the two tokens further apart than "
+            "eager's own error: no rounding explains it, and the rung fails."
+        )
+    return text.strip()
+
+
 def matmuls(run: runs.Run) -> pd.DataFrame:
     """Each weight shape's matmul for one token: cuBLAS against our Triton GEMV, µs and TB/s,
     and each as a fraction of the datasheet's bandwidth (the limit) and of the practical ceiling."""
