@@ -7,6 +7,8 @@ PY          = $(VENV)/bin/python
 # `make live` runs with the GPU box's own Python (its torch), not the venv's.
 PYTHON     ?= python3
 CHAPTERS   ?=
+# `make test-tier TIER=...`: unit, book or live.
+TIER       ?= unit
 # Wheelhouse for an air-gapped GPU box: its Python version and platform.
 WHEEL_PYTHON   ?= 3.12
 WHEEL_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any
@@ -14,7 +16,7 @@ WHEELHOUSE ?= wheelhouse
 
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: book test live smoke nightly recover venv wheelhouse clean
+.PHONY: book test test-fast test-tier lint live smoke nightly recover venv wheelhouse clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(BOOTSTRAP) -m venv $(VENV)
@@ -29,11 +31,22 @@ venv: $(VENV)/.installed
 book: $(VENV)/.installed
 	@$(PY) -m labsupport book
 
-# Lint and format checks first (ruff, configured in pyproject.toml; notebooks included), then the tests.
-test: $(VENV)/.installed
+# Lint and format checks first (ruff, configured in pyproject.toml; notebooks included), then the tests:
+# every tier in one session (unit, book, live: tests/conftest.py), so the book is built once.
+test: lint
+	$(PY) -m pytest -q tests
+
+# The unit tier only: small committed fixtures, no notebook executed, no book built (minutes).
+test-fast: lint
+	$(PY) -m pytest -q -m unit tests
+
+# One tier after the lint: `make test-tier TIER=book` (or live).
+test-tier: lint
+	$(PY) -m pytest -q -m $(TIER) tests
+
+lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q tests
 
 live:
 	$(PYTHON) -m labsupport live $(CHAPTERS)

@@ -17,6 +17,98 @@ RUNS = REPO / "runs"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runs"
 
 
+# --- tiers -----------------------------------------------------------------------------------
+# Every test is in one tier (pyproject.toml declares the markers; `make test-fast` runs `unit`):
+#   unit  small committed fixtures, in this process; no notebook is executed, no book is built.
+#   book  reads the session's one book build (built_book: the HTML, the notebooks it executed,
+#         what tests/figure_probe.py saw of their figures), or executes a chapter notebook in
+#         replay on a runs folder of its own (a tampered run, a fixture run).
+#   live  runs a chapter on the CPU with the tiny model (its module's one `tiny_run`, a live
+#         command, the nightly), or a full tiny model through Triton's interpreter.
+# A test marked in its file keeps its mark; the others are placed here: by the fixtures they
+# use, then by name (file -> test functions, "*" for the whole file), else `unit`.
+TIERS = ("unit", "book", "live")
+BOOK_FIXTURES = {"built_book", "book_html", "glued", "book_figures", "browser"}
+LIVE_FIXTURES = {"tiny_run", "tiny", "tiny_hybrid_run", "live_env"}
+BY_NAME = {
+    "book": {
+        "test_book.py": {"test_a_downloaded_chapter_replays_outside_the_repository"},
+        "test_escaping.py": {"test_the_chapter_page_escapes"},
+        "test_hybrid_model_token.py": {"test_the_page_replays_a_run_recorded_with_todays_columns"},
+        "test_inputs.py": {"test_a_damaged_trace_fails_the_book_with_one_line_last"},
+        "test_launch_overhead.py": {"test_the_page_replays_a_run_recorded_with_todays_columns"},
+        "test_prefill_vs_decode.py": {"test_notebook_replays_the_recorded_run"},
+    },
+    "live": {
+        "test_nightly.py": {"*"},
+        "test_closing_the_gap.py": {"test_notebook_runs_live_on_cpu_through_papermill"},
+        "test_prefill_vs_decode.py": {"test_notebook_runs_live_on_cpu_through_papermill"},
+        "test_kernels_in_one_token.py": {
+            "test_live_cells_on_cpu_write_a_valid_run",
+            "test_interrupted_live_run_leaves_published_run_untouched",
+            "test_out_of_memory_at_a_long_context_is_recorded",
+        },
+        "test_hybrid_model_token.py": {
+            "test_tiny_hybrid_profile_failing_after_timing_leaves_no_half_row",
+            "test_tiny_hybrid_times_everything_before_profiling",
+        },
+        "test_one_token_two_gpus.py": {"test_a_launch_that_dies_is_run_again_with_the_eager_step_alone"},
+        "test_model_code_to_kernels.py": {"test_the_notebook_times_everything_before_it_profiles"},
+        "test_what_a_kernel.py": {"test_the_notebook_times_everything_before_it_profiles"},
+        "test_where_kernels_come_from.py": {"test_the_notebook_times_everything_before_it_profiles"},
+        "test_why_a_gpu.py": {
+            "test_the_notebook_times_everything_before_it_profiles",
+            "test_the_notebook_stops_the_sweep_at_a_batch_out_of_memory",
+        },
+        "test_gated_deltanet.py": {
+            "test_compiled_steps_survive_the_backend_switch",
+            "test_tiny_hybrid_decode_step_profiles_by_layer_type",
+        },
+    },
+}
+
+
+def _tier(item) -> str:
+    marked = [t for t in TIERS if item.get_closest_marker(t)]
+    if marked:
+        return marked[0]
+    names = set(getattr(item, "fixturenames", ()))
+    if names & LIVE_FIXTURES:
+        return "live"
+    if names & BOOK_FIXTURES:
+        return "book"
+    module = Path(str(item.fspath)).name
+    function = getattr(item, "originalname", item.name)
+    for tier in ("live", "book"):
+        listed = BY_NAME[tier].get(module, set())
+        if "*" in listed or function in listed:
+            return tier
+    return "unit"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = _tier(item)
+        if not item.get_closest_marker(tier):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_executes_no_notebook(request, monkeypatch):
+    """A unit test that executes a notebook through papermill belongs to another tier: say so
+    instead of making `make test-fast` slow without a word."""
+    if not request.node.get_closest_marker("unit"):
+        return
+    import papermill
+
+    def refused(*args, **kw):
+        raise AssertionError(
+            f"{request.node.nodeid} executes a notebook: mark it book or live (tests/conftest.py, TIERS)"
+        )
+
+    monkeypatch.setattr(papermill, "execute_notebook", refused)
+
+
 def fixture_run(chapter: str) -> runs.Run:
     """The recorded run of `chapter` kept under tests/fixtures/runs/ (the newest, if several)."""
     ids = sorted(p.name for p in (FIXTURES / chapter).iterdir() if p.is_dir())
@@ -97,7 +189,11 @@ def built_book(tmp_path_factory):
     import subprocess
     import sys
 
+    from . import figure_probe
+
     out = tmp_path_factory.mktemp("book")
+    # The notebook kernels of the build check every figure they draw (tests/figure_probe.py).
+    ipython_dir = figure_probe.startup_folder(out / "ipython", out / "figure-probe")
     jb = Path(sys.executable).with_name("jupyter-book")
     r = subprocess.run(
         [
@@ -115,9 +211,23 @@ def built_book(tmp_path_factory):
         capture_output=True,
         text=True,
         timeout=1800,
+        env={**os.environ, "IPYTHONDIR": str(ipython_dir)},
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return out / "_build" / "html"
+
+
+def executed_notebook(html: Path, notebook: Path) -> Path:
+    """The notebook as the book build executed it (myst-nb keeps it beside the HTML)."""
+    return html.parent / "jupyter_execute" / notebook.resolve().relative_to(REPO)
+
+
+@pytest.fixture(scope="session")
+def book_figures(built_book) -> list[dict]:
+    """What the figure probe saw in each notebook kernel of the session's book build."""
+    from . import figure_probe
+
+    return figure_probe.records(built_book.parents[1] / "figure-probe")
 
 
 @pytest.fixture

@@ -2,73 +2,33 @@
 figures.MIN_TEXT_PX pixels high (9 px at 1280, legends included) as the book shows it
 (labsupport.figures.text_heights_px), no
 tick label in scientific notation (6×10⁰) on a log axis, and every bar on a log axis labelled
-with its value. The figures are the ones each chapter notebook draws, its cells executed in
-this process in replay mode on the chapter's fixture run (as papermill would run them)."""
+with its value. The figures are the ones each chapter notebook draws in the session's book
+build (replay mode on the published runs): tests/figure_probe.py checks them in the build's
+notebook kernels, after each cell, so no chapter is executed again here."""
 
 import matplotlib.pyplot as plt
 import nbformat
 import pytest
-from matplotlib.container import BarContainer
 
 from labsupport import chapters, figures
 
-from .conftest import FIXTURES
-
-WITH_FIXTURE = [c for c in chapters.CHAPTERS if (FIXTURES / c.slug).is_dir()]
+from .figure_probe import problems
 
 
-def drawn_figures(chapter, monkeypatch) -> list[tuple[str, object]]:
-    """Execute the chapter notebook's code cells in replay mode on its fixture run; return each
-    figure drawn, named by the first line of the cell that drew it."""
-    monkeypatch.setenv("LABSUPPORT_RUNS", str(FIXTURES))
-    monkeypatch.chdir(chapter.path.parent)
-    run_id = sorted(p.name for p in (FIXTURES / chapter.slug).iterdir() if p.is_dir())[-1]
-    ns = {"mode": "replay"}
-    drawn = []
-    plt.close("all")
-    for cell in nbformat.read(chapter.path, as_version=4).cells:
-        if cell.cell_type != "code":
-            continue
-        exec(compile(cell.source, f"<{chapter.path.name} cell>", "exec"), ns)
-        if "parameters" in cell.metadata.get("tags", []):
-            ns["run_id"] = run_id
-        for n in plt.get_fignums():
-            drawn.append((cell.source.splitlines()[0], plt.figure(n)))
-        plt.close("all")  # the figures stay usable; pyplot only forgets them
-    return drawn
+def code_first_lines(path) -> list[str]:
+    cells = nbformat.read(path, as_version=4).cells
+    return [(c.source.splitlines() or [""])[0] for c in cells if c.cell_type == "code"]
 
 
-def problems(name: str, fig) -> list[str]:
-    found = []
-    for page in (390, 1280):
-        px, text = figures.text_heights_px(fig, page)[0]
-        if px < figures.MIN_TEXT_PX[page]:
-            found.append(f"{name}: at {page} px the text {text[:40]!r} is {px:.1f} px high")
-    for ax in fig.axes:
-        for axis, scale in (("x", ax.get_xscale()), ("y", ax.get_yscale())):
-            if scale != "log":
-                continue
-            labels = ax.get_xticklabels() if axis == "x" else ax.get_yticklabels()
-            sci = [t.get_text() for t in labels if "$" in t.get_text() or "^" in t.get_text()]
-            if sci:
-                found.append(f"{name}: {axis} tick labels in scientific notation: {sci[:3]}")
-            bars = [
-                b
-                for c in ax.containers
-                if isinstance(c, BarContainer)
-                for b in c
-                if (b.get_width() if axis == "x" else b.get_height()) > 0
-            ]
-            if bars and len(ax.texts) < len(bars):
-                found.append(f"{name}: {len(bars)} bars on a log {axis} axis, {len(ax.texts)} value labels")
-    return found
-
-
-@pytest.mark.parametrize("chapter", WITH_FIXTURE, ids=lambda c: c.slug)
-def test_every_figure_of_the_chapter_is_legible(chapter, monkeypatch):
-    drawn = drawn_figures(chapter, monkeypatch)
-    found = [p for name, fig in drawn for p in problems(name, fig)]
-    assert not found, "\n".join(found)
+@pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
+def test_every_figure_of_the_chapter_is_legible(chapter, book_figures):
+    expected = code_first_lines(chapter.path)
+    seen = [r for r in book_figures if [c for c in r["cells"] if c] == [c for c in expected if c]]
+    assert len(seen) == 1, f"the figure probe saw {len(seen)} kernels run {chapter.path.name}"
+    record = seen[0]
+    assert not record["errors"], "\n".join(record["errors"])
+    assert record["figures"] > 0, "the probe saw no figure of the chapter"
+    assert not record["problems"], "\n".join(record["problems"])
 
 
 def test_the_status_history_figure_is_legible():

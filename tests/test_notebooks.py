@@ -1,16 +1,16 @@
-"""Chapter notebooks: committed clean, executed in replay and live (CPU) through papermill."""
+"""Chapter notebooks: committed clean, executed in replay (by the session's book build) and
+live (CPU, through papermill)."""
 
 import json
 import subprocess
 import sys
 
 import nbformat
-import papermill as pm
 import pytest
 
 from labsupport import chapters, runs
 
-from .conftest import REPO, cpu_args, tree_bytes
+from .conftest import REPO, cpu_args, executed_notebook, tree_bytes
 
 NOTEBOOKS = [c.path for c in chapters.CHAPTERS]
 
@@ -26,16 +26,11 @@ def test_notebook_is_committed_clean(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_replays_the_published_run(path, tmp_path):
-    out = tmp_path / path.name
-    pm.execute_notebook(
-        str(path),
-        str(out),
-        parameters={"mode": "replay"},
-        cwd=str(path.parent),
-        kernel_name="python3",
-        progress_bar=False,
-    )
+def test_notebook_replays_the_published_run(path, built_book):
+    """The session's book build executes every chapter in replay mode (execute_notebooks:
+    force); the notebook it executed shows no traceback and draws. Papermill's own path (its
+    parameters cell, injected parameters) is the live tests' below and the chapters' own."""
+    out = executed_notebook(built_book, path)
     nb = nbformat.read(out, as_version=4)
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "Traceback" not in text
