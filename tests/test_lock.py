@@ -129,6 +129,7 @@ def held_until_released(*a, **k):
 nightly.validate_runs = held_until_released
 sys.exit(d.main(sys.argv[1:]))
 """
+    before = set(n.root.glob(f"{driver.CHAPTER}/2*-cpu"))
     first = subprocess.Popen(
         [sys.executable, "-c", slow, str(n.root), str(n.logs), str(n.book)],
         cwd=REPO,
@@ -138,8 +139,9 @@ sys.exit(d.main(sys.argv[1:]))
         text=True,
     )
     try:
-        # Until the first night has written its run (it then holds the lock, validating).
-        wrote = wait_while_running(first, lambda: bool(list(n.root.glob(f"{driver.CHAPTER}/2*-cpu"))))
+        # Until the first night has written its run (it then holds the lock, validating): a run
+        # folder that was not there before it started (the starting run is a CPU run too).
+        wrote = wait_while_running(first, lambda: bool(set(n.root.glob(f"{driver.CHAPTER}/2*-cpu")) - before))
         assert wrote, "the first night never wrote its run"
         second = subprocess.run(
             [sys.executable, "-m", "tests.nightly_driver", str(n.root), str(tmp_path / "logs2"), str(n.book)],
