@@ -77,6 +77,25 @@ def test_the_launch_config_gives_every_notebook_page_a_colab_button(tmp_path):
     assert config["html_js_files"] == committed["sphinx"]["config"]["html_js_files"]
 
 
+def test_the_launch_button_stays_on_ipynb_pages_only():
+    """Colab opens .ipynb files only: book/_ext/launch_notebooks_only.py takes the theme's launch
+    buttons off a MyST Markdown page (book/methodology.md) and leaves them on a notebook's."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    path = REPO / "book" / "_ext" / "launch_notebooks_only.py"
+    spec = importlib.util.spec_from_file_location("launch_notebooks_only", path)
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    suffix = {"book/methodology": ".md", "notebooks/why_a_gpu": ".ipynb"}
+    app = SimpleNamespace(env=SimpleNamespace(doc2path=lambda name: REPO / (name + suffix[name])))
+    for page, kept in (("book/methodology", False), ("notebooks/why_a_gpu", True)):
+        buttons = [{"label": "download-buttons"}, {"label": "launch-buttons", "buttons": [{"text": "Colab"}]}]
+        ext._drop_launch_buttons(app, page, "page.html", {"header_buttons": buttons}, None)
+        assert [b["label"] for b in buttons] == ["download-buttons", *(["launch-buttons"] if kept else [])], page
+    assert "launch_notebooks_only" in yaml.safe_load((REPO / "_config.yml").read_text())["sphinx"]["local_extensions"]
+
+
 # The install cell -----------------------------------------------------------------------------
 
 

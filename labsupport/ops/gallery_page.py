@@ -182,7 +182,8 @@ def html(df: pd.DataFrame, prefix: str = "../") -> str:
                     cells.append(f"<td>{_cell(c, r.get(c, math.nan))}</td>")
             body.append("<tr>" + "".join(cells) + "</tr>")
         parts.append(
-            f"<h2>{_html.escape(chapter)}</h2>\n<table class='gallery'><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table>"
+            # .table-wrap (book/_static/book.css): a table wider than the screen scrolls in its box.
+            f"<h2>{_html.escape(chapter)}</h2>\n<div class='table-wrap'><table class='gallery'><thead><tr>{head}</tr>"
+            f"</thead><tbody>{''.join(body)}</tbody></table></div>"
         )
     return "\n".join(parts)
