@@ -83,19 +83,32 @@ def run_file_link(run, name: str, text: str | None = None):
     return HTML(f'<p><a href="{href}" download>{html.escape(text or name)}</a></p>')
 
 
+def perfetto_link(href: str, title: str) -> str:
+    """An "Open in Perfetto" link (HTML) for the trace served at `href`, relative to the page:
+    book/_static/perfetto.js fetches the trace and posts it to a ui.perfetto.dev window it
+    opens. Without the script the link opens Perfetto empty, to load the downloaded file."""
+    return (
+        f'<a class="perfetto-open" href="https://ui.perfetto.dev" data-trace="{html.escape(href)}" '
+        f'data-title="{html.escape(title)}" target="_blank" rel="opener">Open in Perfetto</a>'
+    )
+
+
 def trace_download(run, name: str):
-    """The download link for a raw profiler trace, with how to open it."""
+    """The download link for a raw profiler trace, with how to open it (and a link that opens
+    it in Perfetto at once)."""
     from IPython.display import HTML
 
     run.file(name)
-    href = html.escape(f"../runs/{run.chapter}/{run.run_id}/{name}")
+    href = f"../runs/{run.chapter}/{run.run_id}/{name}"
     size = run.file(name).stat().st_size
     size = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
     return HTML(
         f'<p class="trace-download">Raw profiler trace behind this figure: '
-        f'<a href="{href}" download><code>{html.escape(name)}</code></a> ({size}, run {html.escape(run.run_id)}). '
-        f'Open it in <a href="https://ui.perfetto.dev">Perfetto</a> (Open trace file) or in Chrome at '
-        f"<code>chrome://tracing</code> (Load); both read the compressed file as it is.</p>"
+        f'<a href="{html.escape(href)}" download><code>{html.escape(name)}</code></a> '
+        f"({size}, run {html.escape(run.run_id)}): "
+        f"{perfetto_link(href, f'{name} ({run.chapter}, run {run.run_id})')}. "
+        f'Or open the downloaded file in <a href="https://ui.perfetto.dev">Perfetto</a> (Open trace file) or '
+        f"in Chrome at <code>chrome://tracing</code> (Load); both read the compressed file as it is.</p>"
     )
 
 

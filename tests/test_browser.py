@@ -588,3 +588,115 @@ def test_page_shows_what_it_mentions(site, page):
     v = site.visit(page)
     if re.search(r"explorer (below|above)", v.shown["text"], re.I):
         assert v.shown["explorers"] > 0, f"{page} mentions an explorer it does not show"
+
+
+# The gallery page (book/gallery.md, its tables from labsupport.ops.gallery_page) on a phone: the
+# tables, every figure, its download links.
+GALLERY = "book/gallery"
+GALLERY_COLLECT = """() => {
+  const main = document.querySelector('main') || document.body;
+  const screen = document.documentElement.clientWidth;
+  const tables = Array.from(main.querySelectorAll('table')).map(t => {
+    let box = null;
+    for (let e = t; e && e !== main; e = e.parentElement) {
+      const o = getComputedStyle(e).overflowX;
+      if (o === 'auto' || o === 'scroll') { box = e.getBoundingClientRect(); break; }
+    }
+    const r = t.getBoundingClientRect();
+    return {width: r.width, left: r.left, right: r.right,
+            box: box ? {left: box.left, right: box.right, width: box.width} : null,
+            rows: t.querySelectorAll('tbody tr').length};
+  });
+  const downloads = Array.from(main.querySelectorAll('table a[href]')).map(a => a.href);
+  return {screen: screen, tables: tables, downloads: downloads};
+}"""
+
+
+def test_the_gallery_page_on_a_phone(site, book_html):
+    """At 390 px the gallery page does not scroll sideways, shows every figure whole and every
+    table within the screen (wider ones scroll in a box of their own that fits it), no object
+    repr; each of its rows links a download that is a zip built with the book, holding runs/."""
+    import zipfile
+
+    from labsupport.ops import gallery, gallery_page
+
+    v = site.visit(GALLERY)
+    assert v.status == 200 and not v.page_errors and not v.console_errors and not v.failed_requests
+    assert v.narrow_overflow_px is not None and v.narrow_overflow_px <= 1, v.narrow_screenshot
+    assert not figures_not_whole(v.narrow), figures_not_whole(v.narrow)
+    assert not object_reprs(v.narrow.get("text", "")) and not object_reprs(v.shown["text"])
+    ctx = site.browser.new_context(viewport=NARROW, service_workers="block")
+    try:
+        q = ctx.new_page()
+        q.route("**/*", lambda r: r.continue_() if urlsplit(r.request.url).hostname == "127.0.0.1" else r.abort())
+        q.goto(site.base + GALLERY + ".html", wait_until="load")
+        got = q.evaluate(GALLERY_COLLECT)
+    finally:
+        ctx.close()
+    screen = got["screen"]
+    expected = gallery_page.rows(REPO / "runs")
+    assert got["tables"] and sum(t["rows"] for t in got["tables"]) == len(expected)
+    for t in got["tables"]:
+        shown = t["box"] if t["width"] > screen + 1 else t
+        assert shown is not None and shown["left"] >= -1 and shown["right"] <= screen + 1, (t, screen)
+    downloads = [u for u in got["downloads"] if "/download/" in u]
+    assert len(downloads) == len(expected), downloads
+    entries = gallery.entries(REPO / "runs")
+    served = {urlsplit(u).path.rsplit("/", 1)[-1] for u in downloads}
+    assert {gallery_page.download_name(e) for e in entries} <= served
+    for url in downloads:
+        assert url.startswith(site.base), url
+        path = book_html / urlsplit(url).path.lstrip("/")
+        assert path.is_file(), url
+        names = zipfile.ZipFile(path).namelist()
+        assert names and all(n.startswith("runs/") for n in names), url
+
+
+# A stand-in for ui.perfetto.dev (no internet here): it answers PING with PONG, as the real UI
+# does, and shows in its title what was posted to it.
+FAKE_PERFETTO = """<!doctype html><title>waiting</title><script>
+window.addEventListener('message', e => {
+  if (e.data === 'PING') { e.source.postMessage('PONG', '*'); return; }
+  const p = e.data && e.data.perfetto;
+  if (!p) return;
+  const b = new Uint8Array(p.buffer);
+  document.title = JSON.stringify({fileName: p.fileName, title: p.title, bytes: b.length,
+                                   gzip: b[0] === 0x1f && b[1] === 0x8b, origin: e.origin});
+});
+</script>"""
+
+
+def test_open_in_perfetto_posts_the_served_trace(site, book_html):
+    """Clicking "Open in Perfetto" beside a trace opens a ui.perfetto.dev window and, after its
+    PONG, posts it the served trace, byte for byte (gzipped, as Perfetto reads it)."""
+    page = "notebooks/kernels_in_one_token"
+    ctx = site.browser.new_context(viewport=VIEWPORT, service_workers="block")
+    try:
+
+        def route(r):
+            host = urlsplit(r.request.url).hostname
+            if host == "ui.perfetto.dev":
+                r.fulfill(status=200, content_type="text/html", body=FAKE_PERFETTO)
+            elif host == "127.0.0.1":
+                r.continue_()
+            else:
+                r.abort("blockedbyclient")
+
+        ctx.route("**/*", route)
+        p = ctx.new_page()
+        p.set_default_timeout(PAGE_TIMEOUT_MS)
+        p.goto(site.base + page + ".html", wait_until="load")
+        link = p.locator("a.perfetto-open").first
+        trace = link.get_attribute("data-trace")
+        with ctx.expect_page() as opened:
+            link.click()
+        ui = opened.value
+        ui.wait_for_function("document.title.startsWith('{')")
+        got = json.loads(ui.title())
+        assert urlsplit(ui.url).hostname == "ui.perfetto.dev"
+    finally:
+        ctx.close()
+    served = (book_html / page).parent / trace
+    assert got["fileName"] == Path(trace).name and got["fileName"] in got["title"]
+    assert got["bytes"] == served.stat().st_size and got["gzip"], got
+    assert got["origin"] == site.base.rstrip("/")

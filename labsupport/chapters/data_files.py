@@ -4,6 +4,7 @@ undescribed, and a test fails on it. And the host's speed while the run was reco
 
 from __future__ import annotations
 
+from labsupport import glue
 from labsupport.traces.replay import is_derived
 
 META = "provenance (GPU, driver, CUDA, library versions, commit, time, command), parameters, results, checksums"
@@ -13,6 +14,11 @@ DERIVED = {
     "kernels": "derived from the trace of the same name: its kernels with their launching call, operator, module",
     "regions": "derived from the trace of the same name: its annotated regions (start, length in ns)",
 }
+
+
+def is_trace(name: str) -> bool:
+    """A raw profiler trace (gzipped Chrome-trace JSON), which Perfetto opens."""
+    return name.endswith(".json.gz")
 
 
 def describe(chapter: str, name: str) -> str | None:
@@ -41,15 +47,18 @@ def data_list(run):
         path = run.path / name
         size = path.stat().st_size
         size = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
-        href = html.escape(f"../runs/{run.chapter}/{run.run_id}/{name}")
+        href = f"../runs/{run.chapter}/{run.run_id}/{name}"
         what = describe(run.chapter, name) or "(not described)"
+        # A trace also opens in Perfetto from the page (book/_static/perfetto.js).
+        opens = f"<br>{glue.perfetto_link(href, f'{name} ({run.chapter}, run {run.run_id})')}" if is_trace(name) else ""
         rows.append(
-            f'<tr><td><a href="{href}" download><code>{html.escape(name)}</code></a></td>'
+            f'<tr><td><a href="{html.escape(href)}" download><code>{html.escape(name)}</code></a>{opens}</td>'
             f"<td>{size}</td><td>{html.escape(what)}</td></tr>"
         )
     return HTML(
         f"<p>Run <code>{html.escape(run.run_id)}</code> of <code>{html.escape(run.chapter)}</code>; "
-        "CSV tables open in any spreadsheet, traces in <a href='https://ui.perfetto.dev'>Perfetto</a>.</p>"
+        "CSV tables open in any spreadsheet, traces in <a href='https://ui.perfetto.dev'>Perfetto</a> "
+        "(<em>Open in Perfetto</em> hands the served trace to a Perfetto window in your browser).</p>"
         '<table class="data-files"><thead><tr><th>file</th><th>size</th><th>what it holds</th></tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
         f"<p>{html.escape(host_text(run))}</p>"

@@ -182,8 +182,8 @@ def html(df: pd.DataFrame, prefix: str = "../") -> str:
                     cells.append(f"<td>{_cell(c, r.get(c, math.nan))}</td>")
             body.append("<tr>" + "".join(cells) + "</tr>")
         parts.append(
-            # in a box of its own that scrolls sideways on a narrow screen (book.css, .table-wrap)
-            f"<h2>{_html.escape(chapter)}</h2>\n<div class='table-wrap'><table class='gallery'><thead><tr>{head}"
-            f"</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+            # .table-wrap (book/_static/book.css): a table wider than the screen scrolls in its box.
+            f"<h2>{_html.escape(chapter)}</h2>\n<div class='table-wrap'><table class='gallery'><thead><tr>{head}</tr>"
+            f"</thead><tbody>{''.join(body)}</tbody></table></div>"
         )
     return "\n".join(parts)
