@@ -107,6 +107,7 @@ TARGET_MS = 3.80
 class Params:
     preset: str = "qwen3-8b"
     prompt_len: int = 256
+    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
     repeats: int = 30  # rounds of interleaved trials of our rungs
     device: str = "cuda"
 
