@@ -415,6 +415,7 @@ CHAPTERS = [
             "prompt_len": at_least(1),
             "prompt_lens": LENGTHS,
             "repeats": REPEATS,
+            "dtype": DTYPE,
         },
         smoke={"prompt_lens": [1, 64, 512], "repeats": 3},
         cpu={"preset": "tiny", "prompt_len": 16, "prompt_lens": [1, 8, 16], "repeats": 2},
@@ -450,6 +451,7 @@ CHAPTERS = [
             "backends": subset_of("reference", "fla"),
             "compile_backends": subset_of("reference", "fla"),
             "contexts": LENGTHS,
+            "dtype": DTYPE,
         },
         smoke={"repeats": 3, "compile_backends": [], "contexts": [512, 4096]},
         cpu={
