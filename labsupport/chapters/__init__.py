@@ -179,6 +179,7 @@ CHAPTERS = [
             "matvec_repeats": REPEATS,
             "prompt_len": at_least(1),
             "device": one_of("cuda", "cpu"),
+            "dtype": DTYPE,
         },
         smoke={"batches": [1, 16], "rounds": 3, "matvec_repeats": 5},
         cpu={

@@ -36,6 +36,21 @@ def datasheet_or_none(gpu_name: str) -> Datasheet | None:
         return None
 
 
+def run_datasheet(run) -> Datasheet | None:
+    """The datasheet of a run's GPU at the run's dtype: the sheet itself for BF16 (every run before
+    the `dtype` parameter); for a run in float16, the sheet with its FP16 dense rate in the place
+    of the BF16 one (`bf16_tflops`, which the ridge arithmetic reads). None for an unknown GPU or
+    one without a rate in the run's dtype (a T4 in BF16), which the chapters treat alike."""
+    import dataclasses
+
+    sheet = datasheet_or_none(run.provenance["gpu"])
+    dtype = (getattr(run, "parameters", None) or {}).get("dtype", "bfloat16")
+    if sheet is None or dtype == "bfloat16":
+        return sheet if sheet is None or sheet.bf16_tflops else None
+    rate = sheet.tensor_tflops(dtype)
+    return dataclasses.replace(sheet, bf16_tflops=rate) if rate else None
+
+
 @dataclass
 class Ceilings:
     """Ceilings measured on this GPU (medians): a device-to-device copy (bytes read and

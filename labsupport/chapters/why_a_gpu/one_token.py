@@ -153,14 +153,15 @@ def matvec_summary(run: runs.Run) -> Matvec:
     gpu = mv[~on_cpu].set_index("timing")
     call = gpu.loc[PER_CALL]
     kernel = gpu.loc[KERNEL_TIME] if KERNEL_TIME in gpu.index else None
-    bf16 = only(mv.loc[mv.dtype == "bfloat16", "bytes"])
+    half = models.run_dtype(run)  # the model's half-precision type: BF16 unless the run says float16
+    bf16 = only(mv.loc[mv.dtype == half, "bytes"])
     return Matvec(
         shape=only(mv["shape"]),
         mb=float(bf16) / 1e6,
         cpu_threads=only(cpu.device).split("(")[-1].rstrip(")"),
         cpu32_ms=float(cpu.loc["float32", "ms_median"]),
         cpu32_gbs=float(cpu.loc["float32", "GB/s"]),
-        cpu16_ms=float(cpu.loc["bfloat16", "ms_median"]),
+        cpu16_ms=float(cpu.loc[half, "ms_median"]),
         gpu_call_ms=float(call.ms_median),
         gpu_call_gbs=float(call["GB/s"]),
         gpu_kernel_ms=float(kernel.ms_median) if kernel is not None else None,
