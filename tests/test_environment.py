@@ -21,10 +21,12 @@ H200 = "NVIDIA H200"
 
 @pytest.fixture
 def gpu(monkeypatch):
-    """A fake CUDA GPU: its name and free/total memory, and the allocator cap it was given."""
-    state = {"name": H200, "free": 140e9, "total": 143e9, "fraction": None}
+    """A fake CUDA GPU: its name, compute capability and free/total memory, and the allocator cap
+    it was given."""
+    state = {"name": H200, "capability": (9, 0), "free": 140e9, "total": 143e9, "fraction": None}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: state["name"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: state["capability"])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=0: (state["free"], state["total"]))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, i=0: state.update(fraction=f))
     monkeypatch.delenv(environment.MEMORY_VARIABLE, raising=False)
@@ -93,6 +95,54 @@ def test_free_memory_counts_without_a_cap_and_nothing_may_fit(gpu, monkeypatch):
     gpu["free"] = 60e9  # the hybrid's 27B needs about 70 GB and has no smaller real preset
     with pytest.raises(environment.EnvironmentProblem, match=r"'qwen3\.5-27b' needs about 70\.\d GB.*no preset of it"):
         environment.check("hybrid-model-token", "live", "qwen3.5-27b")
+
+
+def test_a_gpu_without_bf16_runs_float16_and_says_so_in_one_line(gpu, capsys):
+    gpu.update(name="Tesla T4", capability=(7, 5), free=15e9, total=15.8e9)
+    lines = environment.check("kernels-in-one-token", "live", "qwen3-1.7b")
+    assert lines == ["the GPU 'Tesla T4' (compute capability 7.5) has no BF16: the model runs in float16"]
+    assert capsys.readouterr().out == lines[0] + "\n"
+    assert environment.dtype_here("bfloat16") == "float16"  # the notebook's default follows the GPU
+    assert environment.dtype_here("float16") == "float16"
+    assert environment.dtype_here("bfloat16", device="cpu") == "bfloat16"  # the tiny model on a CPU: as asked
+    assert environment.check("kernels-in-one-token", "live", "qwen3-1.7b", dtype="float16") == []
+
+
+def test_an_explicit_bfloat16_on_a_gpu_without_it_is_refused_in_one_line(gpu):
+    gpu.update(name="Tesla V100-SXM2-16GB", capability=(7, 0), free=15e9, total=16e9)
+    with pytest.raises(environment.EnvironmentProblem) as e:
+        environment.check("launch-overhead", "live", "qwen3-1.7b", dtype="bfloat16")
+    line = str(e.value)
+    assert "\n" not in line and "(compute capability 7.0) has no BF16, which dtype='bfloat16' asks for" in line
+    assert line.endswith("set dtype='float16'")
+    gpu.update(name=H200, capability=(9, 0), free=140e9, total=143e9)
+    assert environment.check("launch-overhead", "live", "qwen3-8b", dtype="bfloat16") == []  # a GPU with BF16
+    assert environment.dtype_here("bfloat16") == "bfloat16"
+    with pytest.raises(environment.EnvironmentProblem, match="dtype must be one of bfloat16, float16"):
+        environment.dtype_here("float32")
+
+
+def test_the_live_command_passes_only_an_explicit_dtype_to_the_check(monkeypatch):
+    seen = []
+
+    def run(cmd, **kw):
+        import json
+        import subprocess
+
+        seen.extend(json.loads(cmd[-1]))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr("subprocess.run", run)
+    picked = chapters.find(["launch-overhead", "closing-the-gap"])
+    assert (
+        live.check_environment(picked, {"launch-overhead": {"dtype": "bfloat16"}, "closing-the-gap": {}}, False) is None
+    )
+    assert [row[3] for row in seen] == ["bfloat16", None]
+
+
+def test_float16_weights_take_as_much_memory_as_bf16():
+    assert environment.needed_gb("qwen3-1.7b", "float16") == environment.needed_gb("qwen3-1.7b")
+    assert models.preset_counts("tiny", "float16").bytes_per_parameter == 2
 
 
 @pytest.mark.parametrize("raw", ["eight", "0", "-3"])

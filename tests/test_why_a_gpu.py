@@ -537,6 +537,19 @@ def sweeps(monkeypatch, calls):
     return seen
 
 
+def test_the_notebook_in_float16_records_float16_products(runs_root, calls, sweeps):
+    run = run_live_cells(**TINY, dtype="float16")
+    assert run.parameters["dtype"] == "float16" and run.results["model"]["bytes_per_parameter"] == 2
+    mv = ch.matvec(run)
+    assert sorted(set(mv.dtype)) == ["float16", "float32"]
+    assert ch.matvec_summary(run).mb == pytest.approx(only_bytes(mv, "float16") / 1e6)
+
+
+def only_bytes(mv, dtype):
+    (b,) = set(mv.loc[mv.dtype == dtype, "bytes"])
+    return b
+
+
 def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, sweeps):
     run = run_live_cells(**TINY)
     # The batch sizes are timed together, interleaved in rounds, before any profile.
@@ -546,7 +559,8 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, swee
     kinds = [k for k, _ in calls]
     assert "profile" in kinds and "time" not in kinds[kinds.index("profile") :], calls
     assert [w for k, w in calls if k == "profile"] == ["decode_step"] * 3 + ["matvec"]
-    assert run.path.parent.parent == runs_root and run.parameters == {k: v for k, v in TINY.items() if k != "mode"}
+    assert run.path.parent.parent == runs_root
+    assert run.parameters == {**{k: v for k, v in TINY.items() if k != "mode"}, "dtype": "bfloat16"}  # the default
     s = run.table("batch_sweep")
     assert list(s.batch) == [1, 2, 4] and (s.status == "ok").all() and s.wall_clean.all()
     assert (s.wall_ms_min <= s.wall_ms_q1).all() and (s.wall_ms_q1 <= s.wall_ms_median).all()

@@ -86,6 +86,9 @@ CEILINGS = ("copy_bytes", "copy_ms_median", "gemm_n", "gemm_ms_median", "copy_tb
 # The parameters most chapters share.
 REPEATS = at_least(1)
 LENGTHS = each_at_least(1)
+# The half-precision type of a chapter's model (labsupport.measure.models.DTYPES); a run without
+# the parameter ran in bfloat16.
+DTYPE = one_of("bfloat16", "float16")
 
 
 # The line on ceilings.csv, a file of most chapters' runs.
@@ -176,6 +179,7 @@ CHAPTERS = [
             "matvec_repeats": REPEATS,
             "prompt_len": at_least(1),
             "device": one_of("cuda", "cpu"),
+            "dtype": DTYPE,
         },
         smoke={"batches": [1, 16], "rounds": 3, "matvec_repeats": 5},
         cpu={
@@ -286,6 +290,7 @@ CHAPTERS = [
             "contexts": LENGTHS,
             "repeats": REPEATS,
             "fresh_processes": at_least(0),
+            "dtype": DTYPE,
         },
         smoke={"contexts": [256, 4096], "repeats": 5, "fresh_processes": 1},
         cpu={"preset": "tiny", "prompt_len": 16, "contexts": [8, 32], "repeats": 2, "fresh_processes": 1},
@@ -316,7 +321,7 @@ CHAPTERS = [
             "step_times.csv": ("variant", "repeat", "wall_ms"),
             "variants.csv": ("variant", "status", "kernels", "gpu_busy_ns", "launch_calls", "wall_ms_median"),
         },
-        checks={"preset": preset(), "prompt_len": at_least(1), "repeats": REPEATS},
+        checks={"preset": preset(), "prompt_len": at_least(1), "repeats": REPEATS, "dtype": DTYPE},
         smoke={"preset": "tiny", "prompt_len": 64, "repeats": 3, "max_autotune": True},
         cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
         reads=("kernels-in-one-token", "why-a-gpu"),  # the eager steps' numbers; the ceilings
@@ -357,7 +362,7 @@ CHAPTERS = [
             "gemv_tuning.csv": ("n", "k", "block_n", "block_k", "num_warps", "num_stages", "us", "chosen"),
             "tokens_per_forward.csv": ("tokens", "path", "status", "ms_min"),  # runs since issue 25
         },
-        checks={"preset": preset("qwen3-8b", "tiny"), "prompt_len": at_least(1), "repeats": REPEATS},
+        checks={"preset": preset("qwen3-8b", "tiny"), "prompt_len": at_least(1), "repeats": REPEATS, "dtype": DTYPE},
         smoke={"preset": "tiny", "prompt_len": 64, "repeats": 3},
         cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
         reads=("why-a-gpu", "kernels-in-one-token", "launch-overhead"),
@@ -411,6 +416,7 @@ CHAPTERS = [
             "prompt_len": at_least(1),
             "prompt_lens": LENGTHS,
             "repeats": REPEATS,
+            "dtype": DTYPE,
         },
         smoke={"prompt_lens": [1, 64, 512], "repeats": 3},
         cpu={"preset": "tiny", "prompt_len": 16, "prompt_lens": [1, 8, 16], "repeats": 2},
@@ -446,6 +452,7 @@ CHAPTERS = [
             "backends": subset_of("reference", "fla"),
             "compile_backends": subset_of("reference", "fla"),
             "contexts": LENGTHS,
+            "dtype": DTYPE,
         },
         smoke={"repeats": 3, "compile_backends": [], "contexts": [512, 4096]},
         cpu={

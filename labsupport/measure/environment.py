@@ -12,6 +12,11 @@ does), and says nothing when all is fine. Replay (the default) needs no GPU.
 much as available, and caps the process's CUDA allocator to it
 (torch.cuda.set_per_process_memory_fraction), so that the small-memory path can be tried on a
 large GPU.
+
+A GPU without BF16 (compute capability below 8.0: T4, V100) runs a chapter's model in float16:
+the check says so in one line (`dtype_here` makes the live cells follow it); a `dtype` of
+"bfloat16" asked for explicitly (`python -m labsupport live --param dtype=bfloat16`) is refused
+there in one line.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ BY_CHAPTER = {
 INSTALL = (
     "pip install the labsupport wheel and requirements-gpubox.txt that the book serves (page 'Run a chapter yourself')"
 )
-# A preset's GPU memory: its weights (BF16) plus this margin for the KV caches, activations,
+# The oldest compute capability with BF16 tensor cores (Ampere).
+BF16_CAPABILITY = (8, 0)
+# A preset's GPU memory: its weights (BF16 or float16: two bytes each) plus this margin for the KV caches, activations,
 # cuBLAS workspaces and the CUDA context. An estimate that errs high, not a measurement.
 MARGIN_FRACTION = 0.25
 MARGIN_GB = 3.0
@@ -108,15 +115,17 @@ def available_gb(torch) -> tuple[float, str]:
     return usable, f"{usable:.1f} GB usable ({MEMORY_VARIABLE}={cap:g}; {free / GB:.1f} GB free of {total / GB:.1f} GB)"
 
 
-def weight_gb(preset: str) -> float:
-    """The preset's weights in BF16, counted from the model built on the meta device."""
-    return models.preset_counts(preset).parameters * 2 / GB
+def weight_gb(preset: str, dtype: str | None = None) -> float:
+    """The preset's weights in `dtype` (None: BF16), counted from the model built on the meta
+    device (bfloat16 and float16 both take two bytes a weight)."""
+    c = models.preset_counts(preset, dtype)
+    return c.parameters * c.bytes_per_parameter / GB
 
 
-def needed_gb(preset: str) -> float:
+def needed_gb(preset: str, dtype: str | None = None) -> float:
     """GPU memory the preset needs, by the stated estimate: weights plus MARGIN_FRACTION of
     them plus MARGIN_GB."""
-    w = weight_gb(preset)
+    w = weight_gb(preset, dtype)
     return w * (1 + MARGIN_FRACTION) + MARGIN_GB
 
 
@@ -131,14 +140,53 @@ def largest_fitting(available: float, family_of: str) -> str | None:
     return max(fits)[1] if fits else None
 
 
-def gpu_lines(preset: str | None) -> tuple[list[str], list[str]]:
-    """(lines that stop a live run, lines that do not) about the GPU and its memory."""
+def has_bf16(capability: tuple[int, int]) -> bool:
+    """Whether a GPU of this compute capability has BF16 tensor cores (8.0 and later)."""
+    return tuple(capability) >= BF16_CAPABILITY
+
+
+def dtype_lines(name: str, capability: tuple[int, int], dtype: str | None) -> tuple[list[str], list[str]]:
+    """(lines that stop a live run, lines that do not) about the half-precision type on this GPU:
+    `dtype` None is the notebook's default (bfloat16, float16 where the GPU has no BF16); an
+    explicit "bfloat16" on a GPU without it is refused."""
+    if dtype not in (None, *models.DTYPES):
+        return [f"dtype must be one of {', '.join(models.DTYPES)}, not {dtype!r}"], []
+    if has_bf16(capability) or dtype == "float16":
+        return [], []
+    cc = ".".join(map(str, capability))
+    if dtype == "bfloat16":
+        return [
+            f"the GPU {name!r} (compute capability {cc}) has no BF16, which dtype='bfloat16' asks for: "
+            "leave dtype at its default or set dtype='float16'"
+        ], []
+    return [], [f"the GPU {name!r} (compute capability {cc}) has no BF16: the model runs in float16"]
+
+
+def dtype_here(dtype: str = models.DEFAULT_DTYPE, device: str = "cuda") -> str:
+    """The dtype a live run uses: `dtype`, except float16 in place of the default bfloat16 on a
+    CUDA GPU without BF16 (the environment check has said so in one line)."""
+    if dtype not in models.DTYPES:
+        raise EnvironmentProblem(f"dtype must be one of {', '.join(models.DTYPES)}, not {dtype!r}")
+    if dtype != "bfloat16" or device != "cuda":
+        return dtype
+    import torch
+
+    if torch.cuda.is_available() and not has_bf16(torch.cuda.get_device_capability(0)):
+        return "float16"
+    return dtype
+
+
+def gpu_lines(preset: str | None, dtype: str | None = None) -> tuple[list[str], list[str]]:
+    """(lines that stop a live run, lines that do not) about the GPU, its half-precision types
+    and its memory."""
     import torch
 
     if not torch.cuda.is_available():
         return ["live mode needs a CUDA GPU and none is visible (mode='replay' shows the recorded run)"], []
     name = torch.cuda.get_device_name(0)
-    note = []
+    stop, note = dtype_lines(name, torch.cuda.get_device_capability(0), dtype)
+    if stop:
+        return stop, note
     if hardware.datasheet_or_none(name) is None:
         note.append(
             f"the GPU {name!r} is not in the book's datasheet table (labsupport.measure.hardware.DATASHEETS): "
@@ -147,26 +195,30 @@ def gpu_lines(preset: str | None) -> tuple[list[str], list[str]]:
     if not preset or preset not in models.PRESETS:
         return [], note
     have, where = available_gb(torch)
-    need = needed_gb(preset)
+    need = needed_gb(preset, dtype)
     if need <= have:
         return [], note
     best = largest_fitting(have, preset)
     offer = f"the largest preset that fits is {best!r} (set preset = {best!r})" if best else "no preset of it fits"
     return [
-        f"preset {preset!r} needs about {need:.1f} GB of GPU memory ({weight_gb(preset):.1f} GB of BF16 weights "
+        f"preset {preset!r} needs about {need:.1f} GB of GPU memory ({weight_gb(preset, dtype):.1f} GB of "
+        f"{models.dtype_label(dtype)} weights "
         f"+ {MARGIN_FRACTION:.0%} + {MARGIN_GB:g} GB for caches and workspace); this GPU has {where}: {offer}"
     ], note
 
 
-def check(chapter: str, mode: str = "replay", preset: str | None = None, allow_cpu: bool = False) -> list[str]:
+def check(
+    chapter: str, mode: str = "replay", preset: str | None = None, allow_cpu: bool = False, dtype: str | None = None
+) -> list[str]:
     """Check this machine for chapter `chapter` (its slug) run in `mode` with model `preset`:
     print one line per problem the chapter survives, raise EnvironmentProblem (one line) for
-    one that stops it, and return every line (none when all is fine)."""
+    one that stops it, and return every line (none when all is fine). `dtype` is one asked for
+    explicitly (None: the notebook's default, which follows the GPU)."""
     if mode not in ("live", "replay"):
         raise EnvironmentProblem(f"mode must be 'live' or 'replay', not {mode!r}")
     stop, note = package_lines(chapter, live=mode == "live")
     if not stop and mode == "live" and not allow_cpu:
-        gpu_stop, gpu_note = gpu_lines(preset)
+        gpu_stop, gpu_note = gpu_lines(preset, dtype)
         stop, note = stop + gpu_stop, note + gpu_note
     for line in note:
         print(line)
@@ -176,16 +228,16 @@ def check(chapter: str, mode: str = "replay", preset: str | None = None, allow_c
 
 
 def main(argv: list[str]) -> int:
-    """`python -m labsupport.measure.environment '[["slug", "preset or null", allow_cpu], ...]'`:
+    """`python -m labsupport.measure.environment '[["slug", "preset or null", allow_cpu, "dtype or null"], ...]'`:
     check() in live mode for each chapter; the lines it prints, and the first line that stops
     a chapter on stderr with exit status 1. `labsupport live` runs it in a child process, so
     that the process driving the notebooks never holds a CUDA context."""
     import json
     import sys
 
-    for slug, preset, allow_cpu in json.loads(argv[0]):
+    for slug, preset, allow_cpu, *rest in json.loads(argv[0]):
         try:
-            check(slug, "live", preset, bool(allow_cpu))
+            check(slug, "live", preset, bool(allow_cpu), rest[0] if rest else None)
         except EnvironmentProblem as e:
             print(f"{slug}: {e}", file=sys.stderr)
             return 1

@@ -38,13 +38,15 @@ class ProcessTiming:
     loadavg_1m_after: float
 
 
-def _measure(preset: str, batch: int, prompt_len: int, repeats: int, device: str, process: int) -> ProcessTiming:
+def _measure(
+    preset: str, batch: int, prompt_len: int, repeats: int, device: str, process: int, dtype: str = "bfloat16"
+) -> ProcessTiming:
     import statistics
 
     from labsupport.measure import decode, harness, models
 
     before = harness.host()
-    model = models.build_model(preset, device=device)
+    model = models.build_model(preset, device=device, dtype=dtype)
     prompt = decode.Prompt.random(model.config.vocab_size, batch, prompt_len, device)
     t = decode.time_decode_steps(model, prompt, device, repeats=repeats)
     after = harness.host()
@@ -63,7 +65,14 @@ def _measure(preset: str, batch: int, prompt_len: int, repeats: int, device: str
 
 
 def in_fresh_processes(
-    n: int, preset: str, prompt_len: int, repeats: int, batch: int = 1, device: str = "cuda", progress=print
+    n: int,
+    preset: str,
+    prompt_len: int,
+    repeats: int,
+    batch: int = 1,
+    device: str = "cuda",
+    progress=print,
+    dtype: str = "bfloat16",
 ) -> list[ProcessTiming]:
     """Start `n` processes one after another, each timing the step once; their results."""
     out = []
@@ -85,6 +94,8 @@ def in_fresh_processes(
             device,
             "--process",
             str(i),
+            "--dtype",
+            dtype,
         ]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT)
         if done.returncode != 0:
@@ -103,8 +114,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--process", type=int, default=0)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     a = ap.parse_args(argv)
-    r = _measure(a.preset, a.batch, a.prompt_len, a.repeats, a.device, a.process)
+    r = _measure(a.preset, a.batch, a.prompt_len, a.repeats, a.device, a.process, a.dtype)
     print(json.dumps(asdict(r)))
     return 0
 

@@ -282,12 +282,12 @@ def interleave(gate, up):
     return torch.stack((gate, up), dim=1).reshape(-1, gate.shape[1]).contiguous()
 
 
-def time_per_call_us(n: int, k: int, call, repeats: int = 20, fp8: bool = False) -> float:
+def time_per_call_us(n: int, k: int, call, repeats: int = 20, fp8: bool = False, dtype=None) -> float:
     """Microseconds per call of `call(x, w)` (which writes its own output) on a BF16 weight of
-    shape (N, K) (FP8 with `fp8`), as the kernels run inside a decode step's CUDA graph: many
-    calls captured in one graph and replayed (no launch gaps from Python), each on a different
-    copy of the weight so that none is read from L2 (the copies together are several times the
-    L2 cache)."""
+    shape (N, K) (FP8 with `fp8`; `dtype` torch.float16 for a model in float16: its weights and x),
+    as the kernels run inside a decode step's CUDA graph: many calls captured in one graph and
+    replayed (no launch gaps from Python), each on a different copy of the weight so that none is
+    read from L2 (the copies together are several times the L2 cache)."""
     import torch
 
     from labsupport.measure import hardware
@@ -295,9 +295,10 @@ def time_per_call_us(n: int, k: int, call, repeats: int = 20, fp8: bool = False)
     nbytes = n * k * (1 if fp8 else 2)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     copies = max(2, -(-4 * l2 // nbytes))
-    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16).to(dtype) for _ in range(copies)]
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    half = dtype or torch.bfloat16
+    dtype = torch.float8_e4m3fn if fp8 else half
+    ws = [torch.randn(n, k, device="cuda", dtype=half).to(dtype) for _ in range(copies)]
+    x = torch.randn(1, k, device="cuda", dtype=half)
     calls = max(32, copies)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -317,15 +318,16 @@ def time_per_call_us(n: int, k: int, call, repeats: int = 20, fp8: bool = False)
 
 def fused_call(
     n: int, k: int, fusion: Fusion, config: Config | None = None, fp8: bool = False, split: bool = False,
-    pdl: bool = False,
+    pdl: bool = False, dtype=None,
 ):  # fmt: skip
     """A call(x, w) for time_per_call_us running the kernel with `fusion` (its norm weight,
-    residual, output and, with `fp8`, row scales made here, once)."""
+    residual, output and, with `fp8`, row scales made here, once), in `dtype` (None: BF16)."""
     import torch
 
-    out = torch.empty(n // 2 if fusion.silu else n, device="cuda", dtype=torch.bfloat16)
-    norm = torch.ones(k, device="cuda", dtype=torch.bfloat16) if fusion.norm else None
-    res = torch.randn(n, device="cuda", dtype=torch.bfloat16) if fusion.residual else None
+    half = dtype or torch.bfloat16
+    out = torch.empty(n // 2 if fusion.silu else n, device="cuda", dtype=half)
+    norm = torch.ones(k, device="cuda", dtype=half) if fusion.norm else None
+    res = torch.randn(n, device="cuda", dtype=half) if fusion.residual else None
     scale = torch.full((n,), 0.01, device="cuda", dtype=torch.float32) if fp8 else None
 
     def call(x, w):
@@ -346,10 +348,10 @@ class Trial:
     fusion: Fusion
     config: Config
     us: float  # per call, time_per_call_us
-    tbs: float  # weight bytes read per second, TB/s (of the weights' own bytes: BF16, or FP8)
+    tbs: float  # weight bytes read per second, TB/s (of the weights' own bytes: BF16 or FP16, or FP8)
     chosen: bool = False  # the config kept without split-K (rungs 7-9), or FP8's
     chosen_split: bool = False  # the config kept with split-K allowed (the split-K rung)
-    weights: str = "bf16"  # or "fp8"
+    weights: str = "bf16"  # or "fp16" (a model in float16), or "fp8"
 
     def as_row(self) -> dict:
         return {"n": self.n, "k": self.k, "fusion": self.fusion.label, **asdict(self.config), "us": self.us,
@@ -358,12 +360,15 @@ class Trial:
 
 
 def tune(
-    cases, candidates=CANDIDATES, progress=print, split_candidates=SPLIT_CANDIDATES, fp8: bool = False
+    cases, candidates=CANDIDATES, progress=print, split_candidates=SPLIT_CANDIDATES, fp8: bool = False, dtype=None
 ) -> list[Trial]:
     """Time every candidate config on each case (N, K, Fusion) (time_per_call_us), and the split-K
     candidates on the smaller matrices; keep the fastest without split-K in CHOSEN (in CHOSEN_FP8
     with `fp8`: FP8 weights, FP8_CANDIDATES by default, no split-K) and the fastest of all in
-    CHOSEN_SPLIT; return every trial."""
+    CHOSEN_SPLIT; return every trial. `dtype`: the model's activations (None: BF16; torch.float16)."""
+    import torch
+
+    half_label = "fp16" if dtype == torch.float16 else "bf16"
     trials = []
     if fp8 and candidates is CANDIDATES:
         candidates = FP8_CANDIDATES
@@ -374,14 +379,14 @@ def tune(
             if fusion.silu and c.block_n < 2:
                 continue
             try:
-                us = time_per_call_us(n, k, fused_call(n, k, fusion, c, fp8=fp8), fp8=fp8)
+                us = time_per_call_us(n, k, fused_call(n, k, fusion, c, fp8=fp8, dtype=dtype), fp8=fp8, dtype=dtype)
             except Exception as e:  # a split-K or FP8 candidate failing leaves the others
                 if c.split_k == 1 and not fp8:
                     raise
                 progress(f"    {n}x{k} {fusion.label} with {c}: failed: {type(e).__name__}: {str(e)[:120]}")
                 continue
             mine.append(
-                Trial(n, k, fusion, c, us, n * k * (1 if fp8 else 2) / us / 1e6, weights="fp8" if fp8 else "bf16")
+                Trial(n, k, fusion, c, us, n * k * (1 if fp8 else 2) / us / 1e6, weights="fp8" if fp8 else half_label)
             )
         best = min((t for t in mine if t.config.split_k == 1), key=lambda t: t.us)
         best.chosen = True

@@ -15,6 +15,12 @@ therefore about 2^4 = 16 times BF16's. (Weights far below their row's largest, u
 s_i x 448, fall into E4M3's subnormals and lose more; with the near-Gaussian weights of a
 linear layer those are a small share.) The chapter's FP8 tolerance follows from that
 (closing_the_gap.params.FP8_ERROR_FACTOR).
+
+In a model run in float16 the activations, norms and eager's step are float16, which keeps 11
+significant bits (10 stored), a relative step of 2^-10: eager's own error against float32 is
+about 2^3 = 8 times smaller than in BF16, while the FP8 weights' rounding error is the same
+E4M3 step. Against eager's own error the FP8 weights are then 2^-3 / 2^-10 = 2^7 = 128 times
+coarser, and the tolerance is the same factor times 128 (tolerance_factor(f, "float16")).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 MANTISSA_BITS = 3  # E4M3's stored mantissa bits; BF16 stores 7
 RELATIVE_STEP = 2.0**-MANTISSA_BITS  # spacing of neighbouring values, relative to their power of two
 BF16_RELATIVE_STEP = 2.0**-7
+# The relative step of the model's half-precision type: 7 stored mantissa bits (BF16), 10 (float16).
+HALF_RELATIVE_STEP = {"bfloat16": BF16_RELATIVE_STEP, "float16": 2.0**-10}
 
 
 def quantize(w, emulate: bool = False):
@@ -42,7 +50,8 @@ def dequantize(w8, scale, dtype):
     return (w8.float() * scale[:, None]).to(dtype)
 
 
-def tolerance_factor(error_factor: float) -> float:
-    """The FP8 rung's allowed error, as a multiple of eager's own: the BF16 rungs' factor times
-    the ratio of E4M3's relative step to BF16's (2^-3 / 2^-7 = 16, module docstring)."""
-    return error_factor * RELATIVE_STEP / BF16_RELATIVE_STEP
+def tolerance_factor(error_factor: float, dtype: str = "bfloat16") -> float:
+    """The FP8 rung's allowed error, as a multiple of eager's own: the other rungs' factor times
+    the ratio of E4M3's relative step to that of the model's `dtype` (BF16: 2^-3 / 2^-7 = 16;
+    float16: 2^-3 / 2^-10 = 128; module docstring)."""
+    return error_factor * RELATIVE_STEP / HALF_RELATIVE_STEP[dtype]

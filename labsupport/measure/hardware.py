@@ -36,6 +36,21 @@ def datasheet_or_none(gpu_name: str) -> Datasheet | None:
         return None
 
 
+def run_datasheet(run) -> Datasheet | None:
+    """The datasheet of a run's GPU at the run's dtype: the sheet itself for BF16 (every run before
+    the `dtype` parameter); for a run in float16, the sheet with its FP16 dense rate in the place
+    of the BF16 one (`bf16_tflops`, which the ridge arithmetic reads). None for an unknown GPU or
+    one without a rate in the run's dtype (a T4 in BF16), which the chapters treat alike."""
+    import dataclasses
+
+    sheet = datasheet_or_none(run.provenance["gpu"])
+    dtype = (getattr(run, "parameters", None) or {}).get("dtype", "bfloat16")
+    if sheet is None or dtype == "bfloat16":
+        return sheet if sheet is None or sheet.bf16_tflops else None
+    rate = sheet.tensor_tflops(dtype)
+    return dataclasses.replace(sheet, bf16_tflops=rate) if rate else None
+
+
 @dataclass
 class Ceilings:
     """Ceilings measured on this GPU (medians): a device-to-device copy (bytes read and
@@ -114,8 +129,11 @@ def time_cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
     return times
 
 
-def measure_ceilings(copy_gib: float = 2.0, read_gib: float = 4.0, gemm_n: int = 8192, repeats: int = 20) -> Ceilings:
-    """Measure copy bandwidth, read bandwidth and BF16 GEMM rate on the current CUDA device.
+def measure_ceilings(
+    copy_gib: float = 2.0, read_gib: float = 4.0, gemm_n: int = 8192, repeats: int = 20, dtype: str = "bfloat16"
+) -> Ceilings:
+    """Measure copy bandwidth, read bandwidth and BF16 GEMM rate on the current CUDA device
+    (the read and the GEMM in `dtype`: "bfloat16", or "float16" for a run in float16).
 
     Every working set is far larger than the 50-60 MB L2 of current GPUs, so these measure
     DRAM. The read stream is timed with two readers of the same BF16 bytes, a sum and a
@@ -124,6 +142,8 @@ def measure_ceilings(copy_gib: float = 2.0, read_gib: float = 4.0, gemm_n: int =
     """
     import torch
 
+    half = getattr(torch, dtype)  # two bytes either way
+
     # Each working set lives only inside its own function, so it is freed before the next one.
     def copy_ms(n_bytes):
         src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda").random_(0, 255)
@@ -131,16 +151,16 @@ def measure_ceilings(copy_gib: float = 2.0, read_gib: float = 4.0, gemm_n: int =
         return time_cuda_ms(lambda: dst.copy_(src), repeats)
 
     def read_ms(rows, cols):
-        w = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-        x = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(rows, cols, device="cuda", dtype=half)
+        x = torch.randn(cols, device="cuda", dtype=half)
         return {
             "sum": time_cuda_ms(lambda: w.sum(dtype=torch.float32), repeats),
             "matrix-vector product": time_cuda_ms(lambda: torch.mv(w, x), repeats),
         }
 
     def gemm_ms(n):
-        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        a = torch.randn(n, n, device="cuda", dtype=half)
+        b = torch.randn(n, n, device="cuda", dtype=half)
         return time_cuda_ms(lambda: a @ b, repeats)
 
     n_bytes = int(copy_gib * 2**30)
@@ -150,7 +170,7 @@ def measure_ceilings(copy_gib: float = 2.0, read_gib: float = 4.0, gemm_n: int =
     readers = read_ms(rows_, cols)
     read_by = min(readers, key=lambda r: statistics.median(readers[r]))
     read_times = readers[read_by]
-    read_bytes = rows_ * cols * 2  # BF16
+    read_bytes = rows_ * cols * 2  # BF16 or float16
     gemm_times = gemm_ms(gemm_n)
     torch.cuda.empty_cache()
     return Ceilings(
@@ -171,12 +191,13 @@ def measure_ceilings(copy_gib: float = 2.0, read_gib: float = 4.0, gemm_n: int =
     )
 
 
-def record_ceilings(writer, progress=print) -> Ceilings:
-    """Measure the ceilings on this GPU and write them as the run's `ceilings` table."""
+def record_ceilings(writer, progress=print, dtype: str = "bfloat16") -> Ceilings:
+    """Measure the ceilings on this GPU and write them as the run's `ceilings` table (the read
+    and GEMM in the run's `dtype`)."""
     import pandas as pd
 
-    progress("measuring copy and read bandwidth and BF16 GEMM rate")
-    ceil = measure_ceilings()
+    progress(f"measuring copy and read bandwidth and {'BF16' if dtype == 'bfloat16' else dtype} GEMM rate")
+    ceil = measure_ceilings(dtype=dtype)
     writer.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
     progress(
         f"  copy {ceil.copy_tbs:.2f} TB/s, read {ceil.read_tbs:.2f} TB/s ({ceil.read_by}), "
@@ -192,7 +213,7 @@ class Limits:
     datasheet_name: str | None
     datasheet_tflops: float | None
     datasheet_tbs: float | None
-    gemm_tflops: float | None  # measured: a large BF16 GEMM
+    gemm_tflops: float | None  # measured: a large GEMM in the run's dtype (BF16 unless it says float16)
     copy_tbs: float | None  # measured: a large device-to-device copy (bytes read + written)
     read_tbs: float | None = None  # measured: a large read stream (bytes read); older runs lack it
 
@@ -216,11 +237,12 @@ def run_limits(run) -> Limits:
     """The ceilings of a recorded run: its GPU's datasheet (if known) and its `ceilings` table
     (if it measured one)."""
     sheet = datasheet_or_none(run.provenance["gpu"])
+    dtype = (getattr(run, "parameters", None) or {}).get("dtype", "bfloat16")  # runs before the parameter: BF16
     has_ceil = "ceilings.csv" in run.meta["files"]
     ceil = Ceilings.from_row(run.table("ceilings").iloc[0]) if has_ceil else None
     return Limits(
         datasheet_name=sheet.name if sheet else None,
-        datasheet_tflops=sheet.bf16_tflops if sheet else None,
+        datasheet_tflops=sheet.tensor_tflops(dtype) if sheet else None,
         datasheet_tbs=sheet.bandwidth_tbs if sheet else None,
         gemm_tflops=ceil.gemm_tflops if has_ceil else None,
         copy_tbs=ceil.copy_tbs if has_ceil else None,

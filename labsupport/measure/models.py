@@ -141,12 +141,42 @@ def hf_config(name: str):
     return config
 
 
+# The half-precision types a chapter's model may run in (its `dtype` parameter): bfloat16, the
+# default every published run used, or float16 for GPUs without BF16 (compute capability below 8.0).
+DTYPES = ("bfloat16", "float16")
+DEFAULT_DTYPE = "bfloat16"
+
+
+def torch_dtype(dtype=None):
+    """The torch dtype of `dtype` (a name of DTYPES, a torch dtype, or None: bfloat16)."""
+    import torch
+
+    if dtype is None:
+        return torch.bfloat16
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        return getattr(torch, dtype)
+    return dtype
+
+
+def dtype_label(dtype: str | None = None) -> str:
+    """How the pages name a dtype: "BF16" or "FP16"."""
+    return {"bfloat16": "BF16", "float16": "FP16"}.get(dtype or DEFAULT_DTYPE, str(dtype))
+
+
+def run_dtype(run) -> str:
+    """The dtype a recorded run's model ran in: runs from before the parameter ran in bfloat16."""
+    return (getattr(run, "parameters", None) or {}).get("dtype", DEFAULT_DTYPE)
+
+
 def build_model(name: str, device="cpu", dtype=None):
-    """Preset `name` with random weights, created directly on `device` (no hub, no copy)."""
+    """Preset `name` with random weights, created directly on `device` (no hub, no copy), in
+    `dtype` (a name of DTYPES or a torch dtype; None: bfloat16)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = dtype or torch.bfloat16
+    dtype = torch_dtype(dtype)
     config = hf_config(name)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -218,6 +248,7 @@ def count_model(model, preset: str = "") -> ModelCounts:
     )
 
 
-def preset_counts(name: str) -> ModelCounts:
-    """Counts of preset `name` in BF16, from a model built on the meta device (no memory used)."""
-    return count_model(build_model(name, device="meta"), preset=name)
+def preset_counts(name: str, dtype=None) -> ModelCounts:
+    """Counts of preset `name` in `dtype` (None: BF16), from a model built on the meta device
+    (no memory used)."""
+    return count_model(build_model(name, device="meta", dtype=dtype), preset=name)

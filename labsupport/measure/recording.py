@@ -68,7 +68,8 @@ class PendingRun:
         self._scratch = tempfile.TemporaryDirectory(prefix=f"{chapter}-")
         self.path = Path(self._scratch.name)
         if ceilings and getattr(params, "device", "cuda") == "cuda":
-            hardware.record_ceilings(self, progress)
+            # the read and the GEMM in the model's dtype (chapters without the parameter: BF16)
+            hardware.record_ceilings(self, progress, getattr(params, "dtype", "bfloat16"))
 
     def write_table(self, name: str, df: pd.DataFrame) -> None:
         self.tables[name] = df

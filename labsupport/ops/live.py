@@ -49,8 +49,13 @@ def check_environment(selected: list[chapters.Chapter], per_chapter: dict, allow
 
     from labsupport.ops import params
 
-    todo = [
-        [ch.slug, {**params.notebook_parameters(ch), **per_chapter[ch.slug]}.get("preset"), allow_cpu]
+    todo = [  # a dtype given with --param is explicit (refused on a GPU without it); else the GPU's own
+        [
+            ch.slug,
+            {**params.notebook_parameters(ch), **per_chapter[ch.slug]}.get("preset"),
+            allow_cpu,
+            per_chapter[ch.slug].get("dtype"),
+        ]
         for ch in selected
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}

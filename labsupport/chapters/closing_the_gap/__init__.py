@@ -20,10 +20,10 @@ from __future__ import annotations
 
 # fmt: off
 from .analysis import (
-    best, census, census_by_rung, compiled_matmuls, fidelity as fidelity_table, floor, Floor, fp8_floor,
-    fp8_tolerance_text, headline, is_shared_config, kernel_groups, kernel_table, ladder, matmul_launches, matmuls,
-    next_to_published, overlaps, remaining, shared_values, time_split, token_note, tokens_per_forward, tolerance_text,
-    tuning,
+    best, census, census_by_rung, compiled_matmuls, fidelity as fidelity_table, floor, Floor, fp8_error_factor,
+    fp8_floor, fp8_tolerance_text, headline, is_shared_config, kernel_groups, kernel_table, ladder, matmul_launches,
+    matmuls, next_to_published, overlaps, remaining, shared_values, time_split, token_note, tokens_per_forward,
+    tolerance_text, tuning,
 )
 from .figures import (
     ladder_figure, matmul_figure,
@@ -33,8 +33,8 @@ from .measuring import (
     reference, rung_row, rungs_table, runs_here, time_matmuls, time_tokens, timed_here, tuning_cases, weight_shapes,
 )
 from .params import (
-    CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS, Params, progress,
-    RUNG_COLUMNS, RUNG_SHORT, RUNGS, SHARED_CONFIG, SHARED_RUNGS, STEP_TIME_COLUMNS, TARGET_MS, TARGET_X_FLOOR,
-    TOKENS, trace_file,
+    CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS, Params,
+    progress, RUNG_COLUMNS, RUNG_SHORT, RUNGS, SHARED_CONFIG, SHARED_RUNGS, STEP_TIME_COLUMNS, TARGET_MS,
+    TARGET_X_FLOOR, TOKENS, trace_file,
 )
 # fmt: on

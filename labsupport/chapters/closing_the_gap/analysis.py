@@ -13,6 +13,7 @@ from labsupport import runs
 from labsupport.chapters.closing_the_gap.params import (
     ERROR_FACTOR,
     FP8_ERROR_FACTOR,
+    FP8_ERROR_FACTORS,
     FP8_RUNGS,
     RUNGS,
     SHARED_CONFIG,
@@ -186,7 +187,8 @@ def ladder(run: runs.Run, vals: dict | None = None) -> pd.DataFrame:
     f8 = fp8_floor(run, vals)
     own_floor = out.rung.isin(FP8_RUNGS) & (f8 is not None)
     nbytes = pd.Series(float(f.decode_bytes), index=out.index).where(~own_floor, f8.decode_bytes if f8 else 0)
-    out["weights"] = ["fp8" if r in FP8_RUNGS else "bf16" for r in out.rung]
+    half = "fp16" if (run.parameters or {}).get("dtype") == "float16" else "bf16"  # the model's own weights
+    out["weights"] = ["fp8" if r in FP8_RUNGS else half for r in out.rung]
     out["floor ms"] = pd.Series(f.floor_ms, index=out.index).where(~own_floor, f8.floor_ms if f8 else 0)
     ceiling_ms = pd.Series(f.ceiling_ms, index=out.index).where(~own_floor, f8.ceiling_ms if f8 else 0)
     out["TB/s"] = nbytes / 1e9 / out["ms"]
@@ -372,8 +374,14 @@ def tolerance_text() -> str:
     return f"{ERROR_FACTOR:g} times eager's own"
 
 
-def fp8_tolerance_text() -> str:
-    return f"{FP8_ERROR_FACTOR:g} times eager's own"
+def fp8_error_factor(run: runs.Run | None = None) -> float:
+    """The FP8 rung's allowed error over eager's in `run`'s dtype (a run without one: BF16)."""
+    dtype = (run.parameters or {}).get("dtype", "bfloat16") if run is not None else "bfloat16"
+    return FP8_ERROR_FACTOR if dtype == "bfloat16" else FP8_ERROR_FACTORS[dtype]
+
+
+def fp8_tolerance_text(run: runs.Run | None = None) -> str:
+    return f"{fp8_error_factor(run):g} times eager's own"
 
 
 def next_to_published(run: runs.Run, published: pd.DataFrame) -> pd.DataFrame:
@@ -473,7 +481,7 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
         t = tuning(run)
         fp8 = rung in FP8_RUNGS
         col = "chosen_split" if rung in ("split-k", "pdl") else "chosen"
-        w = t[t[col] & t.weights.eq("fp8" if fp8 else "bf16")]
+        w = t[t[col] & (t.weights.eq("fp8") if fp8 else t.weights.ne("fp8"))]  # FP8, or the model's BF16/FP16
         names = {v: n for n, v in _shape_names(run).items()}
         for r in w.itertuples():
             blocks = math.ceil(r.n / r.block_n) * int(r.split_k)

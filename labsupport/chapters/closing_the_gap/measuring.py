@@ -13,6 +13,7 @@ from labsupport.chapters.closing_the_gap.params import (
     ERROR_FACTOR,
     ERROR_FLOOR,
     FP8_ERROR_FACTOR,
+    FP8_ERROR_FACTORS,
     FP8_RUNGS,
     OWN_OPTIONS,
     RUNG_COLUMNS,
@@ -112,6 +113,11 @@ def runs_here(rung: str, device: str) -> str | None:
 
         if torch.cuda.get_device_capability()[0] < 9:
             return "not run: programmatic dependent launch needs a Hopper GPU (sm_90) or later"
+    if rung in FP8_RUNGS:
+        import torch
+
+        if tuple(torch.cuda.get_device_capability()) < (8, 9):  # a T4 or V100 (float16 runs) and Ampere
+            return "not run: FP8 (E4M3) weights need compute capability 8.9 (Ada, Hopper) or later"
     return None
 
 
@@ -120,9 +126,12 @@ def timed_here(rung: str) -> bool:
     return rung not in SHARED_RUNGS
 
 
-def error_factor(rung: str) -> float:
-    """The allowed error of `rung` as a multiple of eager's: FP8_ERROR_FACTOR for FP8 weights."""
-    return FP8_ERROR_FACTOR if rung in FP8_RUNGS else ERROR_FACTOR
+def error_factor(rung: str, dtype: str = "bfloat16") -> float:
+    """The allowed error of `rung` as a multiple of eager's: FP8_ERROR_FACTOR for FP8 weights
+    (FP8_ERROR_FACTORS[dtype] in a model of another dtype)."""
+    if rung not in FP8_RUNGS:
+        return ERROR_FACTOR
+    return FP8_ERROR_FACTOR if dtype == "bfloat16" else FP8_ERROR_FACTORS[dtype]
 
 
 def fidelity(out, ref: Reference, factor: float = ERROR_FACTOR) -> dict:
@@ -241,19 +250,20 @@ def fp8_tuning_cases(model) -> list:
     return tuning_cases(model)[-4:] + [(*weight_shapes(model)["lm_head"], PLAIN)]
 
 
-def time_matmuls(shapes: dict[str, tuple[int, int]]) -> pd.DataFrame:
+def time_matmuls(shapes: dict[str, tuple[int, int]], dtype=None) -> pd.DataFrame:
     """Each weight shape read by one token's matmul: cuBLAS (torch.mm, as F.linear calls it) against our
-    Triton GEMV with its tuned config, per call as inside a CUDA graph (gemv.time_per_call_us)."""
+    Triton GEMV with its tuned config, per call as inside a CUDA graph (gemv.time_per_call_us), in
+    the model's `dtype` (None: BF16)."""
     import torch
 
     from labsupport.measure import gemv
 
     rows = []
     for name, (n, k) in shapes.items():
-        out = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(1, n, device="cuda", dtype=dtype or torch.bfloat16)
         us = {
-            "cublas": gemv.time_per_call_us(n, k, lambda x, w, out=out: torch.mm(x, w.t(), out=out)),
-            "triton": gemv.time_per_call_us(n, k, gemv.fused_call(n, k, gemv.PLAIN)),
+            "cublas": gemv.time_per_call_us(n, k, lambda x, w, out=out: torch.mm(x, w.t(), out=out), dtype=dtype),
+            "triton": gemv.time_per_call_us(n, k, gemv.fused_call(n, k, gemv.PLAIN, dtype=dtype), dtype=dtype),
         }
         nbytes = n * k * 2
         rows.append(

@@ -93,9 +93,14 @@ ERROR_FACTOR = 2.0
 # ... or, where eager is float32 already (the tests' tiny model) and its own error is nil, at
 # most this fraction of the largest logit.
 ERROR_FLOOR = 1e-3
+# ERROR_FACTOR is a ratio of two errors in the same type (a rung's and eager's), so it holds in
+# float16 as in BF16: both round at the same relative step.
 # The FP8 rung's allowed error, as a multiple of eager's own: ERROR_FACTOR times the ratio of
 # E4M3's relative step (3 mantissa bits: 2^-3) to BF16's (2^-7), 16 (gemv_fp8's docstring).
 FP8_ERROR_FACTOR = gemv_fp8.tolerance_factor(ERROR_FACTOR)
+# By the model's dtype: in float16 (10 mantissa bits, a step of 2^-10) eager's own error is 8
+# times smaller and the FP8 weights' the same, so the ratio is 2^-3 / 2^-10 = 128: 256.
+FP8_ERROR_FACTORS = {d: gemv_fp8.tolerance_factor(ERROR_FACTOR, d) for d in gemv_fp8.HALF_RELATIVE_STEP}
 # The issue's target: 1.15x the time of the step's bytes at the practical ceiling (the best rate
 # any kernel reached on the same GPU: shared.ceiling_ms).
 TARGET_X_FLOOR = 1.15
@@ -107,6 +112,7 @@ TARGET_MS = 3.80
 class Params:
     preset: str = "qwen3-8b"
     prompt_len: int = 256
+    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
     repeats: int = 30  # rounds of interleaved trials of our rungs
     device: str = "cuda"
 

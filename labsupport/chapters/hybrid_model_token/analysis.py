@@ -13,7 +13,7 @@ import pandas as pd
 from labsupport import runs
 from labsupport.chapters import shared
 from labsupport.chapters.hybrid_model_token.measuring import GROUPS, MODES_SHORT, OUTSIDE, trace_file, wall_column
-from labsupport.measure import hardware
+from labsupport.measure import hardware, models
 from labsupport.traces import kernels, trace
 
 
@@ -30,7 +30,7 @@ def limits(run: runs.Run) -> hardware.Limits:
         return lim
     return hardware.Limits(
         datasheet_name=sheet.name if sheet else None,
-        datasheet_tflops=sheet.bf16_tflops if sheet else None,
+        datasheet_tflops=sheet.tensor_tflops(models.run_dtype(run)) if sheet else None,
         datasheet_tbs=sheet.bandwidth_tbs if sheet else None,
         gemm_tflops=None,
         copy_tbs=None,
@@ -413,7 +413,9 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
 
     def prompt(source, backend, gpu_name, sheet, what, kernels, ms, tokens):
         flop = prefill_flop(run, tokens)
-        limit = flop / (sheet.bf16_tflops * 1e12) * 1e3 if sheet else float("nan")
+        # our run at its own dtype's rate; the published ones ran in BF16
+        rate = sheet.tensor_tflops(models.run_dtype(run) if source == OURS else "bfloat16") if sheet else None
+        limit = flop / (rate * 1e12) * 1e3 if rate else float("nan")
         rows.append(
             {
                 "side": "ours" if source == OURS else "published",
@@ -424,7 +426,7 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
                 "what": what,
                 "kernels": kernels,
                 "ms": ms,
-                "limit at": f"{sheet.bf16_tflops:g} TFLOP/s" if sheet else "–",
+                "limit at": f"{rate:g} TFLOP/s" if rate else "–",
                 "limit ms": limit,
                 "of its GPU's limit": limit / ms,
                 "rate": f"{flop / 1e12 / (ms / 1e3):.0f} TFLOP/s" if sheet or source == OURS else "–",

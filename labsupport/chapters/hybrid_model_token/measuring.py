@@ -90,6 +90,7 @@ class Params:
 
     preset: str = "qwen3.5-27b"
     prompt_len: int = 512
+    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
     repeats: int = 10
     backends: list[str] = field(default_factory=lambda: ["reference", "fla"])
     cuda_graphs: bool = True

@@ -9,7 +9,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters.kernels_in_one_token.params import TRACE_FILE
-from labsupport.measure import hardware
+from labsupport.measure import hardware, models
 from labsupport.traces import kernels, trace
 
 _TEXT_COLUMNS = ["name", "stream", "grid", "block", "launch_api", "op", "module", "kind", "short_name", "part"]
@@ -129,7 +129,9 @@ def summary(run: runs.Run, lim: hardware.Limits | None = None) -> Summary:
         matmul_fraction_read=tbs / lim.read_tbs if lim.read_tbs else None,
         best_case_read_ms=model["decode_bytes"] / 1e9 / lim.read_tbs if lim.read_tbs else None,
         decode_gb=model["decode_bytes"] / 1e9,
-        math_ms_datasheet=model["decode_flops"] / (sheet.bf16_tflops * 1e12) * 1e3 if sheet else None,
+        math_ms_datasheet=model["decode_flops"] / (rate * 1e12) * 1e3
+        if sheet and (rate := sheet.tensor_tflops(models.run_dtype(run)))
+        else None,
         layers=model["layers"],
         kernels_per_layer=int(min(per_layer.mode())) if len(per_layer) else 0,  # the most common count
         attention_kernels=int((k.kind == "attention").sum()),

@@ -18,6 +18,7 @@ class Params:
     preset: str = "qwen3-8b"
     batch: int = 1
     prompt_len: int = 256
+    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
     contexts: list[int] = field(default_factory=lambda: [256, 1024, 4096, 8192, 16384, 32768])
     repeats: int = 60  # rounds at the prompt's length: one step of each cache per round, interleaved
     context_repeats: int = 12  # rounds at every other context

@@ -35,6 +35,7 @@ STEP_TIME_COLUMNS = ["variant", "repeat", "round", "wall_ms", "issue_ms", "gpu_m
 class Params:
     preset: str = "qwen3-8b"
     prompt_len: int = 256
+    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
     repeats: int = 60  # interleaved rounds: one step of each timed form per round
     max_autotune: bool = True
     device: str = "cuda"

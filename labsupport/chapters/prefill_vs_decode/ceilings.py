@@ -278,7 +278,8 @@ def ridges(run: runs.Run) -> list[Ridge]:
             matmul_mfu=ratio(pre.matmul_tflops, tflops) if this else None,
         )
 
-    out = [ridge(s.name, "datasheet", "datasheet", s is own, s.bf16_tflops, s.bandwidth_tbs) for s in sheets]
+    dtype = (run.parameters or {}).get("dtype", "bfloat16")  # runs before the parameter: BF16
+    out = [ridge(s.name, "datasheet", "datasheet", s is own, s.tensor_tflops(dtype), s.bandwidth_tbs) for s in sheets]
     if lim.gemm_tflops and bandwidth(lim).tbs:
         out.append(
             ridge(

@@ -207,6 +207,7 @@ class Params:
 
     preset: str = "qwen3-8b"
     prompt_len: int = 512
+    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
     prompt_lens: list[int] = field(default_factory=lambda: [1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
     repeats: int = 20  # rounds of interleaved trials: one decode step and one prefill of each length per round
     device: str = "cuda"

@@ -209,7 +209,7 @@ def ridge(run: runs.Run) -> Ridge:
     flat = flat_ms(s)
     big = largest(s)
     per_seq = float(big["matmul ms"] / big.batch)
-    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    sheet = hardware.run_datasheet(run)  # at the run's dtype
     lim = hardware.run_limits(run)
     nan = float("nan")
     within = s[s["matmul ms"] <= FLAT_TOLERANCE * flat].batch

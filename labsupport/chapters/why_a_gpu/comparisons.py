@@ -321,7 +321,7 @@ def ridge_comparison(run: runs.Run) -> pd.DataFrame:
     """The published H100 ridge (in requests) beside this run's, raw and as a share of each GPU's
     own datasheet ridge; and where the whole step, KV cache included, reaches each ridge. Rows
     keyed by `key` (PUBLISHED, DATASHEET_RIDGE, CEILINGS_RIDGE, MEASURED_CROSSING, KV_RIDGE)."""
-    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    sheet = hardware.run_datasheet(run)  # at the run's dtype
     r = ridge(run)
     gpu = sheet.name if sheet else run.provenance["gpu"]
     own = sheet.ridge_flop_per_byte if sheet else float("nan")
@@ -370,7 +370,7 @@ def ridge_text(run: runs.Run) -> str:
     cmp = ridge_comparison(run).set_index("key")
     pub = cmp.loc[PUBLISHED]
     r = ridge(run)
-    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    sheet = hardware.run_datasheet(run)  # at the run's dtype
     gpu = sheet.name if sheet else run.provenance["gpu"]
     pub_text = (
         f"the published {PUBLISHED_H100_RIDGE_REQUESTS} is {pub['batch / ridge']:.0%} of the H100's "
@@ -437,7 +437,7 @@ def ridge_text(run: runs.Run) -> str:
 def ridge_pair_text(run: runs.Run) -> str:
     """The H100's datasheet ridge beside this GPU's, for the exercise on where the ridge falls:
     the GPU with less bandwidth per FLOP has the larger ridge (its BF16 rate over its bandwidth)."""
-    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    sheet = hardware.run_datasheet(run)  # at the run's dtype
     pair = [H100] + ([sheet] if sheet and sheet != H100 else [])
     each = "; the ".join(
         f"{s.name} ({s.bf16_tflops:.0f} TFLOP/s over {s.bandwidth_tbs:.2f} TB/s) at {s.ridge_flop_per_byte:.0f} "

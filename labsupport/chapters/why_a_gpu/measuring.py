@@ -37,11 +37,13 @@ class Params:
     batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512])
     rounds: int = 20  # timed steps per batch size, one per round (interleaved)
     matvec_repeats: int = 20
+    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
     device: str = "cuda"
 
 
 def kv_bytes_per_token(cfg) -> int:
-    """The KV cache's bytes per token of context: keys and values, every layer, BF16."""
+    """The KV cache's bytes per token of context: keys and values, every layer, two bytes a value
+    (BF16 or float16)."""
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
 
 
@@ -82,37 +84,43 @@ def matvec_table(rows: list[dict], out_features: int, in_features: int) -> pd.Da
     return df
 
 
-def time_matvec_cpu(out_features: int, in_features: int, repeats: int) -> list[dict]:
-    """One weight matrix times one vector on the CPU, in float32 and BF16 (host clock).
+def time_matvec_cpu(out_features: int, in_features: int, repeats: int, dtype: str = "bfloat16") -> list[dict]:
+    """One weight matrix times one vector on the CPU, in float32 and BF16 (host clock; in
+    float16 instead of BF16 for a run in float16).
 
     Many CPUs have no fast BF16 path for this product (PyTorch converts as it goes), so
     float32 is the fair CPU number; both are recorded."""
     import torch
 
-    w = torch.randn(out_features, in_features, dtype=torch.bfloat16)
-    x = torch.randn(in_features, dtype=torch.bfloat16)
+    w = torch.randn(out_features, in_features, dtype=getattr(torch, dtype))
+    x = torch.randn(in_features, dtype=getattr(torch, dtype))
     name = f"CPU ({torch.get_num_threads()} threads)"
     rows = []
-    for dtype, (wd, xd) in (("float32", (w.float(), x.float())), ("bfloat16", (w, x))):
+    for kind, (wd, xd) in (("float32", (w.float(), x.float())), (dtype, (w, x))):
         t = harness.time_region(
             lambda wd=wd, xd=xd: torch.mv(wd, xd),
-            what=f"CPU matrix-vector product, {dtype}",
+            what=f"CPU matrix-vector product, {kind}",
             device="cpu",
             repeats=repeats,
             warmup=3,
         )
-        rows.append(_matvec_row(name, dtype, HOST_CLOCK, t.wall_ms, wd.numel() * wd.element_size()))
+        rows.append(_matvec_row(name, kind, HOST_CLOCK, t.wall_ms, wd.numel() * wd.element_size()))
     return rows
 
 
-def gpu_matvec_operands(out_features: int, in_features: int, device: str):
-    """A BF16 weight matrix and vector on `device` (seeded, made on the CPU)."""
+def gpu_matvec_operands(out_features: int, in_features: int, device: str, dtype: str = "bfloat16"):
+    """A BF16 (or `dtype`) weight matrix and vector on `device` (seeded, made on the CPU)."""
     import torch
 
     g = torch.Generator(device="cpu").manual_seed(0)
-    w = torch.randn(out_features, in_features, dtype=torch.bfloat16, generator=g).to(device)
-    x = torch.randn(in_features, dtype=torch.bfloat16, generator=g).to(device)
+    w = torch.randn(out_features, in_features, dtype=getattr(torch, dtype), generator=g).to(device)
+    x = torch.randn(in_features, dtype=getattr(torch, dtype), generator=g).to(device)
     return w, x
+
+
+def _dtype_name(t) -> str:
+    """ "bfloat16" or "float16": the name of a tensor's dtype, as matvec.csv records it."""
+    return str(t.dtype).removeprefix("torch.")
 
 
 def _device_name(device: str) -> str:
@@ -133,7 +141,9 @@ def time_matvec_gpu(w, x, repeats: int, device: str) -> dict:
         repeats=max(repeats, 50),
         warmup=10,
     )
-    return _matvec_row(_device_name(device), "bfloat16", PER_CALL, t.gpu_ms or t.wall_ms, w.numel() * w.element_size())
+    return _matvec_row(
+        _device_name(device), _dtype_name(w), PER_CALL, t.gpu_ms or t.wall_ms, w.numel() * w.element_size()
+    )
 
 
 def profile_matvec_gpu(w, x, device: str, trace_path) -> tuple[dict, list[str]]:
@@ -144,7 +154,7 @@ def profile_matvec_gpu(w, x, device: str, trace_path) -> tuple[dict, list[str]]:
     k = harness.profile_region(lambda: torch.mv(w, x), trace_path, region="matvec", device=device, warmup=3)
     ms = float(k.dur_ns.sum()) / 1e6
     return (
-        _matvec_row(_device_name(device), "bfloat16", KERNEL_TIME, [ms], w.numel() * w.element_size()),
+        _matvec_row(_device_name(device), _dtype_name(w), KERNEL_TIME, [ms], w.numel() * w.element_size()),
         [kernels.short_name(n) for n in k.name],
     )
 

@@ -40,14 +40,16 @@ def per_token_arithmetic(
     sheet: hardware.Datasheet | None,
     memory_tbs: float | None = None,
     gemm_tflops: float | None = None,
+    dtype: str = "bfloat16",
 ) -> pd.DataFrame:
     """Time for one token's weights at peak math and at peak memory bandwidth (the
-    datasheet's, and the ceilings measured in the run: `memory_tbs` is the read stream where
-    the run measured one, else the copy). Rows keyed by `ceilings`: DATASHEET, MEASURED."""
+    datasheet's at `dtype`'s tensor rate, and the ceilings measured in the run: `memory_tbs` is
+    the read stream where the run measured one, else the copy). Rows keyed by `ceilings`:
+    DATASHEET, MEASURED."""
     rows = []
     limits = []
-    if sheet:
-        limits.append((DATASHEET, sheet.bf16_tflops, sheet.bandwidth_tbs))
+    if sheet and sheet.tensor_tflops(dtype):
+        limits.append((DATASHEET, sheet.tensor_tflops(dtype), sheet.bandwidth_tbs))
     if memory_tbs and gemm_tflops:
         limits.append((MEASURED, gemm_tflops, memory_tbs))
     for key, tflops, tbs in limits:
@@ -81,7 +83,11 @@ def arithmetic(run: runs.Run) -> pd.DataFrame:
     (practical_ceiling_tbs) and the measured GEMM rate."""
     lim = hardware.run_limits(run)
     return per_token_arithmetic(
-        counts(run), hardware.datasheet_or_none(run.provenance["gpu"]), practical_ceiling_tbs(run), lim.gemm_tflops
+        counts(run),
+        hardware.datasheet_or_none(run.provenance["gpu"]),
+        practical_ceiling_tbs(run),
+        lim.gemm_tflops,
+        models.run_dtype(run),
     )
 
 
@@ -147,14 +153,15 @@ def matvec_summary(run: runs.Run) -> Matvec:
     gpu = mv[~on_cpu].set_index("timing")
     call = gpu.loc[PER_CALL]
     kernel = gpu.loc[KERNEL_TIME] if KERNEL_TIME in gpu.index else None
-    bf16 = only(mv.loc[mv.dtype == "bfloat16", "bytes"])
+    half = models.run_dtype(run)  # the model's half-precision type: BF16 unless the run says float16
+    bf16 = only(mv.loc[mv.dtype == half, "bytes"])
     return Matvec(
         shape=only(mv["shape"]),
         mb=float(bf16) / 1e6,
         cpu_threads=only(cpu.device).split("(")[-1].rstrip(")"),
         cpu32_ms=float(cpu.loc["float32", "ms_median"]),
         cpu32_gbs=float(cpu.loc["float32", "GB/s"]),
-        cpu16_ms=float(cpu.loc["bfloat16", "ms_median"]),
+        cpu16_ms=float(cpu.loc[half, "ms_median"]),
         gpu_call_ms=float(call.ms_median),
         gpu_call_gbs=float(call["GB/s"]),
         gpu_kernel_ms=float(kernel.ms_median) if kernel is not None else None,
@@ -251,7 +258,7 @@ def shared(run: runs.Run) -> dict:
     nan = float("nan")
     return {
         "datasheet_tbs": sheet.bandwidth_tbs if sheet else nan,
-        "datasheet_tflops": sheet.bf16_tflops if sheet else nan,
+        "datasheet_tflops": (sheet.tensor_tflops(models.run_dtype(run)) or nan) if sheet else nan,
         "copy_tbs": c.copy_tbs or nan,
         "read_tbs": c.read_tbs if c.read_tbs else nan,
         "gemm_tflops": c.gemm_tflops or nan,
