@@ -125,6 +125,8 @@ def test_the_worker_writes_every_ranks_folder_and_they_are_collected(ranks):
     first = np.load(out / "run" / "rank0" / "logits-process-group.npy")
     a = split.same_answer(facts, first)
     assert a.max_abs_diff.item() == 0 and a.same_token.item()
+    a = split.same_answer(facts, np.load(out / "run" / "rank0" / "reference.npy"))  # the whole model, float32
+    assert a.max_abs_diff.item() < 1e-5 and a.same_token.item()
 
 
 def synthetic_tables():
@@ -187,3 +189,23 @@ def test_the_command_of_the_two_gpu_run():
     cmd = split.split_command(2, "OUT", options="plain", device="cpu")
     args = tp_split_run.arguments(cmd[cmd.index(split.WORKER) + 1 :])
     assert (args.options, args.device, args.out, args.compile) == ("plain", "cpu", "OUT", True)
+
+
+def test_the_collective_log_counts_a_symmetric_memory_all_reduce_as_an_all_reduce():
+    from labsupport.measure import allreduce
+
+    class Op:  # stands in for torch.ops.symm_mem.one_shot_all_reduce.default (it needs CUDA)
+        namespace = "symm_mem"
+        overloadpacket = SimpleNamespace(__name__="one_shot_all_reduce")
+
+        def __call__(self, t, op, group):
+            return t
+
+    class Other(Op):
+        overloadpacket = SimpleNamespace(__name__="rendezvous")
+
+    log = allreduce.CollectiveLog()
+    x = torch.zeros(1, 1, 64, dtype=torch.bfloat16)
+    log.__torch_dispatch__(Op(), (), (x, "sum", "0"))
+    log.__torch_dispatch__(Other(), (), (x, "sum", "0"))
+    assert [(r["op"], r["bytes"], r["dtype"]) for r in log.rows] == [("all_reduce", 128, "bfloat16")]

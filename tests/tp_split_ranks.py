@@ -59,7 +59,7 @@ def work(rank: int, store_path: str, out: str) -> None:
     del model
     args = SimpleNamespace(
         preset="tiny", prompt_len=PROMPT, repeats=2, options="plain", choices=list(tp_split.CHOICES),
-        dtype="float32", compile=False, seed=0,
+        dtype="float32", compile=False, seed=0, reference=True,
     )  # fmt: skip
     host = dist.new_group(backend="gloo")
     tp_split_run.measure_rank(args, Path(out) / "run" / f"rank{rank}", "cpu", host, say=lambda m: None)

@@ -13,7 +13,8 @@ after round (harness.interleaved, clean, before any profile), profiles one step 
 step_times.csv, variants.csv (tensor_parallel.variant_row's columns plus the choice's compile
 time), collectives.csv (one eager step's collectives), info.json (the options, each rank's
 shard census, why a choice did not run, the first step's top logits), trace-<choice>.json.gz, and
-on rank 0 logits-<choice>.npy (the first step's float32 logits: the answer checked at collection).
+on rank 0 logits-<choice>.npy (the first step's logits, as float32) and reference.npy (the same
+step of the whole model in float32, transformers' eager: the answer is checked at collection).
 
 On one rank (--nproc-per-node 1) it is the unsplit decoder with the same code (TP=1: no
 collective runs). NCCL on GPUs, gloo on a CPU (the tests: tiny model, eager, no graph).
@@ -79,6 +80,18 @@ def build_steps(model, ids, tok, opts, where: str, args, say) -> tuple[dict, dic
     return built, status
 
 
+def reference_logits(model, ids):
+    """The last position's logits of transformers' eager forward over `ids` [1, T] (the prompt and
+    the step's token) on a float32 copy of `model`, as a float32 array [1, vocab]."""
+    import copy
+
+    ref = copy.deepcopy(model).float()
+    with torch.no_grad():
+        logits = ref(input_ids=ids).logits[:, -1].float().cpu().numpy()
+    del ref
+    return logits
+
+
 def measure_rank(args, out: Path, where: str, host, say=print) -> Path:
     """Build, time, profile and write this rank's folder `out` (the process group is set up)."""
     import numpy as np
@@ -94,6 +107,8 @@ def measure_rank(args, out: Path, where: str, host, say=print) -> Path:
     counts = models.count_model(model, args.preset)
     prompt = decode.Prompt.random(model.config.vocab_size, 1, args.prompt_len + 1, where, seed=args.seed)
     ids, tok = prompt.ids[:, :-1], prompt.ids[:, -1:]
+    if rank == 0 and args.reference:  # the whole model's step in float32: the answer's yardstick
+        np.save(out / "reference.npy", reference_logits(model, prompt.ids))
     built, status = build_steps(model, ids, tok, opts, where, args, say)
     census = {c: tp_split.shard_census(s.dec, model) for c, s in built.items()}
     del model  # each rank keeps its shards alone
@@ -186,6 +201,7 @@ def arguments(argv=None):
     p.add_argument("--choices", nargs="*", default=list(tp_split.CHOICES))
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--no-reference", dest="reference", action="store_false", help="no float32 reference on rank 0")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=int, default=300)

@@ -1,11 +1,13 @@
 """The hand-split step (labsupport.measure.tp_split, measured by tp_split_run on every rank):
 the torchrun command, the collection of every rank's folder into tables, and what the chapter
-will read of them. Not yet part of the chapter's run or page: no run of the hand-split step
-exists (issue 27); these tables become the chapter's optional ones with the first two-GPU run.
+will read of them. A live run records them as optional tables (record_split); the page does
+not read them yet: no run of the hand-split step on GPUs exists (issue 27).
 
     split_command   the torchrun command of tp_split_run at one degree
+    split_options   its options for a run's Params (our kernels on GPUs, PyTorch's on a CPU)
     collect_split   every rank's folder -> {"split_variants", "split_step_times",
                     "split_collectives"} and the ranks' facts
+    record_split    all of it, the traces and the answer (split_answer) into a live run
     split_summary   per degree and all-reduce choice: the step (the slowest rank's median), the
                     all-reduces per layer, their share of the profiled step, the weights per GPU
     same_answer     each split step's first logits against a reference (the largest move, the token)
@@ -14,6 +16,7 @@ exists (issue 27); these tables become the chapter's optional ones with the firs
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -39,6 +42,32 @@ def split_command(tp: int, out: Path, preset: str = "qwen3-8b", prompt_len: int 
     return cmd
 
 
+def first_line(e: BaseException) -> str:
+    """What the notebook says of a hand-split launch that failed: the exception's first line."""
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
+def split_options(params) -> dict:
+    """split_command's options for a run of the chapter (its Params): on GPUs the best BF16 rung's
+    options, compiled and captured; on a CPU (the tests) PyTorch's, eager."""
+    if params.device == "cuda":
+        return {"preset": params.preset, "prompt_len": params.prompt_len, "repeats": params.repeats}
+    return {
+        "preset": params.preset,
+        "prompt_len": params.prompt_len,
+        "repeats": params.repeats,
+        "options": "plain",
+        "device": "cpu",
+        "compile": False,
+    }
+
+
+def trace_name(tp: int, rank: int, choice: str) -> str:
+    """The run's trace of one rank's profiled hand-split step with all-reduce `choice` at degree `tp`."""
+    return f"trace-split-tp{tp}-rank{rank}-{choice}.json.gz"
+
+
 def rank_folders(out: Path, tp: int) -> list[Path]:
     ranks = sorted((p for p in Path(out).glob("rank*") if p.is_dir()), key=lambda p: int(p.name[4:]))
     if len(ranks) != tp:
@@ -60,6 +89,24 @@ def collect_split(out: Path, tp: int, tables: dict | None = None) -> tuple[dict,
         info = json.loads((folder / "info.json").read_text())
         facts.append({k: v for k, v in info.items() if k != "method"} | {"folder": str(folder)})
     return tables, facts
+
+
+def record_split(run, out: Path, tp: int) -> None:
+    """Add the hand-split step's rank folders under `out` (degree `tp`) to `run`, a
+    recording.PendingRun: the split_* tables, every rank's traces (trace_name), the ranks' facts
+    (results' "split_ranks"), and, where rank 0 kept the float32 reference, the answer of each
+    all-reduce choice against it (split_answer)."""
+    tables, facts = collect_split(out, tp, run.tables)
+    for f in facts:
+        for trace in Path(f["folder"]).glob("trace-*.json.gz"):
+            choice = trace.name.removeprefix("trace-").removesuffix(".json.gz")
+            shutil.copyfile(trace, run.path / trace_name(tp, f["rank"], choice))
+        run.extra.setdefault("split_ranks", []).append({k: v for k, v in f.items() if k != "folder"})
+    reference = Path(facts[0]["folder"]) / "reference.npy"
+    if reference.is_file():
+        answer = same_answer(facts, np.load(reference))
+        old = tables.get("split_answer")
+        tables["split_answer"] = answer if old is None else pd.concat([old, answer], ignore_index=True)
 
 
 def split_summary(tables: dict, layers: int) -> pd.DataFrame:
