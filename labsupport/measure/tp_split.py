@@ -36,12 +36,14 @@ What was exercised, and where (2026-12-02): on a CPU with two gloo ranks and the
 float32, eager (neither compiled nor captured): the split step's logits against the whole model
 (transformers' eager step and the unsplit Qwen3Decoder), with Options() and Options(fused=True);
 the shards' sizes; the all-reduces one step issues (allreduce.CollectiveLog); the worker's
-tables (worker below, recording each rank's folder). Not exercised anywhere yet: torch.compile of
+tables (tp_split_run, each rank's folder); and in BF16 through the chapter's live cell on a CPU
+(TP=1 and TP=2, tiny model), its logits within a tenth of the largest of a float32 reference.
+Not exercised anywhere yet: torch.compile of
 the split layer (the collective inside a fullgraph compile), the capture of the whole step in a
 CUDA graph with NCCL all-reduces in it, our Triton kernels (matmul="triton", fuse_gemv,
 fused_attention, split_k, pdl) on a shard, the symmetric-memory all-reduce, BF16 rounding of a split
 step against one float32 reference, and every timing and census on GPUs: those need the
-two-GPU run (python -m torch.distributed.run --nproc-per-node 2 -m labsupport.measure.tp_split).
+two-GPU run (python -m torch.distributed.run --nproc-per-node 2 -m labsupport.measure.tp_split_run).
 """
 
 from __future__ import annotations
