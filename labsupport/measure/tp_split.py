@@ -49,6 +49,7 @@ two-GPU run (python -m torch.distributed.run --nproc-per-node 2 -m labsupport.me
 from __future__ import annotations
 
 import math
+import warnings
 from functools import partial
 
 from labsupport.measure import qwen3_decode
@@ -104,6 +105,10 @@ class Collectives:
             from torch.distributed import _symmetric_memory as symm
 
             shape, dtype = message
+            if hasattr(symm, "enable_symm_mem_for_group"):  # needed by older torch, deprecated since
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)
+                    symm.enable_symm_mem_for_group(self.group_name)
             self.buffer = symm.empty(shape, dtype=dtype, device=device)
             symm.rendezvous(self.buffer, self.group_name)
 
