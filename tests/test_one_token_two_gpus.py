@@ -149,6 +149,32 @@ def test_every_file_of_the_run_is_described_and_the_run_validates(tiny_run):
             assert set(cols) <= set(pd.read_csv(tiny_run.path / name).columns), name
 
 
+def test_the_live_run_records_the_hand_split_step_at_both_degrees(tiny_run):
+    """The notebook's hand-split cell (labsupport.measure.tp_split_run on one and two gloo ranks,
+    the tiny model in BF16, eager): optional tables the page does not read yet."""
+    v = tiny_run.table("split_variants")
+    ok = v[v.status == "ok"]
+    assert set(zip(ok.tp, ok["rank"], ok.variant, strict=True)) == {
+        (1, 0, "process-group"),
+        (2, 0, "process-group"),
+        (2, 1, "process-group"),
+    }
+    assert v[v.variant == "symm-mem"].status.str.startswith("not available: ").all()
+    assert len(v[v.variant == "symm-mem"]) == 3  # one row per rank and degree, with the reason
+    s = ch.split_summary(
+        {n: tiny_run.table(n) for n in ("split_variants", "split_collectives")}, TINY_CFG["num_hidden_layers"]
+    ).set_index("tp")
+    assert s.loc[1, "allreduces_per_step"] == 0 and s.loc[2, "allreduces_per_layer"] == 2.0
+    assert s.loc[2, "weight_bytes_per_gpu"] < s.loc[1, "weight_bytes_per_gpu"]
+    t = tiny_run.table("split_step_times")
+    assert len(t) == TINY["repeats"] * 3 and t.clean.all()
+    a = tiny_run.table("split_answer").set_index("tp")
+    assert set(a.index) == {1, 2} and (a.max_abs_diff < 0.1 * a.max_abs_logit).all()  # BF16 against float32
+    files = set(tiny_run.meta["files"])
+    assert {ch.split.trace_name(2, r, "process-group") for r in (0, 1)} <= files
+    assert [(r["world"], r["rank"]) for r in tiny_run.results["split_ranks"]] == [(1, 0), (2, 0), (2, 1)]
+
+
 def with_shared_owners(root):
     """Copy the published runs of the chapters that own the shared quantities (the one-GPU steps the
     page shows) into the runs folder `root`, beside the run a test recorded there."""
@@ -196,7 +222,10 @@ def test_a_launch_that_dies_is_run_again_with_the_eager_step_alone(tmp_path, mon
     monkeypatch.setenv("LABSUPPORT_RUNS", str(tmp_path))
     params = {**TINY, "sweep_max": 8192, "repeats": 1}
     run = run_live_cells(NOTEBOOK, variants=["eager", "cuda-graph"], **params)["run"]
-    assert len(calls) == 2, "TP=1, then the TP=2 launch that died; its eager relaunch is not the patched call"
+    dtensor = [c for c in calls if ch.measuring.WORKER in c]
+    assert len(dtensor) == 2, "TP=1, then the TP=2 launch that died; its eager relaunch is not the patched call"
+    split = run.table("split_variants")  # the hand-split launch at TP=2 died too: left out, the run kept
+    assert set(split.tp) == {1} and len(calls) == 4
     v = run.table("variants").set_index(["tp", "rank", "variant"])
     for rank in (0, 1):
         assert v.loc[(2, rank, "eager"), "status"] == "ok"

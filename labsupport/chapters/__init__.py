@@ -493,6 +493,11 @@ ONE_TOKEN_TWO_GPUS = Chapter(
         "collectives.csv": ("tp", "rank", "seq", "op", "bytes", "dtype"),
         "allreduce.csv": ("rank", "world", "bytes", "latency_us_median", "busbw_gbs"),
         "ceilings.csv": CEILINGS,
+        # the hand-split step (one_token_two_gpus.split), optional: the page does not read it yet
+        "split_variants.csv": ("tp", "rank", "variant", "status"),
+        "split_step_times.csv": ("tp", "rank", "variant", "repeat", "wall_ms"),
+        "split_collectives.csv": ("tp", "rank", "variant", "seq", "op", "bytes"),
+        "split_answer.csv": ("tp", "choice", "max_abs_diff", "same_token"),
     },
     checks={
         "preset": preset(),
@@ -516,6 +521,19 @@ ONE_TOKEN_TWO_GPUS = Chapter(
         "allreduce.csv": "the all-reduce sweep, per rank, launched one by one and replayed from a CUDA graph: "
         "message size, latency, algorithm and bus bandwidth",
         "topology.txt": "nvidia-smi topo -m: how the GPUs are connected (NVLink or PCIe)",
+        "split_variants.csv": "our decode step split by hand, per degree, all-reduce choice and rank: kernels, "
+        "communication, busy and wall time, compile time, weight bytes per GPU (or why the choice did not run)",
+        "split_step_times.csv": "every clean timing of the hand-split step, per degree, all-reduce choice and rank",
+        "split_collectives.csv": "every collective one eager hand-split step issued, per degree, choice and rank",
+        "split_answer.csv": "the hand-split step's first logits (rank 0) against the whole model's in float32: "
+        "the largest move of a logit, the largest logit, whether the greedy token is the same",
+        **{
+            f"trace-split-tp{tp}-rank{rank}-{choice}.json.gz": f"the raw trace of rank {rank}'s hand-split step "
+            f"at TP={tp}, all-reduce {choice}"
+            for tp in range(1, 9)
+            for rank in range(tp)
+            for choice in ("process-group", "symm-mem")
+        },
         **{
             f"trace-tp{tp}-rank{rank}-{form}.json.gz": f"the raw trace of rank {rank}'s {what} at TP={tp}"
             for tp in range(1, 9)

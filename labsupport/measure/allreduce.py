@@ -166,8 +166,9 @@ def issued(path, region: str = "decode_step", op: str = "_c10d_functional::all_r
 
 
 class CollectiveLog(TorchDispatchMode):
-    """Records every collective (torch.ops._c10d_functional.*, what DTensor issues) run inside
-    it: its name, the bytes of its input and their dtype, in order."""
+    """Records every collective (torch.ops._c10d_functional.*, what DTensor and tp_split's
+    process-group choice issue; torch.ops.symm_mem's all-reduces, recorded as "all_reduce") run
+    inside it: its name, the bytes of its input and their dtype, in order."""
 
     def __init__(self):
         super().__init__()
@@ -176,13 +177,14 @@ class CollectiveLog(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        if func.namespace == "_c10d_functional" and name != "wait_tensor" and not name.startswith("_"):
+        symm = func.namespace == "symm_mem" and "all_reduce" in name
+        if symm or (func.namespace == "_c10d_functional" and name != "wait_tensor" and not name.startswith("_")):
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
             self.rows.append(
                 {
                     "seq": len(self.rows),
-                    "op": name,
+                    "op": "all_reduce" if symm else name,
                     "bytes": sum(t.numel() * t.element_size() for t in tensors),
                     "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
                     "shape": "x".join(map(str, tensors[0].shape)) if tensors else "",

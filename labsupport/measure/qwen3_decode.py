@@ -117,12 +117,17 @@ class Shape:
     eps: float
 
 
-def layer(x, pos, cos, sin, k_cache, v_cache, *w, shape: Shape, opts: Options, kernels=None):
+def layer(
+    x, pos, cos, sin, k_cache, v_cache, *w, shape: Shape, opts: Options, kernels=None, reduce=None, residual=True
+):
     """One decoder layer on x [B, T, hidden] at positions pos [T]; writes the cache in place.
     `w`: input norm, post-attention norm, q norm, k norm, the attention input weight(s)
     (Q, K, V or QKV), o_proj, the MLP input weight(s) (gate, up or gate-up), down_proj.
     `kernels`: ops(), our kernels, used for a single token as opts asks. With opts.fp8 the
-    four matrices are FP8 and their row scales follow them in `w`."""
+    four matrices are FP8 and their row scales follow them in `w`.
+    Split by tensor parallelism (labsupport.measure.tp_split) `w` is one rank's shard, `reduce`
+    sums o_proj's and down_proj's partial outputs over the ranks (one all-reduce each), and
+    `residual` says whether this rank adds the residual (one rank only, inside a fused GEMV)."""
     import torch.nn.functional as F
 
     s, eps = shape, shape.eps
@@ -142,22 +147,25 @@ def layer(x, pos, cos, sin, k_cache, v_cache, *w, shape: Shape, opts: Options, k
         return gemv(v, weight, norm, eps, silu, residual, scale, opts.split_k, opts.pdl)
 
     fuse = opts.fuse_gemv and gemv is not None
+    red = (lambda t: t) if reduce is None else reduce
     h = x if fuse else rmsnorm(x, in_norm, eps)
     qkv = [mm(h, wi, norm=in_norm if fuse else None, scale=sc[0]) for wi in attn_in]
     if opts.fused_attention and one_token:
         a = kernels[1](qkv[0], q_norm, k_norm, cos, sin, k_cache, v_cache, pos, s.heads, eps).view(1, 1, -1)
     else:
         a = attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s, opts.fused)
-    x = mm(a, wo, residual=x, scale=sc[1]) if fuse else x + mm(a, wo, scale=sc[1])
+    res = x if residual else None
+    x = red(mm(a, wo, residual=res, scale=sc[1])) if fuse else x + red(mm(a, wo, scale=sc[1]))
     if fuse:  # the gate/up weight is interleaved (gemv.interleave): its GEMV writes silu(gate) * up
-        return mm(mm(x, mlp_in[0], norm=post_norm, silu=True, scale=sc[2]), wdown, residual=x, scale=sc[3])
+        res = x if residual else None
+        return red(mm(mm(x, mlp_in[0], norm=post_norm, silu=True, scale=sc[2]), wdown, residual=res, scale=sc[3]))
     h = rmsnorm(x, post_norm, eps)
     gu = [mm(h, wi, scale=sc[2]) for wi in mlp_in]
     if opts.fuse_gemv:  # the prompt, with the interleaved gate/up weight: rows gate_i, up_i
         gate, up = gu[0].unflatten(-1, (-1, 2)).unbind(-1)
     else:
         gate, up = gu[0].chunk(2, dim=-1) if opts.fused else gu
-    return x + mm(F.silu(gate) * up, wdown, scale=sc[3])
+    return x + red(mm(F.silu(gate) * up, wdown, scale=sc[3]))
 
 
 def attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s: Shape, fused: bool):
@@ -186,6 +194,17 @@ def attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s: Shape, fu
     scores = scores.masked_fill(~visible.repeat(g, 1), float("-inf"))
     a = (scores.softmax(-1).to(qg.dtype) @ v_cache).reshape(b, s.heads, t, s.head_dim)
     return a.transpose(1, 2).reshape(b, t, s.heads * s.head_dim)
+
+
+def rotary(cfg, max_len: int, dev, dt):
+    """(cos, sin) of Qwen3's rotary embedding for positions 0 .. max_len - 1, [max_len, head_dim]."""
+    import torch
+
+    theta = cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta
+    inv = 1.0 / (theta ** (torch.arange(0, cfg.head_dim, 2, device=dev, dtype=torch.float32) / cfg.head_dim))
+    freqs = torch.outer(torch.arange(max_len, device=dev, dtype=torch.float32), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dt), emb.sin().to(dt)
 
 
 # The concatenated weights made so far, per model (held weakly: they go with the model, and a
@@ -248,11 +267,7 @@ class Qwen3Decoder:
         kv = (1, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k_cache = [torch.zeros(kv, device=dev, dtype=dt) for _ in m.layers]
         self.v_cache = [torch.zeros(kv, device=dev, dtype=dt) for _ in m.layers]
-        theta = model.config.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta
-        inv = 1.0 / (theta ** (torch.arange(0, cfg.head_dim, 2, device=dev, dtype=torch.float32) / cfg.head_dim))
-        freqs = torch.outer(torch.arange(max_len, device=dev, dtype=torch.float32), inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos, self.sin = emb.cos().to(dt), emb.sin().to(dt)
+        self.cos, self.sin = rotary(cfg, max_len, dev, dt)
         self.kernels = ops() if opts.matmul == "triton" or opts.fused_attention else None
         self.layer_eager = partial(layer, shape=self.shape, opts=opts, kernels=self.kernels)
         self.layer_step = self.layer_eager

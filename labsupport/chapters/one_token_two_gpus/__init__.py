@@ -13,6 +13,8 @@ communication kind, the curve, and the answer, all computed from the run here.
     analysis   steps, main_form, census, collectives, allreduce_curve, answer, best, time_split,
                references, headline
     figures    allreduce_figure, ranks_timeline
+    split      the hand-split step (measure.tp_split): split_command, split_options, collect_split,
+               record_split, split_summary, same_answer (recorded live; not on the page yet)
 """
 
 # ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
@@ -34,6 +36,9 @@ from .measuring import (
 from .params import (
     ALLREDUCE_COLUMNS, CHAPTER, COLLECTIVE_COLUMNS, load, Params, progress, SHORT, STEP_TIME_COLUMNS, trace_file,
     VARIANT_COLUMNS, VARIANTS,
+)
+from .split import (
+    collect_split, first_line, record_split, same_answer, split_command, split_options, split_summary,
 )
 from .topology import (
     interconnect, link_between, recorded_interconnect,
