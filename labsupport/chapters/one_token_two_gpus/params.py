@@ -18,7 +18,7 @@ VARIANTS = {
 }
 SHORT = {"eager": "eager step", "cuda-graph": "CUDA-graph step", "compile": "compiled step"}  # for sentences
 STEP_TIME_COLUMNS = ENTRY.columns["step_times.csv"]  # as the registry declares them
-VARIANT_COLUMNS = ("tp", "rank", "variant", "status")
+VARIANT_COLUMNS = ENTRY.columns["split_variants.csv"]  # the key columns every variants table has
 COLLECTIVE_COLUMNS = ENTRY.columns["collectives.csv"]  # as the registry declares them
 ALLREDUCE_COLUMNS = ENTRY.columns["allreduce.csv"]  # as the registry declares them
 
