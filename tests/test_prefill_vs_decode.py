@@ -99,12 +99,14 @@ def run_live_cells(**params) -> runs.Run:
     """Run the notebook's live cells in this process, as papermill would with `params` (the
     parameters cell, then every code cell up to the one that loads the run), and return the run."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    code = [c.source for c in cells]
+    first = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
     end = next(i for i, src in enumerate(code) if "run = ch.load(run_id)" in src)
     ns: dict = {}
-    exec(code[0], ns)
+    exec(code[first], ns)  # the cells before it install labsupport where it is missing: here it is not
     ns.update({"mode": "live", **params})
-    for src in code[1 : end + 1]:
+    for src in code[first + 1 : end + 1]:
         exec(src, ns)
     return ns["run"]
 

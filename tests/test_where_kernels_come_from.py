@@ -175,7 +175,7 @@ def test_notebook_has_the_parameters_a_smoke_run_sets():
     code = code_cells(NOTEBOOK)
     assert all(not c.outputs and c.execution_count is None for c in code)
     (params,) = [c for c in code if "parameters" in c.metadata.get("tags", [])]
-    assert params is code[0]
+    assert params is code[1] and 'find_spec("labsupport")' in code[0].source  # after the install cell
     for name in ("mode", "run_id", "preset", "contexts", "repeats"):
         assert f"\n{name} = " in "\n" + params.source, name
     assert "ch.Params(preset=preset, contexts=contexts, repeats=repeats)" in "".join(c.source for c in code)
