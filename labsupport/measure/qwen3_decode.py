@@ -364,16 +364,24 @@ class OwnStep(Captured):
         import torch
 
         n = prompt_ids.shape[1]
-        self.dec = Qwen3Decoder(model, n + 16, opts)
+        self.dec = self.decoder(model, n + 16, opts)
         dev = prompt_ids.device
         with torch.no_grad():
             self.dec.forward(prompt_ids, torch.arange(n, device=dev), step=False)
         self.tok, self.pos = token.reshape(1, 1).clone(), torch.tensor([n], device=dev)
+        self.before_compile()
         self.compile_s = 0.0
         t = time.perf_counter()
         if compile:
             self.dec.compile()
         self.compile_s = self.warm_and_capture(dev, graph, since=t)
+
+    def decoder(self, model, max_len: int, opts: Options) -> Qwen3Decoder:
+        """The decoder this step runs (a subclass may give another: tp_split's, one rank's shard)."""
+        return Qwen3Decoder(model, max_len, opts)
+
+    def before_compile(self) -> None:
+        """Called after the prefill, before the compile and capture (nothing here)."""
 
     def run(self):
         logits = self.dec.forward(self.tok, self.pos)

@@ -53,7 +53,7 @@ import warnings
 from functools import partial
 
 from labsupport.measure import qwen3_decode
-from labsupport.measure.qwen3_decode import Captured, Options, Qwen3Decoder, Shape
+from labsupport.measure.qwen3_decode import Options, OwnStep, Qwen3Decoder, Shape
 
 CHOICES = ("process-group", "symm-mem")
 
@@ -251,35 +251,27 @@ def shard_census(dec: SplitDecoder, model) -> dict:
     return {"split_params": split, "whole_split_params": whole, "replicated_params": replicated}
 
 
-class SplitStep(Captured):
+class SplitStep(OwnStep):
     """One decode step of a SplitDecoder at position len(prompt), after a prefill of the prompt,
     fed `token`: compiled and, on a GPU, captured in one CUDA graph (the all-reduces and the
     gather inside it). Before the compile it runs one eager step whose collectives are recorded
     (`census`: allreduce.CollectiveLog's rows) and whose logits are kept (`first_logits`, float32).
-    Returns (logits, next token) like qwen3_decode.OwnStep; every call redoes the same step."""
+    Returns (logits, next token) like qwen3_decode.OwnStep, whose prefill, compile and capture it
+    shares; every call redoes the same step."""
 
     def __init__(self, model, prompt_ids, token, opts: Options, comm: Collectives, compile=True, graph=True):
-        import time
+        self.comm = comm
+        super().__init__(model, prompt_ids, token, opts, compile=compile, graph=graph)
 
+    def decoder(self, model, max_len: int, opts: Options) -> SplitDecoder:
+        return SplitDecoder(model, max_len, opts, self.comm)
+
+    def before_compile(self) -> None:
         import torch
 
         from labsupport.measure import allreduce
 
-        n = prompt_ids.shape[1]
-        self.dec = SplitDecoder(model, n + 16, opts, comm)
-        dev = prompt_ids.device
-        with torch.no_grad():
-            self.dec.forward(prompt_ids, torch.arange(n, device=dev), step=False)
-        self.tok, self.pos = token.reshape(1, 1).clone(), torch.tensor([n], device=dev)
         log = allreduce.CollectiveLog()
         with torch.no_grad(), log:
             self.first_logits = self.dec.forward(self.tok, self.pos).float()
         self.census = log.rows
-        t = time.perf_counter()
-        if compile:
-            self.dec.compile()
-        self.compile_s = self.warm_and_capture(dev, graph, since=t)
-
-    def run(self):
-        logits = self.dec.forward(self.tok, self.pos)
-        return logits, logits.argmax(-1, keepdim=True)
