@@ -28,6 +28,7 @@ DECODE_CHAPTER, DECODE_TRACE = "kernels-in-one-token", "trace.json.gz"
 @dataclass
 class Params:
     preset: str = "qwen3-8b"
+    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
     tokens: int = 1  # rows of x: 1 is one decode step at batch 1
     repeats: int = 100
     device: str = "cuda"

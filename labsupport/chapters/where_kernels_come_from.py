@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from labsupport import chapters, runs
-from labsupport.measure import harness
+from labsupport.measure import harness, models
 from labsupport.traces import kernels, trace
 
 ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
@@ -51,6 +51,7 @@ class Params:
     """What one run of the chapter measures."""
 
     preset: str = "qwen3-8b"
+    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
     contexts: list[int] = field(default_factory=lambda: [256, 4096])
     repeats: int = 100  # timed calls of each RMSNorm variant and each attention backend
     device: str = "cuda"
@@ -76,16 +77,17 @@ def by_source(k: pd.DataFrame) -> pd.DataFrame:
     return g.drop(columns="gpu_ns")
 
 
-def attention(heads: int, kv_heads: int, head_dim: int, ctx: int) -> dict[str, tuple]:
-    """One decode step's attention (one query token) under each SDPA backend: for each,
+def attention(heads: int, kv_heads: int, head_dim: int, ctx: int, dtype: str = "bfloat16") -> dict[str, tuple]:
+    """One decode step's attention (one query token, in `dtype`) under each SDPA backend: for each,
     (callable, largest difference from an FP32 reference), or (None, why it is not available)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q = torch.randn(1, heads, 1, head_dim, device="cuda", dtype=torch.bfloat16)
+    half = models.torch_dtype(dtype)
+    q = torch.randn(1, heads, 1, head_dim, device="cuda", dtype=half)
     # transformers repeats the KV heads to match the query heads before calling SDPA.
-    k = torch.randn(1, kv_heads, ctx, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, kv_heads, ctx, head_dim, device="cuda", dtype=half)
     v = torch.randn_like(k)
     k = k.repeat_interleave(heads // kv_heads, dim=1)
     v = v.repeat_interleave(heads // kv_heads, dim=1)
