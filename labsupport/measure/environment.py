@@ -202,7 +202,7 @@ def gpu_lines(preset: str | None, dtype: str | None = None) -> tuple[list[str], 
     offer = f"the largest preset that fits is {best!r} (set preset = {best!r})" if best else "no preset of it fits"
     return [
         f"preset {preset!r} needs about {need:.1f} GB of GPU memory ({weight_gb(preset, dtype):.1f} GB of "
-        f"{models.dtype_label(dtype)} weights "
+        f"weights, two bytes each in BF16 or FP16, "
         f"+ {MARGIN_FRACTION:.0%} + {MARGIN_GB:g} GB for caches and workspace); this GPU has {where}: {offer}"
     ], note
 

@@ -15,13 +15,14 @@ from labsupport.chapters.closing_the_gap.params import (
     FP8_ERROR_FACTOR,
     FP8_ERROR_FACTORS,
     FP8_RUNGS,
+    RUNG_SHORT,
     RUNGS,
     SHARED_CONFIG,
     SHARED_RUNGS,
     TARGET_X_FLOOR,
     trace_file,
 )
-from labsupport.measure import hardware
+from labsupport.measure import hardware, models
 from labsupport.traces import kernels, trace
 
 
@@ -278,18 +279,31 @@ def token_note(run: runs.Run) -> str:
             f"{r.max_abs_err.max():.3f}, eager's own {eager_err:.3f}, and their logits' cosine with eager's "
             f"{r.cosine.min():.4f}: the numbers of a correct step, but the rule does not pass a rung on them."
         )
+    half = models.dtype_label(models.run_dtype(run))
     ties = r[r.tie_gap <= eager_err]
     if len(ties):
         text += (
             f"For {', '.join(f'*{RUNGS.get(x, x)}*' for x in ties.rung)} float32 puts the two tokens "
             f"{ties.tie_gap.max():.3f} apart at most, less than eager's own error ({eager_err:.3f}): a near tie that "
-            "BF16's rounding alone can swap, which the rule passes when the error is within its bound. "
+            f"{half}'s rounding alone can swap, which the rule passes when the error is within its bound. "
         )
     far = r[r.tie_gap > eager_err]
+    # A rung of coarser weights (FP8) rounds more than eager: a gap within its own error is a tie at its precision.
+    own = far[far.rung.isin(FP8_RUNGS) & (far.tie_gap <= far.max_abs_err)]
+    for _, x in own.iterrows():
+        text += (
+            f"For *{RUNGS.get(x.rung, x.rung)}* float32 puts the two tokens {x.tie_gap:.3f} apart: more than eager's "
+            f"own error ({eager_err:.3f}), so {half}'s rounding cannot swap them, but less than this rung's own error "
+            f"({x.max_abs_err:.3f}), so rounding the weights to 8 bits can. Random weights put the top logits close "
+            "together, and FP8's precision alone is enough to change the greedy token here; the rule (eager's token, "
+            f"or a near tie within eager's error) fails the rung, and a run on random weights cannot tell this from "
+            "a fault. "
+        )
+    far = far[~far.rung.isin(own.rung)]
     if len(far):
         text += (
             f"For {', '.join(f'*{RUNGS.get(x, x)}*' for x in far.rung)} float32 puts the two tokens further apart than "
-            "eager's own error: no rounding explains it, and the rung fails."
+            "the rung's own error: no rounding explains it, and the rung fails."
         )
     return text.strip()
 
@@ -454,6 +468,24 @@ def matmul_launches(run: runs.Run, rung: str) -> pd.DataFrame:
     )
     out.insert(4, "blocks per SM", out.blocks / sms if sms else float("nan"))
     return out.sort_values("µs", ascending=False).reset_index(drop=True)
+
+
+def overlap_text(run: runs.Run, rung: str = "pdl", without: str = "split-k") -> str:
+    """What the trace of the dependent-launch rung shows (Markdown): how many kernels overlap the
+    one before them, against the same kernels launched without it (rung `without`)."""
+    o = overlaps(kernel_table(run, rung))
+    text = (
+        f"With programmatic dependent launch (rung {RUNG_SHORT[rung].split()[0]}) {o['overlapping']:,} of its "
+        f"{o['kernels']:,} kernels started before the kernel before them had ended ({o['overlap_us']:,.0f} µs "
+        "shared in all)"
+    )
+    if without in set(run.table("rungs").query("status == 'ok'").rung) and trace_file(without) in run.meta["files"]:
+        o0 = overlaps(kernel_table(run, without))
+        text += (
+            f", against {o0['overlapping']:,} of {o0['kernels']:,} for the same kernels launched without it "
+            f"(rung {RUNG_SHORT[without].split()[0]})"
+        )
+    return text + "."
 
 
 def overlaps(k: pd.DataFrame) -> dict:
