@@ -104,9 +104,10 @@ def test_the_page_says_when_the_host_was_slow():
 
 
 def test_a_run_slow_from_start_to_end_is_flagged_against_the_hosts_best():
-    """What a kernel is, recorded at HEAD on the H200: its probe stayed at 14-18 ms for the whole
-    (11 s) run, steady in itself, while other runs of the same night read 8-10 ms at their best;
-    the page says its host was slow."""
+    """What a kernel is's published run: the page says its host was slow exactly when the probe's
+    typical reading was slow against the host's best in the other runs (a run slow from start to
+    end, steady in itself, as one recorded at HEAD on the H200 was: 14-18 ms throughout against
+    8-10 ms at the night's best), or its own slowest reading against its quickest."""
     from labsupport import runs
     from labsupport.chapters import data_files
 
@@ -117,4 +118,5 @@ def test_a_run_slow_from_start_to_end_is_flagged_against_the_hosts_best():
     best = data_files.host_reference_ms(run)
     assert best is not None and best <= own.best_ms
     text = data_files.host_text(run)
-    assert ("slower than usual" in text) == (own.median_ms >= hostprobe.SLOW * best)
+    slow = own.median_ms >= hostprobe.SLOW * best or own.worst_ms >= hostprobe.SLOW * own.best_ms
+    assert ("slower than usual" in text) == slow

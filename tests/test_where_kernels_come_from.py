@@ -178,7 +178,8 @@ def test_notebook_has_the_parameters_a_smoke_run_sets():
     assert params is code[1] and 'find_spec("labsupport")' in code[0].source  # after the install cell
     for name in ("mode", "run_id", "preset", "contexts", "repeats"):
         assert f"\n{name} = " in "\n" + params.source, name
-    assert "ch.Params(preset=preset, contexts=contexts, repeats=repeats)" in "".join(c.source for c in code)
+    params_call = "ch.Params(preset=preset, contexts=contexts, repeats=repeats, dtype=environment.dtype_here(dtype))"
+    assert params_call in "".join(c.source for c in code)
 
 
 def test_the_notebook_times_everything_before_it_profiles(runs_root, monkeypatch):
