@@ -301,6 +301,9 @@ def test_the_torchrun_command():
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"]
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "labsupport.measure.tensor_parallel" in cmd
     assert "--sweep" in cmd and "--sweep" not in ch.torchrun_command(ch.Params(), 1, "/tmp/x", sweep=False)
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    half = ch.torchrun_command(ch.Params(dtype="float16"), 2, "/tmp/x", sweep=False)
+    assert half[half.index("--dtype") + 1] == "float16"  # the worker builds the model in the run's dtype
 
 
 # The all-reduce sweep times the all-reduces to their end ---------------------------------

@@ -261,7 +261,7 @@ def run(args) -> Path:
     host = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
 
     torch.manual_seed(args.seed)  # the same weights on every rank before sharding
-    model = models.build_model(args.preset, device=where)
+    model = models.build_model(args.preset, device=where, dtype=args.dtype)
     counts = models.count_model(model, args.preset)
     if world > 1:
         shard(model, device)
@@ -336,6 +336,7 @@ def arguments(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--preset", default="qwen3-8b")
     p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--dtype", default=models.DEFAULT_DTYPE, choices=models.DTYPES)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--variants", nargs="*", default=list(VARIANTS))

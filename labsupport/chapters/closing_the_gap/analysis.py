@@ -485,7 +485,11 @@ def overlap_text(run: runs.Run, rung: str = "pdl", without: str = "split-k") -> 
             f", against {o0['overlapping']:,} of {o0['kernels']:,} for the same kernels launched without it "
             f"(rung {RUNG_SHORT[without].split()[0]})"
         )
-    return text + "."
+    return text + (
+        ". A kernel launched this way starts early and waits (`gdc_wait`) for the one before it, and the trace counts "
+        "the wait in its duration: where the best rung is this one, the rates per kernel in the table read low, and "
+        "the row *kernels overlapping each other* of the table above takes the shared time back out."
+    )
 
 
 def overlaps(k: pd.DataFrame) -> dict:

@@ -64,6 +64,7 @@ def torchrun_command(params: Params, tp: int, out: Path, sweep: bool) -> list[st
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
     cmd += ["--nproc-per-node", str(tp), "-m", WORKER, "--out", str(out), "--device", params.device]
     cmd += ["--preset", params.preset, "--prompt-len", str(params.prompt_len), "--batch", str(params.batch)]
+    cmd += ["--dtype", params.dtype]
     cmd += ["--repeats", str(params.repeats), "--variants", *params.variants]
     if sweep:
         cmd += ["--sweep", "--sweep-max", str(params.sweep_max), "--sweep-iters", str(params.sweep_iters)]

@@ -27,6 +27,7 @@ ALLREDUCE_COLUMNS = ENTRY.columns["allreduce.csv"]  # as the registry declares t
 class Params:
     preset: str = "qwen3-8b"
     prompt_len: int = 256
+    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
     batch: int = 1
     repeats: int = 20
     gpus: int = 2  # the tensor-parallel degree of the split run (the run at TP=1 comes first)
