@@ -130,9 +130,10 @@ def build(runs_root: Path | None = None, out: Path | None = None, log: Path | No
     check_runs(root)
     log = log or REPO_ROOT / "build" / "book.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    jb = Path(sys.executable).with_name("jupyter-book")
     cmd = [
-        str(jb) if jb.exists() else "jupyter-book",
+        sys.executable,
+        "-m",
+        "labsupport.ops.jupyterbook_parallel",  # jupyter-book's command, several notebooks at once
         "build",
         str(REPO_ROOT),
         "--all",
