@@ -13,12 +13,15 @@ def code_cells(notebook: str) -> list:
 
 
 def run_live(notebook: str, **parameters):
-    """Execute the notebook's cells in live mode until the run is loaded; return that run."""
-    ns = {"mode": "live", "run_id": None, **parameters}
+    """Execute the notebook's cells in live mode until the run is loaded; return that run. As
+    papermill does, the parameters cell runs and the test's parameters then replace its values
+    (a parameter the test does not give keeps the notebook's default)."""
+    given = {"mode": "live", "run_id": None, **parameters}
+    ns = dict(given)
     for cell in code_cells(notebook):
-        if "parameters" in cell.metadata.get("tags", []):
-            continue
         exec(compile(cell.source, notebook, "exec"), ns)
+        if "parameters" in cell.metadata.get("tags", []):
+            ns.update(given)
         if "run" in ns:
             return ns["run"]
     raise AssertionError(f"{notebook}: no cell loads the run")
@@ -27,12 +30,14 @@ def run_live(notebook: str, **parameters):
 def definitions(notebook: str, **parameters) -> dict:
     """The names the notebook's code cells define before its measuring cell (the first that
     starts `if mode == "live":`), executed in replay mode."""
-    ns = {"mode": "replay", "run_id": None, **parameters}
+    given = {"mode": "replay", "run_id": None, **parameters}
+    ns = dict(given)
     for cell in code_cells(notebook):
         if cell.source.startswith('if mode == "live":'):
             return ns
-        if "parameters" not in cell.metadata.get("tags", []):
-            exec(compile(cell.source, notebook, "exec"), ns)
+        exec(compile(cell.source, notebook, "exec"), ns)
+        if "parameters" in cell.metadata.get("tags", []):
+            ns.update(given)
     raise AssertionError(f"{notebook}: no measuring cell")
 
 
