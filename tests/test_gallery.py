@@ -246,3 +246,15 @@ def test_the_repository_gallery_loads():
     assert len({e.run.chapter for e in found}) >= 2
     for e in found:
         assert e.manifest.get("label") and e.run.provenance["gpu"]
+
+
+def test_no_row_beats_its_floor():
+    """The committed gallery beside the published runs: a row's step is one that gives the step's
+    answers and reads the step's bytes, so none is under its floor; Closing the gap's FP8 rung (a
+    floor of its own, and 2.92 ms against the BF16 floor's 3.15 ms in the published run) never
+    stands as a row's step."""
+    df = gallery_page.rows()
+    cg = df[df.chapter == "closing-the-gap"]
+    assert len(cg) >= 2 and not cg.step.isin(["fp8-weights", ""]).any()
+    timed = df[df["x floor"].notna()]
+    assert len(timed) >= 4 and (timed["x floor"] > 1).all(), timed[["chapter", "step", "x floor"]]

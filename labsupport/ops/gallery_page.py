@@ -3,8 +3,9 @@ row per GPU and form (dtype, preset), each set against its own GPU's floor and c
 
 The numbers are read from each run's own tables, whichever of them its chapter records:
 
-- *step ms*: the least step time of the run's fastest step form; `host` when timed by the host's
-  clock, `CUDA events` when by events on the GPU's stream;
+- *step ms*: the least step time of the run's fastest step form that gives the step's answers and
+  reads its bytes (an FP8 rung has a floor of its own and is left out); `host` when timed by the
+  host's clock, `CUDA events` when by events on the GPU's stream;
 - *x floor*: that time over the floor, the step's bytes (meta.json: results.model.decode_bytes) at
   the datasheet's bandwidth of the run's GPU; empty when the GPU is not in the datasheet table;
 - *GPU-busy*: the share of the eager step's span (first kernel start to last kernel end, one
@@ -25,10 +26,14 @@ from pathlib import Path
 import pandas as pd
 
 from labsupport import runs
+from labsupport.chapters.closing_the_gap import FP8_RUNGS
 from labsupport.measure import hardware
 from labsupport.ops import gallery, pack
 
 STEP_TABLES = {"launch-overhead": ("variants", "variant"), "closing-the-gap": ("rungs", "rung")}
+# Step forms that read other bytes than the step's own (FP8 weights): each has a floor of its own, so
+# none may stand as the run's step against the step's floor.
+OWN_FLOOR = {"closing-the-gap": set(FP8_RUNGS)}
 PUBLISHED = "the book's published run"
 DOWNLOADS = "download/gallery"  # under the HTML folder
 
@@ -55,9 +60,13 @@ def _eager(t: pd.DataFrame) -> dict:
     }
 
 
-def _best_step(t: pd.DataFrame, name_col: str) -> tuple[float, str, str]:
-    """(ms, form, timed by) of the fastest step form with a time."""
+def _best_step(t: pd.DataFrame, name_col: str, own_floor=frozenset()) -> tuple[float, str, str]:
+    """(ms, form, timed by) of the fastest step form with a time that gives the step's answers
+    (where the table says: its `passed` column) and reads the step's own bytes (not in `own_floor`)."""
     ok = t[t.status.astype(str) == "ok"] if "status" in t else t
+    if "passed" in ok:
+        ok = ok[ok.passed.astype(str) == "True"]
+    ok = ok[~ok[name_col].astype(str).isin(own_floor)]
     best = (math.nan, "", "")
     for _, r in ok.iterrows():
         for col, how in (("gpu_ms_min", "CUDA events"), ("wall_ms_min", "host")):
@@ -79,7 +88,7 @@ def numbers(run: runs.Run) -> dict:
         table, col = STEP_TABLES[run.chapter]
         t = run.table(table)
         out.update(_eager(t))
-        out["step ms"], out["step"], out["timed by"] = _best_step(t, col)
+        out["step ms"], out["step"], out["timed by"] = _best_step(t, col, OWN_FLOOR.get(run.chapter, set()))
     elif run.chapter == "kernels-in-one-token" and {"census.csv", "step_times.csv"} <= set(files):
         census, steps = run.table("census"), run.table("step_times")
         census = census[census.kind.astype(str) != "total"]  # the kinds, without their total row
