@@ -43,7 +43,9 @@ def write_zips(root: Path, dst: Path) -> list[Path]:
                 src = e.run.path / name
                 if src.is_symlink() or not src.is_file():
                     continue
-                z.write(src, f"runs/{e.run.chapter}/{e.run.run_id}/{name}")
+                # A trace is gzip already: stored as it is, not compressed a second time for nothing.
+                stored = zipfile.ZIP_STORED if src.suffix == ".gz" else None
+                z.write(src, f"runs/{e.run.chapter}/{e.run.run_id}/{name}", compress_type=stored)
         out.append(path)
     return out
 

@@ -55,8 +55,8 @@ def chapter_archives(src: Path, dst: Path, manifest: dict[str, str]) -> dict[str
             path = dst / f"{slug}.zip"
             with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
                 for f in sorted(folder.rglob("*")):
-                    if f.is_file():
-                        z.write(f, f.relative_to(tmp).as_posix())
+                    if f.is_file():  # a trace (gzip already) stored as it is
+                        z.write(f, f.relative_to(tmp).as_posix(), zipfile.ZIP_STORED if f.suffix == ".gz" else None)
         out[slug] = path
     return out
 

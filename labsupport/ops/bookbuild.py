@@ -123,13 +123,10 @@ def _run(cmd: list[str], env: dict, log: Path, echo: bool) -> int:
         return p.wait()
 
 
-def build(runs_root: Path | None = None, out: Path | None = None, log: Path | None = None, echo: bool = True) -> Path:
-    """Build the HTML from `runs_root` (default: runs/) into `out` (default: the repository's
-    _build/); returns the HTML folder, or raises BuildError with one line."""
-    root = runs_root or runs.runs_root()
-    check_runs(root)
-    log = log or REPO_ROOT / "build" / "book.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+def command(out: Path | None = None) -> list[str]:
+    """The jupyter-book command line that builds the HTML (into `out`/_build/html, default the
+    repository's _build/), warnings as errors, every notebook executed; the tests' session build
+    runs the same one."""
     cmd = [
         sys.executable,
         "-m",
@@ -142,8 +139,17 @@ def build(runs_root: Path | None = None, out: Path | None = None, log: Path | No
         "--builder",
         "html",
     ]
-    if out is not None:
-        cmd += ["--path-output", str(out)]
+    return cmd + (["--path-output", str(out)] if out is not None else [])
+
+
+def build(runs_root: Path | None = None, out: Path | None = None, log: Path | None = None, echo: bool = True) -> Path:
+    """Build the HTML from `runs_root` (default: runs/) into `out` (default: the repository's
+    _build/); returns the HTML folder, or raises BuildError with one line."""
+    root = runs_root or runs.runs_root()
+    check_runs(root)
+    log = log or REPO_ROOT / "build" / "book.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = command(out)
     env = {**os.environ, "LABSUPPORT_RUNS": str(root)}
     repo = repository()
     with tempfile.TemporaryDirectory() as tmp:
