@@ -9,6 +9,9 @@ PYTHON     ?= python3
 CHAPTERS   ?=
 # `make test-tier TIER=...`: unit, book or live.
 TIER       ?= unit
+# Test processes (pytest-xdist): one per CPU by default; TEST_JOBS=0 runs the tests in this process.
+TEST_JOBS  ?= auto
+PYTEST      = $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 # Wheelhouse for an air-gapped GPU box: its Python version and platform.
 WHEEL_PYTHON   ?= 3.12
 WHEEL_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any
@@ -34,15 +37,15 @@ book: $(VENV)/.installed
 # Lint and format checks first (ruff, configured in pyproject.toml; notebooks included), then the tests:
 # every tier in one session (unit, book, live: tests/conftest.py), so the book is built once.
 test: lint
-	$(PY) -m pytest -q tests
+	$(PYTEST) tests
 
 # The unit tier only: small committed fixtures, no notebook executed, no book built (minutes).
 test-fast: lint
-	$(PY) -m pytest -q -m unit tests
+	$(PYTEST) -m unit tests
 
 # One tier after the lint: `make test-tier TIER=book` (or live).
 test-tier: lint
-	$(PY) -m pytest -q -m $(TIER) tests
+	$(PYTEST) -m $(TIER) tests
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -6,8 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from labsupport import runs
-from labsupport.chapters import kernels_in_one_token as one_token
+# Under pytest-xdist (`make test`) the workers share the CPUs: each gets its share for torch's
+# threads (and so do the processes it starts, which inherit this), instead of every worker's
+# threads spinning on every CPU. Set before torch is imported, which reads it then.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _share = len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
+
+from labsupport import runs  # noqa: E402
+from labsupport.chapters import kernels_in_one_token as one_token  # noqa: E402
 from labsupport.measure import harness  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -86,11 +93,21 @@ def _tier(item) -> str:
     return "unit"
 
 
+def _reads_book(item) -> bool:
+    return bool(set(getattr(item, "fixturenames", ())) & BOOK_FIXTURES)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by tier
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = _tier(item)
         if not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
+    # The files with tests that read the session's book build last: it builds in the background
+    # meanwhile. Under pytest-xdist `make test` sends each file to one worker (`--dist loadfile`),
+    # so that a module's fixtures (a chapter's one tiny-model run, the browser) are made once.
+    with_book = {i.nodeid.split("::")[0] for i in items if _reads_book(i)}
+    items.sort(key=lambda i: i.nodeid.split("::")[0] in with_book)
 
 
 @pytest.fixture(autouse=True)
@@ -180,43 +197,88 @@ def wait_while_running(proc, ready, limit_s: float = 600) -> bool:
     return ready()
 
 
+# --- the session's one book build ---------------------------------------------------------
+# Started in the background as soon as the tests are collected (when any of them reads it), so
+# that it runs while the unit and live tests do; the tests that read it run last. Under
+# pytest-xdist (`make test` runs `-n auto`) the first worker starts it in a folder every worker
+# shares, and the others wait for its exit status there: the book is built once, not once a worker.
+BOOK_RC, BOOK_LOG = "book-build.rc", "book-build.log"
+_book: dict = {}
+
+
+def _worker() -> str | None:
+    return os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def _book_folder(config) -> Path:
+    base = config._tmp_path_factory.getbasetemp()  # this process's; its parent is shared under xdist
+    return (base.parent if _worker() else base) / "session-book"
+
+
+def _start_book_build(config) -> None:
+    import subprocess
+    import threading
+
+    from labsupport.ops import bookbuild
+
+    from . import figure_probe
+
+    out = _book_folder(config)
+    out.mkdir(parents=True)
+    # The notebook kernels of the build check every figure they draw (tests/figure_probe.py).
+    ipython_dir = figure_probe.startup_folder(out / "ipython", out / "figure-probe")
+    with open(out / BOOK_LOG, "w") as log:  # the build writes to its own copy of the file
+        proc = subprocess.Popen(
+            bookbuild.command(out),  # what `make book` runs
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "IPYTHONDIR": str(ipython_dir)},
+        )
+
+    def finish():
+        try:
+            rc = proc.wait(timeout=1800)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = "timed out after 1800 s"
+        tmp = out / (BOOK_RC + ".tmp")
+        tmp.write_text(f"{rc}\n")
+        tmp.replace(out / BOOK_RC)  # whole, or not there
+
+    waiter = threading.Thread(target=finish, daemon=True)
+    waiter.start()
+    _book.update(proc=proc, waiter=waiter)
+
+
+def pytest_collection_finish(session):
+    if any(_reads_book(i) for i in session.items) and _worker() in (None, "gw0"):
+        _start_book_build(session.config)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The build is never left running: an interrupted session stops it; otherwise the first
+    worker waits for it, as another worker may still be reading it."""
+    if "proc" in _book:
+        if exitstatus == pytest.ExitCode.INTERRUPTED:
+            _book["proc"].kill()
+        _book["waiter"].join(timeout=1800)
+
+
 @pytest.fixture(scope="session")
-def built_book(tmp_path_factory):
+def built_book(request):
     """The book built once per test session from the recorded runs, warnings as errors.
 
     Returns the HTML folder. Every test that looks at the rendered book shares this build.
     """
-    import subprocess
-    import sys
-
-    from . import figure_probe
-
-    out = tmp_path_factory.mktemp("book")
-    # The notebook kernels of the build check every figure they draw (tests/figure_probe.py).
-    ipython_dir = figure_probe.startup_folder(out / "ipython", out / "figure-probe")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "labsupport.ops.jupyterbook_parallel",  # what `make book` runs: several notebooks at once
-            "build",
-            str(REPO),
-            "--all",
-            "--warningiserror",
-            "--keep-going",
-            "--builder",
-            "html",
-            "--path-output",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        env={**os.environ, "IPYTHONDIR": str(ipython_dir)},
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    out = _book_folder(request.config)
+    deadline = time.time() + 1800
+    while not (out / BOOK_RC).exists():
+        assert time.time() < deadline, f"the session's book build did not finish: {out / BOOK_LOG}"
+        time.sleep(0.5)
+    rc, log = (out / BOOK_RC).read_text().strip(), (out / BOOK_LOG).read_text(errors="replace")
+    assert rc == "0", f"the book build exited with {rc}:\n{log[-4000:]}"
     # An extension that does not declare itself safe for a parallel read makes Sphinx read serially.
-    assert "doing serial read" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-4000:]
+    assert "doing serial read" not in log, log[-4000:]
     return out / "_build" / "html"
 
 

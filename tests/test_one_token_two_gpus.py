@@ -365,6 +365,7 @@ def test_the_pages_figures_are_legible(tiny_run, monkeypatch):
     from .conftest import REPO
     from .test_figures import problems
 
+    with_shared_owners(tiny_run.path.parents[1])  # the page reads the shared one-GPU steps
     monkeypatch.setenv("LABSUPPORT_RUNS", str(tiny_run.path.parents[1]))
     monkeypatch.chdir(REPO / "notebooks")
     ns, drawn = {"mode": "replay"}, []
