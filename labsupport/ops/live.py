@@ -136,6 +136,9 @@ def run_chapter(
             parameters=params,
             cwd=str(chapter.path.parent),
             kernel_name="python3",
+            # A kernel on a busy machine (the tests in one process per CPU, a box still compiling)
+            # can take longer to start than papermill's 60 s; waiting costs nothing otherwise.
+            start_timeout=300,
             progress_bar=True,
             log_output=True,
             request_save_on_cell_execute=True,
