@@ -75,6 +75,10 @@ BY_NAME = {
 }
 
 
+def _reads_book(item) -> bool:
+    return bool(set(getattr(item, "fixturenames", ())) & BOOK_FIXTURES)
+
+
 def _tier(item) -> str:
     marked = [t for t in TIERS if item.get_closest_marker(t)]
     if marked:
@@ -82,7 +86,7 @@ def _tier(item) -> str:
     names = set(getattr(item, "fixturenames", ()))
     if names & LIVE_FIXTURES:
         return "live"
-    if names & BOOK_FIXTURES:
+    if _reads_book(item):
         return "book"
     module = Path(str(item.fspath)).name
     function = getattr(item, "originalname", item.name)
@@ -91,10 +95,6 @@ def _tier(item) -> str:
         if "*" in listed or function in listed:
             return tier
     return "unit"
-
-
-def _reads_book(item) -> bool:
-    return bool(set(getattr(item, "fixturenames", ())) & BOOK_FIXTURES)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by tier
