@@ -9,11 +9,9 @@ PYTHON     ?= python3
 CHAPTERS   ?=
 # `make test-tier TIER=...`: unit, book or live.
 TIER       ?= unit
-# Test processes (pytest-xdist): one per CPU for the unit tier by default; TEST_JOBS=0 runs them in
-# this process. The whole suite (`make test`, CI) runs in one process unless FULL_TEST_JOBS is set: two
-# live commands at once in two processes collided once on a scratch folder under build/live.
+# Test processes (pytest-xdist): one per CPU by default; TEST_JOBS=0 runs them in this process.
+# --dist loadfile keeps a file's tests in one process, so its module fixtures are made once.
 TEST_JOBS  ?= auto
-FULL_TEST_JOBS ?= 0
 PYTEST      = $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 # Wheelhouse for an air-gapped GPU box: its Python version and platform.
 WHEEL_PYTHON   ?= 3.12
@@ -40,7 +38,7 @@ book: $(VENV)/.installed
 # Lint and format checks first (ruff, configured in pyproject.toml; notebooks included), then the tests:
 # every tier in one session (unit, book, live: tests/conftest.py), so the book is built once.
 test: lint
-	$(PY) -m pytest -q -n $(FULL_TEST_JOBS) --dist loadfile tests
+	$(PYTEST) tests
 
 # The unit tier only: small committed fixtures, no notebook executed, no book built (minutes).
 test-fast: lint

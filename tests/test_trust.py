@@ -398,6 +398,26 @@ def test_a_trace_that_expands_past_the_cap_is_one_line(world, monkeypatch):
         bookbuild.check_runs(n.root)
 
 
+def test_recover_removes_a_dead_commands_scratch_folder_and_keeps_a_running_ones(world):
+    """Two commands with different runs folders share one log folder: the second's recovery
+    must not take the first one's TMPDIR from under its notebook (it did, in CI)."""
+    n, _ = world
+    n.logs.mkdir(parents=True, exist_ok=True)
+    running = subprocess.Popen(["sleep", "300"])
+    try:
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        kept, gone = n.logs / f".scratch-{running.pid}", n.logs / f".scratch-{dead.pid}"
+        for d in (kept, gone):
+            (d / "inside").mkdir(parents=True)
+        lines = leftovers.recover(n.root, None, n.book, n.logs)
+        assert not gone.exists() and f"removed the scratch folder {gone} of a killed command" in lines
+        assert (kept / "inside").is_dir()
+    finally:
+        running.kill()
+        running.wait()
+
+
 def test_no_orphans_ends_grandchildren_and_removes_the_scratch_folder(tmp_path):
     from labsupport.ops import children
 

@@ -56,6 +56,17 @@ def end_descendants(grace_s: float = 3.0) -> list[int]:
     return pids
 
 
+def scratch_owner(folder: Path) -> int | None:
+    """The pid a scratch folder is named after (`.scratch-<pid>`), None for any other name."""
+    tail = folder.name[len(SCRATCH) :] if folder.name.startswith(SCRATCH) else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def is_running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    return _alive(pid)
+
+
 def _alive(pid: int) -> bool:
     with suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)

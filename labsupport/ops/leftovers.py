@@ -129,7 +129,10 @@ def recover(
         done.append(f"moved {report.name}, the report of a night that never published, to {dest}")
     for logs in {nightly_dir, *([live_dir] if live_dir is not None else [])}:
         for d in sorted(logs.glob(f"{children.SCRATCH}*")) if logs.is_dir() else []:
-            if d.is_dir() and not d.is_symlink() and d.name != f"{children.SCRATCH}{os.getpid()}":
+            owner = children.scratch_owner(d)
+            # Another command still running (one with another runs folder, under the same log
+            # folder) keeps its scratch folder; only a dead command's is removed.
+            if d.is_dir() and not d.is_symlink() and owner != os.getpid() and not (owner and children.is_running(owner)):
                 shutil.rmtree(d)
                 done.append(f"removed the scratch folder {d} of a killed command")
     for tmp in [*root.glob(".*.tmp*"), *root.glob("nightly/.*.tmp*")]:
