@@ -7,7 +7,8 @@ build runs with IPYTHONDIR naming it. After every cell the probe looks at each o
 figure (as the in-process replay did: what the cell drew and left open, before the inline
 backend shows and closes it), and writes, per kernel, `<out>/<pid>.json`: the first line of
 every code cell it ran, in order (to tell which notebook it was), and the problems found, each
-named by the first line of the cell that drew the figure."""
+named by the first line of the cell that drew the figure. It also notes which of the heavy
+measuring libraries (HEAVY) the kernel had loaded: a replay needs none of them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from labsupport import figures
 
 REPO = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "transformers", "triton")  # about 4 s of a notebook's 2-7 s replay, when imported
 
 
 def problems(name: str, fig) -> list[str]:
@@ -70,7 +72,7 @@ def install(out: str) -> None:
     from IPython import get_ipython
 
     ip = get_ipython()
-    record = {"cells": [], "figures": 0, "problems": [], "errors": []}
+    record = {"cells": [], "figures": 0, "problems": [], "errors": [], "loaded": []}
     path = Path(out) / f"{os.getpid()}.json"
     current = {"first": ""}
 
@@ -82,6 +84,7 @@ def install(out: str) -> None:
         try:
             import sys
 
+            record["loaded"] = [m for m in HEAVY if m in sys.modules]
             if "matplotlib.pyplot" not in sys.modules:
                 return
             plt = sys.modules["matplotlib.pyplot"]

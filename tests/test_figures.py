@@ -31,6 +31,16 @@ def test_every_figure_of_the_chapter_is_legible(chapter, book_figures):
     assert not record["problems"], "\n".join(record["problems"])
 
 
+@pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
+def test_a_replay_loads_neither_torch_nor_transformers(chapter, book_figures):
+    """The book's build replays every chapter: torch, transformers and Triton are imported only
+    in live mode (the notebooks' `if mode == "live"` imports; labsupport imports them where they
+    are used), which keeps each replay to a few seconds."""
+    expected = [c for c in code_first_lines(chapter.path) if c]
+    (record,) = [r for r in book_figures if [c for c in r["cells"] if c] == expected]
+    assert record["loaded"] == [], f"{chapter.path.name} in replay loaded {record['loaded']}"
+
+
 def test_the_status_history_figure_is_legible():
     from labsupport.ops import status
 

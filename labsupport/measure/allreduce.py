@@ -15,10 +15,10 @@ from __future__ import annotations
 import statistics
 import time
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from labsupport.measure import harness
+
+# torch is imported where it is used, and CollectiveLog (a torch class) is made on first use
+# (__getattr__ below): the chapter's replay reads this module's names and never loads torch.
 
 SWEEP_MIN, SWEEP_MAX = 8 << 10, 256 << 20  # 8 KB .. 256 MB
 
@@ -46,6 +46,7 @@ def time_burst(x, iters: int, repeats: int, warmup: int = 2) -> list[float]:
     the current stream (each all-reduce makes the stream wait for NCCL's), read after a
     synchronize; on a CPU, gloo's all-reduce returns when it is done, and the host clock times it.
     Returns one time per repeat, after `warmup` untimed bursts."""
+    import torch
     import torch.distributed as dist
 
     cuda = x.is_cuda
@@ -78,6 +79,7 @@ def time_graph(x, iters: int, repeats: int, warmup: int = 2) -> list[float]:
     """Seconds per all-reduce of `x` (on a GPU) when `iters` of them are captured in one CUDA
     graph and replayed: each repeat, every rank waits for its device and meets the others, then
     CUDA events around one replay. Returns one time per repeat, after `warmup` replays."""
+    import torch
     import torch.distributed as dist
 
     side = torch.cuda.Stream()
@@ -107,12 +109,14 @@ def time_graph(x, iters: int, repeats: int, warmup: int = 2) -> list[float]:
 
 
 def sweep(
-    message_bytes: list[int], device: str, dtype=torch.bfloat16, iters: int = 20, repeats: int = 5, progress=None
+    message_bytes: list[int], device: str, dtype=None, iters: int = 20, repeats: int = 5, progress=None
 ) -> list[dict]:
     """Time all-reduces of each size among every rank of the default group (time_burst); one row
-    per size. `device` is this rank's ("cuda:1", or "cpu")."""
+    per size. `device` is this rank's ("cuda:1", or "cpu"); `dtype` torch.bfloat16 by default."""
+    import torch
     import torch.distributed as dist
 
+    dtype = dtype or torch.bfloat16
     world, rank = dist.get_world_size(), dist.get_rank()
     esize = torch.tensor([], dtype=dtype).element_size()
     rows = []
@@ -165,29 +169,42 @@ def issued(path, region: str = "decode_step", op: str = "_c10d_functional::all_r
     return len(calls), sum(trace.ns(e["dur"]) for e in calls)
 
 
-class CollectiveLog(TorchDispatchMode):
-    """Records every collective (torch.ops._c10d_functional.*, what DTensor and tp_split's
-    process-group choice issue; torch.ops.symm_mem's all-reduces, recorded as "all_reduce") run
-    inside it: its name, the bytes of its input and their dtype, in order."""
+def _collective_log_class():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __init__(self):
-        super().__init__()
-        self.rows: list[dict] = []
+    class CollectiveLog(TorchDispatchMode):
+        """Records every collective (torch.ops._c10d_functional.*, what DTensor and tp_split's
+        process-group choice issue; torch.ops.symm_mem's all-reduces, recorded as "all_reduce") run
+        inside it: its name, the bytes of its input and their dtype, in order."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        symm = func.namespace == "symm_mem" and "all_reduce" in name
-        if symm or (func.namespace == "_c10d_functional" and name != "wait_tensor" and not name.startswith("_")):
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
-            self.rows.append(
-                {
-                    "seq": len(self.rows),
-                    "op": "all_reduce" if symm else name,
-                    "bytes": sum(t.numel() * t.element_size() for t in tensors),
-                    "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
-                    "shape": "x".join(map(str, tensors[0].shape)) if tensors else "",
-                }
-            )
-        return func(*args, **kwargs)
+        def __init__(self):
+            super().__init__()
+            self.rows: list[dict] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func.overloadpacket.__name__
+            symm = func.namespace == "symm_mem" and "all_reduce" in name
+            if symm or (func.namespace == "_c10d_functional" and name != "wait_tensor" and not name.startswith("_")):
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+                self.rows.append(
+                    {
+                        "seq": len(self.rows),
+                        "op": "all_reduce" if symm else name,
+                        "bytes": sum(t.numel() * t.element_size() for t in tensors),
+                        "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
+                        "shape": "x".join(map(str, tensors[0].shape)) if tensors else "",
+                    }
+                )
+            return func(*args, **kwargs)
+
+    return CollectiveLog
+
+
+def __getattr__(name: str):
+    if name == "CollectiveLog":  # made once, on the first `allreduce.CollectiveLog`
+        globals()["CollectiveLog"] = cls = _collective_log_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

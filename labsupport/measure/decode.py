@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from labsupport.measure import harness
+
+if TYPE_CHECKING:  # torch is imported where it is used: a replay (the book's build) never loads it
+    import torch
 
 
 class NoGPUError(RuntimeError):
@@ -22,6 +24,8 @@ class NoGPUError(RuntimeError):
 
 def require_device(device: str, allow_cpu: bool = False) -> str:
     """Check that live measurement can run on `device`; CPU only when explicitly allowed."""
+    import torch
+
     if device == "cuda":
         if not torch.cuda.is_available():
             raise NoGPUError(
@@ -46,24 +50,30 @@ class Prompt:
 
     @classmethod
     def random(cls, vocab_size: int, batch: int, length: int, device: str, seed: int = 0) -> Prompt:
+        import torch
+
         g = torch.Generator(device="cpu").manual_seed(seed)
         return cls(torch.randint(0, vocab_size, (batch, length), generator=g).to(device))
 
 
-def prefill(model, prompt: Prompt, grad_mode=torch.inference_mode):
+def prefill(model, prompt: Prompt, grad_mode=None):
     """Run the prompt through the model; return (cache, next tokens). `grad_mode`: the context
-    it runs in (torch.no_grad for a DTensor-split model: see EagerStep)."""
+    it runs in (torch.inference_mode by default; torch.no_grad for a DTensor-split model: see EagerStep)."""
+    import torch
     from transformers import DynamicCache
 
-    with grad_mode():
+    with (grad_mode or torch.inference_mode)():
         cache = DynamicCache(config=model.config)
         out = model(input_ids=prompt.ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return cache, out.logits[:, -1].argmax(-1, keepdim=True)
 
 
-def decode_step(model, cache, tokens, grad_mode=torch.inference_mode):
-    """One new token per sequence: forward against the cache, then greedy sampling."""
-    with grad_mode():
+def decode_step(model, cache, tokens, grad_mode=None):
+    """One new token per sequence: forward against the cache, then greedy sampling (under
+    `grad_mode`, torch.inference_mode by default)."""
+    import torch
+
+    with (grad_mode or torch.inference_mode)():
         out = model(input_ids=tokens, past_key_values=cache, use_cache=True)
         with torch.profiler.record_function("sample"):
             return out.logits[:, -1].argmax(-1, keepdim=True)
@@ -73,6 +83,8 @@ def decode_step(model, cache, tokens, grad_mode=torch.inference_mode):
 def annotated_modules(model):
     """Label every submodule's forward in the profiler trace with its path
     ('layers.3.mlp.down_proj'), so each kernel can be traced to the module that launched it."""
+    import torch
+
     handles = []
     base = model.base_model_prefix + "."
 
