@@ -132,7 +132,8 @@ def recover(
             owner = children.scratch_owner(d)
             # Another command still running (one with another runs folder, under the same log
             # folder) keeps its scratch folder; only a dead command's is removed.
-            if d.is_dir() and not d.is_symlink() and owner != os.getpid() and not (owner and children.is_running(owner)):
+            running = owner is not None and (owner == os.getpid() or children.is_running(owner))
+            if d.is_dir() and not d.is_symlink() and not running:
                 shutil.rmtree(d)
                 done.append(f"removed the scratch folder {d} of a killed command")
     for tmp in [*root.glob(".*.tmp*"), *root.glob("nightly/.*.tmp*")]:
