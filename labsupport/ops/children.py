@@ -47,10 +47,10 @@ def end_descendants(grace_s: float = 3.0) -> list[int]:
         with suppress(OSError):
             os.kill(p, signal.SIGTERM)
     deadline = time.time() + grace_s
-    while time.time() < deadline and any(_alive(p) for p in pids):
+    while time.time() < deadline and any(is_running(p) for p in pids):
         time.sleep(0.05)
     for p in [*pids, *descendants()]:
-        if _alive(p):
+        if is_running(p):
             with suppress(OSError):
                 os.kill(p, signal.SIGKILL)
     return pids
@@ -63,11 +63,7 @@ def scratch_owner(folder: Path) -> int | None:
 
 
 def is_running(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    return _alive(pid)
-
-
-def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (a child of ours is reaped first)."""
     with suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
     try:
