@@ -22,12 +22,16 @@ export PYTHONPATH := $(CURDIR)
 
 .PHONY: book test test-fast test-tier lint live smoke nightly recover venv wheelhouse clean
 
-# --no-compile: pip would byte-compile every module of torch and transformers (about 55 s of a
-# 90 s install here); Python compiles the few the book and tests import, once, when they do.
+# pip byte-compiles what it installs one file at a time (about 55 s of a 90 s install on two
+# CPUs); compileall does it on every CPU. The byte code must be there: with
+# PYTHONDONTWRITEBYTECODE set, as on our machines, Python never writes it, and every notebook
+# kernel would compile its imports again. A few files of the packages' own test suites are for
+# newer Pythons and do not compile (pip skips them too), hence -qq and the `|| true`.
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(BOOTSTRAP) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile -r requirements.txt
+	$(PY) -m compileall -qq -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') || true
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
