@@ -11,8 +11,9 @@ CHAPTERS   ?=
 TIER       ?= unit
 # Test processes (pytest-xdist): one per CPU by default; TEST_JOBS=0 runs them in this process.
 # --dist loadfile keeps a file's tests in one process, so its module fixtures are made once.
+# --durations=10 ends the report with the ten slowest tests, to see where the time goes.
 TEST_JOBS  ?= auto
-PYTEST      = $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+PYTEST      = $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=10
 # Wheelhouse for an air-gapped GPU box: its Python version and platform.
 WHEEL_PYTHON   ?= 3.12
 WHEEL_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any

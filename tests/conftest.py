@@ -183,6 +183,22 @@ def cpu_args(slug: str) -> list[str]:
     return args
 
 
+def with_shared_owners(root: Path) -> None:
+    """Put the published runs of the chapters that own the shared quantities under the runs
+    folder `root` (beside the runs a test recorded there) and name them in its manifest, as the
+    book's runs folder has them: a page that shows a shared quantity reads them."""
+    from labsupport.chapters import shared
+
+    book = REPO / "runs"
+    pub = runs.published(book)
+    manifest = root / "published.json"
+    have = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    for owner in shared.OWNERS:
+        shutil.copytree(book / owner / pub[owner], root / owner / pub[owner], dirs_exist_ok=True)
+        have[owner] = pub[owner]
+    manifest.write_text(json.dumps(have, indent=2, sort_keys=True) + "\n")
+
+
 def tree_bytes(root: Path) -> dict:
     """Every file under root with its bytes, to check that nothing changed."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

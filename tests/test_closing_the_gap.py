@@ -16,7 +16,7 @@ from labsupport.chapters import closing_the_gap as ch  # noqa: E402
 from labsupport.chapters import published  # noqa: E402
 from labsupport.measure import decode, models, qwen3_decode  # noqa: E402
 
-from .conftest import fixture_run  # noqa: E402
+from .conftest import fixture_run, with_shared_owners  # noqa: E402
 from .live_cells import run_live_cells, watch_harness  # noqa: E402
 
 pytest.importorskip("triton")
@@ -402,21 +402,13 @@ def test_notebook_runs_live_on_cpu_through_papermill(runs_root, monkeypatch, tmp
     """The whole page on the CPU live path (tiny model): measured, then every analysis cell on the
     run just recorded, with the shared quantities read from the owners' published runs."""
     import json
-    import shutil
 
     import nbformat
     import papermill as pm
 
-    from labsupport import runs
-    from labsupport.chapters import shared
-
     from .conftest import REPO
 
-    book = REPO / "runs"
-    pub = runs.published(book)
-    for owner in shared.OWNERS:
-        shutil.copytree(book / owner / pub[owner], runs_root / owner / pub[owner])
-    (runs_root / "published.json").write_text(json.dumps({o: pub[o] for o in shared.OWNERS}))
+    with_shared_owners(runs_root)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     out = tmp_path / "closing_the_gap.ipynb"
     nb_path = REPO / NOTEBOOK

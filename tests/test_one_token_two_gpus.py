@@ -14,6 +14,7 @@ from labsupport.chapters import one_token_two_gpus as ch
 from labsupport.measure import allreduce, models
 from labsupport.ops import live
 
+from .conftest import with_shared_owners
 from .live_cells import run_live_cells
 
 NOTEBOOK = "notebooks/one_token_two_gpus.ipynb"
@@ -173,27 +174,6 @@ def test_the_live_run_records_the_hand_split_step_at_both_degrees(tiny_run):
     files = set(tiny_run.meta["files"])
     assert {ch.split.trace_name(2, r, "process-group") for r in (0, 1)} <= files
     assert [(r["world"], r["rank"]) for r in tiny_run.results["split_ranks"]] == [(1, 0), (2, 0), (2, 1)]
-
-
-def with_shared_owners(root):
-    """Copy the published runs of the chapters that own the shared quantities (the one-GPU steps the
-    page shows) into the runs folder `root`, beside the run a test recorded there."""
-    import json
-    import shutil
-
-    from labsupport.chapters import shared
-
-    from .conftest import REPO
-
-    manifest = root / "published.json"
-    mine = json.loads(manifest.read_text()) if manifest.is_file() else {}
-    theirs = json.loads((REPO / "runs" / "published.json").read_text())
-    for owner in shared.OWNERS:
-        dest = root / owner / theirs[owner]
-        if not dest.exists():
-            shutil.copytree(REPO / "runs" / owner / theirs[owner], dest)
-        mine[owner] = theirs[owner]
-    manifest.write_text(json.dumps(mine, indent=2, sort_keys=True) + "\n")
 
 
 def test_the_page_replays_the_cpu_run(tiny_run, tmp_path):

@@ -20,7 +20,7 @@ from labsupport.measure import decode, environment, hardware, harness, models
 from labsupport.ops import validate
 from labsupport.traces import kernels, trace
 
-from .conftest import FIXTURES, REPO, fixture_run
+from .conftest import FIXTURES, REPO, fixture_run, with_shared_owners
 
 NOTEBOOK = REPO / "notebooks" / "prefill_vs_decode.ipynb"
 # The sweep contains prompt_len, so the phase table and the sweep share one measurement; the
@@ -367,22 +367,6 @@ def _glued(nb) -> set[str]:
         for o in c.get("outputs", [])
         if "scrapbook" in o.get("metadata", {})
     }
-
-
-def with_shared_owners(root) -> None:
-    """Put the published runs of the chapters that own the shared quantities (and a manifest
-    naming them) under `root`, as the book's runs folder has them: the page reads them."""
-    import shutil
-
-    from labsupport.chapters import shared
-
-    book = REPO / "runs"
-    pub = runs.published(book)
-    have = json.loads((root / "published.json").read_text()) if (root / "published.json").exists() else {}
-    for owner in shared.OWNERS:
-        shutil.copytree(book / owner / pub[owner], root / owner / pub[owner], dirs_exist_ok=True)
-        have[owner] = pub[owner]
-    (root / "published.json").write_text(json.dumps(have))
 
 
 def test_notebook_runs_live_on_cpu_through_papermill(runs_root, tmp_path, monkeypatch):
