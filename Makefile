@@ -20,19 +20,20 @@ WHEEL_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x8
 WHEELHOUSE ?= wheelhouse
 
 export PYTHONPATH := $(CURDIR)
+# Python writes the byte code of what it imports (make venv leaves that to it, below): where
+# PYTHONDONTWRITEBYTECODE is set, as on the machine the targets are timed on, every notebook
+# kernel and test process would compile pandas' and torch's modules again.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: book test test-fast test-tier lint live smoke nightly recover venv wheelhouse clean
 
-# pip byte-compiles what it installs one file at a time (about 55 s of a 90 s install on two
-# CPUs); compileall does it on every CPU. The byte code must be there: with
-# PYTHONDONTWRITEBYTECODE set, as on our machines, Python never writes it, and every notebook
-# kernel would compile its imports again. A few files of the packages' own test suites are for
-# newer Pythons and do not compile (pip skips them too), hence -qq and the `|| true`.
+# pip would byte-compile every module of torch and transformers as it installs them, one file at a
+# time (about 55 s of a 90 s install on two CPUs); --no-compile leaves it to Python, which
+# compiles the few modules the book and tests import, once, when they first import them.
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(BOOTSTRAP) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile -r requirements.txt
-	$(PY) -m compileall -qq -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') || true
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
