@@ -1,15 +1,18 @@
 """Recording runs atomically, publishing them, and clear errors for bad runs."""
 
+import hashlib
 import json
 import os
+import shutil
 
 import pandas as pd
 import pytest
 
-from labsupport import runs
+from labsupport import chapters, runs
+from labsupport.chapters import table_keys
 from labsupport.runs import provenance
 
-from .conftest import tree_bytes
+from .conftest import FIXTURES, REPO, tree_bytes
 
 PROV = {k: "x" for k in provenance.REQUIRED_FIELDS}
 
@@ -152,3 +155,89 @@ def test_history_rows_are_appended_to_the_bytes_as_they_were(tmp_path):
     new = history.with_rows([row], tmp_path)
     assert new.startswith(old) and new[len(old) :] == b"live 2,ch,r2,t,g,m,2.5\n"
     assert (tmp_path / "history.csv").read_bytes() == old, "with_rows only computes the bytes"
+
+
+def committed_runs():
+    """Every run committed under runs/ (the gallery's too) and tests/fixtures/: (root, chapter, run id)."""
+    found = []
+    for top in (REPO / "runs", REPO / "tests" / "fixtures"):
+        for meta in sorted(top.rglob("meta.json")):
+            run_dir = meta.parent
+            found.append((run_dir.parent.parent, run_dir.parent.name, run_dir.name))
+    return found
+
+
+@pytest.mark.parametrize("root,chapter,run_id", committed_runs(), ids=lambda v: getattr(v, "name", v))
+def test_every_committed_table_keeps_its_declared_key(root, chapter, run_id):
+    """The keys (chapters.table_keys) are right for every run recorded so far: a committed table
+    that repeats a key means the declared key is wrong, never the data."""
+    run = runs.load_run(chapter, run_id, root)
+    for name in run.meta["files"]:
+        if name.endswith(".csv"):
+            run.table(name[:-4])
+
+
+def test_every_table_has_a_key_unless_it_lists_events():
+    events = []
+    for ch in chapters.CHAPTERS:
+        for name in ch.describes:
+            if name.endswith(".csv") and ch.key_of(name) is None:
+                assert set(chapters.KERNELS) <= set(ch.columns.get(name, ())), f"{ch.slug} {name} has no key"
+                events.append(f"{ch.slug}:{name}")
+        declared = set(table_keys.KEYS.get(ch.slug, {}))
+        assert declared <= set(ch.describes), f"{ch.slug}: keys of files it never holds: {declared - set(ch.describes)}"
+    assert "launch-overhead:variants.csv" not in events and "kernels-in-one-token:kernels.csv" in events
+
+
+def fixture_copy(tmp_path, chapter):
+    """A runs folder holding the committed fixture run of `chapter`, published."""
+    src = next((FIXTURES / chapter).iterdir())
+    shutil.copytree(src, tmp_path / chapter / src.name)
+    (tmp_path / "published.json").write_text(json.dumps({chapter: src.name}))
+    return tmp_path / chapter / src.name
+
+
+def reseal(run_dir, name):
+    meta = json.loads((run_dir / "meta.json").read_text())
+    meta["files"][name] = hashlib.sha256((run_dir / name).read_bytes()).hexdigest()
+    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+
+def test_a_repeated_key_is_refused_in_one_line_wherever_tables_are_checked(tmp_path):
+    """Duplicated rows of launch-overhead's variants.csv, resealed: refused by the run's loader
+    (Run.table), so by the validation (nightly, gallery add) and the book's check_runs, in one
+    line naming the file and the key; never a traceback from a chapter's analysis."""
+    from labsupport.ops import bookbuild, validate
+
+    run_dir = fixture_copy(tmp_path, "launch-overhead")
+    path = run_dir / "variants.csv"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines + lines[1:2]))
+    reseal(run_dir, "variants.csv")
+    run = runs.load_run("launch-overhead", root=tmp_path)
+    with pytest.raises(runs.RunError) as e:
+        run.table("variants")
+    variant = pd.read_csv(path).variant.iloc[0]
+    expected = f"{path}: rows 1 and {len(lines)} repeat the key variant={variant!r}; each row needs its own"
+    assert str(e.value) == expected
+    assert expected in validate.check_run(chapters.by_slug("launch-overhead"), run)
+    with pytest.raises(bookbuild.BuildError, match="repeat the key variant="):
+        bookbuild.check_runs(tmp_path)
+
+
+def test_a_table_of_one_row_and_a_key_over_several_columns(tmp_path):
+    run_dir = fixture_copy(tmp_path, "launch-overhead")
+    path = run_dir / "step_times.csv"
+    df = pd.read_csv(path)
+    df.loc[len(df) - 1, ["variant", "repeat"]] = df.loc[0, ["variant", "repeat"]].to_numpy()
+    df.to_csv(path, index=False)
+    reseal(run_dir, "step_times.csv")
+    with pytest.raises(
+        runs.RunError, match=rf"step_times.csv: rows 1 and {len(df)} repeat the key variant=.*, repeat="
+    ):
+        runs.load_run("launch-overhead", root=tmp_path).table("step_times")
+    with (
+        pytest.raises(runs.RunError, match="ceilings.csv: 2 rows, where the table holds one"),
+        runs.RunWriter("why-a-gpu", {}, "20260101T000000Z-a", root=tmp_path, meta={"provenance": PROV}) as w,
+    ):
+        w.write_table("ceilings", pd.concat([pd.read_csv(run_dir / "ceilings.csv")] * 2))

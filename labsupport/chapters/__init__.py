@@ -17,6 +17,7 @@ import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labsupport.chapters.table_keys import KEYS, SHARED
 from labsupport.runs import tables as run_tables
 from labsupport.runs.provenance import REPO_ROOT
 
@@ -127,6 +128,11 @@ class Chapter:
         """Whether an empty cell in `column` of `file` means "not measured here" (may_lack)."""
         key = f"{file}:{column}"
         return any(fnmatch.fnmatchcase(key, p) for p in (*self.may_lack, *MAY_LACK))
+
+    def key_of(self, file: str) -> tuple[str, ...] | None:
+        """The columns no two rows of `file` may share (chapters.table_keys; None: no key)."""
+        key = KEYS.get(self.slug, {}).get(file, SHARED.get(file))
+        return None if key is None else tuple(key.split())
 
     @property
     def module(self) -> str:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from labsupport.runs import provenance
 from labsupport.runs.paths import FILE_PATTERN, MANIFEST, RunError, check_chapter, check_run_id, run_dir, runs_root
-from labsupport.runs.tables import check_values, declared_columns, first_line, read_table
+from labsupport.runs.tables import check_table, declared_columns, first_line, read_table
 from labsupport.runs.writer import sha256
 
 
@@ -50,10 +50,11 @@ class Run:
 
     def table(self, name: str, **read_csv_args) -> pd.DataFrame:
         """A CSV table of the run, with the columns its chapter declares (chapters.py); an
-        empty, unreadable or short table is a RunError naming the file."""
+        empty, unreadable or short table, a number out of its range or a repeated key is a
+        RunError naming the file."""
         path = self.file(f"{name}.csv")
         df = read_table(path, declared_columns(self.chapter, path.name), **read_csv_args)
-        check_values(df, path, self.chapter)
+        check_table(df, path, self.chapter)
         return df
 
     @property

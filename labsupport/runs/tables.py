@@ -1,5 +1,5 @@
-"""A run's tables, checked against what their chapter declares: the columns a table must have and
-the range of every number (the chapter registry declares them here; runs/ imports no chapter code)."""
+"""A run's tables, checked against what their chapter declares: the columns a table must have, the
+columns that name a row (its key, never repeated) and the range of every number (the chapter registry declares them here; runs/ imports no chapter code)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,41 @@ SCHEMAS: dict = {}
 
 def declare(schemas) -> None:
     """Declare the tables of chapters: each schema has a `slug`, `columns` ({csv file: columns}),
-    `range_of(file, column)` ((lo, hi) or None) and `lacks_allowed(file, column)`."""
+    `range_of(file, column)` ((lo, hi) or None), `lacks_allowed(file, column)` and `key_of(file)`
+    (the columns that name a row, or None)."""
     SCHEMAS.update({s.slug: s for s in schemas})
 
 
 def declared_columns(chapter: str, name: str) -> tuple[str, ...]:
     schema = SCHEMAS.get(chapter)
     return schema.columns.get(name, ()) if schema is not None else ()
+
+
+def check_table(df: pd.DataFrame, path: Path, chapter: str) -> None:
+    """A table of a run as its chapter declares it: its numbers (check_values) and its key (check_key)."""
+    check_values(df, path, chapter)
+    check_key(df, path, chapter)
+
+
+def check_key(df: pd.DataFrame, path: Path, chapter: str) -> None:
+    """No two rows share the columns the chapter declares as the table's key (a repeated row
+    would be counted twice, or make one number two); else one RunError naming the file, the
+    repeated key and its rows. A key column the table lacks (a run recorded before the column
+    existed) is left out, which only makes the rest stricter; an empty key is a table of one row."""
+    ch = SCHEMAS.get(chapter)
+    key = ch.key_of(path.name) if ch is not None else None
+    if key is None or len(df) < 2:
+        return
+    cols = [c for c in key if c in df.columns]
+    if not cols:
+        raise RunError(f"{path}: {len(df)} rows, where the table holds one")
+    repeats = df.duplicated(cols).to_numpy()  # from the second row of each key on
+    if repeats.any():
+        j = int(repeats.argmax())
+        before, row = df[cols].iloc[:j], df[cols].iloc[j]
+        i = int((before.eq(row) | (before.isna() & row.isna())).all(axis=1).to_numpy().argmax())
+        shown = ", ".join(f"{c}={str(row[c])[:40]!r}" for c in cols)
+        raise RunError(f"{path}: rows {i + 1} and {j + 1} repeat the key {shown}; each row needs its own")
 
 
 def check_values(df: pd.DataFrame, path: Path, chapter: str) -> None:

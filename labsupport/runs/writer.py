@@ -101,9 +101,9 @@ class RunWriter:
         return files
 
     def _check_tables(self, files: list[Path]) -> None:
-        """Every table readable and every number in its declared range (chapters.RANGES),
-        checked before the run exists: a bad value is one RunError naming file, column, row."""
-        from labsupport.runs.tables import check_values, read_table
+        """Every table readable, every number in its declared range (chapters.RANGES) and no key
+        repeated, checked before the run exists: one RunError naming the file and what is wrong."""
+        from labsupport.runs.tables import check_table, read_table
 
         for p in files:
             if p.suffix == ".csv":
@@ -111,7 +111,7 @@ class RunWriter:
                     df = read_table(p)
                 except RunError:
                     continue  # an empty table is the validation's to report
-                check_values(df, self.final / p.name, self.chapter)
+                check_table(df, self.final / p.name, self.chapter)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None:
