@@ -14,6 +14,7 @@ import pytest
 
 from labsupport import chapters, runs
 from labsupport.ops import bookbuild, history, validate
+from labsupport.runs import paths
 
 from .conftest import REPO, RUNS, tree_bytes
 
@@ -236,6 +237,60 @@ def test_run_ids_and_chapter_names():
             runs.check_chapter(bad)
     assert runs.check_run_id("20261130T002417Z-h200") and runs.check_chapter("kernels-in-one-token")
     runs.check_published(RUNS)
+
+
+@pytest.mark.parametrize(
+    "pattern,good",
+    [
+        (runs.RUN_ID_PATTERN, "20261130T002417Z-h200"),
+        (runs.CHAPTER_PATTERN, "kernels-in-one-token"),
+        (runs.FILE_PATTERN, "trace.json.gz"),
+    ],
+    ids=["run id", "chapter", "file"],
+)
+def test_names_match_their_pattern_in_full_and_within_their_length(pattern, good):
+    """A name with a final newline (which `$` lets through) or longer than its limit matches no
+    pattern, whichever of match and fullmatch a caller uses."""
+    limit = {runs.RUN_ID_PATTERN: paths.MAX_RUN_ID, runs.CHAPTER_PATTERN: paths.MAX_CHAPTER}.get(
+        pattern, paths.MAX_FILE_NAME
+    )
+    longest = good + "_" * (limit - len(good)) if pattern is not runs.CHAPTER_PATTERN else "a" * limit
+    assert pattern.match(good) and pattern.match(longest)
+    for bad in (good + "\n", good + "\r", "\n" + good, longest + "a"):
+        assert not pattern.match(bad) and not pattern.fullmatch(bad), repr(bad)
+
+
+def test_the_longest_names_leave_room_for_every_derived_name():
+    """The longest derived name, a packed run's scratch archive `.<chapter>-<run id>-<GPU>.tar.gz.tmp`
+    (ops.pack), stays well under the 255 bytes a file name may have."""
+    from labsupport.ops import pack
+
+    gpu = pack.gpu_slug("NVIDIA " + "H200 SXM " * 40)
+    name = f".{'a' * paths.MAX_CHAPTER}-{'2' * paths.MAX_RUN_ID}-{gpu}.tar.gz.tmp"
+    assert len(name.encode()) <= 200 and paths.MAX_FILE_NAME <= 200
+    tag = runs.new_run_id("NVIDIA " + "GeForce RTX " * 30)
+    assert len(tag) <= paths.MAX_RUN_ID and runs.check_run_id(tag) and tag.endswith("-geforce")
+
+
+@pytest.mark.parametrize("bad", ["20261130T002417Z-h200\n", "20261130T002417Z-" + "x" * 235], ids=["newline", "252"])
+def test_a_bad_run_id_is_refused_where_a_run_is_written_loaded_published_or_packed(copied_runs, run_dir, bad):
+    """A run id ending in a newline, or of 252 characters (whose zip broke every later book),
+    is one RunError line wherever it comes in."""
+    from labsupport.ops import pack
+
+    with pytest.raises(runs.RunError) as e:
+        runs.RunWriter(CH, {}, bad, root=copied_runs)
+    one_line(e)
+    shutil.copytree(run_dir, copied_runs / CH / bad)
+    for load in (lambda: runs.load_run(CH, bad), lambda: pack.pack(CH, bad, out_dir=copied_runs.parent / "packs")):
+        with pytest.raises(runs.RunError) as e:
+            load()
+        assert "is not a run id" in one_line(e)
+    (copied_runs / "published.json").write_text(json.dumps({CH: bad}))
+    with pytest.raises(runs.RunError) as e:
+        runs.published()
+    assert "is not a run id" in one_line(e)
+    assert not (copied_runs.parent / "packs").exists()
 
 
 def test_a_failed_jupyter_book_run_is_a_build_error_with_the_line(monkeypatch, tmp_path):

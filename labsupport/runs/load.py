@@ -39,7 +39,7 @@ class Run:
 
     def file(self, name: str) -> Path:
         """A file of the run, by its plain name; a trace (.json, .json.gz) must also parse."""
-        if not isinstance(name, str) or not FILE_PATTERN.match(name) or name not in self.meta["files"]:
+        if not isinstance(name, str) or not FILE_PATTERN.fullmatch(name) or name not in self.meta["files"]:
             raise RunError(f"run {self.run_id} of {self.chapter} has no file {name!r}")
         path = self.path / name
         if path.is_symlink() or not path.is_file():
@@ -130,7 +130,7 @@ def _check_meta(meta, chapter: str, run_id: str, meta_path: Path) -> None:
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         raise RunError(f"{meta_path} is corrupt: 'files' must map file names to SHA-256 digests")
     for name in files:
-        if not FILE_PATTERN.match(name) or name == "meta.json":
+        if not FILE_PATTERN.fullmatch(name) or name == "meta.json":
             raise RunError(f"{meta_path} lists {name!r}, which is not a plain file name inside the run")
     prov = meta["provenance"]
     if not isinstance(prov, dict):

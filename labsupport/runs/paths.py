@@ -10,26 +10,42 @@ from labsupport.runs import provenance
 from labsupport.runs.provenance import REPO_ROOT
 
 MANIFEST = "published.json"
-RUN_ID_PATTERN = re.compile(r"^[0-9]{8}T[0-9]{6}Z(-[A-Za-z0-9_]+)*$")
-CHAPTER_PATTERN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-FILE_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_+-]*(\.[A-Za-z0-9_+-]+)*$")
+# The longest names allowed, so that every name derived from them stays well under the 255 bytes
+# a file name may have: the longest, a packed run's scratch archive
+# ".<chapter>-<run id>-<GPU slug>.tar.gz.tmp", is 1 + 64 + 1 + 80 + 1 + 40 + 11 = 198.
+MAX_CHAPTER = 64
+MAX_RUN_ID = 80
+MAX_FILE_NAME = 100
+# Each pattern matches a whole name of at most its length: `\Z`, never `$` (which also matches
+# before a final newline), so that `.match` and `.fullmatch` agree wherever a pattern is used.
+RUN_ID_PATTERN = re.compile(rf"(?=.{{1,{MAX_RUN_ID}}}\Z)[0-9]{{8}}T[0-9]{{6}}Z(-[A-Za-z0-9_]+)*\Z")
+CHAPTER_PATTERN = re.compile(rf"(?=.{{1,{MAX_CHAPTER}}}\Z)[a-z0-9]+(-[a-z0-9]+)*\Z")
+FILE_PATTERN = re.compile(rf"(?=.{{1,{MAX_FILE_NAME}}}\Z)[A-Za-z0-9_][A-Za-z0-9_+-]*(\.[A-Za-z0-9_+-]+)*\Z")
 
 
 class RunError(RuntimeError):
     """A run that is missing, incomplete or corrupt (the message is one line naming it)."""
 
 
+def _not_a(kind: str, name, limit: int, example: str, where: str) -> RunError:
+    long = isinstance(name, str) and len(name) > limit
+    shown = repr(name[:limit] + "…") if long else repr(name)
+    why = f" ({len(name)} characters, more than {limit})" if long else ""
+    return RunError(f"{where}: {shown} is not a {kind}{why} (e.g. {example})")
+
+
 def check_chapter(chapter, where: str = "") -> str:
-    """`chapter` if it is a chapter name (lower-case words joined by '-'), else RunError."""
-    if not isinstance(chapter, str) or not CHAPTER_PATTERN.match(chapter):
-        raise RunError(f"{where or 'chapter'}: {chapter!r} is not a chapter name (e.g. kernels-in-one-token)")
+    """`chapter` if it is a chapter name (lower-case words joined by '-', at most MAX_CHAPTER
+    characters), else RunError."""
+    if not isinstance(chapter, str) or not CHAPTER_PATTERN.fullmatch(chapter):
+        raise _not_a("chapter name", chapter, MAX_CHAPTER, "kernels-in-one-token", where or "chapter")
     return chapter
 
 
 def check_run_id(run_id, where: str = "") -> str:
-    """`run_id` if it is a run id, else RunError."""
-    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id):
-        raise RunError(f"{where or 'run id'}: {run_id!r} is not a run id (e.g. 20261129T233000Z-h200)")
+    """`run_id` if it is a run id (a UTC stamp, then tags; at most MAX_RUN_ID characters), else RunError."""
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id):
+        raise _not_a("run id", run_id, MAX_RUN_ID, "20261129T233000Z-h200", where or "run id")
     return run_id
 
 
@@ -90,7 +106,7 @@ def runs_root() -> Path:
 
 
 def new_run_id(tag: str = "") -> str:
-    """A sortable id: the UTC time, then an optional tag such as the GPU."""
+    """A sortable id: the UTC time, then an optional tag such as the GPU (cut to fit MAX_RUN_ID)."""
     stamp = provenance.utc_now().replace("-", "").replace(":", "")
-    tag = re.sub(r"[^A-Za-z0-9]+", "-", tag).strip("-").lower()
+    tag = re.sub(r"[^A-Za-z0-9]+", "-", tag).lower()[: MAX_RUN_ID - len(stamp) - 1].strip("-")
     return f"{stamp}-{tag}" if tag else stamp
