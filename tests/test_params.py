@@ -1,6 +1,7 @@
 """`--param` is checked against the notebook's own parameters cell and the chapter's checks
 (chapters.py) before anything runs; each problem is one line naming the parameter."""
 
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +36,35 @@ def test_every_check_smoke_and_cpu_value_names_a_real_parameter_and_passes():
         params.for_chapter(ch, {**ch.smoke, **ch.cpu})
 
 
+def numeric(default) -> bool:
+    """A number, or a list of numbers (the defaults whose size the checks must bound)."""
+    values = default if isinstance(default, list) else [default]
+    return bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+@pytest.mark.parametrize("ch", chapters.CHAPTERS, ids=lambda c: c.slug)
+def test_every_numeric_parameter_has_a_check_with_an_upper_bound(ch):
+    """Every number a notebook takes (or list of numbers) has a declared check with a finite upper
+    bound: the bound passes, one above it is one ParamError line, and so is NaN; no rule is of a
+    kind check_rule does not know."""
+    for name, rule in ch.checks.items():
+        assert rule.kind in ("between", "each_between", "one_of", "subset_of", "preset"), (name, rule)
+    for name, default in params.notebook_parameters(ch).items():
+        if name in params.RESERVED or not numeric(default):
+            continue
+        rule = ch.checks.get(name)
+        assert rule is not None and rule.kind in ("between", "each_between"), f"{ch.slug}: {name} has no bounds"
+        lo, hi = rule.arg
+        assert lo <= hi < float("inf") and type(hi) is type(lo) is int, (name, rule)
+        wrap = (lambda x: [x]) if rule.kind == "each_between" else (lambda x: x)
+        assert params.for_chapter(ch, {name: json.dumps(wrap(hi))}) == {name: wrap(hi)}
+        for bad in (hi + 1, lo - 1, float("nan"), float("inf")):
+            with pytest.raises(params.ParamError) as e:
+                params.for_chapter(ch, {name: wrap(bad)})
+            assert f"--param {name}=" in str(e.value) and "\n" not in str(e.value)
+            assert f"from {lo} to {hi}" in str(e.value) or isinstance(bad, float)
+
+
 def test_a_parameter_given_twice_counts_once_the_last_time():
     assert resolve("repeats=3", "repeats=4")["kernels-in-one-token"] == {"repeats": 4}
 
@@ -52,13 +82,17 @@ def test_good_values():
         ("repeat=50", "--param repeat: no such parameter in notebooks/kernels_in_one_token.ipynb (parameters: "),
         ("no_such_param=1", "--param no_such_param: no such parameter"),
         ("repeats=abc", "--param repeats=abc: not a JSON value"),
-        ("repeats=-5", "--param repeats=-5: must be at least 1"),
-        ("repeats=0", "--param repeats=0: must be at least 1"),
+        ("repeats=-5", "--param repeats=-5: must be a number from 1 to 10000"),
+        ("repeats=0", "--param repeats=0: must be a number from 1 to 10000"),
+        ("repeats=100000000", "--param repeats=100000000: must be a number from 1 to 10000"),
+        ("prompt_len=1000000000", "--param prompt_len=1000000000: must be a number from 1 to 131072"),
         ("repeats=2.5", "--param repeats=2.5: must be an integer"),
         ("repeats=true", "--param repeats=true: must be an integer"),
         ("repeats=", "--param repeats=: not a JSON value"),
         ("contexts=[]", "--param contexts=[]: must not be empty"),
-        ("contexts=[8, 0]", "every entry must be at least 1 (0 is not)"),
+        ("contexts=[8, 0]", "every entry must be a number from 1 to 131072 (0 is not)"),
+        ("contexts=[8, 1000000000]", "every entry must be a number from 1 to 131072 (1000000000 is not)"),
+        (f"contexts={[8] * 65}", "--param contexts: 65 entries, more than the 64 allowed"),
         ('contexts=[8, "x"]', "every entry must be an integer"),
         ("contexts=8", "must be a JSON list"),
         ("preset=no-such-model", "--param preset=\"no-such-model\": unknown model preset 'no-such-model' (known: "),
@@ -81,8 +115,10 @@ def test_other_chapters_checks():
         resolve("max_autotune=1", names=["launch-overhead"])
     with pytest.raises(params.ParamError, match='"gpu" is not one of reference, fla'):
         resolve('backends=["gpu"]', names=["hybrid-model-token"])
-    with pytest.raises(params.ParamError, match="must be at least 1"):
+    with pytest.raises(params.ParamError, match="must be a number from 1 to 10000"):
         resolve("repeats=0", names=["prefill-vs-decode"])
+    with pytest.raises(params.ParamError, match="an entry is given twice"):
+        resolve('backends=["fla", "fla"]', names=["hybrid-model-token"])
     # A name that some selected chapter has goes to that chapter only.
     got = resolve("max_autotune=false", names=["launch-overhead", "kernels-in-one-token"])
     assert got == {"launch-overhead": {"max_autotune": False}, "kernels-in-one-token": {}}

@@ -24,19 +24,24 @@ from labsupport.runs.provenance import REPO_ROOT
 
 @dataclass(frozen=True)
 class Rule:
-    """A check on a parameter's value: kind is 'at_least' (a number), 'each_at_least' (a
-    non-empty list of numbers), 'one_of' or 'subset_of' (allowed values)."""
+    """A check on a parameter's value: kind is 'between' (a number within arg's (lo, hi)),
+    'each_between' (a non-empty list of at most MAX_ENTRIES numbers, each within (lo, hi)),
+    'one_of' or 'subset_of' (allowed values, none repeated). Every number has an upper bound:
+    a repeat count of 10^8 or a context of 10^9 tokens would hold a GPU for days."""
 
     kind: str
     arg: object
 
 
-def at_least(n) -> Rule:
-    return Rule("at_least", n)
+MAX_ENTRIES = 64  # the longest list a parameter may hold (a sweep's batch sizes, say)
 
 
-def each_at_least(n) -> Rule:
-    return Rule("each_at_least", n)
+def between(lo, hi) -> Rule:
+    return Rule("between", (lo, hi))
+
+
+def each_between(lo, hi) -> Rule:
+    return Rule("each_between", (lo, hi))
 
 
 def one_of(*values) -> Rule:
@@ -85,8 +90,10 @@ KERNELS = ("name", "start_ns", "end_ns", "dur_ns", "op", "module", "kind")
 KERNELS_BY_LAYER = KERNELS + ("short_name", "layer", "part")
 CEILINGS = ("copy_bytes", "copy_ms_median", "gemm_n", "gemm_ms_median", "copy_tbs", "gemm_tflops")
 # The parameters most chapters share.
-REPEATS = at_least(1)
-LENGTHS = each_at_least(1)
+REPEATS = between(1, 10_000)
+TOKENS = between(1, 1 << 17)  # a prompt's tokens: more than any preset's context
+LENGTHS = each_between(1, 1 << 17)  # a sweep's contexts or prompt lengths, in tokens
+BATCH = between(1, 1024)
 # The half-precision type of a chapter's model (labsupport.measure.models.DTYPES); a run without
 # the parameter ran in bfloat16.
 DTYPE = one_of("bfloat16", "float16")
@@ -180,10 +187,10 @@ CHAPTERS = [
         },
         checks={
             "preset": preset(),
-            "batches": LENGTHS,
+            "batches": each_between(1, 4096),
             "rounds": REPEATS,
             "matvec_repeats": REPEATS,
-            "prompt_len": at_least(1),
+            "prompt_len": TOKENS,
             "device": one_of("cuda", "cpu"),
             "dtype": DTYPE,
         },
@@ -223,7 +230,7 @@ CHAPTERS = [
             "queue.csv": ("launch", "call_start_us", "call_return_us", "gpu_done_us"),
             "sync.csv": ("what", "us_median"),
         },
-        checks={"repeats": REPEATS, "burst": at_least(1), "hbm_n": at_least(1)},
+        checks={"repeats": REPEATS, "burst": between(1, 100_000), "hbm_n": between(1, 1 << 31)},
         smoke={"repeats": 20, "burst": 50, "hbm_n": 1 << 26},
         reads=("why-a-gpu",),
         describes={
@@ -245,7 +252,7 @@ CHAPTERS = [
             "rmsnorm_kernels.csv": KERNELS + ("variant",),
             "rmsnorm_times.csv": ("variant", "kernels", "us_median"),
         },
-        checks={"preset": preset(), "repeats": REPEATS},
+        checks={"preset": preset(), "repeats": REPEATS, "dtype": DTYPE},
         smoke={"repeats": 10},
         # shared.glue_values() reads every owner's run (the eager step's kernels are shown)
         reads=("kernels-in-one-token", "why-a-gpu", "launch-overhead"),
@@ -264,7 +271,7 @@ CHAPTERS = [
             "fusion_times.csv": ("variant", "kernels", "us_median"),
             "attention_backends.csv": ("backend", "context", "status", "kernels", "gpu_ns", "us_median"),
         },
-        checks={"preset": preset(), "contexts": LENGTHS, "repeats": REPEATS},
+        checks={"preset": preset(), "contexts": LENGTHS, "repeats": REPEATS, "dtype": DTYPE},
         smoke={"contexts": [256], "repeats": 10},
         reads=("kernels-in-one-token",),
         describes={
@@ -291,11 +298,11 @@ CHAPTERS = [
         },
         checks={
             "preset": preset(),
-            "batch": at_least(1),
-            "prompt_len": at_least(1),
+            "batch": BATCH,
+            "prompt_len": TOKENS,
             "contexts": LENGTHS,
             "repeats": REPEATS,
-            "fresh_processes": at_least(0),
+            "fresh_processes": between(0, 32),
             "dtype": DTYPE,
         },
         smoke={"contexts": [256, 4096], "repeats": 5, "fresh_processes": 1},
@@ -327,7 +334,7 @@ CHAPTERS = [
             "step_times.csv": ("variant", "repeat", "wall_ms"),
             "variants.csv": ("variant", "status", "kernels", "gpu_busy_ns", "launch_calls", "wall_ms_median"),
         },
-        checks={"preset": preset(), "prompt_len": at_least(1), "repeats": REPEATS, "dtype": DTYPE},
+        checks={"preset": preset(), "prompt_len": TOKENS, "repeats": REPEATS, "dtype": DTYPE},
         smoke={"preset": "tiny", "prompt_len": 64, "repeats": 3, "max_autotune": True},
         cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
         reads=("kernels-in-one-token", "why-a-gpu"),  # the eager steps' numbers; the ceilings
@@ -368,7 +375,7 @@ CHAPTERS = [
             "gemv_tuning.csv": ("n", "k", "block_n", "block_k", "num_warps", "num_stages", "us", "chosen"),
             "tokens_per_forward.csv": ("tokens", "path", "status", "ms_min"),  # runs since issue 25
         },
-        checks={"preset": preset("qwen3-8b", "tiny"), "prompt_len": at_least(1), "repeats": REPEATS, "dtype": DTYPE},
+        checks={"preset": preset("qwen3-8b", "tiny"), "prompt_len": TOKENS, "repeats": REPEATS, "dtype": DTYPE},
         smoke={"preset": "tiny", "prompt_len": 64, "repeats": 3},
         cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2},
         reads=("why-a-gpu", "kernels-in-one-token", "launch-overhead"),
@@ -419,7 +426,7 @@ CHAPTERS = [
         },
         checks={
             "preset": preset(),
-            "prompt_len": at_least(1),
+            "prompt_len": TOKENS,
             "prompt_lens": LENGTHS,
             "repeats": REPEATS,
             "dtype": DTYPE,
@@ -453,7 +460,7 @@ CHAPTERS = [
         },
         checks={
             "preset": preset(),
-            "prompt_len": at_least(1),
+            "prompt_len": TOKENS,
             "repeats": REPEATS,
             "backends": subset_of("reference", "fla"),
             "compile_backends": subset_of("reference", "fla"),
@@ -507,12 +514,13 @@ ONE_TOKEN_TWO_GPUS = Chapter(
     },
     checks={
         "preset": preset(),
-        "prompt_len": at_least(1),
-        "batch": at_least(1),
+        "prompt_len": TOKENS,
+        "batch": BATCH,
         "repeats": REPEATS,
-        "gpus": at_least(2),
+        "gpus": between(2, 8),
         "variants": subset_of("eager", "cuda-graph", "compile"),
-        "sweep_max": at_least(8192),
+        "sweep_max": between(8192, 1 << 32),
+        "dtype": DTYPE,
     },
     smoke={"repeats": 3, "variants": ["eager", "cuda-graph"], "sweep_max": 1 << 20},
     cpu={"preset": "tiny", "prompt_len": 16, "repeats": 2, "variants": ["eager"], "sweep_max": 16384},

@@ -147,23 +147,34 @@ def _check_type(name: str, value, default) -> None:
                 )
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def check_rule(name: str, value, rule: chapters.Rule) -> None:
     """Apply one of chapters.py's rules."""
     shown = f"--param {name}={json.dumps(value)}"
-    if rule.kind == "at_least" and value < rule.arg:
-        raise ParamError(f"{shown}: must be at least {rule.arg}")
-    if rule.kind == "each_at_least":
+    if rule.kind == "between":
+        lo, hi = rule.arg
+        if not (_number(value) and lo <= value <= hi):  # NaN is within no bounds
+            raise ParamError(f"{shown}: must be a number from {lo} to {hi}")
+    if rule.kind in ("each_between", "subset_of") and len(value) > chapters.MAX_ENTRIES:
+        raise ParamError(f"--param {name}: {len(value)} entries, more than the {chapters.MAX_ENTRIES} allowed")
+    if rule.kind == "each_between":
+        lo, hi = rule.arg
         if not value:
             raise ParamError(f"{shown}: must not be empty")
-        bad = [x for x in value if not isinstance(x, (int, float)) or isinstance(x, bool) or x < rule.arg]
+        bad = [x for x in value if not (_number(x) and lo <= x <= hi)]
         if bad:
-            raise ParamError(f"{shown}: every entry must be at least {rule.arg} ({json.dumps(bad[0])} is not)")
+            raise ParamError(f"{shown}: every entry must be a number from {lo} to {hi} ({json.dumps(bad[0])} is not)")
     if rule.kind == "one_of" and value not in rule.arg:
         raise ParamError(f"{shown}: must be one of {', '.join(map(str, rule.arg))}")
     if rule.kind == "subset_of":
         bad = [x for x in value if x not in rule.arg]
         if bad:
             raise ParamError(f"{shown}: {json.dumps(bad[0])} is not one of {', '.join(map(str, rule.arg))}")
+        if len(set(value)) < len(value):
+            raise ParamError(f"{shown}: an entry is given twice")
     if rule.kind == "preset":
         from labsupport.measure import models
 
