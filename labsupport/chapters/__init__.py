@@ -89,6 +89,9 @@ MAY_LACK = ("*:gpu_ms",)
 KERNELS = ("name", "start_ns", "end_ns", "dur_ns", "op", "module", "kind")
 KERNELS_BY_LAYER = KERNELS + ("short_name", "layer", "part")
 CEILINGS = ("copy_bytes", "copy_ms_median", "gemm_n", "gemm_ms_median", "copy_tbs", "gemm_tflops")
+# The longest a chapter notebook may run live unless its entry says otherwise (`timeout_s`): about
+# eight times the slowest chapter's notebook seconds in runs/history.csv (the hybrid's, 7 minutes).
+NOTEBOOK_TIMEOUT_S = 3600
 # The parameters most chapters share.
 REPEATS = between(1, 10_000)
 TOKENS = between(1, 1 << 17)  # a prompt's tokens: more than any preset's context
@@ -114,6 +117,7 @@ class Chapter:
     cpu: dict = field(default_factory=dict, hash=False, compare=False)  # what `--allow-cpu` changes (the tiny model)
     reads: tuple[str, ...] = ()  # other chapters whose published runs this chapter's notebook reads
     gpus: int = 1  # GPUs its live run needs: the nightly skips it, in one line, on a box with fewer
+    timeout_s: int = NOTEBOOK_TIMEOUT_S  # the longest its notebook may run live (live.run_chapter)
     ranges: dict = field(default_factory=dict, hash=False, compare=False)  # {"file.csv:column" or column: (lo, hi)}
     # "file.csv:column" patterns whose cells may be empty in a row that has no status column or an
     # "ok" one: a number this form was not measured for (a form timed by another chapter, a

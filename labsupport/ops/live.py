@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -123,12 +124,22 @@ def run_chapter(
     chapter: chapters.Chapter, run_id: str, parameters: dict, log_dir: Path, root: Path | None = None
 ) -> Path:
     """Execute one chapter notebook live, recording run `run_id` (never published here);
-    returns the executed notebook's path."""
+    returns the executed notebook's path. The notebook has `chapter.timeout_s` seconds from its
+    first cell: each cell may run only what is left of them, and a cell past it stops the
+    notebook (its kernel shut down) with one LiveRunError line naming the chapter and the limit."""
     import papermill as pm
 
     log_dir.mkdir(parents=True, exist_ok=True)
     out = log_dir / Path(chapter.notebook).name
     params = {**parameters, "mode": "live", "run_id": run_id}
+    limit = chapter.timeout_s
+    deadline = []  # set as the first cell starts: starting the kernel has its own limit
+
+    def seconds_left(cell) -> int:
+        if not deadline:
+            deadline.append(time.monotonic() + limit)
+        return max(1, math.ceil(deadline[0] - time.monotonic()))
+
     try:
         pm.execute_notebook(
             str(chapter.path),
@@ -142,11 +153,17 @@ def run_chapter(
             progress_bar=True,
             log_output=True,
             request_save_on_cell_execute=True,
+            timeout_func=seconds_left,  # nbclient's per-cell timeout, counting down the notebook's
         )
     except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback
         # A notebook that records across several cells leaves its unfinished run behind when a
         # cell fails (its kernel never reaches the cell that closes the run): remove it now.
         shutil.rmtree((root or runs.runs_root()) / chapter.slug / f".incomplete-{run_id}", ignore_errors=True)
+        if isinstance(e, TimeoutError) and deadline and time.monotonic() >= deadline[0]:  # nbclient's CellTimeoutError
+            raise LiveRunError(
+                f"{chapter.slug}: notebook stopped: it ran past its limit of {limit} s (the chapter's timeout_s); "
+                f"executed notebook kept at {out}"
+            ) from None
         first = str(e).strip().splitlines()
         reason = next((ln for ln in reversed(first) if ln.strip()), type(e).__name__)
         raise LiveRunError(f"{chapter.slug}: notebook failed ({reason}); executed notebook kept at {out}") from None
