@@ -36,13 +36,13 @@ def _parser() -> argparse.ArgumentParser:
     night.add_argument(
         "--no-book", action="store_true", help="publish without building the book (no jupyter-book here)"
     )
+    # Both checked by nightly.main (params.timing_threshold, params.min_kernels): one line each
     night.add_argument(
         "--timing-threshold",
-        type=float,
-        default=0.25,
-        help="relative change of a headline number still reported as noise (default 0.25)",
+        default="0.25",
+        help="relative change of a headline number still reported as noise, above 0 and below 10 (default 0.25)",
     )
-    night.add_argument("--min-kernels", type=int, default=1, help="fewest kernels a kernel table may hold")
+    night.add_argument("--min-kernels", default="1", help="fewest kernels a kernel table may hold, 1 to 100000")
     night.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
     sub.add_parser("runs", help="list chapters, their recorded runs and the published one")
     sub.add_parser("book", help="check the runs, build the book; on failure the reason is the last line")

@@ -146,3 +146,44 @@ def test_the_command_stops_before_anything_runs(copied_runs, tmp_path, cmd):
     assert r.stderr.strip().endswith("nothing was run, the published run is unchanged")
     assert "[1/1]" not in r.stdout and not (tmp_path / "logs").exists()
     assert tree_bytes(copied_runs) == before
+
+
+@pytest.mark.parametrize(
+    "check,good,bad",
+    [
+        (
+            params.timing_threshold,
+            {"0.25": 0.25, 9.5: 9.5, "1e-3": 0.001},
+            ["nan", "inf", "-inf", "0", "-1", "10", "abc", ""],
+        ),
+        (params.min_kernels, {"1": 1, "100000": 100000, 5: 5}, ["-5", "0", "1.5", "100001", "nan", "abc", 2.0, True]),
+    ],
+    ids=["timing-threshold", "min-kernels"],
+)
+def test_the_nightlys_options_take_only_sensible_finite_values(check, good, bad):
+    for raw, value in good.items():
+        assert check(raw) == value
+    for raw in bad:
+        with pytest.raises(params.ParamError) as e:
+            check(raw)
+        assert str(e.value).startswith(f"--{check.__name__.replace('_', '-')} {raw}: must be ") and "\n" not in str(
+            e.value
+        )
+
+
+@pytest.mark.parametrize("option", [["--timing-threshold", "nan"], ["--min-kernels", "-5"]], ids=["nan", "-5"])
+def test_the_nightly_stops_on_a_bad_option_in_one_line_before_anything_runs(copied_runs, tmp_path, option):
+    before = tree_bytes(copied_runs)
+    env = {**os.environ, "LABSUPPORT_RUNS": str(copied_runs), "PYTHONPATH": str(REPO)}
+    env["LABSUPPORT_NIGHTLY_DIR"] = str(tmp_path / "logs")
+    r = subprocess.run(
+        [sys.executable, "-m", "labsupport", "nightly", "kernels-in-one-token", "--allow-cpu", *option],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert r.stderr.startswith(f"error: {' '.join(option)}: must be "), r.stderr
+    assert not (tmp_path / "logs").exists() and tree_bytes(copied_runs) == before

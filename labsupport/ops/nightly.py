@@ -145,16 +145,18 @@ def main(
     params: dict,
     allow_cpu: bool = False,
     build_book: bool = True,
-    timing_threshold: float = drift.DEFAULT_TIMING_THRESHOLD,
-    min_kernels: int = 1,
+    timing_threshold: float | str = drift.DEFAULT_TIMING_THRESHOLD,  # a command-line string is parsed here
+    min_kernels: int | str = 1,
 ) -> int:
+    from labsupport.ops import params as parameters
+
+    timing_threshold = parameters.timing_threshold(timing_threshold)  # ParamError: nothing has run
+    min_kernels = parameters.min_kernels(min_kernels)
     signal.signal(signal.SIGTERM, _terminate)
     live.check_gpu(allow_cpu)
     selected = live.fitting(chapters.find(names), allow_cpu, "nightly")  # one line per chapter skipped
     if not selected:
         return 0
-    from labsupport.ops import params as parameters
-
     per_chapter = parameters.resolve(selected, params, allow_cpu)  # ParamError: nothing has run
     root = runs.runs_root()
     try:

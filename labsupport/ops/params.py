@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from functools import cache
 from pathlib import Path
@@ -200,6 +201,35 @@ def for_chapter(chapter: chapters.Chapter, given: dict, allow_cpu: bool = False)
     if allow_cpu and "allow_cpu" in defaults:
         out["allow_cpu"] = True
     return out
+
+
+# The nightly's options: a relative change (0.25 is 25%) and a count of kernels.
+TIMING_THRESHOLD = (0.0, 10.0)  # exclusive bounds
+MIN_KERNELS = (1, 100_000)  # a decode step launches about a thousand kernels
+
+
+def timing_threshold(raw) -> float:
+    """`--timing-threshold`: a finite number above 0 and below 10, else one ParamError line."""
+    lo, hi = TIMING_THRESHOLD
+    try:
+        value = float(raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if not lo < value < hi:  # NaN and infinities are outside
+        raise ParamError(f"--timing-threshold {raw}: must be a number above {lo:g} and below {hi:g} (0.25 is 25%)")
+    return value
+
+
+def min_kernels(raw) -> int:
+    """`--min-kernels`: a whole number from 1 to 100000, else one ParamError line."""
+    lo, hi = MIN_KERNELS
+    try:
+        value = int(raw) if not isinstance(raw, (bool, float)) else None
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not lo <= value <= hi:
+        raise ParamError(f"--min-kernels {raw}: must be a whole number from {lo} to {hi}")
+    return value
 
 
 def resolve(selected: list[chapters.Chapter], given: dict, allow_cpu: bool = False) -> dict[str, dict]:
