@@ -122,6 +122,27 @@ def test_corrupt_history_is_one_line(copied_runs):
         history.read()
 
 
+@pytest.mark.parametrize("value", ["inf", "-inf", "1e999"])
+def test_history_refuses_a_value_that_is_not_finite_on_read_and_on_write(copied_runs, value):
+    path = copied_runs / "history.csv"
+    good = path.read_bytes()
+    rows = len(good.decode().splitlines())
+    path.write_bytes(good + f"live x,why-a-gpu,20261130T002417Z-h200,t,g,copy TB/s,{value}\n".encode())
+    with pytest.raises(runs.RunError) as e:
+        history.read()
+    assert f"history.csv is corrupt: column 'value', row {rows}: " in one_line(e) and "is not a finite number" in str(
+        e.value
+    )
+    with pytest.raises(bookbuild.BuildError, match="is not a finite number"):
+        bookbuild.check_runs(copied_runs)
+    path.write_bytes(good)
+    row = dict(zip(history.COLUMNS, ["live x", "why-a-gpu", "r", "t", "g", "copy TB/s", float(value)], strict=True))
+    with pytest.raises(runs.RunError) as e:
+        history.append([row])
+    assert f"why-a-gpu copy TB/s: {float(value)!r} is not a finite number; nothing was appended" in one_line(e)
+    assert path.read_bytes() == good
+
+
 def test_files_listed_in_meta_json_must_be_plain_names(copied_runs, run_dir, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("secret\n")

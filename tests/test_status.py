@@ -1,8 +1,10 @@
 """The status page's data: one row per chapter for its published run, the drift reports of
 the nights that published them, and the history figure (one panel per chapter)."""
 
+import pandas as pd
+
 from labsupport import chapters, runs
-from labsupport.ops import status
+from labsupport.ops import history, status
 
 
 def test_status_page_data():
@@ -16,3 +18,19 @@ def test_status_page_data():
     fig = status.history_figure("test")
     shown = [a for a in fig.axes if a.get_visible()]
     assert len(shown) == len(set(status.history.read().chapter)), "one panel per chapter"
+
+
+def test_a_newest_value_of_zero_is_drawn_as_zero_not_dropped(runs_root):
+    """A headline number that is 0 today keeps its line: drawn at 0 (marked), its earlier values
+    relative to its newest value that was not 0; a number that is not 0 today is 1 today."""
+    rows = [
+        dict(zip(history.COLUMNS, [f"live {i}", "why-a-gpu", f"r{i}", "t", "g", metric, value], strict=True))
+        for i, values in enumerate([(2.0, 4.0), (4.0, 5.0), (0.0, 10.0)])
+        for metric, value in zip(("busy share", "copy TB/s"), values, strict=True)
+    ]
+    history.append(rows)
+    fig = status.history_figure("test")
+    (ax,) = [a for a in fig.axes if a.get_visible()]
+    lines = {ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    assert lines == {"busy share (now 0)": [0.5, 1.0, 0.0], "copy TB/s": [0.4, 0.5, 1.0]}
+    assert list(status.relative(pd.Series([0.0, 0.0]))) == [0.0, 0.0]

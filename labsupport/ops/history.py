@@ -11,6 +11,7 @@ import io
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from labsupport import runs
@@ -38,8 +39,13 @@ def read(root: Path | None = None) -> pd.DataFrame:
         raise runs.RunError(
             f"{p} is corrupt: its columns are {', '.join(map(str, df.columns))}, expected {', '.join(COLUMNS)}"
         )
-    if not pd.to_numeric(df.value, errors="coerce").notna().all():
+    values = pd.to_numeric(df.value, errors="coerce")
+    if not values.notna().all():
         raise runs.RunError(f"{p} is corrupt: column 'value' holds something that is not a number")
+    infinite = values[~np.isfinite(values.to_numpy(dtype=float))]
+    if len(infinite):
+        row = int(infinite.index[0]) + 1
+        raise runs.RunError(f"{p} is corrupt: column 'value', row {row}: {infinite.iloc[0]!r} is not a finite number")
     return df
 
 
@@ -63,8 +69,16 @@ def rows_for(published_as: str, chapter, run: runs.Run, notebook_s: float | None
 
 
 def with_rows(rows: list[dict], root: Path | None = None) -> bytes:
-    """The bytes of the history with `rows` appended (the existing file checked first)."""
+    """The bytes of the history with `rows` appended (the existing file checked first); a row
+    whose value is not a finite number is one RunError, and nothing is appended."""
     read(root)
+    for row in rows:
+        value = row.get("value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise runs.RunError(
+                f"{path(root)}: {row.get('chapter')} {row.get('metric')}: {value!r} is not a finite number; "
+                f"nothing was appended"
+            )
     p = path(root)
     old = p.read_bytes() if p.exists() else b""
     buf = io.StringIO()

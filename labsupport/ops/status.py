@@ -57,7 +57,8 @@ def history_figure(label: str):
     for ax, (chapter, g) in zip(axes.flat, by_chapter, strict=False):
         for metric, m in g.groupby("metric", sort=False):
             x = [order.index(p) + 1 for p in m.published_as]
-            ax.plot(x, m.value / m.value.iloc[-1], "o-", ms=4, label=metric)
+            now_zero = m.value.iloc[-1] == 0
+            ax.plot(x, relative(m.value), "o-", ms=4, label=f"{metric} (now 0)" if now_zero else metric)
         ax.axhline(1, color="#888", lw=0.8, zorder=0)
         ax.set_title(chapter, fontsize=10)
         ax.set_xticks(range(1, len(order) + 1))
@@ -70,6 +71,13 @@ def history_figure(label: str):
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     plots.footer(fig, label)
     return fig
+
+
+def relative(values: pd.Series) -> pd.Series:
+    """`values` over the newest one (1 = today). A newest value of 0 is drawn as 0, the others over
+    the newest value that is not 0 (all zeros: all drawn at 0), so that its line is never lost."""
+    nonzero = values[values != 0]
+    return values / (nonzero.iloc[-1] if len(nonzero) else 1.0)
 
 
 def publications() -> pd.DataFrame:
