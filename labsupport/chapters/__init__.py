@@ -24,10 +24,9 @@ from labsupport.runs.provenance import REPO_ROOT
 
 @dataclass(frozen=True)
 class Rule:
-    """A check on a parameter's value: kind is 'between' (a number within arg's (lo, hi)),
-    'each_between' (a non-empty list of at most MAX_ENTRIES numbers, each within (lo, hi)),
-    'one_of' or 'subset_of' (allowed values, none repeated). Every number has an upper bound:
-    a repeat count of 10^8 or a context of 10^9 tokens would hold a GPU for days."""
+    """A check on a parameter's value: kind is 'between' (a number in arg's (lo, hi)), 'each_between'
+    (a non-empty list of at most MAX_ENTRIES such numbers), 'one_of' or 'subset_of' (allowed values,
+    none repeated). Every number is bounded above: 10^8 repeats would hold a GPU for days."""
 
     kind: str
     arg: object
@@ -89,9 +88,7 @@ MAY_LACK = ("*:gpu_ms",)
 KERNELS = ("name", "start_ns", "end_ns", "dur_ns", "op", "module", "kind")
 KERNELS_BY_LAYER = KERNELS + ("short_name", "layer", "part")
 CEILINGS = ("copy_bytes", "copy_ms_median", "gemm_n", "gemm_ms_median", "copy_tbs", "gemm_tflops")
-# The longest a chapter notebook may run live unless its entry says otherwise (`timeout_s`): about
-# eight times the slowest chapter's notebook seconds in runs/history.csv (the hybrid's, 7 minutes).
-NOTEBOOK_TIMEOUT_S = 3600
+NOTEBOOK_TIMEOUT_S = 3600  # a chapter's default `timeout_s`: 8x the slowest in history.csv (7 min)
 # The parameters most chapters share.
 REPEATS = between(1, 10_000)
 TOKENS = between(1, 1 << 17)  # a prompt's tokens: more than any preset's context
