@@ -102,6 +102,7 @@ def test_good_values():
         ("allow_cpu=true", "--param allow_cpu: not a parameter you may set (use --allow-cpu)"),
         ("repeats", "expected NAME=VALUE"),
         ("../x=1", "expected NAME=VALUE"),
+        ("repeats\n=3", "expected NAME=VALUE"),
     ],
 )
 def test_bad_values_are_one_line(pair, message):

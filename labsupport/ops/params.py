@@ -20,7 +20,7 @@ from pathlib import Path
 from labsupport import chapters
 
 RESERVED = {"mode": "the command sets it", "run_id": "the command chooses the run id", "allow_cpu": "use --allow-cpu"}
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # matched in full
 
 
 class ParamError(ValueError):
@@ -79,7 +79,7 @@ def parse_cli(pairs: list[str]) -> dict[str, str]:
     out = {}
     for p in pairs:
         name, eq, value = p.partition("=")
-        if not eq or not NAME.match(name):
+        if not eq or not NAME.fullmatch(name):
             raise ParamError(f"--param {p!r}: expected NAME=VALUE, e.g. --param repeats=20")
         out[name] = value  # given twice: the last one counts
     return out
