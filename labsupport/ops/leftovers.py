@@ -116,14 +116,22 @@ def _published_nights(root: Path) -> set[str] | None:
 
 def orphan_reports(root: Path) -> list[Path]:
     """Drift reports under runs/nightly/ of nights that never published (none are written
-    there any more before a publication; older code left them)."""
-    d = root / "nightly"
-    if not d.is_dir():
+    there any more before a publication; older code left them): <run id>-drift.md or .json,
+    regular files."""
+    d = root / REPORTS
+    if not d.is_dir() or d.is_symlink():
         return []
     nights = _published_nights(root)
     if nights is None:
         return []
-    return sorted(p for p in d.glob("*-drift.*") if p.name.split("-drift.")[0] not in nights)
+    reports = [p for p in d.glob("*-drift.*") if _night_of(p.name) and p.is_file() and not p.is_symlink()]
+    return sorted(p for p in reports if _night_of(p.name) not in nights)
+
+
+def _night_of(report: str) -> str | None:
+    """The night a drift report is named after (<run id>-drift.md or .json), else None."""
+    night, _, kind = report.rpartition("-drift.")
+    return night if kind in ("md", "json") and runs.RUN_ID_PATTERN.match(night) else None
 
 
 def _ever_published(root: Path, run_id: str) -> bool | None:
@@ -190,8 +198,7 @@ def recover(
             if moved:
                 done.append(f"set aside its unpublished runs ({', '.join(moved)}) in {aside}")
     for report in orphan_reports(root):
-        night = report.name.split("-drift.")[0]
-        dest = nightly_dir / night if runs.RUN_ID_PATTERN.match(night) else nightly_dir / "orphans"
+        dest = nightly_dir / _night_of(report.name)
         dest.mkdir(parents=True, exist_ok=True)
         shutil.move(str(report), dest / report.name)
         done.append(f"moved {report.name}, the report of a night that never published, to {dest}")
@@ -221,8 +228,7 @@ def temporary_files(root: Path) -> list[Path]:
             return False
         if p.parent == root:
             return m["of"] in _written_atomically(root)
-        night, _, kind = m["of"].rpartition("-drift.")
-        return kind in ("md", "json") and bool(runs.RUN_ID_PATTERN.match(night))
+        return _night_of(m["of"]) is not None
 
     found = [
         *root.glob(".*.tmp-*"),
