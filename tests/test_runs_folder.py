@@ -157,6 +157,15 @@ def test_a_folder_that_is_not_a_runs_folder_is_refused_and_nothing_deleted(tmp_p
     assert everything(top) == before and "[1/1]" not in r.stdout
 
 
+def test_recover_itself_refuses_a_folder_that_is_not_a_runs_folder(tmp_path):
+    """Whoever calls it (the commands check before they take the lock too)."""
+    top = not_a_runs_folder(tmp_path / "home")
+    before = everything(top)
+    with pytest.raises(runs.RunError, match="is not a runs folder"):
+        leftovers.recover(top, None, None, tmp_path / "logs")
+    assert everything(top) == before
+
+
 def test_a_folder_without_published_json_is_not_a_runs_folder(tmp_path):
     n = Night(tmp_path)
     (n.root / runs.MANIFEST).unlink()
