@@ -1,6 +1,7 @@
 """What killed or failed commands leave behind, and where it goes: set aside (moved out of
 runs/ into the command's log folder) or cleaned, never anywhere the book or the status page
-reads. Called with the runs folder's lock held (labsupport.runs.lock), so nothing else is writing.
+reads. Called with the runs folder's lock held (labsupport.runs.lock), so nothing else is writing,
+and only on a runs folder (check_runs_folder, which the commands call before taking the lock).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _own_top_name(root: Path, name: str) -> bool:
     return (
         name in plain
         or bool(temp and temp["of"] in _written_atomically(root))
-        or bool(runs.RUN_ID_PATTERN.match(stage))
+        or bool(runs.RUN_ID_PATTERN.fullmatch(stage))
     )
 
 
@@ -131,7 +132,7 @@ def orphan_reports(root: Path) -> list[Path]:
 def _night_of(report: str) -> str | None:
     """The night a drift report is named after (<run id>-drift.md or .json), else None."""
     night, _, kind = report.rpartition("-drift.")
-    return night if kind in ("md", "json") and runs.RUN_ID_PATTERN.match(night) else None
+    return night if kind in ("md", "json") and runs.RUN_ID_PATTERN.fullmatch(night) else None
 
 
 def _ever_published(root: Path, run_id: str) -> bool | None:
@@ -152,7 +153,7 @@ def pruned_leftovers(root: Path) -> list[str]:
     for chapter_dir in _chapter_folders(root):
         for d in sorted(chapter_dir.glob(f"{PRUNING}*")):
             run_id = d.name[len(PRUNING) :]
-            if runs.RUN_ID_PATTERN.match(run_id) and d.is_dir() and not d.is_symlink():
+            if runs.RUN_ID_PATTERN.fullmatch(run_id) and d.is_dir() and not d.is_symlink():
                 shutil.rmtree(d)
                 done.append(f"finished pruning {chapter_dir.name}/{run_id}")
     return done
@@ -176,7 +177,7 @@ def recover(
     if book_dir is not None:  # staged books of discarded nights, books replaced by a publication
         for d in book_dir.parent.glob(f".{book_dir.name}-*"):
             night = d.name[len(f".{book_dir.name}-") :]
-            if runs.RUN_ID_PATTERN.match(night) and d.is_dir() and not d.is_symlink():
+            if runs.RUN_ID_PATTERN.fullmatch(night) and d.is_dir() and not d.is_symlink():
                 shutil.rmtree(d)
                 done.append(f"removed the left-over book folder {d}")
     if stale:
@@ -188,7 +189,7 @@ def recover(
         if stale.get("invalid"):
             done.append(f"its lock file {root / '.lock'} was not one this code writes ({stale['invalid']})")
         logs = live_dir if str(stale.get("what", "")).startswith("live") and live_dir is not None else nightly_dir
-        if rid and runs.RUN_ID_PATTERN.match(str(rid)):
+        if rid and runs.RUN_ID_PATTERN.fullmatch(str(rid)):
             aside = logs / rid / "failed-runs"
             ever = _ever_published(root, rid)
             # A whole run is set aside only when its command's log folder exists (it made it
