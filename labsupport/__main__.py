@@ -1,8 +1,9 @@
 """Command line: `python -m labsupport live|nightly [chapters]`, `live --smoke`, `runs`,
 `book` (what `make book` runs), `recover`, `derive`, `pack <chapter> [run id]` and `gallery add|list`.
 
-Errors in what it is given (a parameter, a damaged published.json or run, a lock held by
-another command) are one line, `error: ...`, and exit status 1.
+Errors in what it is given (a parameter, a damaged published.json or run, a folder that is
+not a runs folder, a lock held by another command, a folder it cannot read or write) are one
+line, `error: ...`, and exit status 1; Ctrl-C is one line too (exit status 130).
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def _run(args) -> int:
 
         root = runs.runs_root()
         try:
+            leftovers.check_runs_folder(root)  # before the lock: a folder that is not one gets no .lock either
             with lock.held(root, "recover") as lk:
                 done = leftovers.recover(root, lk.stale, nightly.BOOK_DIR, nightly.NIGHTLY_DIR, live.LOG_DIR)
         except (lock.LockError, runs.RunError, OSError) as e:
@@ -156,6 +158,13 @@ def main(argv=None) -> int:
     except (runs.RunError, lock.Busy, promotion.PromotionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a folder missing, read-only or full that the command did not check itself
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"error: {args.cmd}: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C in a command that does not handle it itself (live and nightly do)
+        print(f"error: {args.cmd}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

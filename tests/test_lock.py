@@ -17,6 +17,8 @@ from . import nightly_driver as driver
 from .conftest import REPO, tree_bytes, wait_while_running
 from .test_nightly_failures import Night
 
+CH = driver.CHAPTER
+
 HOLD = """
 import sys, time
 from pathlib import Path
@@ -55,10 +57,11 @@ def test_a_second_holder_is_refused_with_the_first_named(tmp_path):
 
 
 def test_a_killed_holders_lock_is_taken_over_and_its_runs_set_aside(tmp_path):
-    root = tmp_path / "runs"
-    (root / "ch" / "20990101T000000Z-h200").mkdir(parents=True)
-    (root / "ch" / "20990101T000000Z-h200" / "meta.json").write_text("{}")
-    (root / "ch" / ".incomplete-20990101T000000Z-h200").mkdir()
+    root = tmp_path / "runs"  # a runs folder: its manifest, a chapter's folder
+    (root / CH / "20990101T000000Z-h200").mkdir(parents=True)
+    (root / CH / "20990101T000000Z-h200" / "meta.json").write_text("{}")
+    (root / CH / ".incomplete-20990101T000000Z-h200").mkdir()
+    (root / runs.MANIFEST).write_bytes(runs.manifest_bytes({}))
     (tmp_path / "logs" / "20990101T000000Z-h200").mkdir(parents=True)  # as fresh_run_id makes it
     p = hold(root, "kill")
     p.wait(timeout=60)
@@ -67,9 +70,9 @@ def test_a_killed_holders_lock_is_taken_over_and_its_runs_set_aside(tmp_path):
         assert lk.stale["pid"] == p.pid and lk.stale["run_id"] == "20990101T000000Z-h200"
         done = leftovers.recover(root, lk.stale, None, tmp_path / "logs")
     assert any(f"pid {p.pid}" in d and "no longer running" in d for d in done)
-    assert not (root / "ch" / "20990101T000000Z-h200").exists()
-    assert not (root / "ch" / ".incomplete-20990101T000000Z-h200").exists()
-    assert (tmp_path / "logs" / "20990101T000000Z-h200" / "failed-runs" / "ch" / "20990101T000000Z-h200").is_dir()
+    assert not (root / CH / "20990101T000000Z-h200").exists()
+    assert not (root / CH / ".incomplete-20990101T000000Z-h200").exists()
+    assert (tmp_path / "logs" / "20990101T000000Z-h200" / "failed-runs" / CH / "20990101T000000Z-h200").is_dir()
 
 
 @pytest.mark.parametrize("cmd", ["nightly", "live"])

@@ -58,7 +58,8 @@ def world(tmp_path, monkeypatch):
     (victim / "deep").mkdir(parents=True)
     (victim / "keep.txt").write_text("outside runs/\n")
     (victim / "deep" / "keep.txt").write_text("outside runs/, deeper\n")
-    (n.root / "payload.txt").write_text("a file inside runs/\n")
+    # Inside runs/, in a folder of its own (a runs folder holds only its own names at the top).
+    (n.root / "nightly" / "payload.txt").write_text("a file inside runs/\n")
     old = signal.getsignal(signal.SIGTERM)
     yield n, victim
     signal.signal(signal.SIGTERM, old)
@@ -89,7 +90,7 @@ def _plan(n: Night, **over) -> Path:
 
 
 CRAFTED_PLANS = {
-    "traversal": lambda n, v: {"files": ["x/../../payload.txt"]},
+    "traversal": lambda n, v: {"files": ["x/../../nightly/payload.txt"]},
     "absolute": lambda n, v: {"files": [str(v / "keep.txt")]},
     "book outside": lambda n, v: {"book": str(v / "deep"), "book_dir": str(v), "book_inode": 2},
     "book root": lambda n, v: {"book": str(v), "book_dir": "/", "book_inode": 1},
@@ -114,7 +115,7 @@ def test_a_crafted_plan_moves_and_deletes_nothing(world, kind):
 
 def test_a_crafted_plan_stops_the_nightly_in_one_line(world, capsys):
     n, victim = world
-    _plan(n, files=["x/../../payload.txt"], book=str(victim), book_dir="/", book_inode=1)
+    _plan(n, files=["x/../../nightly/payload.txt"], book=str(victim), book_dir="/", book_inode=1)
     before = everything(n.root.parent)
     rc, out, err = run_night(capsys)
     assert rc == 1 and len(err.strip().splitlines()) == 1 and "plan.json" in err, err

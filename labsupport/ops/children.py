@@ -1,6 +1,7 @@
 """No orphans: the nightly and live commands end every process they started (a notebook's
-kernel, jupyter-book and its kernels, fresh timing processes) on every exit path, and remove
-their scratch folder (TMPDIR of their children, inside their log folder)."""
+kernel, jupyter-book and its kernels, fresh timing processes) on every exit path, SIGTERM and
+SIGINT included (`Stopped`), and remove their scratch folder (TMPDIR of their children, inside
+their log folder)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,43 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 SCRATCH = ".scratch-"  # <log dir>/.scratch-<pid>: a command's TMPDIR; `recover` removes a killed one's
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGINT, raised where the command is, so that its clean-up runs (`finally`
+    blocks, no_orphans, the lock's release) instead of the process vanishing with its kernel left
+    running. `note` is what the command says of its state when it ends."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum, self.note = signum, ""
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+def stop(signum, frame):
+    """A signal handler: raise Stopped."""
+    raise Stopped(signum)
+
+
+@contextmanager
+def stopped_by_signals(signums=(signal.SIGTERM, signal.SIGINT)):
+    """Within the block, the first of the signals `signums` raises Stopped, and later ones are
+    ignored, so that the clean-up it starts is not cut short (the handlers before are restored after)."""
+
+    def once(signum, frame):
+        for s in signums:
+            signal.signal(s, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    old = {s: signal.signal(s, once) for s in signums}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def descendants(pid: int | None = None) -> list[int]:

@@ -29,7 +29,11 @@ def derive_run(run: runs.Run) -> list[str]:
 
 
 def main(chapter_slugs: list[str], root: Path | None = None, say=print) -> int:
+    """Derive the runs of each chapter named (all by default); a missing runs folder, a linked
+    chapter folder or a run that cannot be written is one RunError (runs before it are done)."""
     root = root or runs.runs_root()
+    if not root.is_dir():
+        raise runs.RunError(f"the runs folder {root} does not exist or is not a folder; nothing was derived")
     folders = sorted(p for p in root.iterdir() if p.is_dir() and CHAPTER_PATTERN.match(p.name))
     wanted = set(chapter_slugs)
     unknown = wanted - {p.name for p in folders}
@@ -38,9 +42,16 @@ def main(chapter_slugs: list[str], root: Path | None = None, say=print) -> int:
     for folder in folders:
         if wanted and folder.name not in wanted:
             continue
+        runs.check_real_dir(folder, "derive")
         for run_id in runs.list_runs(folder.name, root):
             run = runs.load_run(folder.name, run_id, root)
-            written = derive_run(run)
+            try:
+                written = derive_run(run)
+            except OSError as e:
+                raise runs.RunError(
+                    f"{folder.name}/{run_id}: its replay tables cannot be written ({e.strerror or e}: "
+                    f"{e.filename or run.path}); its meta.json is unchanged"
+                ) from None
             total = sum((run.path / n).stat().st_size for n in written)
             say(f"{folder.name}/{run_id}: {len(written)} tables, {total / 1e6:.2f} MB")
     return 0

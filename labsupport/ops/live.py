@@ -23,7 +23,7 @@ from labsupport.ops import children, history, leftovers
 from labsupport.runs import lock, promotion
 from labsupport.runs.provenance import REPO_ROOT
 
-LOG_DIR = REPO_ROOT / "build" / "live"
+LOG_DIR = Path(os.environ.get("LABSUPPORT_LIVE_DIR", REPO_ROOT / "build" / "live"))
 SMOKE_DIR = Path(os.environ.get("LABSUPPORT_SMOKE_DIR", REPO_ROOT / "build" / "smoke"))
 
 
@@ -237,6 +237,21 @@ def publish_run(root: Path, chapter: chapters.Chapter, run: runs.Run, seconds: f
 
 
 def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: bool = True) -> int:
+    """Run chapters live (see the module's docstring). SIGTERM or SIGINT ends the notebook's
+    kernel and its children, sets aside what the stopped chapter had written, releases the lock
+    and says so in one line."""
+    with children.stopped_by_signals():
+        try:
+            return _main(names, parameters, allow_cpu, publish)
+        except children.Stopped as e:
+            print(
+                f"live: stopped by {e.name}; {e.note or 'no chapter had started, nothing was recorded'}",
+                file=sys.stderr,
+            )
+            return 1
+
+
+def _main(names: list[str], parameters: dict, allow_cpu: bool, publish: bool) -> int:
     check_gpu(allow_cpu)
     selected = fitting(chapters.find(names), allow_cpu)
     if not selected:
@@ -250,8 +265,9 @@ def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: b
         return 1
     root = runs.runs_root()
     try:
+        leftovers.check_runs_folder(root)  # before the lock: a folder that is not one gets no .lock either
         lk = lock.acquire(root, "live" if publish else "live --no-publish")
-    except lock.LockError as e:
+    except (lock.LockError, runs.RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     try:
@@ -283,31 +299,53 @@ def _live(lk, root: Path, selected, per_chapter: dict, publish: bool) -> int:
         return 1
     set_environment()
     total = time.perf_counter()
-    for i, ch in enumerate(selected, 1):
-        print(f"[{i}/{len(selected)}] {ch.slug}: running {ch.notebook} live (run {run_id})", flush=True)
-        t = time.perf_counter()
-        try:
-            run_chapter(ch, run_id, per_chapter[ch.slug], log_dir, root)
-            seconds = time.perf_counter() - t
-            if publish:
-                publish_run(root, ch, runs.load_run(ch.slug, run_id, root), seconds)
-        except (LiveRunError, runs.RunError) as e:
-            print(f"error: {e}; the published runs are unchanged", file=sys.stderr)
-            return 1
-        except promotion.PromotionError as e:
-            print(f"error: {ch.slug}: run {run_id} {e}; `python -m labsupport recover` finishes it", file=sys.stderr)
-            return 1
-        except Exception as e:
-            print(
-                f"error: {ch.slug}: publishing run {run_id} failed ({type(e).__name__}: {e}); "
-                f"the published runs are unchanged",
-                file=sys.stderr,
-            )
-            return 1
-        verb = "published" if publish else "recorded"
-        print(f"[{i}/{len(selected)}] {ch.slug}: {verb} run {run_id} in {seconds:.0f} s", flush=True)
+    ch = selected[0]  # the chapter a signal stops: the one running, else the last one done
+    try:
+        for i, ch in enumerate(selected, 1):
+            print(f"[{i}/{len(selected)}] {ch.slug}: running {ch.notebook} live (run {run_id})", flush=True)
+            t = time.perf_counter()
+            try:
+                run_logged(ch, run_id, per_chapter[ch.slug], log_dir, root)  # the kernel's stderr in its log
+                seconds = time.perf_counter() - t
+                if publish:
+                    publish_run(root, ch, runs.load_run(ch.slug, run_id, root), seconds)
+            except (LiveRunError, runs.RunError) as e:
+                print(f"error: {e}; the published runs are unchanged", file=sys.stderr)
+                return 1
+            except promotion.PromotionError as e:
+                print(
+                    f"error: {ch.slug}: run {run_id} {e}; `python -m labsupport recover` finishes it", file=sys.stderr
+                )
+                return 1
+            except Exception as e:
+                print(
+                    f"error: {ch.slug}: publishing run {run_id} failed ({type(e).__name__}: {e}); "
+                    f"the published runs are unchanged",
+                    file=sys.stderr,
+                )
+                return 1
+            verb = "published" if publish else "recorded"
+            print(f"[{i}/{len(selected)}] {ch.slug}: {verb} run {run_id} in {seconds:.0f} s", flush=True)
+    except children.Stopped as e:  # during a chapter, or after the last one published
+        e.note = _stopped(root, ch, run_id, publish)
+        raise
     print(f"live run done in {time.perf_counter() - total:.0f} s; executed notebooks in {log_dir}", flush=True)
     return 0
+
+
+def _stopped(root: Path, chapter: chapters.Chapter, run_id: str, publish: bool) -> str:
+    """After a signal during `chapter`: its kernel (and the kernel's children) ended first, so that
+    nothing writes a run any more, then the chapter's unpublished run set aside (a partial one
+    always, a whole one unless `--no-publish` keeps it); returns what to say of it."""
+    children.end_descendants()
+    if publish and runs.published(root).get(chapter.slug) == run_id:
+        return f"{chapter.slug}'s run {run_id} was published before it, the lock released"
+    aside = LOG_DIR / run_id / "failed-runs"
+    moved = leftovers.set_aside(root, run_id, aside, complete=publish)
+    if run_id in runs.list_runs(chapter.slug, root):  # --no-publish keeps a whole run
+        return f"{chapter.slug}'s run {run_id} was recorded (not published) before it, the lock released"
+    kept = f" (what it had written is in {aside})" if moved else ""
+    return f"{chapter.slug}'s run not recorded{kept}, the lock released"
 
 
 def smoke(names: list[str], parameters: dict, allow_cpu: bool = False) -> int:

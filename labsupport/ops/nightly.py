@@ -37,10 +37,6 @@ class NightlyFailure(Exception):
     """A step of the nightly failed; the message is the one-line reason."""
 
 
-def _terminate(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def check_inputs(root: Path) -> dict[str, runs.Run]:
     """Step 1: the published runs and the history must be whole."""
     try:
@@ -152,7 +148,7 @@ def main(
 
     timing_threshold = parameters.timing_threshold(timing_threshold)  # ParamError: nothing has run
     min_kernels = parameters.min_kernels(min_kernels)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, children.stop)  # SIGTERM raises, so the night cleans up
     live.check_gpu(allow_cpu)
     selected = live.fitting(chapters.find(names), allow_cpu, "nightly")  # one line per chapter skipped
     if not selected:
@@ -160,8 +156,9 @@ def main(
     per_chapter = parameters.resolve(selected, params, allow_cpu)  # ParamError: nothing has run
     root = runs.runs_root()
     try:
+        leftovers.check_runs_folder(root)  # before the lock: a folder that is not one gets no .lock either
         lk = lock.acquire(root, "nightly")
-    except lock.LockError as e:
+    except (lock.LockError, runs.RunError) as e:
         print(f"nightly not started: {e}", file=sys.stderr)
         return 1
     try:
