@@ -32,6 +32,27 @@ def check_commit(run: runs.Run) -> str | None:
     return commit_problem(run)
 
 
+def published_provenance(root=None) -> pd.DataFrame:
+    """One row per published run: its chapter, run id, the commit it records, whether that commit
+    is in this repository's history (check_commit; "not checked" without .git), and the digest of
+    the code the box ran (provenance.tree_digest; "not recorded" for runs made before it was)."""
+    rows = []
+    for chapter, run_id in sorted(runs.published(root).items()):
+        run = runs.load_run(chapter, run_id, root)
+        problem = check_commit(run)
+        in_history = "not checked (no .git)" if not provenance.has_git() else "no" if problem else "yes"
+        rows.append(
+            {
+                "chapter": chapter,
+                "run": run_id,
+                "commit": run.provenance.get("git_commit", ""),
+                "in the history": in_history,
+                "code digest (SHA-256)": run.provenance.get("tree_digest", "not recorded"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str]:
     """Problems found in `run` (an empty list means it passed).
 

@@ -42,6 +42,11 @@ class ProvenanceError(RuntimeError):
     """A commit that cannot be the one the run was made at (the message is one line)."""
 
 
+def has_git(root: Path = REPO_ROOT) -> bool:
+    """Whether this checkout has its git history here to look commits up in."""
+    return (root / ".git").exists()
+
+
 def _git(*args: str, root: Path = REPO_ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
 
@@ -59,7 +64,7 @@ def git_commit(root: Path = REPO_ROOT) -> str:
             f"LABSUPPORT_GIT_COMMIT={given!r} is not a full commit hash (40 lower-case hex digits, "
             "as `git rev-parse HEAD` prints it); nothing was recorded"
         )
-    if not (root / ".git").exists():
+    if not has_git(root):
         return given or "unknown"
     try:
         head, dirty = (
@@ -82,7 +87,7 @@ def git_commit(root: Path = REPO_ROOT) -> str:
 def commit_problem(commit: str, root: Path = REPO_ROOT) -> str | None:
     """Why `commit` (a run's git_commit, '-dirty' allowed) is not a commit in the history of this
     checkout's HEAD, or None when it is, or when there is no .git here to ask."""
-    if not (root / ".git").exists():
+    if not has_git(root):
         return None
     base = str(commit).removesuffix("-dirty")
     if not COMMIT_PATTERN.match(base):
