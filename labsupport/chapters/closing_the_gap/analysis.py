@@ -19,7 +19,6 @@ from labsupport.chapters.closing_the_gap.params import (
     RUNGS,
     SHARED_CONFIG,
     SHARED_RUNGS,
-    TARGET_X_FLOOR,
     trace_file,
 )
 from labsupport.measure import hardware, models
@@ -45,10 +44,6 @@ class Floor:
     @property
     def ceiling_ms(self) -> float:
         return self.decode_bytes / self.ceiling_tbs / 1e9 if self.ceiling_tbs else float("nan")
-
-    @property
-    def target_ms(self) -> float:
-        return TARGET_X_FLOOR * self.ceiling_ms
 
 
 @functools.lru_cache(maxsize=4)
