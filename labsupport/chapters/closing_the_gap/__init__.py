@@ -12,6 +12,7 @@ remains, all computed from the run here.
     measuring  pending_run, reference (eager's logits), build (each rung's step), fidelity,
                rung_row, rungs_table, weight_shapes, time_matmuls
     analysis   floor, ladder, best, time_split, census, fidelity table, matmuls, remaining, tuning
+    split_k    split_k_text: what the split-K rung changed against rung 9, from the run's tuning
     figures    the ladder figure and the matmul figure
 """
 
@@ -24,6 +25,9 @@ from .analysis import (
     fp8_floor, fp8_tolerance_text, headline, is_shared_config, kernel_groups, kernel_table, ladder, matmul_launches,
     matmuls, next_to_published, overlap_text, overlaps, remaining, shared_values, time_split, token_note,
     tokens_per_forward, tolerance_text, tuning,
+)
+from .split_k import (
+    split_k_text,
 )
 from .figures import (
     ladder_figure, matmul_figure,
