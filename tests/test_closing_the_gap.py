@@ -395,7 +395,7 @@ def test_matmul_launches_read_the_launch_shapes_of_the_trace(run):
     assert (gemv_rows.blocks > run.provenance["gpu_sms"]).all()
     cublas = theirs[theirs.kernel.str.startswith("nvjet")]
     assert (cublas.blocks <= run.provenance["gpu_sms"]).all()  # what the chapter says of cuBLAS here
-    assert (theirs["blocks per SM"] == theirs.blocks / run.provenance["gpu_sms"]).all()
+    assert (theirs["grid / SMs"] == theirs.blocks / run.provenance["gpu_sms"]).all()
 
 
 def test_notebook_runs_live_on_cpu_through_papermill(runs_root, monkeypatch, tmp_path):

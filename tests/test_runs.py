@@ -14,7 +14,7 @@ from labsupport.runs import provenance
 
 from .conftest import FIXTURES, REPO, tree_bytes
 
-PROV = {k: "x" for k in provenance.REQUIRED_FIELDS}
+PROV = {**{k: "x" for k in provenance.REQUIRED_FIELDS}, "git_commit": provenance.git_commit()}  # publishable
 
 
 def write_run(root, run_id="20260101T000000Z-test", chapter="ch"):

@@ -209,7 +209,7 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, monkeypatch
         harness._profiles_in_process += 1
         return k
 
-    monkeypatch.setattr(torch, "compile", lambda module: module)  # no compiler for a CPU here
+    monkeypatch.setattr(torch, "compile", lambda module, **options: module)  # no compiler for a CPU here
     monkeypatch.setattr(inductor_utils, "run_and_get_code", lambda fn, *args: (fn(*args), ["@triton.jit\n"]))
     monkeypatch.setattr(ch, "attention", attention)
     monkeypatch.setattr(harness, "_profiles_in_process", 0)

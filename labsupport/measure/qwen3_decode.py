@@ -275,13 +275,16 @@ class Qwen3Decoder:
     def compile(self):
         """Compile the decoder layer (once: every layer has the same shapes). Every rung's options
         and every verify width is a compilation of the same function: dynamo's limit of
-        recompilations per function (8 by default) is raised so that none falls back to eager."""
+        recompilations per function (8 by default) is raised so that none falls back to eager.
+        Inductor's data-dependent choices are pinned (labsupport.measure.compiling)."""
         import torch
+
+        from labsupport.measure import compiling
 
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
-        self.layer_step = torch.compile(self.layer_eager, fullgraph=True, dynamic=False)
+        self.layer_step = compiling.torch_compile(self.layer_eager, fullgraph=True, dynamic=False)
 
     def weight_bytes(self) -> int:
         """The bytes a step reads as weights: every layer's matrices, norms and (FP8) scales,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from labsupport import runs
-from labsupport.measure import decode, hardware, harness, hostprobe, models
+from labsupport.measure import compiling, decode, hardware, harness, hostprobe, models
 from labsupport.runs import provenance
 from labsupport.traces import derived
 
@@ -46,7 +46,8 @@ class PendingRun:
     (hardware.record_ceilings). Then each cell adds tables (`write_table`), results (`extra`)
     and traces (under `path`, a scratch folder); `write()` puts them all into the run at once.
     A cell that fails leaves no run behind. The host probe's readings (labsupport.measure.hostprobe),
-    from the run's opening to its writing, go into the run's results as `host_probe`."""
+    from the run's opening to its writing, go into the run's results as `host_probe`; what inductor
+    did in the process (labsupport.measure.compiling.record) as `compile`."""
 
     def __init__(
         self,
@@ -83,6 +84,7 @@ class PendingRun:
                 if p.is_file() and not p.name.startswith("."):
                     shutil.copyfile(p, w.path / p.name)
             w.extra.update(self.extra)
+            w.extra["compile"] = compiling.record()
             hostprobe.read("run written")
             w.extra["host_probe"] = hostprobe.readings()
         self._scratch.cleanup()

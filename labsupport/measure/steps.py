@@ -120,13 +120,16 @@ class GraphStep:
 
 
 class CompiledStep:
-    """The static-cache step through torch.compile (which adds CUDA graphs in these modes)."""
+    """The static-cache step through torch.compile (which adds CUDA graphs in these modes), with
+    inductor's data-dependent choices pinned (labsupport.measure.compiling)."""
 
     def __init__(self, static: StaticStep, mode: str, fullgraph: bool = True):
         import torch
 
+        from labsupport.measure import compiling
+
         self.static = static
-        self.fn = torch.compile(static.forward, mode=mode, fullgraph=fullgraph)
+        self.fn = compiling.torch_compile(static.forward, mode, fullgraph=fullgraph)
         t = time.perf_counter()
         with torch.no_grad():
             for _ in range(4):  # compile, then let CUDA graph trees record

@@ -84,6 +84,54 @@ def _counts(df: pd.DataFrame, by) -> dict:
     return df.name.map(by).value_counts().to_dict()
 
 
+LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")  # a decoder layer's module path
+
+
+def _names_by_layer(df: pd.DataFrame) -> dict[tuple[str, str], int]:
+    """How many kernels of each short name each decoder layer launched (by the module that launched
+    them; a kernel outside every layer counts as "outside the layers", and a table that does not say
+    which module launched each kernel counts as one "step")."""
+    names = df.name.map(kernels.short_name)
+    if "module" in df.columns:
+        found = df.module.fillna("").astype(str).str.extract(LAYER)[0]
+        where = ("layer " + found).fillna("outside the layers")
+    else:
+        where = pd.Series("step", index=df.index)
+    return pd.DataFrame({"where": where, "name": names}).value_counts().to_dict()
+
+
+def _spans(numbers: list[int]) -> str:
+    """1, 2, 3, 7 -> "1-3, 7"."""
+    out, start = [], None
+    for i, n in enumerate(numbers):
+        start = n if start is None else start
+        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
+            out.append(str(start) if start == n else f"{start}-{n}")
+            start = None
+    return ", ".join(out)
+
+
+def layer_name_changes(table: str, old: pd.DataFrame, new: pd.DataFrame) -> list[dict]:
+    """The census compared by kernel name within each decoder layer, not only by count: every
+    (layer, short name) whose number of kernels differs between the two tables, one change per name
+    and pair of counts, with the layers it holds for ("layers 0-35: ..."). Two steps that launch
+    the same kernels in different layers, or trade one kernel for another of the same kind, differ
+    here even when every total agrees."""
+    a, b = _names_by_layer(old), _names_by_layer(new)
+    grouped: dict[tuple[str, int, int], list[str]] = {}
+    for where, name in sorted(set(a) | set(b)):
+        n_old, n_new = a.get((where, name), 0), b.get((where, name), 0)
+        if n_old != n_new:
+            grouped.setdefault((name, n_old, n_new), []).append(where)
+    out = []
+    for (name, n_old, n_new), places in sorted(grouped.items()):
+        layers = sorted(int(w.split()[1]) for w in places if w.startswith("layer "))
+        others = [w for w in places if not w.startswith("layer ")]
+        label = [f"layer{'s' if len(layers) > 1 else ''} {_spans(layers)}"] if layers else []
+        out.append({"table": table, "what": f"{', '.join(label + others)}: {name}", "old": n_old, "new": n_new})
+    return out
+
+
 def compare(
     chapter: Chapter, new: runs.Run, old: runs.Run | None, threshold: float = DEFAULT_TIMING_THRESHOLD
 ) -> ChapterDrift:
@@ -98,6 +146,7 @@ def compare(
         a, b = old_k[table], new_k[table]
         if len(a) != len(b):
             d.structural.append({"table": table, "what": "kernels", "old": len(a), "new": len(b)})
+        d.structural += layer_name_changes(table, a, b)
         for label, fn in (("kind", kernels.classify), ("source", kernels.source)):
             ca, cb = _counts(a, fn), _counts(b, fn)
             for key in sorted(set(ca) | set(cb)):

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from labsupport import chapters, runs
 from labsupport.ops import children, history, leftovers
-from labsupport.runs import lock, promotion
+from labsupport.runs import lock, promotion, provenance
 from labsupport.runs.provenance import REPO_ROOT
+from labsupport.runs.publish import commit_problem
 
 LOG_DIR = Path(os.environ.get("LABSUPPORT_LIVE_DIR", REPO_ROOT / "build" / "live"))
 SMOKE_DIR = Path(os.environ.get("LABSUPPORT_SMOKE_DIR", REPO_ROOT / "build" / "smoke"))
@@ -113,11 +114,19 @@ def fresh_run_id(log_root: Path) -> str:
 
 
 def set_environment() -> None:
-    """The notebook kernels import this checkout's labsupport and record the command."""
+    """The notebook kernels import this checkout's labsupport, record the command, and compile
+    with inductor's caches off: every published census is what a cold compile gives, as on a
+    reader's box, never a verdict an earlier compile left in a cache (TORCHINDUCTOR_FORCE_DISABLE_CACHES).
+    A LABSUPPORT_GIT_COMMIT that cannot be the checkout's commit stops here, before any chapter runs."""
+    try:
+        provenance.git_commit()
+    except provenance.ProvenanceError as e:
+        raise SystemExit(f"error: {e}") from None
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     os.environ.setdefault(
         "LABSUPPORT_COMMAND", " ".join(shlex.quote(a) for a in ["python", "-m", "labsupport", *sys.argv[1:]])
     )
+    os.environ["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
 
 
 def run_chapter(
@@ -224,7 +233,11 @@ def kernel_stderr_to(path: Path):
 
 
 def publish_run(root: Path, chapter: chapters.Chapter, run: runs.Run, seconds: float) -> None:
-    """Publish one live run and its history rows in one step."""
+    """Publish one live run and its history rows in one step (never a run whose commit is not
+    in this repository's history: RunError)."""
+    problem = commit_problem(run)
+    if problem:
+        raise runs.RunError(f"{problem}; not published")
     manifest = {**runs.published(root), chapter.slug: run.run_id}
     rows = history.rows_for(f"live {run.run_id}", chapter, run, seconds)
     p = promotion.stage(root, run.run_id, manifest, {"history.csv": history.with_rows(rows, root)})

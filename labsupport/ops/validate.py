@@ -9,6 +9,7 @@ import pandas as pd
 from labsupport import runs
 from labsupport.chapters import Chapter
 from labsupport.runs import provenance
+from labsupport.runs.publish import commit_problem
 from labsupport.traces import derived, replay
 
 TIME_SUFFIXES = ("_ns", "_ms", "_us", " ms", " µs", "ms_median", "us_median")
@@ -25,6 +26,33 @@ def _measured(column: str) -> bool:
     )
 
 
+def check_commit(run: runs.Run) -> str | None:
+    """Why the commit `run` records is not in this repository's history (where .git is here to
+    ask), or None: a run is traceable to the code that made it, or it is not published."""
+    return commit_problem(run)
+
+
+def published_provenance(root=None) -> pd.DataFrame:
+    """One row per published run: its chapter, run id, the commit it records, whether that commit
+    is in this repository's history (check_commit; "not checked" without .git), and the digest of
+    the code the box ran (provenance.tree_digest; "not recorded" for runs made before it was)."""
+    rows = []
+    for chapter, run_id in sorted(runs.published(root).items()):
+        run = runs.load_run(chapter, run_id, root)
+        problem = check_commit(run)
+        in_history = "not checked (no .git)" if not provenance.has_git() else "no" if problem else "yes"
+        rows.append(
+            {
+                "chapter": chapter,
+                "run": run_id,
+                "commit": run.provenance.get("git_commit", ""),
+                "in the history": in_history,
+                "code digest (SHA-256)": run.provenance.get("tree_digest", "not recorded"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str]:
     """Problems found in `run` (an empty list means it passed).
 
@@ -34,7 +62,7 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
     times and counts are not negative; kernel tables hold at least `min_kernels` kernels;
     tables have the columns chapters.py declares; traces parse, and the tables replay reads
     beside each (labsupport.traces.replay) are what the trace gives when re-derived now; the
-    provenance is complete.
+    provenance is complete, and its commit is one of this repository's (check_commit).
     """
     problems = []
     files = run.meta.get("files", {})
@@ -58,6 +86,9 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
     for field in provenance.REQUIRED_FIELDS:
         if str(prov.get(field, "")).strip() in ("", "unknown"):
             problems.append(f"provenance field {field!r} is empty or unknown")
+    commit = check_commit(run)
+    if commit:
+        problems.append(commit)
     for name in sorted(files):
         if not name.endswith(".csv"):
             continue

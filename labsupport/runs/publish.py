@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+from labsupport.runs import provenance
 from labsupport.runs.load import Run, load_run, published
 from labsupport.runs.paths import MANIFEST, RUN_ID_PATTERN, RunError, check_chapter, runs_root
 from labsupport.runs.writer import write_atomic
@@ -18,12 +19,22 @@ def manifest_bytes(manifest: dict[str, str]) -> bytes:
 
 def publish_many(runs_by_chapter: dict[str, str], root: Path | None = None) -> None:
     """Point the book at these runs, all at once: every run is checked first, then the
-    manifest is replaced with one atomic rename. (The nightly and live commands publish
-    through labsupport.runs.promotion, which also adds the history rows in the same step.)"""
+    manifest is replaced with one atomic rename. A run whose commit is not in this repository's
+    history is refused (RunError). (The nightly and live commands publish through
+    labsupport.runs.promotion, which also adds the history rows in the same step.)"""
     root = root or runs_root()
     for chapter, run_id in runs_by_chapter.items():
-        load_run(chapter, run_id, root)
+        problem = commit_problem(load_run(chapter, run_id, root))
+        if problem:
+            raise RunError(f"{problem}; not published")
     write_atomic(root / MANIFEST, manifest_bytes({**published(root), **runs_by_chapter}))
+
+
+def commit_problem(run: Run) -> str | None:
+    """Why the commit `run` records is not in this repository's history (where .git is here to
+    ask), in one line naming the run; None when it is: a published run is traceable to its code."""
+    problem = provenance.commit_problem(run.provenance.get("git_commit", ""))
+    return f"run {run.run_id} of {run.chapter}: {problem}" if problem else None
 
 
 def publish(chapter: str, run_id: str, root: Path | None = None) -> None:

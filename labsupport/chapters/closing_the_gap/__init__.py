@@ -12,6 +12,7 @@ remains, all computed from the run here.
     measuring  pending_run, reference (eager's logits), build (each rung's step), fidelity,
                rung_row, rungs_table, weight_shapes, time_matmuls
     analysis   floor, ladder, best, time_split, census, fidelity table, matmuls, remaining, tuning
+    split_k    split_k_text: what the split-K rung changed against rung 9, from the run's tuning
     figures    the ladder figure and the matmul figure
 """
 
@@ -25,6 +26,9 @@ from .analysis import (
     matmuls, next_to_published, overlap_text, overlaps, remaining, shared_values, time_split, token_note,
     tokens_per_forward, tolerance_text, tuning,
 )
+from .split_k import (
+    split_k_text,
+)
 from .figures import (
     ladder_figure, matmul_figure,
 )
@@ -34,7 +38,7 @@ from .measuring import (
 )
 from .params import (
     CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS, Params,
-    progress, RUNG_COLUMNS, RUNG_SHORT, RUNGS, SHARED_CONFIG, SHARED_RUNGS, STEP_TIME_COLUMNS, TARGET_MS,
-    TARGET_X_FLOOR, TOKENS, trace_file,
+    progress, RUNG_COLUMNS, RUNG_SHORT, RUNGS, SHARED_CONFIG, SHARED_RUNGS, STEP_TIME_COLUMNS, TOKENS,
+    trace_file,
 )
 # fmt: on

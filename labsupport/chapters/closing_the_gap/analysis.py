@@ -19,7 +19,6 @@ from labsupport.chapters.closing_the_gap.params import (
     RUNGS,
     SHARED_CONFIG,
     SHARED_RUNGS,
-    TARGET_X_FLOOR,
     trace_file,
 )
 from labsupport.measure import hardware, models
@@ -45,10 +44,6 @@ class Floor:
     @property
     def ceiling_ms(self) -> float:
         return self.decode_bytes / self.ceiling_tbs / 1e9 if self.ceiling_tbs else float("nan")
-
-    @property
-    def target_ms(self) -> float:
-        return TARGET_X_FLOOR * self.ceiling_ms
 
 
 @functools.lru_cache(maxsize=4)
@@ -442,15 +437,16 @@ def compiled_matmuls(lo_run: runs.Run, variant: str = "compile-max-autotune") ->
 def matmul_launches(run: runs.Run, rung: str) -> pd.DataFrame:
     """How a rung's matrix-multiply kernels were launched, from its trace: one row per kernel
     name (shortened: kernels.short_name) and launch shape, with thread blocks (the grid),
-    threads per block, shared memory per block, blocks per SM (the GPU's SM count from
-    provenance), kernels per step and mean µs, slowest first. Empty for a run without launch
+    threads per block, shared memory per block, the grid over the GPU's SM count (its SMs from
+    provenance: how many blocks each SM would take on if all ran at once, not how many fit on one),
+    kernels per step and mean µs, slowest first. Empty for a run without launch
     shapes (a CPU)."""
     import math
 
     k = kernel_table(run, rung)
     mm = k[(k.kind == "matrix multiply") & k.grid.astype(str).str.contains(",")]
     if mm.empty:
-        return pd.DataFrame(columns=["kernel", "blocks", "threads", "shared KB", "blocks per SM", "kernels", "µs"])
+        return pd.DataFrame(columns=["kernel", "blocks", "threads", "shared KB", "grid / SMs", "kernels", "µs"])
     g = mm.groupby(["name", "grid", "block", "shared_mem"], as_index=False).agg(
         kernels=("dur_ns", "size"), ns=("dur_ns", "mean")
     )
@@ -466,7 +462,7 @@ def matmul_launches(run: runs.Run, rung: str) -> pd.DataFrame:
             "µs": g.ns / 1e3,
         }
     )
-    out.insert(4, "blocks per SM", out.blocks / sms if sms else float("nan"))
+    out.insert(4, "grid / SMs", out.blocks / sms if sms else float("nan"))
     return out.sort_values("µs", ascending=False).reset_index(drop=True)
 
 

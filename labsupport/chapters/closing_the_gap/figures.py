@@ -9,11 +9,9 @@ from labsupport import figures as plots
 from labsupport.chapters.closing_the_gap.params import RUNG_SHORT
 
 
-def ladder_figure(
-    split: pd.DataFrame, floor_ms: float, target_ms: float, passed: dict, label: str, texts: dict | None = None
-):
+def ladder_figure(split: pd.DataFrame, floor_ms: float, passed: dict, label: str, texts: dict | None = None):
     """Each rung's wall time as three stacked parts (time_split): the floor, kernel time above
-    it, and GPU idle; a dashed line at the floor and a dotted one at the target; each bar
+    it, and GPU idle; a dashed line at the floor, the one limit the ladder climbs towards; each bar
     labelled with its wall time and its multiple of its floor (an FP8 rung's is its own, shorter:
     its floor part is drawn to it, and its label says so). A bar far longer than the others
     (eager's) is cut at the axis's end, its label saying so. A rung that fails the same-answers
@@ -41,8 +39,6 @@ def ladder_figure(
                 ha="right" if cut else "left", fontsize=10, color="#222")  # fmt: skip
     if floor_ms == floor_ms:  # not NaN: the GPU's datasheet is known
         ax.axvline(floor_ms, color="#2f4b7c", ls="--", lw=1)
-    if target_ms == target_ms:  # not NaN: a practical ceiling is known
-        ax.axvline(target_ms, color="#b94a48", ls=":", lw=1.2, label=f"target ({target_ms:.2f} ms)")
     ax.set_xlim(0, xmax)
     ax.set_xlabel("ms per token (minimum of the trials; x = multiple of the floor)")
     ax.set_title("From eager to the floor, one rung at a time", loc="left")

@@ -274,10 +274,17 @@ def time_matmuls(shapes: dict[str, tuple[int, int]], dtype=None) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def fp8_record(step) -> dict:
+def fp8_record(step, model) -> dict:
     """What the run keeps of the FP8 rung's step: the bytes it reads as weights (FP8 matrices,
-    their float32 row scales, the BF16 norms), from which its own floor comes."""
-    return {"decode_bytes": int(step.dec.weight_bytes())}
+    their float32 row scales, the BF16 norms), from which its own floor comes, and how far rounding
+    `model`'s weight matrices (every linear layer's, the LM head's) to E4M3 with row scales moved
+    them (gemv_fp8.rounding_error)."""
+    import torch
+
+    from labsupport.measure import gemv_fp8
+
+    mats = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return {"decode_bytes": int(step.dec.weight_bytes()), "rounding_error": gemv_fp8.rounding_error(mats)}
 
 
 def best_timed(timed: dict, checks: dict) -> str | None:

@@ -101,11 +101,6 @@ FP8_ERROR_FACTOR = gemv_fp8.tolerance_factor(ERROR_FACTOR)
 # By the model's dtype: in float16 (10 mantissa bits, a step of 2^-10) eager's own error is 8
 # times smaller and the FP8 weights' the same, so the ratio is 2^-3 / 2^-10 = 128: 256.
 FP8_ERROR_FACTORS = {d: gemv_fp8.tolerance_factor(ERROR_FACTOR, d) for d in gemv_fp8.HALF_RELATIVE_STEP}
-# The issue's target: 1.15x the time of the step's bytes at the practical ceiling (the best rate
-# any kernel reached on the same GPU: shared.ceiling_ms).
-TARGET_X_FLOOR = 1.15
-# Issue 25's target for the best BF16 rung on the H200: 3.80 ms per step (1.21x its datasheet floor).
-TARGET_MS = 3.80
 
 
 @dataclass

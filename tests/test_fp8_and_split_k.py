@@ -1,0 +1,81 @@
+"""The FP8 rounding error is measured on the weights, and the split-K rung says what it changed."""
+
+import pandas as pd
+import pytest
+
+from labsupport.chapters import closing_the_gap as ch
+from labsupport.measure import gemv_fp8
+
+
+def test_rounding_error_of_gaussian_weights_is_measured_not_assumed():
+    """E4M3 with one scale per row, on near-Gaussian weights (what build_model gives): about 2.25% on
+    average, at most 2^-4 within the normal range, a few subnormals that lose more."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    mats = [(torch.randn(512, 1024, generator=g) * 0.02).to(torch.bfloat16), torch.randn(300, 64, generator=g)]
+    r = gemv_fp8.rounding_error(mats)
+    assert r["weights"] == 512 * 1024 + 300 * 64
+    assert 0.020 < r["mean"] < 0.025, r
+    assert 0.05 < r["max_normal"] <= 2**-4 + 1e-6, r
+    assert r["max"] >= r["max_normal"] and 0 <= r["subnormal_share"] < 1e-3
+    assert gemv_fp8.rounding_error(mats, rows=37) == pytest.approx(r)  # the same, a few rows at a time
+
+
+def test_weights_that_e4m3_holds_exactly_have_no_rounding_error():
+    import torch
+
+    w = torch.tensor([[448.0, -224.0, 1.0, 1.125], [0.5, 0.25, -0.125, 0.0]])  # row 2: scale 0.5 / 448
+    r = gemv_fp8.rounding_error([w])
+    assert r["mean"] == 0 and r["max"] == 0 and r["weights"] == 7  # the zero is not a relative error
+
+
+class _Run:
+    """A run's two tables, as split_k_text reads them."""
+
+    def __init__(self, rungs: pd.DataFrame, tuning: pd.DataFrame):
+        self.tables = {"rungs": rungs, "gemv_tuning": tuning}
+
+    def table(self, name):
+        return self.tables[name].copy()
+
+
+def _rungs(err_split=0.30):
+    return pd.DataFrame(
+        {
+            "rung": ["fused-attention", "split-k"],
+            "status": ["ok", "ok"],
+            "kernels": [220, 220],
+            "max_abs_err": [0.30, err_split],
+        }
+    )
+
+
+def _tuning(split_wins: bool):
+    rows = []
+    for n, unsplit_us, split_us in ((1024, 4.3, 6.5), (4096, 10.7, 14.1)):
+        rows.append({"n": n, "k": 4096, "fusion": "plain", "split_k": 1, "us": unsplit_us})
+        rows.append({"n": n, "k": 4096, "fusion": "plain", "split_k": 4, "us": split_us})
+    t = pd.DataFrame(rows).assign(weights="bf16")
+    if split_wins:
+        t.loc[(t.n == 1024) & (t.split_k == 4), "us"] = 3.0
+    best = t.groupby(["n", "k", "fusion"]).us.transform("min")
+    t["chosen_split"] = t.us == best
+    t["chosen"] = t.chosen_split  # the BF16 rungs without split-K choose among split_k 1 only: not read here
+    return t
+
+
+def test_split_k_that_changes_nothing_says_why():
+    text = ch.split_k_text(_Run(_rungs(), _tuning(split_wins=False)))
+    assert text.startswith("In this run split-K (rung 10) changes nothing: the tuner tried cutting the columns of 2")
+    assert "1.32–1.51× slower" in text and "220 kernels, as rung 9's 220, and the same logits" in text
+
+
+def test_split_k_chosen_names_where_the_rungs_differ():
+    text = ch.split_k_text(_Run(_rungs(0.31), _tuning(split_wins=True)))
+    assert text == "Rung 10 differs from rung 9 where the tuner chose split-K: 1,024×4,096 (plain, 4 parts)."
+
+
+def test_a_run_without_the_rung_says_so():
+    rungs = _rungs().assign(status=["ok", "failed: out of memory"])
+    assert ch.split_k_text(_Run(rungs, _tuning(False))) == "This run has no split-K rung."
