@@ -84,28 +84,31 @@ def any_run(request, run, tmp_path):
 
 def test_per_token_arithmetic(any_run):
     ar = ch.arithmetic(any_run).set_index("ceilings")
-    assert set(ar.index) == {ch.DATASHEET, ch.MEASURED}
     sheet = ar.loc[ch.DATASHEET]
     assert sheet["math ms"] == pytest.approx(2 * 7_568_097_280 / 989e12 * 1e3)
     assert sheet["memory ms"] == pytest.approx(15_136_811_008 / 4.8e12 * 1e3)
     assert sheet["ridge FLOP/byte"] == pytest.approx(989 / 4.8)
-    measured = ar.loc[ch.MEASURED]
     lim = hardware.run_limits(any_run)
-    # The measured row reads at the practical ceiling: the best of the copy, the read stream, the product.
-    m = ch.matvec_summary(any_run)
-    best = max(t for t in (lim.copy_tbs, lim.read_tbs, (m.gpu_kernel_gbs or m.gpu_call_gbs) / 1e3) if t)
-    assert measured["TB/s"] == pytest.approx(best) == ch.practical_ceiling_tbs(any_run)
+    text = ch.memory_ceiling_text(any_run)
+    if lim.read_tbs is None:  # before the read stream: no read rate but the product's, no practical ceiling
+        assert set(ar.index) == {ch.DATASHEET} and ch.practical_ceiling_tbs(any_run) is None
+        assert math.isnan(ch.shared(any_run)["ceiling_tbs"]) and math.isnan(ch.shared(any_run)["measured_ridge"])
+        assert text.startswith("the matrix-vector product below read")
+        return
+    assert set(ar.index) == {ch.DATASHEET, ch.MEASURED}
+    measured = ar.loc[ch.MEASURED]
+    # The measured row reads at the practical ceiling: the best read rate, never the copy (which is faster here).
+    best = lim.read_tbs  # this run measured no read kernels: its best read is the read stream
+    assert lim.copy_tbs > best and measured["TB/s"] == pytest.approx(best) == ch.practical_ceiling_tbs(any_run)
     assert ch.shared(any_run)["ceiling_tbs"] == pytest.approx(best)
+    assert ch.shared(any_run)["measured_ridge"] == pytest.approx(lim.gemm_tflops / best) == lim.measured_ridge
     assert measured["TFLOP/s"] == pytest.approx(lim.gemm_tflops)
     assert (ar["memory / math"] > 50).all()
     shown = ch.arithmetic_display(any_run)
     assert list(shown.index) == ["H200 SXM datasheet", "measured on this GPU"]
-    text = ch.memory_ceiling_text(any_run)
-    assert text.startswith("a large device-to-device copy") and f"{best:.2f} TB/s, is the practical ceiling" in text
-    if lim.read_tbs is None:  # before the read stream: the copy and the product only
-        assert "read stream" not in text
-    else:
-        assert f"{lim.read_tbs:.2f} TB/s" in text and ch.ceilings(any_run).read_by in text
+    assert f"{best:.2f} TB/s (read stream (matrix-vector product), 4 GiB), is the practical ceiling" in text
+    assert f"{lim.read_tbs:.2f} TB/s" in text and ch.ceilings(any_run).read_by in text
+    assert f"copy moved {lim.copy_tbs:.2f} TB/s" in text and "not a read rate" in text
 
 
 def test_matvec_rates_and_summary(any_run):
@@ -292,15 +295,18 @@ def test_limits_are_drawn_at_the_limits(any_run):
     s = ch.sweep(any_run)
     lim = hardware.run_limits(any_run)
     c = ch.counts(any_run)
-    read_tbs, name = hardware.measured_read(lim)
-    assert name == ("read" if "read_bytes" in any_run.table("ceilings") else "copy")
     assert s["memory limit ms"].to_numpy() == pytest.approx((s.bytes / (lim.datasheet_tbs * 1e12) * 1e3).to_numpy())
     assert s["math limit ms"].to_numpy() == pytest.approx((s.FLOP / (lim.datasheet_tflops * 1e12) * 1e3).to_numpy())
     assert (s["limit ms"] == s[["memory limit ms", "math limit ms"]].max(axis=1)).all()
     # Dashed: the bytes at the practical ceiling (the best rate any kernel of the run reached).
     ceil = ch.practical_ceiling_tbs(any_run)
-    assert ceil >= read_tbs and s["ceiling ms"].to_numpy() == pytest.approx((s.bytes / (ceil * 1e12) * 1e3).to_numpy())
-    assert (s["ceiling ms"] >= s["memory limit ms"]).all()  # the floor: no kernel beats it
+    if ceil is None:  # a run without a read stream has no practical ceiling: never the copy
+        assert s["ceiling ms"].isna().all()
+    else:
+        assert ceil == lim.read_tbs and s["ceiling ms"].to_numpy() == pytest.approx(
+            (s.bytes / (ceil * 1e12) * 1e3).to_numpy()
+        )
+        assert (s["ceiling ms"] >= s["memory limit ms"]).all()  # the floor: no kernel beats it
     # The matrix multiplies' memory limit is the weight matrices at the datasheet's bandwidth, at every batch.
     assert (s["matmul memory limit ms"] == c.matmul_bytes / (lim.datasheet_tbs * 1e9)).all()
     assert s["matmul math limit ms"].to_numpy() == pytest.approx(
@@ -483,7 +489,8 @@ def test_figures_build(any_run):
         plt.close(fig)
     fig = ch.limits_figure(any_run)
     labels = " ".join(t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts())
-    assert "floor: bytes at 4.80 TB/s (H200 SXM datasheet)" in labels and "the practical ceiling" in labels
+    assert "floor: bytes at 4.80 TB/s (H200 SXM datasheet)" in labels
+    assert ("the practical ceiling" in labels) == (ch.practical_ceiling_tbs(any_run) is not None)
     plt.close(fig)
     # The throughput figure names the regimes it shades.
     fig = ch.throughput_figure(any_run)
