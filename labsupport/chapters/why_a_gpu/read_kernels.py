@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from labsupport import chapters
 from labsupport.measure import hardware, models
 
 TRITON, CUBLAS = "Triton GEMV", "cuBLAS (torch.mm)"
-COLUMNS = ("kernel", "matrix", "n", "k", "config", "bytes", "ms", "tbs")
+COLUMNS = chapters.of_module(__name__).columns[f"{hardware.READ_KERNELS}.csv"]  # the registry's
 
 
 def step_matrices(preset: str) -> dict[str, tuple[int, int]]:
