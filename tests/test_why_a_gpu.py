@@ -573,7 +573,7 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, swee
     assert (s.wall_ms_min <= s.wall_ms_q1).all() and (s.wall_ms_q1 <= s.wall_ms_median).all()
     assert (s.wall_ms_median <= s.wall_ms_q3).all() and (s.wall_ms_q3 <= s.wall_ms_max).all()
     p = run.parameters
-    # Every step after a fresh prefill: the timed and the profiled step both see the prompt alone.
+    # Every step on a copy of its batch's one prefill: the timed and the profiled step both see the prompt alone.
     assert (s.context_end == p["prompt_len"] + 1).all() and (s.context_profiled == p["prompt_len"] + 1).all()
     times = run.table("batch_times")
     assert len(times) == 3 * p["rounds"] and times.clean.all()
@@ -596,25 +596,52 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, swee
         "kv_bytes_per_token",
         "matvec_kernels",
         "sweep_method",
+        "sweep_setup",
     }
+    assert run.results["sweep_setup"] == ch.SETUP_COPY  # a CPU keeps every batch's prefilled cache
+    assert "read_kernels.csv" not in run.meta["files"], "no GPU: no read kernels, no practical ceiling"
     assert set(ch.regimes(ch.sweep(run))) <= {ch.OVERHEAD, ch.MEMORY, ch.COMPUTE}
     assert not list(run.path.glob(".profile*")), "the scratch trace is removed"
 
 
 def test_the_notebook_stops_the_sweep_at_a_batch_out_of_memory(runs_root, calls, monkeypatch):
-    real = ch.fits_batch
+    real = ch.prefill_once
 
-    def fits_batch(model, batch, *args):
+    def prefill_once(model, batch, *args):
         if batch >= 2:
             raise torch.OutOfMemoryError("fake: out of memory")
         return real(model, batch, *args)
 
-    monkeypatch.setattr(ch, "fits_batch", fits_batch)
+    monkeypatch.setattr(ch, "prefill_once", prefill_once)
     run = run_live_cells(**TINY)
     s = run.table("batch_sweep")
     assert list(zip(s.batch, s.status, strict=True)) == [(1, "ok"), (2, "out of memory")], "batch 4 is skipped"
     assert [w for k, w in calls if k == "profile"] == ["decode_step", "matvec"]
     assert list(ch.sweep(run).batch) == [1]
+
+
+def test_a_copy_of_a_prefill_is_the_state_a_fresh_prefill_leaves():
+    """The sweep's steps run on a copy of one prefill (ch.copied_step): the same tensors, in the same
+    layout, as a fresh prefill (ch.fresh_step) gives, so the same next token and context."""
+    model = models.build_model("tiny", device="cpu", dtype="bfloat16")
+    state = ch.prefill_once(model, 2, 16, "cpu")
+    fresh_fn, fresh_setup = ch.fresh_step(model, ch.batch_prompt(model, 2, 16, "cpu"))
+    copy_fn, copy_setup = ch.copied_step(model, state)
+    (fc, ft), (cc, ct) = fresh_setup(), copy_setup()
+    for f, c in zip(fc.layers, cc.layers, strict=True):
+        assert torch.equal(f.keys, c.keys) and f.keys.stride() == c.keys.stride() and torch.equal(f.values, c.values)
+    assert cc.layers[0].keys.data_ptr() != state[0].layers[0].keys.data_ptr(), "a copy, not the kept cache"
+    assert torch.equal(fresh_fn(fc, ft), copy_fn(cc, ct)) and fc.get_seq_length() == cc.get_seq_length() == 17
+    assert state[0].get_seq_length() == 16, "the kept cache is never stepped"
+
+
+def test_the_sweep_prefills_afresh_where_the_caches_do_not_fit(runs_root, calls, monkeypatch):
+    monkeypatch.setattr(ch, "keeps_prefills", lambda *a: False)
+    run = run_live_cells(**TINY)
+    assert run.results["sweep_setup"] == ch.SETUP_PREFILL
+    s = run.table("batch_sweep")
+    assert (s.status == "ok").all() and (s.context_profiled == run.parameters["prompt_len"] + 1).all()
+    assert "after a fresh prefill of that batch" in ch.sweep_note(run)
 
 
 def test_the_notebook_shows_its_measuring_code_and_reads_no_other_chapters_module():
