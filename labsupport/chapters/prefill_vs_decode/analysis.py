@@ -262,7 +262,7 @@ TIME_LABELS = {"wall": "wall time", "busy": "GPU busy"}
 def utilisation(run: runs.Run) -> pd.DataFrame:
     """MFU and MBU of both phases, on wall time and on GPU-busy time, against the datasheet
     and against the ceilings measured in the run (NaN where a limit is unknown). The last
-    column is named after the measured bandwidth used ("MBU vs measured read", or copy).
+    column is named after the measured bandwidth used ("MBU vs practical ceiling").
     `time` is "wall" or "busy" (TIME_LABELS names them for display)."""
     nan = float("nan")
     mbu_col = f"MBU vs {bandwidth(limits(run)).short}"
