@@ -1,6 +1,6 @@
-"""Datasheet figures of common GPUs, and live microbenchmarks of the two ceilings
-that matter for decoding: memory bandwidth (a large device-to-device copy) and the
-BF16 matrix-multiply rate (a large GEMM)."""
+"""Datasheet figures of common GPUs, live microbenchmarks of what decoding is limited by (a large
+device-to-device copy, a large read stream, a large BF16 GEMM), and the practical ceiling: the
+best read rate of a run (practical_ceiling), defined here once for every page."""
 
 from __future__ import annotations
 
@@ -53,9 +53,9 @@ def run_datasheet(run) -> Datasheet | None:
 
 @dataclass
 class Ceilings:
-    """Ceilings measured on this GPU (medians): a device-to-device copy (bytes read and
-    written), a read stream (bytes read; the ceiling for kernels that only read, such as a
-    decode step's weight reads) and a BF16 GEMM rate."""
+    """Rates measured on this GPU (medians): a device-to-device copy (bytes read and written:
+    what a copy reaches, never a ceiling for reading), a read stream (bytes read; one of the reads
+    the practical ceiling counts) and a BF16 GEMM rate."""
 
     copy_bytes: int
     copy_ms_median: float
