@@ -114,6 +114,11 @@ def _read_rates(run: runs.Run) -> list[tuple[str, float]]:
     if (t := table("hbm_add")) is not None:  # what-a-kernel: adds larger than L2 (bytes read and written)
         for r in t.itertuples():
             out.append((f"the add {r.implementation} (bytes moved)", r.bytes / (r.ms_median * 1e-3) / 1e12))
+    if run.chapter == "kernels-in-one-token" and "kernels.csv" in files:  # the eager step's matmuls, by shape
+        from labsupport.chapters import kernels_in_one_token
+
+        g = kernels_in_one_token.gemv_by_shape(run)
+        out += [(f"the eager step's {p} ({k})", t) for p, k, t in zip(g.projection, g.kernel, g.tbs, strict=True)]
     if (t := table("matvec")) is not None:  # why-a-gpu: the matrix-vector product on the GPU (GB/s)
         gpu = t[~t.device.astype(str).str.startswith("CPU")]
         timing = gpu["timing"] if "timing" in gpu else ["per call"] * len(gpu)
