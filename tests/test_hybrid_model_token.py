@@ -357,7 +357,7 @@ def test_the_page_replays_a_run_recorded_with_todays_columns(h200_run, tmp_path)
     run = modern_copy(h200_run, tmp_path / "runs")
     assert "before the first profile" in hybrid.timing_note(run)
     v = hybrid.variants(run)
-    assert hybrid.measured_column(run) == "of measured read" and v["of measured read"].notna().all()
+    assert hybrid.measured_column(run) == "of practical ceiling" and v["of practical ceiling"].notna().all()
     assert len(hybrid.prefill_host_device(run)) == 2
     text = replay_notebook(NOTEBOOK, run, tmp_path)
     assert "Traceback" not in text and "image/png" in text

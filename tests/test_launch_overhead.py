@@ -189,35 +189,29 @@ def test_two_compiled_modes_keep_their_own_entries():
 # Ceilings ------------------------------------------------------------------------------
 
 
-def _limits(read=None, copy=4.2, sheet=4.8):
+def _limits(ceiling=None, copy=4.2, sheet=4.8):
     return hardware.Limits(
         datasheet_name="H200 SXM" if sheet else None,
         datasheet_tflops=989.0 if sheet else None,
         datasheet_tbs=sheet,
         gemm_tflops=800.0,
         copy_tbs=copy,
-        read_tbs=read,
+        read_tbs=ceiling,
+        ceiling_tbs=ceiling,
+        ceiling_by="read stream (sum), 4 GiB" if ceiling else None,
     )
 
 
-def test_weight_reads_are_compared_with_the_read_stream_or_the_copy():
-    assert hardware.measured_read(_limits(read=4.3)) == (4.3, "read")
-    assert hardware.measured_read(_limits(read=None)) == (4.2, "copy")
-    assert hardware.measured_read(_limits(read=None, copy=None)) == (None, "copy")
-
-
-def test_a_rate_above_a_measured_ceiling_gets_its_sentence():
-    assert hardware.above_ceiling_note("It", 4.0, _limits(read=4.3)) == ""
-    assert hardware.above_ceiling_note("It", 4.0, _limits()) == ""
+def test_a_rate_above_the_practical_ceiling_gets_its_sentence():
+    assert hardware.above_ceiling_note("It", 4.0, _limits(ceiling=4.3)) == ""
+    assert hardware.above_ceiling_note("It", 4.4, _limits()) == "", "the copy is never a ceiling"
     assert hardware.above_ceiling_note("It", float("nan"), _limits()) == ""
-    above_read = hardware.above_ceiling_note("The LM head's 4.40 TB/s", 4.4, _limits(read=4.3))
-    assert "read stream measured in this run (4.30 TB/s)" in above_read and "not a limit of the hardware" in above_read
-    assert "datasheet's 4.8 TB/s" in above_read and "(92%)" in above_read
-    above_copy = hardware.above_ceiling_note("It", 4.4, _limits())
-    assert "copy bandwidth measured in this run (4.20 TB/s)" in above_copy and "no read stream" in above_copy
-    above_sheet = hardware.above_ceiling_note("It", 5.0, _limits(read=4.3))
+    above = hardware.above_ceiling_note("The LM head's 4.40 TB/s", 4.4, _limits(ceiling=4.3))
+    assert "practical ceiling, 4.30 TB/s (read stream (sum), 4 GiB)" in above and "not a limit of the hardware" in above
+    assert "datasheet's 4.8 TB/s" in above and "(92%)" in above
+    above_sheet = hardware.above_ceiling_note("It", 5.0, _limits(ceiling=4.3))
     assert "above even the datasheet's 4.8 TB/s" in above_sheet
-    assert "datasheet" not in hardware.above_ceiling_note("It", 4.4, _limits(sheet=None))
+    assert "datasheet" not in hardware.above_ceiling_note("It", 4.4, _limits(ceiling=4.3, sheet=None))
 
 
 # The fixture run (a recorded H200 run) -----------------------------------------------------
@@ -226,7 +220,7 @@ def test_a_rate_above_a_measured_ceiling_gets_its_sentence():
 def test_fixture_run_replays(runs_root):
     run = fixture_run("launch-overhead")
     v = lo.variants(run)
-    assert hardware.run_limits(run).read_tbs and lo.measured_column(run) == "of measured read" in v
+    assert hardware.run_limits(run).read_tbs and lo.measured_column(run) == "of practical ceiling" in v
     ok = v[v.status == "ok"]
     assert (ok["wall ms"] <= ok["wall q1 ms"]).all() and (ok["wall q1 ms"] <= ok["wall q3 ms"]).all()
     assert (ok["from"] == "this run").all()

@@ -84,28 +84,31 @@ def any_run(request, run, tmp_path):
 
 def test_per_token_arithmetic(any_run):
     ar = ch.arithmetic(any_run).set_index("ceilings")
-    assert set(ar.index) == {ch.DATASHEET, ch.MEASURED}
     sheet = ar.loc[ch.DATASHEET]
     assert sheet["math ms"] == pytest.approx(2 * 7_568_097_280 / 989e12 * 1e3)
     assert sheet["memory ms"] == pytest.approx(15_136_811_008 / 4.8e12 * 1e3)
     assert sheet["ridge FLOP/byte"] == pytest.approx(989 / 4.8)
-    measured = ar.loc[ch.MEASURED]
     lim = hardware.run_limits(any_run)
-    # The measured row reads at the practical ceiling: the best of the copy, the read stream, the product.
-    m = ch.matvec_summary(any_run)
-    best = max(t for t in (lim.copy_tbs, lim.read_tbs, (m.gpu_kernel_gbs or m.gpu_call_gbs) / 1e3) if t)
-    assert measured["TB/s"] == pytest.approx(best) == ch.practical_ceiling_tbs(any_run)
+    text = ch.memory_ceiling_text(any_run)
+    if lim.read_tbs is None:  # before the read stream: no read rate but the product's, no practical ceiling
+        assert set(ar.index) == {ch.DATASHEET} and ch.practical_ceiling_tbs(any_run) is None
+        assert math.isnan(ch.shared(any_run)["ceiling_tbs"]) and math.isnan(ch.shared(any_run)["measured_ridge"])
+        assert text.startswith("the matrix-vector product below read")
+        return
+    assert set(ar.index) == {ch.DATASHEET, ch.MEASURED}
+    measured = ar.loc[ch.MEASURED]
+    # The measured row reads at the practical ceiling: the best read rate, never the copy (which is faster here).
+    best = lim.read_tbs  # this run measured no read kernels: its best read is the read stream
+    assert lim.copy_tbs > best and measured["TB/s"] == pytest.approx(best) == ch.practical_ceiling_tbs(any_run)
     assert ch.shared(any_run)["ceiling_tbs"] == pytest.approx(best)
+    assert ch.shared(any_run)["measured_ridge"] == pytest.approx(lim.gemm_tflops / best) == lim.measured_ridge
     assert measured["TFLOP/s"] == pytest.approx(lim.gemm_tflops)
     assert (ar["memory / math"] > 50).all()
     shown = ch.arithmetic_display(any_run)
     assert list(shown.index) == ["H200 SXM datasheet", "measured on this GPU"]
-    text = ch.memory_ceiling_text(any_run)
-    assert text.startswith("a large device-to-device copy") and f"{best:.2f} TB/s, is the practical ceiling" in text
-    if lim.read_tbs is None:  # before the read stream: the copy and the product only
-        assert "read stream" not in text
-    else:
-        assert f"{lim.read_tbs:.2f} TB/s" in text and ch.ceilings(any_run).read_by in text
+    assert f"{best:.2f} TB/s (read stream (matrix-vector product), 4 GiB), is the practical ceiling" in text
+    assert f"{lim.read_tbs:.2f} TB/s" in text and ch.ceilings(any_run).read_by in text
+    assert f"copy moved {lim.copy_tbs:.2f} TB/s" in text and "not a read rate" in text
 
 
 def test_matvec_rates_and_summary(any_run):
@@ -292,15 +295,18 @@ def test_limits_are_drawn_at_the_limits(any_run):
     s = ch.sweep(any_run)
     lim = hardware.run_limits(any_run)
     c = ch.counts(any_run)
-    read_tbs, name = hardware.measured_read(lim)
-    assert name == ("read" if "read_bytes" in any_run.table("ceilings") else "copy")
     assert s["memory limit ms"].to_numpy() == pytest.approx((s.bytes / (lim.datasheet_tbs * 1e12) * 1e3).to_numpy())
     assert s["math limit ms"].to_numpy() == pytest.approx((s.FLOP / (lim.datasheet_tflops * 1e12) * 1e3).to_numpy())
     assert (s["limit ms"] == s[["memory limit ms", "math limit ms"]].max(axis=1)).all()
     # Dashed: the bytes at the practical ceiling (the best rate any kernel of the run reached).
     ceil = ch.practical_ceiling_tbs(any_run)
-    assert ceil >= read_tbs and s["ceiling ms"].to_numpy() == pytest.approx((s.bytes / (ceil * 1e12) * 1e3).to_numpy())
-    assert (s["ceiling ms"] >= s["memory limit ms"]).all()  # the floor: no kernel beats it
+    if ceil is None:  # a run without a read stream has no practical ceiling: never the copy
+        assert s["ceiling ms"].isna().all()
+    else:
+        assert ceil == lim.read_tbs and s["ceiling ms"].to_numpy() == pytest.approx(
+            (s.bytes / (ceil * 1e12) * 1e3).to_numpy()
+        )
+        assert (s["ceiling ms"] >= s["memory limit ms"]).all()  # the floor: no kernel beats it
     # The matrix multiplies' memory limit is the weight matrices at the datasheet's bandwidth, at every batch.
     assert (s["matmul memory limit ms"] == c.matmul_bytes / (lim.datasheet_tbs * 1e9)).all()
     assert s["matmul math limit ms"].to_numpy() == pytest.approx(
@@ -483,7 +489,8 @@ def test_figures_build(any_run):
         plt.close(fig)
     fig = ch.limits_figure(any_run)
     labels = " ".join(t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts())
-    assert "floor: bytes at 4.80 TB/s (H200 SXM datasheet)" in labels and "the practical ceiling" in labels
+    assert "floor: bytes at 4.80 TB/s (H200 SXM datasheet)" in labels
+    assert ("the practical ceiling" in labels) == (ch.practical_ceiling_tbs(any_run) is not None)
     plt.close(fig)
     # The throughput figure names the regimes it shades.
     fig = ch.throughput_figure(any_run)
@@ -566,7 +573,7 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, swee
     assert (s.wall_ms_min <= s.wall_ms_q1).all() and (s.wall_ms_q1 <= s.wall_ms_median).all()
     assert (s.wall_ms_median <= s.wall_ms_q3).all() and (s.wall_ms_q3 <= s.wall_ms_max).all()
     p = run.parameters
-    # Every step after a fresh prefill: the timed and the profiled step both see the prompt alone.
+    # Every step on a copy of its batch's one prefill: the timed and the profiled step both see the prompt alone.
     assert (s.context_end == p["prompt_len"] + 1).all() and (s.context_profiled == p["prompt_len"] + 1).all()
     times = run.table("batch_times")
     assert len(times) == 3 * p["rounds"] and times.clean.all()
@@ -589,25 +596,52 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, swee
         "kv_bytes_per_token",
         "matvec_kernels",
         "sweep_method",
+        "sweep_setup",
     }
+    assert run.results["sweep_setup"] == ch.SETUP_COPY  # a CPU keeps every batch's prefilled cache
+    assert "read_kernels.csv" not in run.meta["files"], "no GPU: no read kernels, no practical ceiling"
     assert set(ch.regimes(ch.sweep(run))) <= {ch.OVERHEAD, ch.MEMORY, ch.COMPUTE}
     assert not list(run.path.glob(".profile*")), "the scratch trace is removed"
 
 
 def test_the_notebook_stops_the_sweep_at_a_batch_out_of_memory(runs_root, calls, monkeypatch):
-    real = ch.fits_batch
+    real = ch.prefill_once
 
-    def fits_batch(model, batch, *args):
+    def prefill_once(model, batch, *args):
         if batch >= 2:
             raise torch.OutOfMemoryError("fake: out of memory")
         return real(model, batch, *args)
 
-    monkeypatch.setattr(ch, "fits_batch", fits_batch)
+    monkeypatch.setattr(ch, "prefill_once", prefill_once)
     run = run_live_cells(**TINY)
     s = run.table("batch_sweep")
     assert list(zip(s.batch, s.status, strict=True)) == [(1, "ok"), (2, "out of memory")], "batch 4 is skipped"
     assert [w for k, w in calls if k == "profile"] == ["decode_step", "matvec"]
     assert list(ch.sweep(run).batch) == [1]
+
+
+def test_a_copy_of_a_prefill_is_the_state_a_fresh_prefill_leaves():
+    """The sweep's steps run on a copy of one prefill (ch.copied_step): the same tensors, in the same
+    layout, as a fresh prefill (ch.fresh_step) gives, so the same next token and context."""
+    model = models.build_model("tiny", device="cpu", dtype="bfloat16")
+    state = ch.prefill_once(model, 2, 16, "cpu")
+    fresh_fn, fresh_setup = ch.fresh_step(model, ch.batch_prompt(model, 2, 16, "cpu"))
+    copy_fn, copy_setup = ch.copied_step(model, state)
+    (fc, ft), (cc, ct) = fresh_setup(), copy_setup()
+    for f, c in zip(fc.layers, cc.layers, strict=True):
+        assert torch.equal(f.keys, c.keys) and f.keys.stride() == c.keys.stride() and torch.equal(f.values, c.values)
+    assert cc.layers[0].keys.data_ptr() != state[0].layers[0].keys.data_ptr(), "a copy, not the kept cache"
+    assert torch.equal(fresh_fn(fc, ft), copy_fn(cc, ct)) and fc.get_seq_length() == cc.get_seq_length() == 17
+    assert state[0].get_seq_length() == 16, "the kept cache is never stepped"
+
+
+def test_the_sweep_prefills_afresh_where_the_caches_do_not_fit(runs_root, calls, monkeypatch):
+    monkeypatch.setattr(ch, "keeps_prefills", lambda *a: False)
+    run = run_live_cells(**TINY)
+    assert run.results["sweep_setup"] == ch.SETUP_PREFILL
+    s = run.table("batch_sweep")
+    assert (s.status == "ok").all() and (s.context_profiled == run.parameters["prompt_len"] + 1).all()
+    assert "after a fresh prefill of that batch" in ch.sweep_note(run)
 
 
 def test_the_notebook_shows_its_measuring_code_and_reads_no_other_chapters_module():

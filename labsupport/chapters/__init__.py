@@ -100,7 +100,10 @@ DTYPE = one_of("bfloat16", "float16")
 
 
 # The line on ceilings.csv, a file of most chapters' runs.
-_CEILINGS = "the GPU's measured copy, read and BF16 matrix-multiply rates (the ceilings the chapter compares with)"
+_CEILINGS = (
+    "the GPU's measured copy (bytes read plus written), read-stream and BF16 matrix-multiply rates; the read "
+    "stream counts towards the practical ceiling, the copy never"
+)
 
 
 @dataclass(frozen=True)
@@ -170,10 +173,12 @@ CHAPTERS = [
     Chapter(
         "why-a-gpu",
         "notebooks/why_a_gpu.ipynb",
-        # ceilings.csv: recorded on every GPU (PendingRun(ceilings=True)), checked when present; none on a CPU
+        # ceilings.csv and read_kernels.csv: recorded on every GPU (runs before read_kernels lack it), checked
+        # when present; none on a CPU
         ("matvec.csv", "batch_sweep.csv"),
         columns={
             "ceilings.csv": CEILINGS,
+            "read_kernels.csv": ("kernel", "matrix", "n", "k", "config", "bytes", "ms", "tbs"),
             "matvec.csv": ("device", "dtype", "ms_median", "bytes", "GB/s", "shape"),
             "batch_sweep.csv": (
                 "batch",
@@ -207,6 +212,11 @@ CHAPTERS = [
         reads=("kernels-in-one-token", "launch-overhead", "prefill-vs-decode"),
         describes={
             "ceilings.csv": _CEILINGS,
+            "read_kernels.csv": (
+                "cuBLAS and the book's Triton GEMV (each configuration its tuner tries) at every weight shape of the "
+                "decode step, the LM head included: per-call time and read rate; with the read stream, the "
+                "practical ceiling"
+            ),
             "matvec.csv": "the decode-sized matrix-vector product timed on the CPU (FP32, BF16) and on the GPU",
             "batch_sweep.csv": (
                 "one decode step per batch size: kernels, GPU-busy and matmul time, "

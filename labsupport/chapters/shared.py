@@ -41,13 +41,14 @@ QUANTITIES = {
     for q in (
         _q("datasheet_tbs", CEILINGS, "the GPU's memory bandwidth on its datasheet", "TB/s", "{:.2f}"),
         _q("datasheet_tflops", CEILINGS, "the GPU's dense BF16 math rate on its datasheet", "TFLOP/s", "{:,.0f}"),
-        _q("copy_tbs", CEILINGS, "a large device-to-device copy, bytes read plus written", "TB/s", "{:.2f}"),
+        _q("copy_tbs", CEILINGS, "a large device-to-device copy, bytes read plus written: what a copy reaches, not a ceiling", "TB/s", "{:.2f}"),
         _q("read_tbs", CEILINGS, "a large read stream, bytes read (the better of a sum and a matrix-vector product)", "TB/s", "{:.2f}"),
         _q("gemm_tflops", CEILINGS, "a large BF16 matrix multiply", "TFLOP/s", "{:,.0f}"),
         _q("step_gb", CEILINGS, "the bytes one decode step must read: every weight outside the embedding table, once", "GB", "{:.2f}"),
         _q("floor_ms", CEILINGS, "the floor: the step's bytes over the datasheet bandwidth (no kernel can beat it)", "ms", "{:.2f}"),
-        _q("ceiling_tbs", CEILINGS, "the practical ceiling: the best rate any kernel reached in the run (copy, read stream, matrix-vector product)", "TB/s", "{:.2f}"),
+        _q("ceiling_tbs", CEILINGS, "the practical ceiling: the best read rate any kernel reached in the run (the read stream, cuBLAS and the book's Triton GEMV at every weight shape of the step), never a copy's (hardware.practical_ceiling; a kernel the book shows may pass it by hardware.CEILING_TOLERANCE at most)", "TB/s", "{:.2f}"),
         _q("ceiling_ms", CEILINGS, "the step's bytes at the practical ceiling", "ms", "{:.2f}"),
+        _q("measured_ridge", CEILINGS, "the measured ridge: the measured GEMM rate over the practical ceiling (hardware.Limits.measured_ridge)", "FLOP/byte", "{:.0f}"),
         _q("eager_wall_ms", EAGER, "the eager decode step's wall time: the minimum of interleaved trials", "ms", "{:.1f}"),
         _q("eager_wall_median_ms", EAGER, "the eager step's wall time: the median of the same trials", "ms", "{:.1f}"),
         _q("eager_wall_q1_ms", EAGER, "the eager step's wall time: first quartile", "ms", "{:.1f}"),
@@ -147,6 +148,7 @@ def glue_values(given: dict[str, runs.Run] | None = None) -> dict[str, Value]:
 
 
 def limits(given: dict[str, runs.Run] | None = None, root=None) -> hardware.Limits:
-    """The ceilings every chapter compares against: those measured in the ceilings owner's run."""
+    """The ceilings every chapter compares against: those measured in the ceilings owner's run, its
+    practical ceiling (`ceiling_tbs`, the shared quantity of that name) and its measured ridge."""
     run = (given or {}).get(CEILINGS) or runs.load_run(CEILINGS, root=root)
     return hardware.run_limits(run)

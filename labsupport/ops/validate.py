@@ -7,7 +7,8 @@ import math
 import pandas as pd
 
 from labsupport import runs
-from labsupport.chapters import Chapter
+from labsupport.chapters import Chapter, shared
+from labsupport.measure import hardware
 from labsupport.runs import provenance
 from labsupport.runs.publish import commit_problem
 from labsupport.traces import derived, replay
@@ -62,7 +63,8 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
     times and counts are not negative; kernel tables hold at least `min_kernels` kernels;
     tables have the columns chapters.py declares; traces parse, and the tables replay reads
     beside each (labsupport.traces.replay) are what the trace gives when re-derived now; the
-    provenance is complete, and its commit is one of this repository's (check_commit).
+    provenance is complete, and its commit is one of this repository's (check_commit); no kernel
+    reads faster than the practical ceiling (check_ceiling).
     """
     problems = []
     files = run.meta.get("files", {})
@@ -119,4 +121,77 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
     for key, value in run.results.items():
         if isinstance(value, float) and math.isnan(value):
             problems.append(f"result {key} is NaN")
+    problems += check_ceiling(run)
     return problems
+
+
+# The practical ceiling (hardware.practical_ceiling) is the best read rate measured in the ceilings
+# owner's run; a kernel the book shows that reads faster (beyond hardware.CEILING_TOLERANCE) makes
+# the ceiling wrong. The rates each chapter's run records, by chapter: (what, TB/s) per kernel shown.
+def _read_rates(run: runs.Run) -> list[tuple[str, float]]:
+    files, out = run.meta.get("files", {}), []
+
+    def table(name):
+        return run.table(name) if f"{name}.csv" in files else None
+
+    if (t := table("gemv_tuning")) is not None:  # closing-the-gap's tuner: every GEMV config timed
+        for r in t.itertuples():
+            config = (
+                f"{getattr(r, 'weights', 'bf16')}, {r.block_n} rows x {r.block_k}, split-K {getattr(r, 'split_k', 1)}"
+            )
+            out.append((f"Triton GEMV {r.n} x {r.k} {r.fusion} ({config})", float(r.tbs)))
+    if (t := table("matmuls")) is not None:  # closing-the-gap: cuBLAS and our GEMV per weight shape
+        for r in t.itertuples():
+            out += [(f"cuBLAS at {r.matrix}", float(r.cublas_tbs)), (f"Triton GEMV at {r.matrix}", float(r.triton_tbs))]
+    if (t := table("hbm_add")) is not None:  # what-a-kernel: adds larger than L2 (bytes read and written)
+        for r in t.itertuples():
+            out.append((f"the add {r.implementation} (bytes moved)", r.bytes / (r.ms_median * 1e-3) / 1e12))
+    if run.chapter == "kernels-in-one-token" and "kernels.csv" in files:  # the eager step's matmuls, by shape
+        from labsupport.chapters import kernels_in_one_token
+
+        g = kernels_in_one_token.gemv_by_shape(run)
+        out += [(f"the eager step's {p} ({k})", t) for p, k, t in zip(g.projection, g.kernel, g.tbs, strict=True)]
+    if (t := table("matvec")) is not None:  # why-a-gpu: the matrix-vector product on the GPU (GB/s)
+        gpu = t[~t.device.astype(str).str.startswith("CPU")]
+        timing = gpu["timing"] if "timing" in gpu else ["per call"] * len(gpu)
+        out += [(f"the matrix-vector product ({w})", g / 1e3) for w, g in zip(timing, gpu["GB/s"], strict=True)]
+    return out
+
+
+def _ceiling_run(run: runs.Run) -> runs.Run | None:
+    """The ceilings owner's run the book shows beside `run`: `run` itself (a why-a-gpu run), else the
+    one recorded with it (same run id, same runs folder: a nightly's), else the published one."""
+    if run.chapter == shared.CEILINGS:
+        return run
+    root = run.path.parent.parent
+    for run_id in (run.run_id, None):
+        try:
+            return runs.load_run(shared.CEILINGS, run_id, root=root)
+        except runs.RunError:
+            continue
+    return None
+
+
+def check_ceiling(run: runs.Run) -> list[str]:
+    """One problem line per kernel of `run` that reads faster than the practical ceiling by more
+    than hardware.CEILING_TOLERANCE, naming the kernel, its rate and the ceiling.
+
+    Applies only where the ceiling's run has its read-kernels table (hardware.READ_KERNELS): runs
+    recorded before it timed no GEMV at the LM head's shape, so the book's own GEMV reads faster than
+    their read stream by design, and refusing on it would refuse every run until the ceilings owner
+    is recorded again with that table."""
+    owner = _ceiling_run(run)
+    if owner is None or f"{hardware.READ_KERNELS}.csv" not in owner.meta["files"]:
+        return []
+    if owner.provenance.get("gpu") != run.provenance.get("gpu"):
+        return []  # another GPU: its own ceilings, not this one's
+    lim = hardware.run_limits(owner)
+    if not lim.ceiling_tbs:
+        return []
+    top = lim.ceiling_tbs * (1 + hardware.CEILING_TOLERANCE)
+    return [
+        f"{what} reads {tbs:.3f} TB/s, above the practical ceiling {lim.ceiling_tbs:.3f} TB/s (run "
+        f"{owner.run_id}: {lim.ceiling_by}) by more than {hardware.CEILING_TOLERANCE:.0%}"
+        for what, tbs in _read_rates(run)
+        if tbs == tbs and tbs > top
+    ]

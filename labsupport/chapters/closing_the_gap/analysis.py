@@ -30,7 +30,7 @@ class Floor:
     """What a step of `decode_bytes` is set against, with one meaning on every page: the floor,
     those bytes at the datasheet's bandwidth (the physical limit: no kernel beats it), and the
     practical ceiling, those bytes at the best rate any kernel reached on this GPU (the shared
-    ceiling_tbs of why-a-gpu's run: copy, read stream, best matrix-vector product)."""
+    ceiling_tbs of why-a-gpu's run: its best read rate, hardware.practical_ceiling)."""
 
     decode_bytes: int
     datasheet_tbs: float | None

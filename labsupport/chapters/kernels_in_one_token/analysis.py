@@ -60,7 +60,7 @@ class Summary:
     gemm_tflops: float | None
     matmul_fraction_copy: float | None
     best_case_copy_ms: float | None
-    read_tbs: float | None  # read stream measured in the run (the ceiling for weight reads)
+    read_tbs: float | None  # read stream measured in the run (shown beside the practical ceiling)
     matmul_fraction_read: float | None
     best_case_read_ms: float | None
     decode_gb: float

@@ -19,8 +19,7 @@ def gemv_figure(g: pd.DataFrame, run: runs.Run):
     ax.barh(labels, g.tbs, color=[plots.OURS if not s else "#8fb0d6" for s in g.split_k])
     for tbs, name, style in (
         (lim.datasheet_tbs, "datasheet", "-"),
-        (lim.read_tbs, "read stream (measured)", "--"),
-        (None if lim.read_tbs else lim.copy_tbs, "copy (measured)", ":"),
+        (lim.ceiling_tbs, "practical ceiling (measured)", "--"),
     ):
         if tbs:
             ax.axvline(tbs, color="#555", ls=style, lw=1, label=f"{name}: {tbs:.2f} TB/s")

@@ -66,7 +66,7 @@ def gemv_by_shape(run: runs.Run) -> pd.DataFrame:
                 "kernel": kernels.short_name(min(main.name.mode()), width=48),  # the most common kernel
                 "split_k": bool(g.name.str.contains("splitKreduce").any()),
                 "of_datasheet": hardware.of_bandwidth(nbytes, us / 1e3, lim.datasheet_tbs),
-                "of_measured": hardware.of_bandwidth(nbytes, us / 1e3, lim.read_or_copy_tbs),
+                "of_measured": hardware.of_bandwidth(nbytes, us / 1e3, lim.ceiling_tbs),
             }
         )
     order = {p: i for i, p in enumerate(PROJECTIONS)}

@@ -33,8 +33,8 @@ def one_layer(k: pd.DataFrame, layers: int) -> tuple[pd.DataFrame, str]:
 
 
 def measured_column(run: runs.Run, lim: hardware.Limits | None = None) -> str:
-    """The name of the fixes table's column for the fraction of the measured ceiling."""
-    return f"of measured {hardware.measured_read(lim or hardware.run_limits(run))[1]}"
+    """The name of the fixes table's column for the fraction of the practical ceiling."""
+    return "of practical ceiling"
 
 
 def timing_note(run: runs.Run) -> str:
@@ -91,14 +91,14 @@ def wall_stats(run: runs.Run) -> pd.DataFrame:
 def variants(run: runs.Run, vals: dict | None = None, lim: hardware.Limits | None = None) -> pd.DataFrame:
     """The fixes side by side, one row per variant (by its key): kernels, launch calls, GPU-busy,
     wall (minimum, quartiles), tokens/s, and the fraction of the memory-bandwidth limit each
-    reaches (weights read / wall time) by the datasheet and by the measured read ceiling.
+    reaches (weights read / wall time) by the datasheet and by the practical ceiling.
 
     `vals` (shared.values()): the eager steps' kernels, GPU busy and wall times are then the
     shared ones (measured by "The kernels in one token"), not this run's; `lim`: the ceilings
     (shared.limits(); without it, the run's own)."""
     v = run.table("variants")
     lim = lim or hardware.run_limits(run)
-    tbs, _ = hardware.measured_read(lim)
+    tbs = lim.ceiling_tbs
     nbytes = run.results["model"]["decode_bytes"]
     ok = v.status == "ok"
     w = wall_stats(run)

@@ -86,9 +86,8 @@ def _ceilings_owner(root: str) -> runs.Run | None:
 
 @dataclass(frozen=True)
 class Bandwidth:
-    """The measured bandwidth that a pass reading weights is set against: the read stream
-    where the run measured one, else the copy (which counts bytes read plus written, so a
-    kernel that mostly reads can beat it)."""
+    """The measured bandwidth that a pass reading weights is set against: the practical ceiling
+    (hardware.practical_ceiling, the best read rate of the ceilings run), never a copy's."""
 
     tbs: float | None
     name: str  # for prose: "measured read stream", ...
@@ -96,18 +95,15 @@ class Bandwidth:
 
 
 def bandwidth(lim: Limits) -> Bandwidth:
-    if lim.read_tbs:
-        return Bandwidth(lim.read_tbs, "measured read stream", "measured read")
-    if lim.copy_tbs:
-        return Bandwidth(lim.copy_tbs, "measured copy (bytes read + written)", "measured copy")
+    if lim.ceiling_tbs:
+        return Bandwidth(lim.ceiling_tbs, "practical ceiling", "practical ceiling")
     return Bandwidth(None, "no measured bandwidth", "measured bandwidth")
 
 
 def measured_ridge(lim: Limits) -> float | None:
-    """FLOP per byte of weights above which the measured GEMM rate, not the measured
-    bandwidth for reading weights, is the limit."""
-    bw = bandwidth(lim).tbs
-    return lim.gemm_tflops / bw if lim.gemm_tflops and bw else None
+    """FLOP per byte of weights above which the measured GEMM rate, not the practical ceiling, is
+    the limit: the book's one measured ridge (hardware.Limits.measured_ridge)."""
+    return lim.measured_ridge
 
 
 def ratio(value: float, limit: float | None) -> float | None:
@@ -266,7 +262,7 @@ TIME_LABELS = {"wall": "wall time", "busy": "GPU busy"}
 def utilisation(run: runs.Run) -> pd.DataFrame:
     """MFU and MBU of both phases, on wall time and on GPU-busy time, against the datasheet
     and against the ceilings measured in the run (NaN where a limit is unknown). The last
-    column is named after the measured bandwidth used ("MBU vs measured read", or copy).
+    column is named after the measured bandwidth used ("MBU vs practical ceiling").
     `time` is "wall" or "busy" (TIME_LABELS names them for display)."""
     nan = float("nan")
     mbu_col = f"MBU vs {bandwidth(limits(run)).short}"

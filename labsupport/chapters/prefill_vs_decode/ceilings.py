@@ -485,17 +485,10 @@ def ceiling_notes(run: runs.Run) -> dict[str, str]:
     if not bw.tbs:
         notes["bandwidth"] = "This run measured no bandwidth."
     elif top["above measured"]:
-        if lim.read_tbs:
-            why = (
-                f"The read stream is one measurement, {ceil['read_by']} over "
-                f"{int(ceil['read_bytes']) / 2**30:.0f} GiB timed on this GPU, not a limit of the hardware."
-            )
-        else:
-            why = (
-                "A copy's rate counts the bytes it reads plus those it writes, over one memory bus; a kernel "
-                "that only reads its weights can go faster. This run measured no read stream, the ceiling "
-                "that applies to reading weights."
-            )
+        why = (
+            f"The practical ceiling is the best read rate measured in the run of *Why a GPU* ({lim.ceiling_by}), "
+            "not a limit of the hardware."
+        )
         notes["bandwidth"] = (
             f"{top.figure[0].upper()}{top.figure[1:]} moved {top.value:.2f} TB/s, more than the "
             f"{bw.name}, {bw.tbs:.2f} TB/s. {why}"

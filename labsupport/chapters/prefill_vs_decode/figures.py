@@ -22,8 +22,8 @@ from .measuring import PHASES, SHORT
 def utilisation_bars(df: pd.DataFrame, label: str):
     """MFU and MBU of prefill and decode (wall time and GPU busy), against the datasheet and
     the measured ceilings. `df` is prefill_vs_decode.utilisation(), whose last MBU column names
-    the measured bandwidth ("MBU vs measured read", or copy in older runs)."""
-    mbu_measured = next(c for c in df.columns if c.startswith("MBU vs measured"))
+    the measured bandwidth ("MBU vs practical ceiling")."""
+    mbu_measured = next(c for c in df.columns if c.startswith("MBU vs") and c != "MBU vs datasheet")
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     names = [f"{r.phase}, {TIME_LABELS[r.time]}" for r in df.itertuples()]
     y = list(range(len(df)))

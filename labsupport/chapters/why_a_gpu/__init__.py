@@ -3,7 +3,8 @@ and the GPU, and a batch sweep of the decode step that finds where math, not mem
 becomes the limit (the ridge point).
 
 The notebook's visible cells measure (with the helpers of `measuring`) and write the run;
-the rest reads it: `one_token` (one token's arithmetic, the matrix-vector product),
+`read_kernels` times the kernels that read the step's weights (the practical ceiling's); the rest reads
+it: `one_token` (one token's arithmetic, the matrix-vector product),
 `batch_sweep` (the sweep, its limits and ridge), `comparisons` (the sweep's irregular points,
 and its ridge with the KV cache beside the published H100 figure) and `figures` (with the live
 notebook's explorer). Their public names are the package's."""
@@ -27,9 +28,13 @@ from .figures import (
     bytes_figure, explorer, limits_figure, throughput_figure,
 )
 from .measuring import (
-    batch_matmuls, batch_prompt, CHAPTER, DECODE_WARMUP, fits_batch, free, fresh_step, gpu_matvec_operands,
-    HOST_CLOCK, KERNEL_TIME, kv_bytes_per_token, load, matvec_table, Params, PER_CALL, profile_batch,
-    profile_matvec_gpu, progress, SWEEP_METHOD, sweep_row, time_batches, time_matvec_cpu, time_matvec_gpu,
+    batch_matmuls, batch_prompt, CHAPTER, copied_step, copy_of, DECODE_WARMUP, free, fresh_step,
+    gpu_matvec_operands, HOST_CLOCK, KEEP_SHARE, keeps_prefills, KERNEL_TIME, kv_bytes_per_token, load,
+    matvec_table, Params, PER_CALL, prefill_once, profile_batch, profile_matvec_gpu, progress, SETUP_COPY,
+    SETUP_PREFILL, step_for, SWEEP_METHOD, sweep_row, time_batches, time_matvec_cpu, time_matvec_gpu,
+)
+from .read_kernels import (
+    CUBLAS, record as record_read_kernels, step_matrices, time_read_kernels, TRITON,
 )
 from .one_token import (
     arithmetic, arithmetic_display, ceilings, ceilings_label, counts, DATASHEET, matvec, Matvec, matvec_summary,

@@ -10,7 +10,7 @@ import pandas as pd
 from labsupport import runs
 from labsupport.measure import hardware, models
 
-from .measuring import DECODE_WARMUP, SWEEP_METHOD
+from .measuring import DECODE_WARMUP, SETUP_COPY, SWEEP_METHOD
 from .one_token import counts, practical_ceiling_tbs
 
 # The three regimes of a decode step, and the rule that puts each batch size in one (regimes).
@@ -194,7 +194,7 @@ class Ridge:
     ms_per_sequence: float  # matmul time per sequence when compute-bound (largest batch)
     measured_batch: float  # the batch where the two lines cross
     datasheet_batch: float | None
-    ceilings_batch: float  # measured GEMM rate / the practical ceiling (best measured read rate)
+    ceilings_batch: float  # the measured ridge: GEMM rate / the practical ceiling (hardware.Limits.measured_ridge)
     flat_until: int  # largest batch whose matmul time is within FLAT_TOLERANCE of the flat time
 
 
@@ -218,7 +218,7 @@ def ridge(run: runs.Run) -> Ridge:
         ms_per_sequence=per_seq,
         measured_batch=flat / per_seq,
         datasheet_batch=sheet.ridge_flop_per_byte if sheet else None,
-        ceilings_batch=lim.gemm_tflops / ceil if lim.gemm_tflops and (ceil := practical_ceiling_tbs(run)) else nan,
+        ceilings_batch=lim.measured_ridge or nan,
         flat_until=int(within.max()),
     )
 
@@ -231,7 +231,12 @@ def bound_at(run: runs.Run, batch: int) -> str:
 def headline(run: runs.Run) -> dict:
     c, r = hardware.run_limits(run), ridge(run)  # a run without ceilings (a CPU): None
     nan = float("nan")
-    return {"copy TB/s": c.copy_tbs or nan, "GEMM TFLOP/s": c.gemm_tflops or nan, "ridge batch": r.measured_batch}
+    return {
+        "ceiling TB/s": c.ceiling_tbs or nan,
+        "copy TB/s": c.copy_tbs or nan,
+        "GEMM TFLOP/s": c.gemm_tflops or nan,
+        "ridge batch": r.measured_batch,
+    }
 
 
 def interleaved(run: runs.Run) -> bool:
@@ -283,13 +288,19 @@ def sweep_note(run: runs.Run, eager: dict | None = None, eager_run: str | None =
     where = f"*The kernels in one token* (run `{eager_run}`)" if eager_run else "*The kernels in one token*"
     if interleaved(run):
         rounds = int(s.wall_repeats.iloc[0]) if "wall_repeats" in s else 0
+        copied = run.results.get("sweep_setup") == SETUP_COPY
+        each = (
+            "each step on a fresh copy of the cache that one prefill of that batch's prompts left (the same "
+            "tensors, in the same layout, as a fresh prefill gives, so every step sees the same context)"
+            if copied
+            else "each step after a fresh prefill of that batch's prompts (so every step sees the same context)"
+        )
         text = (
             f"The sweep's wall times were taken like the eager step of {where}: in each of {rounds} rounds one "
-            "step at every batch size, in an order that rotates from round to round, each step after a fresh "
-            f"prefill of that batch's prompts (so every step sees the same context), {DECODE_WARMUP} untimed steps "
-            "per batch size first, all before the process's first profile. The table gives the minimum (the book's "
-            "estimator), the quartiles and the median; the GPU times come from one step per batch size profiled "
-            "afterwards, after a fresh prefill."
+            f"step at every batch size, in an order that rotates from round to round, {each}, {DECODE_WARMUP} "
+            "untimed steps per batch size first, all before the process's first profile. The table gives the "
+            "minimum (the book's estimator), the quartiles and the median; the GPU times come from one step per "
+            f"batch size profiled afterwards, {'on a copy of the same cache' if copied else 'after a fresh prefill'}."
         )
         if check:
             side = "above" if check.ratio >= 1 else "below"

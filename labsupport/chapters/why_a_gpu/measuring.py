@@ -3,8 +3,9 @@
 rows they write into the run.
 
 Live, every time is taken before the first profile of the process (labsupport.measure.harness):
-the ceilings, the sweep's wall times at every batch size (interleaved in rounds, each step after
-a fresh prefill), the GPU's matrix-vector product per call and the CPU's; then the profiles that
+the ceilings and the read kernels (read_kernels), the sweep's wall times at every batch size
+(interleaved in rounds, each step on a copy of its batch's one prefill), the GPU's matrix-vector
+product per call and the CPU's; then the profiles that
 give the GPU times (one decode step per batch size, the matrix-vector product alone). The
 notebook's cells keep that order."""
 
@@ -189,33 +190,95 @@ def fresh_step(model, prompt, holder: dict | None = None):
     return (lambda cache, tok: decode.decode_step(model, cache, tok)), setup
 
 
-def fits_batch(model, batch: int, prompt_len: int, device: str) -> None:
-    """One untimed prefill and step at one batch size: raises torch.OutOfMemoryError where the
-    batch does not fit in the GPU's memory (before any batch size is timed)."""
-    fn, setup = fresh_step(model, batch_prompt(model, batch, prompt_len, device))
-    fn(*setup())
+# What each timed or profiled step runs on (run.results["sweep_setup"]; older runs have none: a
+# fresh prefill before every step). A copy of the cache one prefill left is the same tensors in the
+# same layout as a fresh prefill gives, without its matmuls: 20 rounds of the 12 batch sizes
+# prefilled anew cost about 4 minutes on an H200, copied about 10 seconds.
+SETUP_COPY, SETUP_PREFILL = "a copy of one prefill", "a fresh prefill"
+KEEP_SHARE = 0.6  # the prefilled caches of every batch size may hold this share of the free memory
+
+
+def keeps_prefills(model, batches: list[int], prompt_len: int, device: str) -> bool:
+    """Whether one prefilled cache of every batch size can stay in memory through the sweep: their
+    KV bytes together within KEEP_SHARE of the GPU's free memory (the rest for the step's copy and
+    activations). Where they cannot (a smaller GPU), every step runs after a fresh prefill."""
+    if device != "cuda":
+        return True
+    import torch
+
+    need = kv_bytes_per_token(model.config) * prompt_len * sum(batches)
+    return need <= KEEP_SHARE * torch.cuda.mem_get_info()[0]
+
+
+def copy_of(state):
+    """A fresh copy of a prefilled (cache, next tokens): every tensor copied with its layout."""
+    import copy
+
+    import torch
+
+    cache, tok = state
+    with torch.inference_mode():
+        return copy.deepcopy(cache), tok
+
+
+def prefill_once(model, batch: int, prompt_len: int, device: str):
+    """One prefill of a batch size's prompts and one untimed step on a copy of its cache: raises
+    torch.OutOfMemoryError where the batch does not fit (before any batch size is timed). Returns
+    the prefill's (cache, next tokens)."""
+    from labsupport.measure import decode
+
+    state = decode.prefill(model, batch_prompt(model, batch, prompt_len, device))
+    decode.decode_step(model, *copy_of(state))
     harness.sync(device)
+    return state
 
 
-def time_batches(model, batches: list[int], prompt_len: int, rounds: int, device: str, progress=None) -> dict:
+def copied_step(model, state, holder: dict | None = None):
+    """One decode step on a copy of the cache of one prefill (`state`, prefill_once), as (fn, setup)
+    for the harness: every step sees the same context, as after a fresh prefill (fresh_step).
+    `holder["cache"]` keeps the last copy, to read its length afterwards."""
+    from labsupport.measure import decode
+
+    def setup():
+        cache, tok = copy_of(state)
+        if holder is not None:
+            holder["cache"] = cache
+        return cache, tok
+
+    return (lambda cache, tok: decode.decode_step(model, cache, tok)), setup
+
+
+def step_for(model, batch: int, prompt_len: int, device: str, state=None, holder: dict | None = None):
+    """The (fn, setup) of one batch size's step: on a copy of `state` where one is kept, else after
+    a fresh prefill."""
+    if state is not None:
+        return copied_step(model, state, holder)
+    return fresh_step(model, batch_prompt(model, batch, prompt_len, device), holder)
+
+
+def time_batches(
+    model, batches: list[int], prompt_len: int, rounds: int, device: str, progress=None, states: dict | None = None
+) -> dict:
     """Wall times of the decode step at every batch size, interleaved (harness.interleaved): in
     each of `rounds` rounds one step per batch size, in an order that rotates from round to
-    round, each after a fresh prefill of that batch's prompts (outside the timed span);
-    DECODE_WARMUP untimed trials per batch size first. Returns {batch: harness.Timing}."""
-    variants = {f"batch {b}": fresh_step(model, batch_prompt(model, b, prompt_len, device)) for b in batches}
+    round, each on a copy of its batch's prefilled cache (`states`, {batch: prefill_once()}) or
+    after a fresh prefill (outside the timed span); DECODE_WARMUP untimed trials per batch size
+    first. Returns {batch: harness.Timing}."""
+    states = states or {}
+    variants = {f"batch {b}": step_for(model, b, prompt_len, device, states.get(b)) for b in batches}
     t = harness.interleaved(
         variants, device=device, rounds=rounds, warmup=DECODE_WARMUP, what="decode step", progress=progress
     )
     return {b: t[f"batch {b}"] for b in batches}
 
 
-def profile_batch(model, batch: int, prompt_len: int, device: str, trace_path) -> tuple[pd.DataFrame, int]:
+def profile_batch(model, batch: int, prompt_len: int, device: str, trace_path, state=None) -> tuple[pd.DataFrame, int]:
     """The kernels of one decode step at one batch size, as it was timed: DECODE_WARMUP steps
-    traced and discarded in the same profiler session, then the kept step, each after a fresh
-    prefill (outside the profiled region). Returns the kernel table and the context length
-    after the kept step."""
+    traced and discarded in the same profiler session, then the kept step, each on a copy of
+    `state` or after a fresh prefill (outside the profiled region). Returns the kernel table and
+    the context length after the kept step."""
     holder: dict = {}
-    fn, setup = fresh_step(model, batch_prompt(model, batch, prompt_len, device), holder)
+    fn, setup = step_for(model, batch, prompt_len, device, state, holder)
     k = harness.profile_region(fn, trace_path, region="decode_step", device=device, warmup=DECODE_WARMUP, setup=setup)
     k["kind"] = k["name"].map(kernels.classify)
     context = holder["cache"].get_seq_length()

@@ -71,11 +71,9 @@ def per_token_arithmetic(
 
 
 def practical_ceiling_tbs(run: runs.Run) -> float | None:
-    """The practical ceiling: the best rate any kernel of the run reached reading memory (the
-    copy, the read stream, the matrix-vector product's kernel, or its call in older runs)."""
-    lim, mv = hardware.run_limits(run), matvec_summary(run)
-    reads = [t for t in (lim.copy_tbs, lim.read_tbs, (mv.gpu_kernel_gbs or mv.gpu_call_gbs) / 1e3) if t]
-    return max(reads) if reads else None
+    """The practical ceiling: the best rate at which any kernel of the run read memory
+    (hardware.practical_ceiling: the read stream and the read kernels, never a copy)."""
+    return hardware.run_limits(run).ceiling_tbs
 
 
 def arithmetic(run: runs.Run) -> pd.DataFrame:
@@ -171,28 +169,35 @@ def matvec_summary(run: runs.Run) -> Matvec:
 
 
 def memory_ceiling_text(run: runs.Run) -> str:
-    """The practical ceiling and what reached it: the best of the copy, the read stream and the
-    matrix-vector product's kernel."""
-    lim, m = hardware.run_limits(run), matvec_summary(run)
-    gemv = (m.gpu_kernel_gbs or m.gpu_call_gbs) / 1e3
-    parts = (
-        [f"a large device-to-device copy moved {lim.copy_tbs:.2f} TB/s (bytes read plus written)"]
-        if lim.copy_tbs
-        else []
-    )
+    """The practical ceiling and what reached it; the copy beside it, as what a copy reaches."""
+    lim = hardware.run_limits(run)
+    gemv = (matvec_summary(run).gpu_kernel_gbs or matvec_summary(run).gpu_call_gbs) / 1e3
+    if not lim.ceiling_tbs:  # a run without ceilings (a CPU): the product alone
+        return f"the matrix-vector product below read its matrix at {gemv:.2f} TB/s"
+    parts = []
     if lim.read_tbs:
         parts.append(
             f"a large read stream (the faster of a sum and a matrix-vector product over the same bytes: "
             f"the {ceilings(run).read_by}) read {lim.read_tbs:.2f} TB/s"
         )
-    parts.append(f"the matrix-vector product below read its matrix at {gemv:.2f} TB/s")
-    if not lim.copy_tbs:  # a run without ceilings (a CPU): the product alone
-        return parts[-1]
-    return (
-        "; ".join(parts)
-        + f". The best of these, {practical_ceiling_tbs(run):.2f} TB/s, is the practical ceiling: the fastest any "
+    if "read_kernels.csv" in run.meta["files"]:
+        rk = run.table("read_kernels")
+        parts.append(
+            f"cuBLAS and the book's own Triton GEMV, timed at each of the {rk.matrix.nunique()} weight shapes a "
+            f"decode step reads, reached {rk.tbs.max():.2f} TB/s at best (`read_kernels.csv`)"
+        )
+    best = "The best of these" if len(parts) > 1 else "That"
+    text = "; ".join(parts) + (
+        f". {best}, {lim.ceiling_tbs:.2f} TB/s ({lim.ceiling_by}), is the practical ceiling: the fastest any "
         "kernel read this GPU's memory in this run"
     )
+    if lim.copy_tbs:
+        text += (
+            f". A large device-to-device copy moved {lim.copy_tbs:.2f} TB/s counting the bytes it read and those "
+            f"it wrote, so it read at {lim.copy_tbs / 2:.2f} TB/s: a copy's figure is not a read rate, and no page "
+            "uses it as a ceiling"
+        )
+    return text
 
 
 def matvec_text(run: runs.Run) -> str:
@@ -209,12 +214,8 @@ def matvec_text(run: runs.Run) -> str:
                 f"{m.gpu_kernel_gbs / (lim.datasheet_tbs * 1e3):.0%} of the {lim.datasheet_name} datasheet's "
                 f"{lim.datasheet_tbs:.1f} TB/s"
             )
-        if lim.read_tbs:
-            frac = m.gpu_kernel_gbs / (lim.read_tbs * 1e3)
-            vs.append(
-                f"{frac:.0%} of the read stream measured in this run"
-                + (", a rate measured in practice rather than a limit" if frac > 1 else "")
-            )
+        if lim.ceiling_tbs:
+            vs.append(f"{m.gpu_kernel_gbs / (lim.ceiling_tbs * 1e3):.0%} of the practical ceiling")
         of_read = f" ({'; '.join(vs)})" if vs else ""
         gpu = (
             f"On the GPU the product ran as {count}{names} for {m.gpu_kernel_ms * 1e3:.1f} µs, reading the "
@@ -249,12 +250,11 @@ def matvec_text(run: runs.Run) -> str:
 def shared(run: runs.Run) -> dict:
     """The quantities this chapter measures for the whole book (labsupport.chapters.shared): the
     datasheet, the measured ceilings, the floor (the step's bytes over the datasheet bandwidth)
-    and the practical ceiling (the best rate any kernel of the run reached: the copy, the read
-    stream, the matrix-vector product)."""
+    the practical ceiling (practical_ceiling_tbs) and the one measured ridge (the GEMM rate over it)."""
     sheet = hardware.datasheet_or_none(run.provenance["gpu"])
     c = hardware.run_limits(run)  # a run without ceilings (on a CPU): NaN
     step_bytes = counts(run).decode_bytes
-    ceiling = practical_ceiling_tbs(run)
+    ceiling = c.ceiling_tbs
     nan = float("nan")
     return {
         "datasheet_tbs": sheet.bandwidth_tbs if sheet else nan,
@@ -266,4 +266,5 @@ def shared(run: runs.Run) -> dict:
         "floor_ms": step_bytes / 1e9 / sheet.bandwidth_tbs if sheet else nan,
         "ceiling_tbs": ceiling if ceiling else nan,
         "ceiling_ms": step_bytes / 1e9 / ceiling if ceiling else nan,
+        "measured_ridge": c.measured_ridge or nan,
     }
