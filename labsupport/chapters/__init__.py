@@ -17,44 +17,10 @@ import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labsupport.chapters.rules import between, each_between, one_of, preset, subset_of
 from labsupport.chapters.table_keys import KEYS, SHARED
 from labsupport.runs import tables as run_tables
 from labsupport.runs.provenance import REPO_ROOT
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A check on a parameter's value: kind is 'between' (a number in arg's (lo, hi)), 'each_between'
-    (a non-empty list of at most MAX_ENTRIES such numbers), 'one_of' or 'subset_of' (allowed values,
-    none repeated). Every number is bounded above: 10^8 repeats would hold a GPU for days."""
-
-    kind: str
-    arg: object
-
-
-MAX_ENTRIES = 64  # the longest list a parameter may hold (a sweep's batch sizes, say)
-
-
-def between(lo, hi) -> Rule:
-    return Rule("between", (lo, hi))
-
-
-def each_between(lo, hi) -> Rule:
-    return Rule("each_between", (lo, hi))
-
-
-def one_of(*values) -> Rule:
-    return Rule("one_of", tuple(values))
-
-
-def subset_of(*values) -> Rule:
-    return Rule("subset_of", tuple(values))
-
-
-def preset(*names) -> Rule:
-    """One of the model presets in labsupport.measure.models (or of `names`, if given)."""
-    return Rule("preset", tuple(names))
-
 
 # Columns the analysis code reads, by kind of table (more may be present).
 # The one declaration of what a number in a run may be (finite always, and within these

@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 
 from labsupport import chapters
+from labsupport.chapters import rules
 
 RESERVED = {"mode": "the command sets it", "run_id": "the command chooses the run id", "allow_cpu": "use --allow-cpu"}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # matched in full
@@ -152,15 +153,15 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def check_rule(name: str, value, rule: chapters.Rule) -> None:
+def check_rule(name: str, value, rule: rules.Rule) -> None:
     """Apply one of chapters.py's rules."""
     shown = f"--param {name}={json.dumps(value)}"
     if rule.kind == "between":
         lo, hi = rule.arg
         if not (_number(value) and lo <= value <= hi):  # NaN is within no bounds
             raise ParamError(f"{shown}: must be a number from {lo} to {hi}")
-    if rule.kind in ("each_between", "subset_of") and len(value) > chapters.MAX_ENTRIES:
-        raise ParamError(f"--param {name}: {len(value)} entries, more than the {chapters.MAX_ENTRIES} allowed")
+    if rule.kind in ("each_between", "subset_of") and len(value) > rules.MAX_ENTRIES:
+        raise ParamError(f"--param {name}: {len(value)} entries, more than the {rules.MAX_ENTRIES} allowed")
     if rule.kind == "each_between":
         lo, hi = rule.arg
         if not value:
