@@ -1,5 +1,7 @@
-"""Host-timed numbers: variants timed interleaved in rounds, reported by the minimum with the
-quartiles, and the host probe read around them (labsupport.measure.harness, hostprobe)."""
+"""Host-timed numbers: variants timed interleaved in rounds, each trial with the host probe's
+reading of its round, reported by the median of the fast-host trials with their minimum, quartiles
+and count; too few of them: retried, then noted as a slow host (labsupport.measure.harness,
+hostprobe)."""
 
 from __future__ import annotations
 
@@ -27,19 +29,81 @@ def test_interleaved_runs_setup_outside_the_timed_span():
     assert max(t.wall_ms) < 15
 
 
-def test_a_slow_phase_moves_the_median_and_not_the_minimum():
-    """Two trials in three on a host twice as slow: the minimum stays at the work's own cost."""
-    calls = {"n": 0}
+def test_the_estimator_is_the_median_of_the_fast_host_trials():
+    """Half the trials on a host twice as slow (the probe reads twice as long): the estimator is the
+    median of the fast half, not the rare quickest trial and not the median of all."""
+    walls = [21.0, 22.0, 20.0, 23.0, 21.5] + [31.0, 32.0, 33.0, 30.0, 14.0]  # 14: a freak quick trial
+    probes = [7.0, 7.5, 7.2, 8.0, 7.1] + [14.0, 15.0, 13.5, 16.0, 14.5]
+    e = harness.estimate(walls, probes)
+    assert e.basis == harness.ESTIMATOR == "fast-host median"
+    assert e.trials == 5 and e.of == 10 and e.value == 21.5 and e.low == 20.0
+    assert e.q1 == 21.0 and e.q3 == 22.0 and e.best_probe_ms == 7.0
+    assert harness.fast_host(walls, probes) == [21.0, 22.0, 20.0, 23.0, 21.5]  # 8.0 <= 7.0 * 1.15
+    s = harness.spread(walls, "wall_ms", probes)
+    assert s["wall_ms_estimate"] == 21.5 and s["wall_ms_fast_trials"] == 5 and s["wall_ms_min"] == 14.0
+    assert s["wall_ms_slow_host"]  # 5 fast-host trials of 10 taken
 
-    def work():
-        calls["n"] += 1
-        time.sleep(0.004 if calls["n"] % 3 else 0.002)
 
-    t = harness.interleaved({"work": work}, device="cpu", rounds=20, warmup=0)["work"]
-    assert t.estimate == t.low == min(t.wall_ms)
-    assert t.low < 3.5 < t.median
-    s = t.summary()
-    assert s["wall_ms_min"] <= s["wall_ms_q1"] <= s["wall_ms_median"] <= s["wall_ms_q3"] <= s["wall_ms_max"]
+def test_trials_without_probe_readings_fall_back_to_the_minimum():
+    """A run recorded before per-trial probe readings: the old estimator, said as such."""
+    walls = [30.0, 28.0, 40.0, 41.0]
+    for probes in (None, [float("nan")] * 4, [7.0, 7.0]):
+        e = harness.estimate(walls, probes)
+        assert e.basis == harness.FALLBACK_ESTIMATOR == "minimum" and e.value == 28.0 and e.trials == 4
+    assert "wall_ms_estimate" not in harness.spread(walls, "wall_ms")
+    assert harness.estimate_column(["wall_ms_min"]) == "wall_ms_min"
+    assert harness.estimate_column(["wall_ms_min", "wall_ms_estimate"]) == "wall_ms_estimate"
+
+
+def _probe_sequence(monkeypatch, readings):
+    it = iter(readings)
+    monkeypatch.setattr(hostprobe, "sample", lambda: next(it))
+
+
+def test_every_trial_carries_the_probe_reading_of_its_round(monkeypatch):
+    _probe_sequence(monkeypatch, [7.0, 14.0, 7.1])
+    out = harness.interleaved({"a": lambda: None, "b": lambda: None}, device="cpu", rounds=3, warmup=0)
+    assert out["a"].probe_ms == out["b"].probe_ms == [7.0, 14.0, 7.1]
+    assert [r["probe_ms"] for r in out["a"].rows()] == [7.0, 14.0, 7.1]
+    assert out["a"].fast.trials == 2 and not out["a"].slow_host  # 3 trials in all: too few to judge
+
+
+def test_too_few_fast_host_trials_retry_then_count(monkeypatch):
+    """Twelve rounds with one fast reading: the measurement times twelve more rounds, found on a
+    fast host, and keeps every trial (the slow ones now outside the fast-host set)."""
+    hostprobe.reset()
+    _probe_sequence(monkeypatch, [14.0] * 11 + [7.0] + [7.2] * 12)
+    out = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retry_wait_s=0)
+    t = out["a"]
+    assert len(t.wall_ms) == 24 and t.rounds == list(range(24))
+    assert t.fast.trials == 13 and not t.slow_host
+    assert hostprobe.slow_notes() == [] and any("retry 1" in r["at"] for r in hostprobe.readings())
+
+
+def test_a_host_that_stays_slow_is_noted_after_the_retries(monkeypatch):
+    """Every try bimodal: three tries, then the timing is marked slow and the run notes it."""
+    hostprobe.reset()
+    _probe_sequence(monkeypatch, ([7.0] + [14.0] * 11) * 3)
+    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retry_wait_s=0)["a"]
+    assert len(t.wall_ms) == 36 and t.slow_host and t.fast.trials == 3
+    (note,) = hostprobe.slow_notes()
+    assert note["fast_trials"] == 3 and note["trials"] == 36 and note["best_probe_ms"] == 7.0
+    assert t.summary()["wall_ms_slow_host"]
+
+
+def test_retries_stay_within_the_runs_budget(monkeypatch):
+    """The run's retry budget spent: no more waiting, the host is noted slow at once."""
+    hostprobe.reset()
+    monkeypatch.setattr(hostprobe, "RETRY_BUDGET_S", 0.0)
+    _probe_sequence(monkeypatch, [7.0] + [14.0] * 11)
+    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retry_wait_s=0)["a"]
+    assert len(t.wall_ms) == 12 and t.slow_host and len(hostprobe.slow_notes()) == 1
+
+
+def test_time_region_probes_every_trial(monkeypatch):
+    _probe_sequence(monkeypatch, [7.0, 7.5, 30.0])
+    t = harness.time_region(lambda: None, what="x", device="cpu", repeats=3, warmup=1)
+    assert t.probe_ms == [7.0, 7.5, 30.0] and t.fast.trials == 2
 
 
 def test_interleaved_reads_the_host_probe_before_between_and_after():
