@@ -86,6 +86,52 @@ def test_shared_quantities_of_the_fixture_run(published):
     assert got["eager_issue_ms"] <= got["eager_wall_ms"]
 
 
+def test_the_eager_step_is_the_median_of_its_fast_host_trials(published, monkeypatch):
+    """A run whose trials carry probe readings: the shared eager step is the median of those taken
+    within 15% of the best reading, with their quartiles, minimum and count, and the page says so."""
+    from labsupport.chapters import shared
+
+    real = published.table
+
+    def with_probe(name, **kw):
+        t = real(name, **kw)
+        if name == "step_times":
+            t["probe_ms"] = [7.0 if i % 3 else 14.0 for i in range(len(t))]  # one trial in three on a slow host
+        return t
+
+    monkeypatch.setattr(published, "table", with_probe)
+    t = with_probe("step_times")
+    fast = t[t.probe_ms == 7.0].wall_ms
+    got = shared.owner_values("kernels-in-one-token", published)
+    assert got["eager_wall_ms"] == pytest.approx(fast.median()) and got["eager_fast_trials"] == len(fast)
+    assert got["eager_wall_min_ms"] == fast.min() and got["eager_trials"] == len(t)
+    assert got["eager_wall_median_ms"] == pytest.approx(t.wall_ms.median())
+    s = one_token.summary(published)
+    assert "median of the" in one_token.estimator_text(s.estimator, s.fast_trials, s.trials)
+
+
+def test_an_old_run_says_it_is_estimated_by_the_minimum(published):
+    s = one_token.summary(published)
+    assert s.estimator == "minimum" and "before each trial carried" in one_token.estimator_text(
+        s.estimator, s.fast_trials, s.trials
+    )
+    assert "before the plain script" in one_token.plain_text(published)
+
+
+def test_the_plain_script_is_compared_by_the_same_estimator(published, monkeypatch):
+    real, files = published.table, dict(published.meta["files"])
+    plain = real("step_times")[["repeat", "wall_ms"]].rename(columns={"repeat": "trial"})
+    plain["wall_ms"] *= 1.2  # 20% slower: they do not agree
+    plain["probe_ms"] = 7.0
+    monkeypatch.setattr(
+        published, "table", lambda name, **kw: plain if name == "plain_eager_step" else real(name, **kw)
+    )
+    monkeypatch.setitem(published.meta, "files", {**files, "plain_eager_step.csv": {}})
+    p = one_token.plain_step(published)
+    assert p.ratio == pytest.approx(plain.wall_ms.median() / min(real("step_times").wall_ms))
+    assert not p.agree and "differ by more than 10%" in one_token.plain_text(published)
+
+
 def test_summary_takes_the_ceilings_it_is_given(published):
     lim = hardware.Limits("H200 SXM", 989.0, 4.8, 700.0, 4.0, 4.2)
     s = one_token.summary(published, lim)
