@@ -41,7 +41,7 @@ def test_the_estimator_is_the_median_of_the_fast_host_trials():
     assert harness.fast_host(walls, probes) == [21.0, 22.0, 20.0, 23.0, 21.5]  # 8.0 <= 7.0 * 1.15
     s = harness.spread(walls, "wall_ms", probes)
     assert s["wall_ms_estimate"] == 21.5 and s["wall_ms_fast_trials"] == 5 and s["wall_ms_min"] == 14.0
-    assert s["wall_ms_slow_host"]  # 5 fast-host trials of 10 taken
+    assert harness.too_few_fast(e)  # 5 fast-host trials of 10 taken
 
 
 def test_trials_without_probe_readings_fall_back_to_the_minimum():
@@ -73,7 +73,7 @@ def test_too_few_fast_host_trials_retry_then_count(monkeypatch):
     fast host, and keeps every trial (the slow ones now outside the fast-host set)."""
     hostprobe.reset()
     _probe_sequence(monkeypatch, [14.0] * 11 + [7.0] + [7.2] * 12)
-    out = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retry_wait_s=0)
+    out = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0)
     t = out["a"]
     assert len(t.wall_ms) == 24 and t.rounds == list(range(24))
     assert t.fast.trials == 13 and not t.slow_host
@@ -84,11 +84,11 @@ def test_a_host_that_stays_slow_is_noted_after_the_retries(monkeypatch):
     """Every try bimodal: three tries, then the timing is marked slow and the run notes it."""
     hostprobe.reset()
     _probe_sequence(monkeypatch, ([7.0] + [14.0] * 11) * 3)
-    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retry_wait_s=0)["a"]
+    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0)["a"]
     assert len(t.wall_ms) == 36 and t.slow_host and t.fast.trials == 3
     (note,) = hostprobe.slow_notes()
     assert note["fast_trials"] == 3 and note["trials"] == 36 and note["best_probe_ms"] == 7.0
-    assert t.summary()["wall_ms_slow_host"]
+    assert t.summary()["wall_ms_fast_trials"] == 3
 
 
 def test_retries_stay_within_the_runs_budget(monkeypatch):
@@ -96,8 +96,16 @@ def test_retries_stay_within_the_runs_budget(monkeypatch):
     hostprobe.reset()
     monkeypatch.setattr(hostprobe, "RETRY_BUDGET_S", 0.0)
     _probe_sequence(monkeypatch, [7.0] + [14.0] * 11)
-    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retry_wait_s=0)["a"]
+    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0)["a"]
     assert len(t.wall_ms) == 12 and t.slow_host and len(hostprobe.slow_notes()) == 1
+
+
+def test_a_cpu_measurement_does_not_wait_for_its_host(monkeypatch):
+    """On a CPU the host is what is timed: too few fast-host trials are noted, never retried."""
+    hostprobe.reset()
+    _probe_sequence(monkeypatch, [7.0] + [14.0] * 11)
+    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0)["a"]
+    assert len(t.wall_ms) == 12 and t.slow_host
 
 
 def test_time_region_probes_every_trial(monkeypatch):
@@ -184,3 +192,68 @@ def test_a_run_slow_from_start_to_end_is_flagged_against_the_hosts_best():
     text = data_files.host_text(run)
     slow = own.median_ms >= hostprobe.SLOW * best or own.worst_ms >= hostprobe.SLOW * own.best_ms
     assert ("slower than usual" in text) == slow
+
+
+class _Chapter:
+    slug = "c"
+
+    def __init__(self, headlines):
+        self.headlines = headlines
+
+    def headline(self, run):
+        return self.headlines[run.run_id]
+
+
+def _probed(run_id, best_ms):
+    r = _Run([{"at": "a", "ms": best_ms, "t_s": 0}, {"at": "b", "ms": best_ms * 1.05, "t_s": 1}])
+    r.run_id, r.meta = run_id, {"files": {}}
+    return r
+
+
+def test_drift_labels_a_move_the_probe_explains_as_host():
+    """The new run's host probe read twice the published run's: its eager wall time 57% slower is
+    the host's ("host"), a GPU-timed number that moved is still moved, and so is a wall time that moved
+    further than the probe, or against it."""
+    from labsupport.ops import drift
+
+    old, new = _probed("old", 7.0), _probed("new", 14.0)
+    chapter = _Chapter(
+        {
+            "old": {"wall ms": 21.0, "GPU busy ms": 7.5, "best wall ms": 21.0, "eager wall ms": 21.0},
+            "new": {"wall ms": 33.0, "GPU busy ms": 10.0, "best wall ms": 60.0, "eager wall ms": 15.0},
+        }
+    )
+    d = drift.compare(chapter, new, old)
+    label = {t["metric"]: ("moved" if t["moved"] else "host" if t["host"] else "noise") for t in d.timing}
+    assert label == {"wall ms": "host", "GPU busy ms": "moved", "best wall ms": "moved", "eager wall ms": "moved"}
+    assert [t["metric"] for t in d.moved] == ["GPU busy ms", "best wall ms", "eager wall ms"]
+    md = drift.to_markdown([d], drift.DEFAULT_TIMING_THRESHOLD, "t")
+    assert "| wall ms | 21 | 33 | +57.1% | host |" in md
+    # The same move with the host at the same speed: moved.
+    same = drift.compare(chapter, _probed("new", 7.0), old)
+    assert [t["metric"] for t in same.moved] == ["wall ms", "GPU busy ms", "best wall ms", "eager wall ms"]
+    # Without probe readings in either run, nothing is explained.
+    assert drift.probe_ratio(_probed("new", 7.0), _Run([])) is None
+    assert not drift.explained_by_host(0.57, None, 0.25)
+
+
+def test_the_nightly_keeps_a_fast_host_run_against_a_slow_host_one(capsys):
+    """A new run with a slow-host note does not replace a published run without one, unless
+    --accept-slow-host; a published run from before the record (no host_slow) is replaced."""
+    from labsupport.ops import nightly
+
+    def run(run_id, notes):
+        r = _Run([])
+        r.run_id = run_id
+        if notes is not None:
+            r.results["host_slow"] = notes
+        return r
+
+    slow = [{"what": "decode step", "fast_trials": 4, "trials": 36, "best_probe_ms": 7.0}]
+    new = {"a": run("new", slow), "b": run("new", slow), "c": run("new", []), "d": run("new", slow)}
+    baseline = {"a": run("pub", []), "b": run("pub", None), "c": run("pub", [])}
+    assert nightly.kept_published(new, baseline, accept_slow_host=False) == {"a"}
+    out = capsys.readouterr().out
+    assert out.count("kept the published run") == 1 and "a: kept the published run pub" in out
+    assert nightly.kept_published(new, baseline, accept_slow_host=True) == set()
+    assert hostprobe.slow_host({}) is None and hostprobe.slow_host({"host_slow": slow})

@@ -236,7 +236,8 @@ class Timing:
 def spread(values: list[float], prefix: str, probe_ms: list[float] | None = None) -> dict:
     """`{prefix}_min`, `_q1`, `_median`, `_q3` and `_max` of all of `values`; with per-trial probe
     readings also the estimator, `{prefix}_estimate` (the median of the fast-host trials), with
-    `_fast_min`, `_fast_q1`, `_fast_q3`, `_fast_trials` beside it and `_slow_host`."""
+    `_fast_min`, `_fast_q1`, `_fast_q3` and `_fast_trials` beside it (the run's results note a
+    measurement left with too few: hostprobe.slow_notes)."""
     out = {
         f"{prefix}_min": float(min(values)),
         f"{prefix}_q1": quantile(values, 0.25),
@@ -252,7 +253,6 @@ def spread(values: list[float], prefix: str, probe_ms: list[float] | None = None
             f"{prefix}_fast_q1": e.q1,
             f"{prefix}_fast_q3": e.q3,
             f"{prefix}_fast_trials": e.trials,
-            f"{prefix}_slow_host": too_few_fast(e),
         }
     return out
 
@@ -338,7 +338,7 @@ def interleaved(
     probe_every: int = 0,
     allow_after_profile: bool = False,
     progress=None,
-    retries: int = RETRIES,
+    retries: int | None = None,
     retry_wait_s: float = RETRY_WAIT_S,
 ) -> dict[str, Timing]:
     """Time several variants of a region in rounds, so that a change of the host's speed
@@ -352,7 +352,8 @@ def interleaved(
     taken before the first round, every `probe_every` rounds (0: once, halfway) and after the last.
     When a variant has fewer than MIN_FAST_TRIALS fast-host trials (and at least that many trials),
     the measurement waits `retry_wait_s` and times `rounds` more rounds, up to `retries` times
-    within the run's retry budget (hostprobe.RETRY_BUDGET_S); if still too few, its timings are
+    within the run's retry budget (hostprobe.RETRY_BUDGET_S; `retries` None: RETRIES on a GPU, none
+    on a CPU, where the host is what is timed); if still too few, its timings are
     marked `slow_host` and the run notes it. Refuses to run in a process that has profiled, like
     time_region. Returns {name: Timing}, in `variants`' order, each trial labelled with its round."""
     if profiled() and not allow_after_profile:
@@ -367,6 +368,8 @@ def interleaved(
     out = {n: Timing(what=f"{what}: {n}" if what else n, wall_ms=[], issue_ms=[]) for n in names}
     every = probe_every if probe_every > 0 else max(1, (rounds + 1) // 2)
     label = what or "trials"
+    if retries is None:
+        retries = RETRIES if str(device).startswith("cuda") else 0
 
     def trial(name: str, keep: int | None, probe: float = float("nan")) -> None:
         fn, setup = calls[name]

@@ -92,6 +92,13 @@ def slow_notes() -> list[dict]:
     return [dict(n) for n in _slow]
 
 
+def slow_host(results: dict) -> bool | None:
+    """Whether a run was taken on a slow host by its own record (results["host_slow"]: the
+    measurements left with too few fast-host trials); None for runs recorded before the record."""
+    notes = results.get("host_slow")
+    return None if notes is None else bool(notes)
+
+
 def retry_left_s() -> float:
     """Seconds this run may still spend waiting and retrying for a fast host."""
     return max(RETRY_BUDGET_S - _retry_spent_s, 0.0)
