@@ -257,3 +257,20 @@ def test_the_nightly_keeps_a_fast_host_run_against_a_slow_host_one(capsys):
     assert out.count("kept the published run") == 1 and "a: kept the published run pub" in out
     assert nightly.kept_published(new, baseline, accept_slow_host=True) == set()
     assert hostprobe.slow_host({}) is None and hostprobe.slow_host({"host_slow": slow})
+
+
+def test_the_page_says_a_run_kept_too_few_fast_host_trials():
+    """A run that records its slow-host measurements: the page says so from the note, and a run
+    whose notes are empty says its numbers come from the host's fast speed, bimodal readings or not."""
+    from labsupport.chapters import data_files
+
+    bimodal = [{"at": "a", "ms": 7.0, "t_s": 0}, {"at": "b", "ms": 14.0, "t_s": 60}]
+    slow = _Run(bimodal)
+    slow.results["host_slow"] = [{"what": "decode step", "fast_trials": 4, "trials": 36, "best_probe_ms": 7.0}]
+    fast = _Run(bimodal)
+    fast.results["host_slow"] = []
+    assert "kept fewer than 10 trials on a fast host" in data_files.host_text(slow)
+    assert "A slow host" in data_files.host_banner(slow).data and "median of the trials" in (
+        data_files.host_banner(slow).data
+    )
+    assert "at its fast speed" in data_files.host_text(fast) and data_files.host_banner(fast).data == ""
