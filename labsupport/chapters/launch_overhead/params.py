@@ -28,7 +28,7 @@ VARIANT_COLUMNS = [
     "launch_calls", "wall_ms_median", "wall_ms_min", "wall_ms_q1", "wall_ms_q3", "wall_ms_max", "issue_ms_median",
     "clean", "graphs_compiled_while_profiling", "compile_s",
 ]  # fmt: skip
-STEP_TIME_COLUMNS = ["variant", "repeat", "round", "wall_ms", "issue_ms", "gpu_ms", "clean"]
+STEP_TIME_COLUMNS = ["variant", "repeat", "round", "wall_ms", "issue_ms", "gpu_ms", "clean", "probe_ms"]
 
 
 @dataclass
