@@ -44,6 +44,20 @@ def test_the_estimator_is_the_median_of_the_fast_host_trials():
     assert harness.too_few_fast(e)  # 5 fast-host trials of 10 taken
 
 
+def test_trials_are_judged_against_a_common_best_where_two_are_compared():
+    walls, probes = [30.0, 31.0, 32.0], [14.0, 14.5, 15.0]
+    assert harness.estimate(walls, probes).trials == 3  # alone: its own best, 14 ms
+    e = harness.estimate(walls, probes, best_ms=7.0)  # beside trials taken at 7 ms: none at that speed
+    assert e.trials == 0 and e.of == 3 and e.value != e.value
+
+
+def test_a_measurement_that_is_not_a_headline_never_waits(monkeypatch):
+    hostprobe.reset()
+    _probe_sequence(monkeypatch, [7.0] + [14.0] * 11)
+    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, min_fast=0)["a"]
+    assert len(t.wall_ms) == 12 and not t.slow_host and hostprobe.slow_notes() == []
+
+
 def test_trials_without_probe_readings_fall_back_to_the_minimum():
     """A run recorded before per-trial probe readings: the old estimator, said as such."""
     walls = [30.0, 28.0, 40.0, 41.0]

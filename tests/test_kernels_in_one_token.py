@@ -130,6 +130,15 @@ def test_the_plain_script_is_compared_by_the_same_estimator(published, monkeypat
     p = one_token.plain_step(published)
     assert p.ratio == pytest.approx(plain.wall_ms.median() / min(real("step_times").wall_ms))
     assert not p.agree and "differ by more than 10%" in one_token.plain_text(published)
+    plain["probe_ms"] = 30.0  # the plain script ran while the host was slow: not compared
+    with_probe = real("step_times").assign(probe_ms=7.0)
+    monkeypatch.setattr(
+        published,
+        "table",
+        lambda name, **kw: plain if name == "plain_eager_step" else with_probe if name == "step_times" else real(name),
+    )
+    assert one_token.plain_step(published).plain.trials == 0
+    assert "not compared" in one_token.plain_text(published)
 
 
 def test_summary_takes_the_ceilings_it_is_given(published):

@@ -117,19 +117,20 @@ def _finite(xs) -> bool:
         return False
 
 
-def fast_host(wall_ms: list[float], probe_ms: list[float] | None) -> list[float]:
-    """The trials taken while the probe read within FAST_HOST of its best reading among them
-    (all of them when there are no readings)."""
+def fast_host(wall_ms: list[float], probe_ms: list[float] | None, best_ms: float | None = None) -> list[float]:
+    """The trials taken while the probe read within FAST_HOST of its best reading among them, or of
+    `best_ms` where given (the best of several measurements compared); all of them without readings."""
     if probe_ms is None or not _finite(probe_ms) or len(probe_ms) != len(wall_ms):
         return list(wall_ms)
-    best = min(map(float, probe_ms))
+    best = min(map(float, probe_ms)) if best_ms is None else best_ms
     return [float(w) for w, p in zip(wall_ms, probe_ms, strict=True) if float(p) <= best * FAST_HOST]
 
 
-def estimate(wall_ms: list[float], probe_ms: list[float] | None = None) -> Estimate:
+def estimate(wall_ms: list[float], probe_ms: list[float] | None = None, best_ms: float | None = None) -> Estimate:
     """The book's estimator of trials `wall_ms`, each with the probe reading `probe_ms` taken
     nearest to it (None, or a list with a missing value: a run from before per-trial readings,
-    estimated by the minimum)."""
+    estimated by the minimum). `best_ms`: the best reading to judge the trials by, where two
+    measurements are compared (default: the best of `probe_ms`). No fast-host trial: NaN."""
     walls = [float(w) for w in wall_ms]
     if not walls:
         nan = float("nan")
@@ -139,17 +140,21 @@ def estimate(wall_ms: list[float], probe_ms: list[float] | None = None) -> Estim
             min(walls), min(walls), quantile(walls, 0.25), quantile(walls, 0.75), len(walls), len(walls),
             FALLBACK_ESTIMATOR,
         )  # fmt: skip
-    fast = fast_host(walls, probe_ms)
+    best = min(map(float, probe_ms)) if best_ms is None else best_ms
+    fast = fast_host(walls, probe_ms, best)
+    if not fast:
+        nan = float("nan")
+        return Estimate(nan, nan, nan, nan, 0, len(walls), ESTIMATOR, best)
     return Estimate(
         float(statistics.median(fast)), min(fast), quantile(fast, 0.25), quantile(fast, 0.75), len(fast), len(walls),
-        ESTIMATOR, min(map(float, probe_ms)),
+        ESTIMATOR, best,
     )  # fmt: skip
 
 
-def table_estimate(df, wall: str = "wall_ms") -> Estimate:
+def table_estimate(df, wall: str = "wall_ms", best_ms: float | None = None) -> Estimate:
     """The estimator of a table of trials (one row per trial, `probe_ms` where the run recorded it)."""
     probes = list(df["probe_ms"]) if "probe_ms" in df else None
-    return estimate(list(df[wall]), probes)
+    return estimate(list(df[wall]), probes, best_ms)
 
 
 def estimate_column(columns, prefix: str = "wall_ms") -> str:
@@ -257,10 +262,10 @@ def spread(values: list[float], prefix: str, probe_ms: list[float] | None = None
     return out
 
 
-def too_few_fast(e: Estimate) -> bool:
-    """Whether an estimate rests on too few fast-host trials, where enough trials were taken to
-    have them (smoke and CPU runs time fewer trials than MIN_FAST_TRIALS in all: never slow)."""
-    return e.of >= MIN_FAST_TRIALS and e.trials < MIN_FAST_TRIALS
+def too_few_fast(e: Estimate, min_fast: int = MIN_FAST_TRIALS) -> bool:
+    """Whether an estimate rests on fewer than `min_fast` fast-host trials, where enough trials were
+    taken to have them (smoke and CPU runs time fewer in all: never slow)."""
+    return e.of >= min_fast and e.trials < min_fast
 
 
 def timed_call(fn, setup, device: str) -> tuple[float, float, float | None]:
@@ -340,6 +345,7 @@ def interleaved(
     progress=None,
     retries: int | None = None,
     retry_wait_s: float = RETRY_WAIT_S,
+    min_fast: int = MIN_FAST_TRIALS,
 ) -> dict[str, Timing]:
     """Time several variants of a region in rounds, so that a change of the host's speed
     touches all of them alike: each round times every variant `per_round` times, in an order
@@ -350,7 +356,8 @@ def interleaved(
     untimed trials. The host probe is sampled at the start of every round, and each trial of the
     round carries that reading (`probe_ms`); its full reading (labsupport.measure.hostprobe) is
     taken before the first round, every `probe_every` rounds (0: once, halfway) and after the last.
-    When a variant has fewer than MIN_FAST_TRIALS fast-host trials (and at least that many trials),
+    When a variant has fewer than `min_fast` fast-host trials (and at least that many trials; 0: a
+    measurement that is not a headline, never retried nor noted),
     the measurement waits `retry_wait_s` and times `rounds` more rounds, up to `retries` times
     within the run's retry budget (hostprobe.RETRY_BUDGET_S; `retries` None: RETRIES on a GPU, none
     on a CPU, where the host is what is timed); if still too few, its timings are
@@ -409,7 +416,7 @@ def interleaved(
                         progress(f"  {what or 'timing'}: round {r + 1}/{done + rounds}")
             done, took = done + rounds, time.perf_counter() - t0
             e = fewest_fast()
-            if not too_few_fast(e):
+            if not min_fast or not too_few_fast(e, min_fast):
                 break
             if tries >= retries or hostprobe.retry_left_s() < retry_wait_s + took:
                 for t in out.values():

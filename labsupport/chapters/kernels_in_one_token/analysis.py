@@ -173,6 +173,14 @@ def plain_text(run: runs.Run) -> str:
     p = plain_step(run)
     if p is None:
         return "This run was recorded before the plain script ran beside the book's measurement."
+    if not p.plain.trials or not p.book.trials:
+        return (
+            "The same step was also timed by a plain transformers script outside the book's harness "
+            "(`benchmarks/plain_eager_step.py`, in a fresh process), but the host ran at another speed then: "
+            f"{p.plain.trials} of its {p.plain.of} trials and {p.book.trials} of the book's {p.book.of} were taken "
+            f"within {FAST_WITHIN:.0%} of the best probe reading of the two, {p.plain.best_probe_ms:.2f} ms, so the "
+            "two are not compared."
+        )
     verdict = "they agree" if p.agree else f"they differ by more than {PLAIN_AGREEMENT:.0%}"
     return (
         f"The same step timed by a plain transformers script outside the book's harness "
@@ -201,14 +209,18 @@ class PlainStep:
 
 
 PLAIN_AGREEMENT = 0.10  # the plain script and the book's step agree within this, by the same estimator
+FAST_WITHIN = harness.FAST_HOST - 1
 
 
 def plain_step(run: runs.Run) -> PlainStep | None:
     """The plain script's step beside the book's (None for runs recorded before the script ran
-    in the chapter)."""
+    in the chapter), both by the fast-host trials judged against the best probe reading of the two:
+    trials taken while the host was at the same speed."""
     if "plain_eager_step.csv" not in run.meta["files"]:
         return None
-    return PlainStep(harness.table_estimate(clean_times(run)), harness.table_estimate(run.table("plain_eager_step")))
+    book, plain = clean_times(run), run.table("plain_eager_step")
+    best = min(book.probe_ms.min(), plain.probe_ms.min()) if "probe_ms" in book else None  # one host, one yardstick
+    return PlainStep(harness.table_estimate(book, best_ms=best), harness.table_estimate(plain, best_ms=best))
 
 
 def census_beside_published(run: runs.Run) -> pd.DataFrame:

@@ -36,7 +36,7 @@ class Params:
     preset: str = "qwen3-8b"
     prompt_len: int = 256
     dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
-    repeats: int = 60  # interleaved rounds: one step of each timed form per round
+    repeats: int = 24  # interleaved rounds: one step of each timed form per round (10 fast-host ones needed)
     max_autotune: bool = True
     device: str = "cuda"
 
