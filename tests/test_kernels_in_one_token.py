@@ -291,3 +291,44 @@ def test_out_of_memory_at_a_long_context_is_recorded(copied_runs, monkeypatch):
     sweep = run.table("context_sweep")
     assert list(sweep.status) == ["ok", "out of memory (profile)"]
     assert list(one_token.context_sweep(run).context) == [16]
+
+
+def test_every_eager_trial_gets_its_nearest_probe_reading(published, monkeypatch):
+    """A run from before per-trial readings (readings before, every few rounds and after the trials,
+    as the published H200 runs hold them): each trial gets the reading nearest its round; a run whose
+    trials carry readings: their own; the figure shows every trial."""
+    real = published.table
+    what = f"decode step, {published.parameters['prompt_len']} tokens"
+    monkeypatch.setattr(
+        published,
+        "table",
+        lambda name, **kw: real(name, **kw).assign(round=range(20)) if name == "step_times" else real(name, **kw),
+    )
+    probe = [
+        {"at": "run opened", "ms": 99.0},
+        {"at": f"before {what}", "ms": 12.0},
+        {"at": f"{what}, after round 10", "ms": 8.0},
+        {"at": f"after {what}", "ms": 7.0},
+        {"at": f"before {what}, after a profile", "ms": 50.0},
+    ]
+    monkeypatch.setitem(published.results, "host_probe", probe)
+    t = one_token.step_trials(published)
+    assert len(t) == 20 and set(t.reading) == {"the nearest reading by round"}
+    # rounds 0-4 nearest "before" (-0.5), 5-14 nearest "after round 10" (9.5), 15-19 nearest "after" (19.5)
+    assert list(t.probe_ms) == [12.0] * 5 + [8.0] * 10 + [7.0] * 5
+    monkeypatch.setattr(
+        published,
+        "table",
+        lambda name, **kw: real(name, **kw).assign(probe_ms=7.5) if name == "step_times" else real(name, **kw),
+    )
+    own = one_token.step_trials(published)
+    assert (own.probe_ms == 7.5).all() and set(own.reading) == {"its own round's reading"}
+    fig = one_token.probe_figure(pd.concat([t, own]), published.label)
+    assert [len(c.get_offsets()) for c in fig.axes[0].collections] == [20, 20]
+
+
+def test_the_probe_figure_builds_without_trials(published):
+    empty = one_token.kept_trials(root=published.path.parent.parent.parent / "no-runs-here")
+    assert empty.empty
+    fig = one_token.probe_figure(empty, "no run")
+    assert "no kept run" in fig.axes[0].texts[0].get_text()

@@ -30,6 +30,7 @@ from .figures import (
 from .matrices import (
     gemv_by_shape, kv_bytes_per_token, kv_cache_text, kv_cache_traffic, projection_shapes, PROJECTIONS,
 )
+from .host import kept_trials, probe_figure, step_trials
 from .measuring import (
     call_paths, context_row, ContextSweep, ops_rows, pending_run, plain_eager_step, profiler_effect_table,
 )
