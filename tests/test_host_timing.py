@@ -128,6 +128,15 @@ def test_time_region_probes_every_trial(monkeypatch):
     assert t.probe_ms == [7.0, 7.5, 30.0] and t.fast.trials == 2
 
 
+def test_time_region_notes_a_slow_host_only_when_asked(monkeypatch):
+    hostprobe.reset()
+    _probe_sequence(monkeypatch, ([7.0] + [14.0] * 11) * 2)
+    assert not harness.time_region(lambda: None, what="x", device="cpu", repeats=12, warmup=0).slow_host
+    assert hostprobe.slow_notes() == []
+    t = harness.time_region(lambda: None, what="y", device="cpu", repeats=12, warmup=0, min_fast=10)
+    assert t.slow_host and [n["what"] for n in hostprobe.slow_notes()] == ["y"]
+
+
 def test_interleaved_reads_the_host_probe_before_between_and_after():
     hostprobe.reset()
     harness.interleaved({"a": lambda: None, "b": lambda: None}, device="cpu", rounds=4, warmup=0, what="ab")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import statistics
 import time
@@ -111,8 +112,9 @@ class Estimate:
 
 
 def _finite(xs) -> bool:
+    """Whether every probe reading is there (a CSV cell left empty reads back as NaN)."""
     try:
-        return len(xs) > 0 and all(x == x and x not in (float("inf"), float("-inf")) for x in map(float, xs))
+        return len(xs) > 0 and all(math.isfinite(float(x)) for x in xs)
     except (TypeError, ValueError):
         return False
 
@@ -292,15 +294,24 @@ def timed_call(fn, setup, device: str) -> tuple[float, float, float | None]:
 
 
 def time_region(
-    fn, *, what: str, device: str, repeats: int, warmup: int = 3, setup=None, allow_after_profile: bool = False
+    fn,
+    *,
+    what: str,
+    device: str,
+    repeats: int,
+    warmup: int = 3,
+    setup=None,
+    allow_after_profile: bool = False,
+    min_fast: int = 0,
 ) -> Timing:
     """Time `fn(*setup())` `repeats` times after `warmup` untimed runs.
 
     `setup` (e.g. a fresh prefill before each decode step) runs before each repeat, outside
     the timed span; the host probe is sampled before each timed repeat, and the repeat carries
-    the reading. The garbage collector is paused while timing. Refuses to run in a process
-    that has profiled (rule 1) unless `allow_after_profile`, which the methodology's
-    measurement of the profiler's own effect uses."""
+    the reading; with `min_fast`, fewer fast-host trials than that are noted as a slow host (no retry:
+    the headline measurements are interleaved). The garbage collector is paused while timing.
+    Refuses to run in a process that has profiled (rule 1) unless `allow_after_profile`, which the
+    methodology's measurement of the profiler's own effect uses."""
     if profiled() and not allow_after_profile:
         raise TimingError(
             f"{_chapter}: {what}: wall times must be taken before the first profile in a "
@@ -326,7 +337,7 @@ def time_region(
             gc.enable()
     hostprobe.read(f"after {what}")
     t = Timing(what=what, wall_ms=wall, issue_ms=issue, gpu_ms=gpu, clean=not profiled(), probe_ms=probe)
-    if too_few_fast(t.fast):
+    if min_fast and too_few_fast(t.fast, min_fast):
         t.slow_host = True
         hostprobe.note_slow(what, t.fast.trials, len(wall), t.fast.best_probe_ms)
     return t
