@@ -332,3 +332,12 @@ def test_the_probe_figure_builds_without_trials(published):
     assert empty.empty
     fig = one_token.probe_figure(empty, "no run")
     assert "no kept run" in fig.axes[0].texts[0].get_text()
+
+
+def test_the_plain_script_is_skipped_where_the_repository_is_not(tmp_path, monkeypatch):
+    """labsupport installed from its wheel has no benchmarks/ folder: the chapter records without it."""
+    from labsupport.runs import provenance
+
+    monkeypatch.setattr(provenance, "REPO_ROOT", tmp_path)
+    params = one_token.Params(device="cpu", prompt_len=8)
+    assert one_token.plain_eager_step(params, tmp_path / "plain.csv", trials=2, tiny=True) is None

@@ -216,16 +216,20 @@ def profiler_effect_table(procs, clean: harness.Timing, after: harness.Timing, s
     return pd.DataFrame(rows)
 
 
-def plain_eager_step(params: Params, path: Path, trials: int, tiny: bool = False) -> pd.DataFrame:
+def plain_eager_step(params: Params, path: Path, trials: int, tiny: bool = False) -> pd.DataFrame | None:
     """The same eager step timed by benchmarks/plain_eager_step.py, outside the harness, in a
     fresh process (before this one profiles): one row per trial, `wall_ms` and the host probe's
-    reading just before it (`probe_ms`), from the CSV the script writes to `path`."""
+    reading just before it (`probe_ms`), from the CSV the script writes to `path`. None where the
+    script is not there (labsupport installed from its wheel, without the repository)."""
     import subprocess
     import sys
 
     from labsupport.runs.provenance import REPO_ROOT
 
     script = REPO_ROOT / "benchmarks" / "plain_eager_step.py"
+    if not script.is_file():
+        progress(f"  {script} is not here (no repository checkout): the plain script's step is not recorded")
+        return None
     cmd = [sys.executable, str(script), "--trials", str(trials), "--prompt-len", str(params.prompt_len)]
     cmd += ["--device", params.device, "--csv", str(path), *(["--tiny"] if tiny else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
