@@ -54,7 +54,7 @@ def test_trials_are_judged_against_a_common_best_where_two_are_compared():
 def test_a_measurement_that_is_not_a_headline_never_waits(monkeypatch):
     hostprobe.reset()
     _probe_sequence(monkeypatch, [7.0] + [14.0] * 11)
-    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, min_fast=0)["a"]
+    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2)["a"]
     assert len(t.wall_ms) == 12 and not t.slow_host and hostprobe.slow_notes() == []
 
 
@@ -87,7 +87,9 @@ def test_too_few_fast_host_trials_retry_then_count(monkeypatch):
     fast host, and keeps every trial (the slow ones now outside the fast-host set)."""
     hostprobe.reset()
     _probe_sequence(monkeypatch, [14.0] * 11 + [7.0] + [7.2] * 12)
-    out = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0)
+    out = harness.interleaved(
+        {"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0, min_fast=10
+    )
     t = out["a"]
     assert len(t.wall_ms) == 24 and t.rounds == list(range(24))
     assert t.fast.trials == 13 and not t.slow_host
@@ -98,7 +100,9 @@ def test_a_host_that_stays_slow_is_noted_after_the_retries(monkeypatch):
     """Every try bimodal: three tries, then the timing is marked slow and the run notes it."""
     hostprobe.reset()
     _probe_sequence(monkeypatch, ([7.0] + [14.0] * 11) * 3)
-    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0)["a"]
+    t = harness.interleaved(
+        {"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0, min_fast=10
+    )["a"]
     assert len(t.wall_ms) == 36 and t.slow_host and t.fast.trials == 3
     (note,) = hostprobe.slow_notes()
     assert note["fast_trials"] == 3 and note["trials"] == 36 and note["best_probe_ms"] == 7.0
@@ -110,7 +114,9 @@ def test_retries_stay_within_the_runs_budget(monkeypatch):
     hostprobe.reset()
     monkeypatch.setattr(hostprobe, "RETRY_BUDGET_S", 0.0)
     _probe_sequence(monkeypatch, [7.0] + [14.0] * 11)
-    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0)["a"]
+    t = harness.interleaved(
+        {"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0, min_fast=10
+    )["a"]
     assert len(t.wall_ms) == 12 and t.slow_host and len(hostprobe.slow_notes()) == 1
 
 
@@ -118,7 +124,7 @@ def test_a_cpu_measurement_does_not_wait_for_its_host(monkeypatch):
     """On a CPU the host is what is timed: too few fast-host trials are noted, never retried."""
     hostprobe.reset()
     _probe_sequence(monkeypatch, [7.0] + [14.0] * 11)
-    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0)["a"]
+    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, min_fast=10)["a"]
     assert len(t.wall_ms) == 12 and t.slow_host
 
 

@@ -356,7 +356,7 @@ def interleaved(
     progress=None,
     retries: int | None = None,
     retry_wait_s: float = RETRY_WAIT_S,
-    min_fast: int = MIN_FAST_TRIALS,
+    min_fast: int = 0,
 ) -> dict[str, Timing]:
     """Time several variants of a region in rounds, so that a change of the host's speed
     touches all of them alike: each round times every variant `per_round` times, in an order
@@ -367,13 +367,14 @@ def interleaved(
     untimed trials. The host probe is sampled at the start of every round, and each trial of the
     round carries that reading (`probe_ms`); its full reading (labsupport.measure.hostprobe) is
     taken before the first round, every `probe_every` rounds (0: once, halfway) and after the last.
-    When a variant has fewer than `min_fast` fast-host trials (and at least that many trials; 0: a
-    measurement that is not a headline, never retried nor noted),
-    the measurement waits `retry_wait_s` and times `rounds` more rounds, up to `retries` times
-    within the run's retry budget (hostprobe.RETRY_BUDGET_S; `retries` None: RETRIES on a GPU, none
-    on a CPU, where the host is what is timed); if still too few, its timings are
-    marked `slow_host` and the run notes it. Refuses to run in a process that has profiled, like
-    time_region. Returns {name: Timing}, in `variants`' order, each trial labelled with its round."""
+    A headline measurement passes `min_fast` (MIN_FAST_TRIALS; the default 0: never retried nor
+    noted, as the measurements of the ranks of a multi-GPU step must stay in step): when a variant
+    has fewer fast-host trials than that (and at least that many trials), the measurement waits
+    `retry_wait_s` and times `rounds` more rounds, up to `retries` times within the run's retry
+    budget (hostprobe.RETRY_BUDGET_S; `retries` None: RETRIES on a GPU, none on a CPU, where the
+    host is what is timed); if still too few, its timings are marked `slow_host` and the run notes
+    it. Refuses to run in a process that has profiled, like time_region. Returns {name: Timing}, in
+    `variants`' order, each trial labelled with its round."""
     if profiled() and not allow_after_profile:
         raise TimingError(
             f"{_chapter}: {what or ', '.join(variants)}: wall times must be taken before the first "

@@ -82,6 +82,7 @@ class ContextSweep:
                     what=f"decode step, {ctx} tokens",
                     progress=self.progress,
                     min_fast=harness.MIN_FAST_TRIALS if ctx == p.prompt_len else 0,  # only the headline waits
+                    # for a fast host
                 )
                 self.dynamic[ctx], self.static[ctx] = t["dynamic"], t["static"]
                 for cache in ("dynamic", "static"):
