@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 
 DESCRIPTION = (
     "a fixed CPU-only workload (20,000 iterations of Python arithmetic, then 2,000 tiny tensor "
-    "additions on the CPU), timed 3 times, its least time kept; read before, between and after the trials"
+    "additions on the CPU), timed 3 times, its least time kept; read before, between and after the trials; "
+    "and timed once at the start of every round of trials, each trial of the round carrying that reading"
 )
 # A reading this many times the run's quickest, or the published run's typical one, is a slow host.
 SLOW = 1.25
