@@ -303,3 +303,13 @@ def test_the_page_says_a_run_kept_too_few_fast_host_trials():
         data_files.host_banner(slow).data
     )
     assert "at its fast speed" in data_files.host_text(fast) and data_files.host_banner(fast).data == ""
+
+
+def test_the_command_line_hands_accept_slow_host_to_the_nightly(monkeypatch):
+    from labsupport import __main__ as cli
+    from labsupport.ops import nightly
+
+    seen = []
+    monkeypatch.setattr(nightly, "main", lambda *a, **kw: seen.append(kw["accept_slow_host"]) or 0)
+    assert cli.main(["nightly", "--accept-slow-host"]) == 0 and cli.main(["nightly"]) == 0
+    assert seen == [True, False]
