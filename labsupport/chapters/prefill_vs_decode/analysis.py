@@ -257,6 +257,7 @@ def prefill_timing(run: runs.Run) -> PrefillTiming:
         and same(r["wall_ms_median"], statistics.median(walls))
         and same(r["wall_ms_min"], walls.min())
         and same(r["wall_ms_max"], walls.max())
+        and same(r[harness.estimate_column(row.columns)], est)
     )
     return PrefillTiming(n, est, len(walls), float(r[harness.estimate_column(row.columns)]), reps, shared)
 
