@@ -78,11 +78,11 @@ OUTSIDE = {
 }
 
 
-def wall_column(table) -> str:
+def wall_column(table) -> str:  # a table, or one row of it
     """The column a wall time is read from: the book's estimator (the median of the fast-host trials,
     harness.estimate) where the run recorded it, else the minimum of the timed repeats (the estimator
     of runs without per-trial probe readings), else the median."""
-    if "wall_ms_estimate" in table and pd.notna(table["wall_ms_estimate"]).any():
+    if "wall_ms_estimate" in table and pd.Series(table["wall_ms_estimate"]).notna().any():
         return "wall_ms_estimate"
     return "wall_ms_min" if "wall_ms_min" in table else "wall_ms_median"
 
