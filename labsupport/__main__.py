@@ -44,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
         help="relative change of a headline number still reported as noise, above 0 and below 10 (default 0.25)",
     )
     night.add_argument("--min-kernels", default="1", help="fewest kernels a kernel table may hold, 1 to 100000")
+    night.add_argument(
+        "--accept-slow-host",
+        action="store_true",
+        help="publish a run taken on a slow host even where it replaces one taken on a fast host",
+    )
     night.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
     sub.add_parser("runs", help="list chapters, their recorded runs and the published one")
     sub.add_parser("book", help="check the runs, build the book; on failure the reason is the last line")
@@ -83,6 +88,7 @@ def _run(args) -> int:
             build_book=not args.no_book,
             timing_threshold=args.timing_threshold,
             min_kernels=args.min_kernels,
+            accept_slow_host=args.accept_slow_host,
         )
     if args.cmd == "runs":
         manifest = runs.published()

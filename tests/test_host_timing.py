@@ -1,5 +1,7 @@
-"""Host-timed numbers: variants timed interleaved in rounds, reported by the minimum with the
-quartiles, and the host probe read around them (labsupport.measure.harness, hostprobe)."""
+"""Host-timed numbers: variants timed interleaved in rounds, each trial with the host probe's
+reading of its round, reported by the median of the fast-host trials with their minimum, quartiles
+and count; too few of them: retried, then noted as a slow host (labsupport.measure.harness,
+hostprobe)."""
 
 from __future__ import annotations
 
@@ -27,19 +29,118 @@ def test_interleaved_runs_setup_outside_the_timed_span():
     assert max(t.wall_ms) < 15
 
 
-def test_a_slow_phase_moves_the_median_and_not_the_minimum():
-    """Two trials in three on a host twice as slow: the minimum stays at the work's own cost."""
-    calls = {"n": 0}
+def test_the_estimator_is_the_median_of_the_fast_host_trials():
+    """Half the trials on a host twice as slow (the probe reads twice as long): the estimator is the
+    median of the fast half, not the rare quickest trial and not the median of all."""
+    walls = [21.0, 22.0, 20.0, 23.0, 21.5] + [31.0, 32.0, 33.0, 30.0, 14.0]  # 14: a freak quick trial
+    probes = [7.0, 7.5, 7.2, 8.0, 7.1] + [14.0, 15.0, 13.5, 16.0, 14.5]
+    e = harness.estimate(walls, probes)
+    assert e.basis == harness.ESTIMATOR == "fast-host median"
+    assert e.trials == 5 and e.of == 10 and e.value == 21.5 and e.low == 20.0
+    assert e.q1 == 21.0 and e.q3 == 22.0 and e.best_probe_ms == 7.0
+    assert harness.fast_host(walls, probes) == [21.0, 22.0, 20.0, 23.0, 21.5]  # 8.0 <= 7.0 * 1.15
+    s = harness.spread(walls, "wall_ms", probes)
+    assert s["wall_ms_estimate"] == 21.5 and s["wall_ms_fast_trials"] == 5 and s["wall_ms_min"] == 14.0
+    assert harness.too_few_fast(e)  # 5 fast-host trials of 10 taken
 
-    def work():
-        calls["n"] += 1
-        time.sleep(0.004 if calls["n"] % 3 else 0.002)
 
-    t = harness.interleaved({"work": work}, device="cpu", rounds=20, warmup=0)["work"]
-    assert t.estimate == t.low == min(t.wall_ms)
-    assert t.low < 3.5 < t.median
-    s = t.summary()
-    assert s["wall_ms_min"] <= s["wall_ms_q1"] <= s["wall_ms_median"] <= s["wall_ms_q3"] <= s["wall_ms_max"]
+def test_trials_are_judged_against_a_common_best_where_two_are_compared():
+    walls, probes = [30.0, 31.0, 32.0], [14.0, 14.5, 15.0]
+    assert harness.estimate(walls, probes).trials == 3  # alone: its own best, 14 ms
+    e = harness.estimate(walls, probes, best_ms=7.0)  # beside trials taken at 7 ms: none at that speed
+    assert e.trials == 0 and e.of == 3 and e.value != e.value
+
+
+def test_a_measurement_that_is_not_a_headline_never_waits(monkeypatch):
+    hostprobe.reset()
+    _probe_sequence(monkeypatch, [7.0] + [14.0] * 11)
+    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2)["a"]
+    assert len(t.wall_ms) == 12 and not t.slow_host and hostprobe.slow_notes() == []
+
+
+def test_trials_without_probe_readings_fall_back_to_the_minimum():
+    """A run recorded before per-trial probe readings: the old estimator, said as such."""
+    walls = [30.0, 28.0, 40.0, 41.0]
+    for probes in (None, [float("nan")] * 4, [7.0, 7.0]):
+        e = harness.estimate(walls, probes)
+        assert e.basis == harness.FALLBACK_ESTIMATOR == "minimum" and e.value == 28.0 and e.trials == 4
+    assert "wall_ms_estimate" not in harness.spread(walls, "wall_ms")
+    assert harness.estimate_column(["wall_ms_min"]) == "wall_ms_min"
+    assert harness.estimate_column(["wall_ms_min", "wall_ms_estimate"]) == "wall_ms_estimate"
+
+
+def _probe_sequence(monkeypatch, readings):
+    it = iter(readings)
+    monkeypatch.setattr(hostprobe, "sample", lambda: next(it))
+
+
+def test_every_trial_carries_the_probe_reading_of_its_round(monkeypatch):
+    _probe_sequence(monkeypatch, [7.0, 14.0, 7.1])
+    out = harness.interleaved({"a": lambda: None, "b": lambda: None}, device="cpu", rounds=3, warmup=0)
+    assert out["a"].probe_ms == out["b"].probe_ms == [7.0, 14.0, 7.1]
+    assert [r["probe_ms"] for r in out["a"].rows()] == [7.0, 14.0, 7.1]
+    assert out["a"].fast.trials == 2 and not out["a"].slow_host  # 3 trials in all: too few to judge
+
+
+def test_too_few_fast_host_trials_retry_then_count(monkeypatch):
+    """Twelve rounds with one fast reading: the measurement times twelve more rounds, found on a
+    fast host, and keeps every trial (the slow ones now outside the fast-host set)."""
+    hostprobe.reset()
+    _probe_sequence(monkeypatch, [14.0] * 11 + [7.0] + [7.2] * 12)
+    out = harness.interleaved(
+        {"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0, min_fast=10
+    )
+    t = out["a"]
+    assert len(t.wall_ms) == 24 and t.rounds == list(range(24))
+    assert t.fast.trials == 13 and not t.slow_host
+    assert hostprobe.slow_notes() == [] and any("retry 1" in r["at"] for r in hostprobe.readings())
+
+
+def test_a_host_that_stays_slow_is_noted_after_the_retries(monkeypatch):
+    """Every try bimodal: three tries, then the timing is marked slow and the run notes it."""
+    hostprobe.reset()
+    _probe_sequence(monkeypatch, ([7.0] + [14.0] * 11) * 3)
+    t = harness.interleaved(
+        {"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0, min_fast=10
+    )["a"]
+    assert len(t.wall_ms) == 36 and t.slow_host and t.fast.trials == 3
+    (note,) = hostprobe.slow_notes()
+    assert note["fast_trials"] == 3 and note["trials"] == 36 and note["best_probe_ms"] == 7.0
+    assert t.summary()["wall_ms_fast_trials"] == 3
+
+
+def test_retries_stay_within_the_runs_budget(monkeypatch):
+    """The run's retry budget spent: no more waiting, the host is noted slow at once."""
+    hostprobe.reset()
+    monkeypatch.setattr(hostprobe, "RETRY_BUDGET_S", 0.0)
+    _probe_sequence(monkeypatch, [7.0] + [14.0] * 11)
+    t = harness.interleaved(
+        {"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0, min_fast=10
+    )["a"]
+    assert len(t.wall_ms) == 12 and t.slow_host and len(hostprobe.slow_notes()) == 1
+
+
+def test_a_cpu_measurement_does_not_wait_for_its_host(monkeypatch):
+    """On a CPU the host is what is timed: too few fast-host trials are noted, never retried."""
+    hostprobe.reset()
+    _probe_sequence(monkeypatch, [7.0] + [14.0] * 11)
+    t = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, min_fast=10)["a"]
+    assert len(t.wall_ms) == 12 and t.slow_host
+
+
+def test_time_region_probes_every_trial(monkeypatch):
+    _probe_sequence(monkeypatch, [7.0, 7.5, 30.0])
+    t = harness.time_region(lambda: None, what="x", device="cpu", repeats=3, warmup=1)
+    assert t.probe_ms == [7.0, 7.5, 30.0] and t.fast.trials == 2
+
+
+def test_time_region_notes_a_slow_host_only_when_asked(monkeypatch):
+    hostprobe.reset()
+    _probe_sequence(monkeypatch, ([7.0] + [14.0] * 11) * 2)
+    assert not harness.time_region(lambda: None, what="x", device="cpu", repeats=12, warmup=0).slow_host
+    assert hostprobe.slow_notes() == []
+    t = harness.time_region(lambda: None, what="y", device="cpu", repeats=12, warmup=0, min_fast=10)
+    assert t.slow_host and [n["what"] for n in hostprobe.slow_notes()] == ["y"]
 
 
 def test_interleaved_reads_the_host_probe_before_between_and_after():
@@ -120,3 +221,95 @@ def test_a_run_slow_from_start_to_end_is_flagged_against_the_hosts_best():
     text = data_files.host_text(run)
     slow = own.median_ms >= hostprobe.SLOW * best or own.worst_ms >= hostprobe.SLOW * own.best_ms
     assert ("slower than usual" in text) == slow
+
+
+class _Chapter:
+    slug = "c"
+
+    def __init__(self, headlines):
+        self.headlines = headlines
+
+    def headline(self, run):
+        return self.headlines[run.run_id]
+
+
+def _probed(run_id, best_ms):
+    r = _Run([{"at": "a", "ms": best_ms, "t_s": 0}, {"at": "b", "ms": best_ms * 1.05, "t_s": 1}])
+    r.run_id, r.meta = run_id, {"files": {}}
+    return r
+
+
+def test_drift_labels_a_move_the_probe_explains_as_host():
+    """The new run's host probe read twice the published run's: its eager wall time 57% slower is
+    the host's ("host"), a GPU-timed number that moved is still moved, and so is a wall time that moved
+    further than the probe, or against it."""
+    from labsupport.ops import drift
+
+    old, new = _probed("old", 7.0), _probed("new", 14.0)
+    chapter = _Chapter(
+        {
+            "old": {"wall ms": 21.0, "GPU busy ms": 7.5, "best wall ms": 21.0, "eager wall ms": 21.0},
+            "new": {"wall ms": 33.0, "GPU busy ms": 10.0, "best wall ms": 60.0, "eager wall ms": 15.0},
+        }
+    )
+    d = drift.compare(chapter, new, old)
+    label = {t["metric"]: ("moved" if t["moved"] else "host" if t["host"] else "noise") for t in d.timing}
+    assert label == {"wall ms": "host", "GPU busy ms": "moved", "best wall ms": "moved", "eager wall ms": "moved"}
+    assert [t["metric"] for t in d.moved] == ["GPU busy ms", "best wall ms", "eager wall ms"]
+    md = drift.to_markdown([d], drift.DEFAULT_TIMING_THRESHOLD, "t")
+    assert "| wall ms | 21 | 33 | +57.1% | host |" in md
+    # The same move with the host at the same speed: moved.
+    same = drift.compare(chapter, _probed("new", 7.0), old)
+    assert [t["metric"] for t in same.moved] == ["wall ms", "GPU busy ms", "best wall ms", "eager wall ms"]
+    # Without probe readings in either run, nothing is explained.
+    assert drift.probe_ratio(_probed("new", 7.0), _Run([])) is None
+    assert not drift.explained_by_host(0.57, None, 0.25)
+
+
+def test_the_nightly_keeps_a_fast_host_run_against_a_slow_host_one(capsys):
+    """A new run with a slow-host note does not replace a published run without one, unless
+    --accept-slow-host; a published run from before the record (no host_slow) is replaced."""
+    from labsupport.ops import nightly
+
+    def run(run_id, notes):
+        r = _Run([])
+        r.run_id = run_id
+        if notes is not None:
+            r.results["host_slow"] = notes
+        return r
+
+    slow = [{"what": "decode step", "fast_trials": 4, "trials": 36, "best_probe_ms": 7.0}]
+    new = {"a": run("new", slow), "b": run("new", slow), "c": run("new", []), "d": run("new", slow)}
+    baseline = {"a": run("pub", []), "b": run("pub", None), "c": run("pub", [])}
+    assert nightly.kept_published(new, baseline, accept_slow_host=False) == {"a"}
+    out = capsys.readouterr().out
+    assert out.count("kept the published run") == 1 and "a: kept the published run pub" in out
+    assert nightly.kept_published(new, baseline, accept_slow_host=True) == set()
+    assert hostprobe.slow_host({}) is None and hostprobe.slow_host({"host_slow": slow})
+
+
+def test_the_page_says_a_run_kept_too_few_fast_host_trials():
+    """A run that records its slow-host measurements: the page says so from the note, and a run
+    whose notes are empty says its numbers come from the host's fast speed, bimodal readings or not."""
+    from labsupport.chapters import data_files
+
+    bimodal = [{"at": "a", "ms": 7.0, "t_s": 0}, {"at": "b", "ms": 14.0, "t_s": 60}]
+    slow = _Run(bimodal)
+    slow.results["host_slow"] = [{"what": "decode step", "fast_trials": 4, "trials": 36, "best_probe_ms": 7.0}]
+    fast = _Run(bimodal)
+    fast.results["host_slow"] = []
+    assert "kept fewer than 10 trials on a fast host" in data_files.host_text(slow)
+    assert "A slow host" in data_files.host_banner(slow).data and "median of the trials" in (
+        data_files.host_banner(slow).data
+    )
+    assert "at its fast speed" in data_files.host_text(fast) and data_files.host_banner(fast).data == ""
+
+
+def test_the_command_line_hands_accept_slow_host_to_the_nightly(monkeypatch):
+    from labsupport import __main__ as cli
+    from labsupport.ops import nightly
+
+    seen = []
+    monkeypatch.setattr(nightly, "main", lambda *a, **kw: seen.append(kw["accept_slow_host"]) or 0)
+    assert cli.main(["nightly", "--accept-slow-host"]) == 0 and cli.main(["nightly"]) == 0
+    assert seen == [True, False]

@@ -86,6 +86,61 @@ def test_shared_quantities_of_the_fixture_run(published):
     assert got["eager_issue_ms"] <= got["eager_wall_ms"]
 
 
+def test_the_eager_step_is_the_median_of_its_fast_host_trials(published, monkeypatch):
+    """A run whose trials carry probe readings: the shared eager step is the median of those taken
+    within 15% of the best reading, with their quartiles, minimum and count, and the page says so."""
+    from labsupport.chapters import shared
+
+    real = published.table
+
+    def with_probe(name, **kw):
+        t = real(name, **kw)
+        if name == "step_times":
+            t["probe_ms"] = [7.0 if i % 3 else 14.0 for i in range(len(t))]  # one trial in three on a slow host
+        return t
+
+    monkeypatch.setattr(published, "table", with_probe)
+    t = with_probe("step_times")
+    fast = t[t.probe_ms == 7.0].wall_ms
+    got = shared.owner_values("kernels-in-one-token", published)
+    assert got["eager_wall_ms"] == pytest.approx(fast.median()) and got["eager_fast_trials"] == len(fast)
+    assert got["eager_wall_min_ms"] == fast.min() and got["eager_trials"] == len(t)
+    assert got["eager_wall_median_ms"] == pytest.approx(t.wall_ms.median())
+    s = one_token.summary(published)
+    assert "median of the" in one_token.estimator_text(s.estimator, s.fast_trials, s.trials)
+
+
+def test_an_old_run_says_it_is_estimated_by_the_minimum(published):
+    s = one_token.summary(published)
+    assert s.estimator == "minimum" and "before each trial carried" in one_token.estimator_text(
+        s.estimator, s.fast_trials, s.trials
+    )
+    assert "before the plain script" in one_token.plain_text(published)
+
+
+def test_the_plain_script_is_compared_by_the_same_estimator(published, monkeypatch):
+    real, files = published.table, dict(published.meta["files"])
+    plain = real("step_times")[["repeat", "wall_ms"]].rename(columns={"repeat": "trial"})
+    plain["wall_ms"] *= 1.2  # 20% slower: they do not agree
+    plain["probe_ms"] = 7.0
+    monkeypatch.setattr(
+        published, "table", lambda name, **kw: plain if name == "plain_eager_step" else real(name, **kw)
+    )
+    monkeypatch.setitem(published.meta, "files", {**files, "plain_eager_step.csv": {}})
+    p = one_token.plain_step(published)
+    assert p.ratio == pytest.approx(plain.wall_ms.median() / min(real("step_times").wall_ms))
+    assert not p.agree and "differ by more than 10%" in one_token.plain_text(published)
+    plain["probe_ms"] = 30.0  # the plain script ran while the host was slow: not compared
+    with_probe = real("step_times").assign(probe_ms=7.0)
+    monkeypatch.setattr(
+        published,
+        "table",
+        lambda name, **kw: plain if name == "plain_eager_step" else with_probe if name == "step_times" else real(name),
+    )
+    assert one_token.plain_step(published).plain.trials == 0
+    assert "not compared" in one_token.plain_text(published)
+
+
 def test_summary_takes_the_ceilings_it_is_given(published):
     lim = hardware.Limits("H200 SXM", 989.0, 4.8, 700.0, 4.0, 4.2)
     s = one_token.summary(published, lim)
@@ -140,7 +195,7 @@ def test_live_cells_on_cpu_write_a_valid_run(copied_runs, monkeypatch):
     assert {"kernels.csv", "census.csv", "step_times.csv", "context_sweep.csv", "trace.json.gz"} <= set(
         run.meta["files"]
     )
-    assert set(run.results) == {"method", "model", "host_probe"}
+    assert set(run.results) == {"method", "model", "host_probe", "host_slow"}
     # Every timing before the first profile, but the one that measures the profiler's effect; the two
     # caches interleaved at every context, the prompt's length (16, not in `contexts`) included.
     first = calls.index(("profile", "decode_step"))
@@ -157,13 +212,17 @@ def test_live_cells_on_cpu_write_a_valid_run(copied_runs, monkeypatch):
     assert sorted(k.layer.dropna().unique()) == [0, 1]
     times = run.table("step_times")
     assert len(times) == 2 and times.clean.all() and list(times["round"]) == [0, 1]
+    assert (times.probe_ms > 0).all()  # every trial carries the host probe's reading of its round
+    plain = run.table("plain_eager_step")  # the plain script, in a fresh process, the same number of trials
+    assert len(plain) == 2 and (plain.wall_ms > 0).all() and (plain.probe_ms > 0).all()
+    assert one_token.plain_step(run).plain.of == 2
     effect = run.table("profiler_effect").set_index("condition")
     assert list(effect.index) == ["fresh process", "before profiling", "after profiling", "inside the profiler"]
-    assert effect.loc["before profiling", "wall_ms_min"] == pytest.approx(one_token.summary(run).wall_ms)
+    assert effect.loc["before profiling", "wall_ms_min"] == pytest.approx(min(times.wall_ms))
     # The context sweep's row at the prompt length is the step measured above, not a second measurement.
     sweep = run.table("context_sweep").set_index("context")
     assert list(sweep.index) == [16, 32]
-    assert sweep.loc[16, "wall_ms_min"] == one_token.summary(run).wall_ms == times.wall_ms.min()
+    assert sweep.loc[16, "wall_ms_estimate"] == one_token.summary(run).wall_ms == harness.table_estimate(times).value
     assert sweep.loc[16, "kernels"] == one_token.summary(run).kernels
     assert sweep.loc[16, "wall_repeats"] == sweep.loc[16, "static_wall_repeats"] == 2  # `repeats` rounds
     assert sweep.loc[32, "wall_repeats"] == one_token.Params().context_repeats
@@ -174,7 +233,7 @@ def test_live_cells_on_cpu_write_a_valid_run(copied_runs, monkeypatch):
     from labsupport.chapters import shared
 
     got = shared.owner_values("kernels-in-one-token", run)
-    assert got["static_wall_ms"] == sweep.loc[16, "static_wall_ms_min"] and got["eager_trials"] == 2
+    assert got["static_wall_ms"] == sweep.loc[16, "static_wall_ms_estimate"] and got["eager_trials"] == 2
     ops = one_token.context_ops(run)
     assert set(ops.cache) == {"dynamic", "static"} and (ops.kernels > 0).all()
     for (ctx, cache), g in ops.groupby(["context", "cache"]):
@@ -232,3 +291,53 @@ def test_out_of_memory_at_a_long_context_is_recorded(copied_runs, monkeypatch):
     sweep = run.table("context_sweep")
     assert list(sweep.status) == ["ok", "out of memory (profile)"]
     assert list(one_token.context_sweep(run).context) == [16]
+
+
+def test_every_eager_trial_gets_its_nearest_probe_reading(published, monkeypatch):
+    """A run from before per-trial readings (readings before, every few rounds and after the trials,
+    as the published H200 runs hold them): each trial gets the reading nearest its round; a run whose
+    trials carry readings: their own; the figure shows every trial."""
+    real = published.table
+    what = f"decode step, {published.parameters['prompt_len']} tokens"
+    monkeypatch.setattr(
+        published,
+        "table",
+        lambda name, **kw: real(name, **kw).assign(round=range(20)) if name == "step_times" else real(name, **kw),
+    )
+    probe = [
+        {"at": "run opened", "ms": 99.0},
+        {"at": f"before {what}", "ms": 12.0},
+        {"at": f"{what}, after round 10", "ms": 8.0},
+        {"at": f"after {what}", "ms": 7.0},
+        {"at": f"before {what}, after a profile", "ms": 50.0},
+    ]
+    monkeypatch.setitem(published.results, "host_probe", probe)
+    t = one_token.step_trials(published)
+    assert len(t) == 20 and set(t.reading) == {"the nearest reading by round"}
+    # rounds 0-4 nearest "before" (-0.5), 5-14 nearest "after round 10" (9.5), 15-19 nearest "after" (19.5)
+    assert list(t.probe_ms) == [12.0] * 5 + [8.0] * 10 + [7.0] * 5
+    monkeypatch.setattr(
+        published,
+        "table",
+        lambda name, **kw: real(name, **kw).assign(probe_ms=7.5) if name == "step_times" else real(name, **kw),
+    )
+    own = one_token.step_trials(published)
+    assert (own.probe_ms == 7.5).all() and set(own.reading) == {"its own round's reading"}
+    fig = one_token.probe_figure(pd.concat([t, own]), published.label)
+    assert [len(c.get_offsets()) for c in fig.axes[0].collections] == [20, 20]
+
+
+def test_the_probe_figure_builds_without_trials(published):
+    empty = one_token.kept_trials(root=published.path.parent.parent.parent / "no-runs-here")
+    assert empty.empty
+    fig = one_token.probe_figure(empty, "no run")
+    assert "no kept run" in fig.axes[0].texts[0].get_text()
+
+
+def test_the_plain_script_is_skipped_where_the_repository_is_not(tmp_path, monkeypatch):
+    """labsupport installed from its wheel has no benchmarks/ folder: the chapter records without it."""
+    from labsupport.runs import provenance
+
+    monkeypatch.setattr(provenance, "REPO_ROOT", tmp_path)
+    params = one_token.Params(device="cpu", prompt_len=8)
+    assert one_token.plain_eager_step(params, tmp_path / "plain.csv", trials=2, tiny=True) is None

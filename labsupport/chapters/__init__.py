@@ -272,6 +272,7 @@ CHAPTERS = [
             "step_times.csv": ("repeat", "wall_ms"),
             "context_sweep.csv": ("context", "status", "kernels"),
             "ceilings.csv": CEILINGS,
+            "plain_eager_step.csv": ("trial", "wall_ms", "probe_ms"),
         },
         checks={
             "preset": preset(),
@@ -291,7 +292,12 @@ CHAPTERS = [
             "kernels.csv": "every kernel of the profiled decode step: name, kind, times, launch, operator, layer",
             "census.csv": "the step's kernels and GPU time by kind",
             "step_times.csv": (
-                "every clean (unprofiled) trial of the eager step in the recording process, with its round"
+                "every clean (unprofiled) trial of the eager step in the recording process, with its round "
+                "and the host probe's reading of that round"
+            ),
+            "plain_eager_step.csv": (
+                "every trial of the same step timed by benchmarks/plain_eager_step.py in a fresh process, "
+                "with the host probe's reading just before it"
             ),
             "fresh_processes.csv": "the eager step timed in fresh processes that never profiled, with their CPU load",
             "profiler_effect.csv": "the same step timed clean, after a profile, and as its span inside a profile",

@@ -103,6 +103,28 @@ def _host_speed(run):
     )
 
 
+def slow_why(run, h) -> str:
+    """Why the run counts as taken on a slow host ("" when it does not). A run that records its
+    slow-host measurements (results["host_slow"], harness.interleaved) is slow when one of them kept
+    too few fast-host trials, or when even its quickest probe reading was well above the host's best
+    on this GPU; an older run by its probe readings alone (hostprobe.assess)."""
+    from labsupport.measure import harness, hostprobe
+
+    notes = run.results.get("host_slow")
+    if notes is None:
+        return h.why if h.slow else ""
+    why = []
+    if notes:
+        what = ", ".join(sorted({str(n.get("what", "")) for n in notes}))
+        why.append(
+            f"{len(notes)} of its measurements ({what}) kept fewer than {harness.MIN_FAST_TRIALS} trials on a "
+            "fast host after waiting and retrying"
+        )
+    if h.reference_ms and h.best_ms >= hostprobe.SLOW * h.reference_ms:
+        why.append(f"even its quickest probe reading was {h.best_ms / h.reference_ms:.2f}x the host's best on this GPU")
+    return "; ".join(why)
+
+
 def host_text(run) -> str:
     """One sentence on the host's speed while the run was recorded, from its host probe
     (labsupport.measure.hostprobe), against the best speed the probe saw in any published run on
@@ -115,8 +137,11 @@ def host_text(run) -> str:
         f"{h.best_ms:.2f} to {h.worst_ms:.2f} ms, typically {h.median_ms:.2f} ms"
         + (f", against {h.reference_ms:.2f} ms at the host's best on this GPU." if h.reference_ms else ".")
     )
-    if h.slow:
-        return text + f" The host was slower than usual during this run: {h.why}."
+    why = slow_why(run, h)
+    if why:
+        return text + f" The host was slower than usual during this run: {why}."
+    if "host_slow" in run.results:
+        return text + " Its host-timed numbers come from trials taken while the host was at its fast speed."
     return text + " The host held its speed through the run."
 
 
@@ -128,14 +153,20 @@ def host_banner(run):
     from IPython.display import HTML
 
     h = _host_speed(run)
-    if h is None or not h.slow:
+    why = slow_why(run, h) if h is not None else ""
+    if not why:
         return HTML("")
+    how = (
+        "are reported by the median of the trials taken while the host was at its fastest in the run"
+        if "host_slow" in run.results
+        else "are reported by their minimum, which a slow phase raises least"
+    )
     return HTML(
         '<div class="admonition warning"><p class="admonition-title">A slow host</p><p>'
         + html.escape(
-            f"While this run was recorded the host was slower than usual ({h.why}). Host-timed numbers on "
-            "this page (wall times of eager steps, launch calls) are reported by their minimum, which a slow "
-            "phase raises least, but may still be higher than on a quiet host; GPU times are not affected."
+            f"While this run was recorded the host was slower than usual ({why}). Host-timed numbers on "
+            f"this page (wall times of eager steps, launch calls) {how}, but may still be higher than on a "
+            "quiet host; GPU times are not affected."
         )
         + "</p></div>"
     )

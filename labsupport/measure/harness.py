@@ -14,19 +14,23 @@ Two rules hold for every number in the book (the methodology page shows why, mea
    are traced and thrown away, so CUPTI's start-up and dropped events at session start stay
    out of the kept step), and a profile that captured no GPU kernel on a GPU stops the
    recording at once: an empty kernel table is never written.
-3. **Host-timed numbers are taken interleaved, and reported by their minimum.** The lent box's
-   host changes speed over minutes (an eager decode step moves between about 30 and 56 ms in one
-   process), so variants that are compared are timed in rounds (A B C, B C A, ...) by
-   :func:`interleaved`, many short trials each, and every :class:`Timing` reports its minimum
-   (the estimator, :data:`ESTIMATOR`) beside its median and quartiles. A fixed CPU-only workload
-   (:mod:`labsupport.measure.hostprobe`) is timed before, between and after the trials, so a slow
-   host shows in the run.
+3. **Host-timed numbers are taken interleaved, on a fast host, and reported by their median
+   there.** The lent box's host changes speed over minutes (an eager decode step moves between
+   about 21 and 33 ms), so variants that are compared are timed in rounds (A B C, B C A, ...) by
+   :func:`interleaved`, and every round reads a fixed CPU-only workload
+   (:mod:`labsupport.measure.hostprobe`) that each of its trials carries (`probe_ms`). A trial is a
+   fast-host trial when its reading is within FAST_HOST of the best reading of its measurement;
+   the estimator (:data:`ESTIMATOR`, :func:`estimate`) is the median of those trials, with their
+   minimum, quartiles and count beside it. A measurement with fewer than MIN_FAST_TRIALS of them
+   waits and times more rounds (bounded by hostprobe.RETRY_BUDGET_S per run), then is noted as
+   taken on a slow host. Runs recorded before per-trial readings fall back to the minimum.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import statistics
 import time
@@ -40,9 +44,14 @@ from labsupport.measure import hostprobe
 from labsupport.traces import trace
 
 # The estimator every host-timed number of the book is reported by (the methodology page says why:
-# timing noise on a fixed workload only ever adds time, so the least of many trials is the closest
-# to the work's own cost; Chen & Revels 2016, "Robust benchmarking in noisy environments").
-ESTIMATOR = "minimum"
+# the host has two speeds, and a minimum picks a rare fast moment out of a slow run, where the
+# median of the trials taken on a fast host is a time the step takes, run after run).
+ESTIMATOR = "fast-host median"
+FALLBACK_ESTIMATOR = "minimum"  # runs recorded before per-trial probe readings
+FAST_HOST = 1.15  # a trial whose probe read within this of the measurement's best is a fast-host trial
+MIN_FAST_TRIALS = 10  # fewer fast-host trials than this: wait, time more rounds, then call the host slow
+RETRY_WAIT_S = 20.0  # the wait before each retry (the host switches speed within minutes)
+RETRIES = 2  # retries after the first try: 3 tries in all
 
 _profiles_in_process = 0
 _chapter = "labsupport"
@@ -86,6 +95,76 @@ def quantile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """A host-timed quantity by the book's estimator: `value` is the median of the fast-host trials
+    (`basis` "fast-host median"), or, for trials without probe readings, the minimum of all of them
+    (`basis` "minimum"); `low`, `q1`, `q3` of the same trials, `trials` of them out of `of`."""
+
+    value: float
+    low: float
+    q1: float
+    q3: float
+    trials: int
+    of: int
+    basis: str
+    best_probe_ms: float = float("nan")
+
+
+def _finite(xs) -> bool:
+    """Whether every probe reading is there (a CSV cell left empty reads back as NaN)."""
+    try:
+        return len(xs) > 0 and all(math.isfinite(float(x)) for x in xs)
+    except (TypeError, ValueError):
+        return False
+
+
+def fast_host(wall_ms: list[float], probe_ms: list[float] | None, best_ms: float | None = None) -> list[float]:
+    """The trials taken while the probe read within FAST_HOST of its best reading among them, or of
+    `best_ms` where given (the best of several measurements compared); all of them without readings."""
+    if probe_ms is None or not _finite(probe_ms) or len(probe_ms) != len(wall_ms):
+        return list(wall_ms)
+    best = min(map(float, probe_ms)) if best_ms is None else best_ms
+    return [float(w) for w, p in zip(wall_ms, probe_ms, strict=True) if float(p) <= best * FAST_HOST]
+
+
+def estimate(wall_ms: list[float], probe_ms: list[float] | None = None, best_ms: float | None = None) -> Estimate:
+    """The book's estimator of trials `wall_ms`, each with the probe reading `probe_ms` taken
+    nearest to it (None, or a list with a missing value: a run from before per-trial readings,
+    estimated by the minimum). `best_ms`: the best reading to judge the trials by, where two
+    measurements are compared (default: the best of `probe_ms`). No fast-host trial: NaN."""
+    walls = [float(w) for w in wall_ms]
+    if not walls:
+        nan = float("nan")
+        return Estimate(nan, nan, nan, nan, 0, 0, ESTIMATOR)
+    if probe_ms is None or not _finite(probe_ms) or len(probe_ms) != len(walls):
+        return Estimate(
+            min(walls), min(walls), quantile(walls, 0.25), quantile(walls, 0.75), len(walls), len(walls),
+            FALLBACK_ESTIMATOR,
+        )  # fmt: skip
+    best = min(map(float, probe_ms)) if best_ms is None else best_ms
+    fast = fast_host(walls, probe_ms, best)
+    if not fast:
+        nan = float("nan")
+        return Estimate(nan, nan, nan, nan, 0, len(walls), ESTIMATOR, best)
+    return Estimate(
+        float(statistics.median(fast)), min(fast), quantile(fast, 0.25), quantile(fast, 0.75), len(fast), len(walls),
+        ESTIMATOR, best,
+    )  # fmt: skip
+
+
+def table_estimate(df, wall: str = "wall_ms", best_ms: float | None = None) -> Estimate:
+    """The estimator of a table of trials (one row per trial, `probe_ms` where the run recorded it)."""
+    probes = list(df["probe_ms"]) if "probe_ms" in df else None
+    return estimate(list(df[wall]), probes, best_ms)
+
+
+def estimate_column(columns, prefix: str = "wall_ms") -> str:
+    """The column of a summary table that holds the estimator: `{prefix}_estimate` (the fast-host
+    median) where the run recorded it, else `{prefix}_min` (runs from before per-trial readings)."""
+    return f"{prefix}_estimate" if f"{prefix}_estimate" in columns else f"{prefix}_min"
+
+
 @dataclass
 class Timing:
     """Repeated timings of one region, in ms.
@@ -94,7 +173,9 @@ class Timing:
     until the Python call returned, when the CPU has queued every kernel; `gpu`: between CUDA
     events recorded before and after the call on the stream (empty on a CPU). `clean` says
     the process had not profiled before. `rounds` gives, per trial, the round of an
-    :func:`interleaved` measurement it was taken in (empty for a block of repeats)."""
+    :func:`interleaved` measurement it was taken in (empty for a block of repeats), `probe_ms` the
+    host probe's reading nearest to each trial; `slow_host`: too few fast-host trials even after
+    the retries."""
 
     what: str
     wall_ms: list[float]
@@ -102,6 +183,8 @@ class Timing:
     gpu_ms: list[float] = field(default_factory=list)
     clean: bool = True
     rounds: list[int] = field(default_factory=list)
+    probe_ms: list[float] = field(default_factory=list)
+    slow_host: bool = False
 
     @property
     def median(self) -> float:
@@ -109,12 +192,17 @@ class Timing:
 
     @property
     def low(self) -> float:
-        """The minimum: the book's estimator for host-timed numbers (ESTIMATOR)."""
+        """The minimum of all the trials."""
         return min(self.wall_ms)
 
     @property
+    def fast(self) -> Estimate:
+        """The book's estimator (ESTIMATOR) with its minimum, quartiles and count."""
+        return estimate(self.wall_ms, self.probe_ms or None)
+
+    @property
     def estimate(self) -> float:
-        return self.low
+        return self.fast.value
 
     @property
     def q1(self) -> float:
@@ -138,22 +226,48 @@ class Timing:
             r["gpu_ms"] = g
         for r, n in zip(rows, self.rounds, strict=False):
             r["round"] = n
+        for r, p in zip(rows, self.probe_ms, strict=False):
+            r["probe_ms"] = p
         return rows
 
     def summary(self, prefix: str = "wall_ms") -> dict:
-        """The estimator (minimum), the quartiles and the median, the range and the count."""
-        return {**spread(self.wall_ms, prefix), f"{prefix}_repeats": len(self.wall_ms), "clean": self.clean}
+        """The estimator with its fast-host spread, the quartiles and the median of all the trials,
+        the range and the count."""
+        return {
+            **spread(self.wall_ms, prefix, self.probe_ms or None),
+            f"{prefix}_repeats": len(self.wall_ms),
+            "clean": self.clean,
+        }
 
 
-def spread(values: list[float], prefix: str) -> dict:
-    """`{prefix}_min` (the book's estimator), `_q1`, `_median`, `_q3` and `_max` of `values`."""
-    return {
+def spread(values: list[float], prefix: str, probe_ms: list[float] | None = None) -> dict:
+    """`{prefix}_min`, `_q1`, `_median`, `_q3` and `_max` of all of `values`; with per-trial probe
+    readings also the estimator, `{prefix}_estimate` (the median of the fast-host trials), with
+    `_fast_min`, `_fast_q1`, `_fast_q3` and `_fast_trials` beside it (the run's results note a
+    measurement left with too few: hostprobe.slow_notes)."""
+    out = {
         f"{prefix}_min": float(min(values)),
         f"{prefix}_q1": quantile(values, 0.25),
         f"{prefix}_median": float(statistics.median(values)),
         f"{prefix}_q3": quantile(values, 0.75),
         f"{prefix}_max": float(max(values)),
     }
+    e = estimate(values, probe_ms)
+    if e.basis == ESTIMATOR:
+        out |= {
+            f"{prefix}_estimate": e.value,
+            f"{prefix}_fast_min": e.low,
+            f"{prefix}_fast_q1": e.q1,
+            f"{prefix}_fast_q3": e.q3,
+            f"{prefix}_fast_trials": e.trials,
+        }
+    return out
+
+
+def too_few_fast(e: Estimate, min_fast: int = MIN_FAST_TRIALS) -> bool:
+    """Whether an estimate rests on fewer than `min_fast` fast-host trials, where enough trials were
+    taken to have them (smoke and CPU runs time fewer in all: never slow)."""
+    return e.of >= min_fast and e.trials < min_fast
 
 
 def timed_call(fn, setup, device: str) -> tuple[float, float, float | None]:
@@ -180,26 +294,38 @@ def timed_call(fn, setup, device: str) -> tuple[float, float, float | None]:
 
 
 def time_region(
-    fn, *, what: str, device: str, repeats: int, warmup: int = 3, setup=None, allow_after_profile: bool = False
+    fn,
+    *,
+    what: str,
+    device: str,
+    repeats: int,
+    warmup: int = 3,
+    setup=None,
+    allow_after_profile: bool = False,
+    min_fast: int = 0,
 ) -> Timing:
     """Time `fn(*setup())` `repeats` times after `warmup` untimed runs.
 
     `setup` (e.g. a fresh prefill before each decode step) runs before each repeat, outside
-    the timed span. The garbage collector is paused while timing. Refuses to run in a process
-    that has profiled (rule 1) unless `allow_after_profile`, which the methodology's
-    measurement of the profiler's own effect uses."""
+    the timed span; the host probe is sampled before each timed repeat, and the repeat carries
+    the reading; with `min_fast`, fewer fast-host trials than that are noted as a slow host (no retry:
+    the headline measurements are interleaved). The garbage collector is paused while timing.
+    Refuses to run in a process that has profiled (rule 1) unless `allow_after_profile`, which the
+    methodology's measurement of the profiler's own effect uses."""
     if profiled() and not allow_after_profile:
         raise TimingError(
             f"{_chapter}: {what}: wall times must be taken before the first profile in a "
             "process (CUPTI stays attached after it); time first, then profile"
         )
-    wall, issue, gpu = [], [], []
+    wall, issue, gpu, probe = [], [], [], []
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
     hostprobe.read(f"before {what}")
     try:
         for i in range(warmup + repeats):
+            if i >= warmup:
+                probe.append(hostprobe.sample())
             w, s, g = timed_call(fn, setup, device)
             if i >= warmup:
                 wall.append(w)
@@ -210,7 +336,11 @@ def time_region(
         if was_enabled:
             gc.enable()
     hostprobe.read(f"after {what}")
-    return Timing(what=what, wall_ms=wall, issue_ms=issue, gpu_ms=gpu, clean=not profiled())
+    t = Timing(what=what, wall_ms=wall, issue_ms=issue, gpu_ms=gpu, clean=not profiled(), probe_ms=probe)
+    if min_fast and too_few_fast(t.fast, min_fast):
+        t.slow_host = True
+        hostprobe.note_slow(what, t.fast.trials, len(wall), t.fast.best_probe_ms)
+    return t
 
 
 def interleaved(
@@ -224,6 +354,9 @@ def interleaved(
     probe_every: int = 0,
     allow_after_profile: bool = False,
     progress=None,
+    retries: int | None = None,
+    retry_wait_s: float = RETRY_WAIT_S,
+    min_fast: int = 0,
 ) -> dict[str, Timing]:
     """Time several variants of a region in rounds, so that a change of the host's speed
     touches all of them alike: each round times every variant `per_round` times, in an order
@@ -231,10 +364,17 @@ def interleaved(
 
     `variants` maps a name to `fn` or to `(fn, setup)`; `setup()` (a fresh prefill, a cache
     reset) runs before each trial, outside the timed span. Each variant first runs `warmup`
-    untimed trials. The host probe (labsupport.measure.hostprobe) is read before the first
-    round, every `probe_every` rounds (0: once, halfway) and after the last. Refuses to run in
-    a process that has profiled, like time_region. Returns {name: Timing}, in `variants`' order,
-    each trial labelled with its round."""
+    untimed trials. The host probe is sampled at the start of every round, and each trial of the
+    round carries that reading (`probe_ms`); its full reading (labsupport.measure.hostprobe) is
+    taken before the first round, every `probe_every` rounds (0: once, halfway) and after the last.
+    A headline measurement passes `min_fast` (MIN_FAST_TRIALS; the default 0: never retried nor
+    noted, as the measurements of the ranks of a multi-GPU step must stay in step): when a variant
+    has fewer fast-host trials than that (and at least that many trials), the measurement waits
+    `retry_wait_s` and times `rounds` more rounds, up to `retries` times within the run's retry
+    budget (hostprobe.RETRY_BUDGET_S; `retries` None: RETRIES on a GPU, none on a CPU, where the
+    host is what is timed); if still too few, its timings are marked `slow_host` and the run notes
+    it. Refuses to run in a process that has profiled, like time_region. Returns {name: Timing}, in
+    `variants`' order, each trial labelled with its round."""
     if profiled() and not allow_after_profile:
         raise TimingError(
             f"{_chapter}: {what or ', '.join(variants)}: wall times must be taken before the first "
@@ -246,8 +386,11 @@ def interleaved(
     calls = {n: (v if isinstance(v, tuple) else (v, None)) for n, v in variants.items()}
     out = {n: Timing(what=f"{what}: {n}" if what else n, wall_ms=[], issue_ms=[]) for n in names}
     every = probe_every if probe_every > 0 else max(1, (rounds + 1) // 2)
+    label = what or "trials"
+    if retries is None:
+        retries = RETRIES if str(device).startswith("cuda") else 0
 
-    def trial(name: str, keep: int | None) -> None:
+    def trial(name: str, keep: int | None, probe: float = float("nan")) -> None:
         fn, setup = calls[name]
         w, i, g = timed_call(fn, setup, device)
         if keep is not None:
@@ -255,8 +398,12 @@ def interleaved(
             t.wall_ms.append(w)
             t.issue_ms.append(i)
             t.rounds.append(keep)
+            t.probe_ms.append(probe)
             if g is not None:
                 t.gpu_ms.append(g)
+
+    def fewest_fast() -> Estimate:
+        return min((t.fast for t in out.values()), key=lambda e: e.trials)
 
     gc.collect()
     was_enabled = gc.isenabled()
@@ -265,17 +412,44 @@ def interleaved(
         for name in names:
             for _ in range(warmup):
                 trial(name, None)
-        hostprobe.read(f"before {what or 'trials'}")
-        for r in range(rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for name in order:
-                for _ in range(per_round):
-                    trial(name, r)
-            if (r + 1) % every == 0 and r + 1 < rounds:
-                hostprobe.read(f"{what or 'trials'}, after round {r + 1}")
+        hostprobe.read(f"before {label}")
+        done, tries = 0, 0
+        while True:
+            t0 = time.perf_counter()
+            for r in range(done, done + rounds):
+                probe = hostprobe.sample()
+                order = names[r % len(names) :] + names[: r % len(names)]
+                for name in order:
+                    for _ in range(per_round):
+                        trial(name, r, probe)
+                if (r + 1) % every == 0 and r + 1 < done + rounds:
+                    hostprobe.read(f"{label}, after round {r + 1}")
+                    if progress is not None:
+                        progress(f"  {what or 'timing'}: round {r + 1}/{done + rounds}")
+            done, took = done + rounds, time.perf_counter() - t0
+            e = fewest_fast()
+            if not min_fast or not too_few_fast(e, min_fast):
+                break
+            if tries >= retries or hostprobe.retry_left_s() < retry_wait_s + took:
+                for t in out.values():
+                    t.slow_host = True
+                hostprobe.note_slow(label, e.trials, e.of, e.best_probe_ms)
                 if progress is not None:
-                    progress(f"  {what or 'timing'}: round {r + 1}/{rounds}")
-        hostprobe.read(f"after {what or 'trials'}")
+                    progress(f"  {what or 'timing'}: {e.trials} fast-host trials of {e.of}: the host was slow")
+                break
+            tries += 1
+            if progress is not None:
+                progress(
+                    f"  {what or 'timing'}: {e.trials} fast-host trials of {e.of}; waiting {retry_wait_s:.0f} s, "
+                    f"then {rounds} more rounds (retry {tries}/{retries})"
+                )
+            gc.enable()
+            time.sleep(retry_wait_s)
+            gc.collect()
+            gc.disable()
+            hostprobe.spend_retry(retry_wait_s + took)
+            hostprobe.read(f"{label}, retry {tries}")
+        hostprobe.read(f"after {label}")
     finally:
         if was_enabled:
             gc.enable()
@@ -340,10 +514,18 @@ def method() -> dict:
     """How the numbers of a run were taken, for its meta.json."""
     return {
         "wall_times": "host clock around the call, synchronised; variants compared are timed interleaved in "
-        "rounds (harness.interleaved), many short trials each; reported by the minimum (the estimator) with "
-        "the quartiles and the median; taken before the first profile in the process (clean) or in fresh "
-        "processes (labsupport.measure.fresh)",
+        "rounds (harness.interleaved), many short trials each, each trial with the host probe's reading of its "
+        "round; reported by the median of the fast-host trials (probe within "
+        f"{FAST_HOST - 1:.0%} of its best reading in the measurement; the estimator) with their minimum, quartiles "
+        "and count; taken before the first profile in the process (clean) or in fresh processes "
+        "(labsupport.measure.fresh)",
         "estimator": ESTIMATOR,
+        "fast_host": {
+            "within": FAST_HOST,
+            "min_trials": MIN_FAST_TRIALS,
+            "retries": RETRIES,
+            "retry_budget_s": hostprobe.RETRY_BUDGET_S,
+        },
         "host_probe": hostprobe.DESCRIPTION,
         "gpu_times": "kernel durations and busy time from one profiled step (torch.profiler, CUPTI), "
         "kept after warm-up steps of the same profiler session",

@@ -9,6 +9,11 @@ Python and PyTorch dispatch (a loop of arithmetic, then tiny tensor operations o
 kind of work that launching a kernel is) timed a few times, its least time kept. Readings are
 kept per process, in order; a run records them (`results["host_probe"]`), validation compares
 them, and the page says when the host was slow.
+
+Every host-timed trial also carries a reading of its own (`sample()`: the workload timed once,
+every round of the trials; harness.interleaved), so that a trial can be judged by the host's speed
+at its time; a measurement that found too few trials on a fast host after its retries is noted
+(`note_slow`), and the run records the notes (`results["host_slow"]`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from dataclasses import asdict, dataclass
 
 DESCRIPTION = (
     "a fixed CPU-only workload (20,000 iterations of Python arithmetic, then 2,000 tiny tensor "
-    "additions on the CPU), timed 3 times, its least time kept; read before, between and after the trials"
+    "additions on the CPU), timed 3 times, its least time kept; read before, between and after the trials; "
+    "and timed once at the start of every round of trials, each trial of the round carrying that reading"
 )
 # A reading this many times the run's quickest, or the published run's typical one, is a slow host.
 SLOW = 1.25
@@ -31,8 +37,13 @@ class Reading:
     t_s: float  # seconds since the first reading of the process
 
 
+# How long, in all, one run's measurements may spend waiting and retrying for a fast host.
+RETRY_BUDGET_S = 180.0
+
 _readings: list[Reading] = []
 _t0: float | None = None
+_slow: list[dict] = []
+_retry_spent_s = 0.0
 
 
 def workload() -> None:
@@ -65,16 +76,52 @@ def read(at: str, repeats: int = 3) -> Reading:
     return r
 
 
+def sample() -> float:
+    """The workload timed once, in ms, not kept: the reading a host-timed trial carries."""
+    t = time.perf_counter()
+    workload()
+    return round((time.perf_counter() - t) * 1e3, 4)
+
+
+def note_slow(what: str, fast_trials: int, trials: int, best_ms: float) -> None:
+    """Note a measurement that ended with too few fast-host trials (the run records it)."""
+    _slow.append({"what": what, "fast_trials": fast_trials, "trials": trials, "best_probe_ms": round(best_ms, 4)})
+
+
+def slow_notes() -> list[dict]:
+    """The measurements of this run that ended on a slow host, oldest first."""
+    return [dict(n) for n in _slow]
+
+
+def slow_host(results: dict) -> bool | None:
+    """Whether a run was taken on a slow host by its own record (results["host_slow"]: the
+    measurements left with too few fast-host trials); None for runs recorded before the record."""
+    notes = results.get("host_slow")
+    return None if notes is None else bool(notes)
+
+
+def retry_left_s() -> float:
+    """Seconds this run may still spend waiting and retrying for a fast host."""
+    return max(RETRY_BUDGET_S - _retry_spent_s, 0.0)
+
+
+def spend_retry(seconds: float) -> None:
+    global _retry_spent_s
+    _retry_spent_s += seconds
+
+
 def readings() -> list[dict]:
     """Every reading of this process so far, oldest first."""
     return [asdict(r) for r in _readings]
 
 
 def reset() -> None:
-    """Forget the readings (a new run in the same process starts its own list)."""
-    global _t0
+    """Forget the readings, the slow notes and the retry time spent (a new run starts its own)."""
+    global _t0, _retry_spent_s
     _readings.clear()
+    _slow.clear()
     _t0 = None
+    _retry_spent_s = 0.0
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ class PendingRun:
     (hardware.record_ceilings). Then each cell adds tables (`write_table`), results (`extra`)
     and traces (under `path`, a scratch folder); `write()` puts them all into the run at once.
     A cell that fails leaves no run behind. The host probe's readings (labsupport.measure.hostprobe),
-    from the run's opening to its writing, go into the run's results as `host_probe`; what inductor
+    from the run's opening to its writing, go into the run's results as `host_probe`, the
+    measurements that ended on a slow host (harness.interleaved) as `host_slow`, and what inductor
     did in the process (labsupport.measure.compiling.record) as `compile`."""
 
     def __init__(
@@ -87,5 +88,6 @@ class PendingRun:
             w.extra["compile"] = compiling.record()
             hostprobe.read("run written")
             w.extra["host_probe"] = hostprobe.readings()
+            w.extra["host_slow"] = hostprobe.slow_notes()  # measurements with too few fast-host trials
         self._scratch.cleanup()
         return w.run_id

@@ -1,6 +1,7 @@
 """Compare a new run of a chapter with the published one: structural changes (kernel
 counts and names, by kind and by source) apart from timing noise (headline numbers that
-moved by more than a threshold).
+moved by more than a threshold). A host-timed headline number (a wall time) that moved with
+the host, as the ratio of the two runs' host-probe readings says, is labelled "host", not moved.
 
 The markdown report escapes everything that comes from run data (kernel names above all), so
 the status page renders it as text, never as HTML."""
@@ -21,6 +22,8 @@ from labsupport.measure import hostprobe
 from labsupport.traces import kernels
 
 DEFAULT_TIMING_THRESHOLD = 0.25  # relative change of a headline number still called noise
+# Headline numbers taken on the host's clock (wall times, per-call µs): they follow the CPU's speed.
+HOST_TIMED = re.compile(r"\bwall\b|^(prefill|decode) ms$|µs$")
 
 
 @dataclass
@@ -61,6 +64,26 @@ def host_speed(new: runs.Run, old: runs.Run | None) -> dict:
         "slow": h.slow,
         "why": h.why,
     }
+
+
+def probe_ratio(new: runs.Run, old: runs.Run) -> float | None:
+    """The new run's best host-probe reading over the published run's (None when either has no
+    probe): above 1, the host was slower in the new run."""
+    a = hostprobe.assess(new.results.get("host_probe", []))
+    b = hostprobe.assess(old.results.get("host_probe", []))
+    return a.best_ms / b.best_ms if a and b and b.best_ms > 0 else None
+
+
+def explained_by_host(change: float, ratio: float | None, threshold: float) -> bool:
+    """Whether a host-timed number's relative `change` is the host's: it moved the way the probe
+    moved, and no further than the probe's move plus the noise threshold (a host-bound step follows
+    the CPU at most one for one)."""
+    if ratio is None or ratio <= 0 or change <= -1:
+        return False
+    move = 1 + change
+    if (move > 1) != (ratio > 1):
+        return False  # it moved against the host
+    return abs(math.log(move)) <= abs(math.log(ratio)) + math.log(1 + threshold)
 
 
 def _kernel_tables(run: runs.Run) -> dict[str, pd.DataFrame]:
@@ -174,6 +197,7 @@ def compare(
                 }
             )
     h_new, h_old = chapter.headline(new), chapter.headline(old)
+    ratio = probe_ratio(new, old)
     for key in h_new:
         if key not in h_old:
             continue
@@ -181,7 +205,10 @@ def compare(
         if not (math.isfinite(o) and math.isfinite(n)):
             continue  # a number one of the runs does not have: nothing to compare
         rel = (n - o) / o if o else float("inf") if n else 0.0
-        d.timing.append({"metric": key, "old": o, "new": n, "change": rel, "moved": abs(rel) > threshold})
+        host = abs(rel) > threshold and HOST_TIMED.search(key) is not None and explained_by_host(rel, ratio, threshold)
+        d.timing.append(
+            {"metric": key, "old": o, "new": n, "change": rel, "moved": abs(rel) > threshold and not host, "host": host}
+        )
     return d
 
 
@@ -264,10 +291,8 @@ def timing_row(t: dict) -> str:
     skipped them) shows as a dash, not as nan."""
     if not all(math.isfinite(float(t[k])) for k in ("old", "new")):
         return f"| {md_text(t['metric'])} | {_num(t['old'])} | {_num(t['new'])} | – | not in both runs |"
-    return (
-        f"| {md_text(t['metric'])} | {t['old']:.4g} | {t['new']:.4g} | {t['change']:+.1%} | "
-        f"{'**moved**' if t['moved'] else 'noise'} |"
-    )
+    label = "**moved**" if t["moved"] else "host" if t.get("host") else "noise"
+    return f"| {md_text(t['metric'])} | {t['old']:.4g} | {t['new']:.4g} | {t['change']:+.1%} | {label} |"
 
 
 def _num(v) -> str:

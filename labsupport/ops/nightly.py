@@ -143,6 +143,7 @@ def main(
     build_book: bool = True,
     timing_threshold: float | str = drift.DEFAULT_TIMING_THRESHOLD,  # a command-line string is parsed here
     min_kernels: int | str = 1,
+    accept_slow_host: bool = False,
 ) -> int:
     from labsupport.ops import params as parameters
 
@@ -169,7 +170,7 @@ def main(
         return 1
     try:
         with children.no_orphans(NIGHTLY_DIR / f"{children.SCRATCH}{os.getpid()}"):
-            return _night(lk, root, selected, per_chapter, build_book, timing_threshold, min_kernels)
+            return _night(lk, root, selected, per_chapter, build_book, timing_threshold, min_kernels, accept_slow_host)
     finally:
         lock.release(lk)
 
@@ -180,7 +181,28 @@ def check_folders(root: Path) -> None:
         runs.check_real_dir(d, "the nightly writes there")
 
 
-def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_kernels) -> int:
+def kept_published(new: dict, baseline: dict, accept_slow_host: bool) -> set[str]:
+    """The chapters whose published run, taken on a fast host, a new run taken on a slow host does
+    not replace (none with `accept_slow_host`); one line each says why."""
+    from labsupport.measure import hostprobe
+
+    kept = set()
+    for slug, run in new.items():
+        old = baseline.get(slug)
+        if accept_slow_host or old is None or not hostprobe.slow_host(run.results):
+            continue
+        if hostprobe.slow_host(old.results) is False:
+            kept.add(slug)
+            print(
+                f"{slug}: kept the published run {old.run_id}: it was taken on a fast host and the new run "
+                f"{run.run_id} on a slow one ({len(run.results['host_slow'])} measurements with too few "
+                "fast-host trials); --accept-slow-host publishes it anyway",
+                flush=True,
+            )
+    return kept
+
+
+def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_kernels, accept_slow_host) -> int:
     try:
         for line in leftovers.recover(root, lk.stale, BOOK_DIR, NIGHTLY_DIR, live.LOG_DIR):
             print(f"before the night: {line}", flush=True)
@@ -206,13 +228,15 @@ def _night(lk, root, selected, per_chapter, with_book, timing_threshold, min_ker
         seconds = run_chapters(selected, run_id, per_chapter, out_dir)
         new = validate_runs(root, selected, run_id, out_dir, min_kernels)
         files = write_drift(run_id, new, baseline, timing_threshold, out_dir)
+        kept = kept_published(new, baseline, accept_slow_host)
         rows = [
             row
             for slug, run in new.items()
+            if slug not in kept
             for row in history.rows_for(f"nightly {run_id}", chapters.by_slug(slug), run, seconds[slug])
         ]
         files["history.csv"] = history.with_rows(rows, root)
-        manifest = {**runs.published(root), **{slug: run_id for slug in new}}
+        manifest = {**runs.published(root), **{slug: run_id for slug in new if slug not in kept}}
         html = build_book(root, manifest, files, out_dir) if with_book else None
         p = publish(root, run_id, manifest, files, html)
     except BaseException as e:  # SIGTERM arrives as KeyboardInterrupt

@@ -32,6 +32,6 @@ from .idle import (
 from .measuring import (
     ARTIFACTS, CACHE_GROWTH_COLUMNS, cache_rows, CHAPTER, check_backends, GROUPS, load, model_facts, MODES,
     MODES_SHORT, OUTSIDE, Params, PREFILL_COLUMNS, progress, Recorder, STEP_TIME_COLUMNS, trace_file,
-    VARIANT_COLUMNS,
+    VARIANT_COLUMNS, wall_column,
 )
 # fmt: on

@@ -94,7 +94,7 @@ def variants(run: runs.Run) -> pd.DataFrame:
     out["kernels"] = v.kernels
     out["launch calls"] = v.launch_calls
     out["GPU busy ms"] = v.gpu_busy_ns / 1e6
-    out["wall ms"] = v[wall_column(v)]  # the minimum: the book's estimator
+    out["wall ms"] = v[wall_column(v)]  # the book's estimator (the minimum in older runs)
     out["wall median ms"] = v.wall_ms_median
     out["wall min ms"] = [wall.min().get(k, float("nan")) for k in keys]
     out["wall q1 ms"] = [wall.quantile(0.25).get(k, float("nan")) for k in keys]

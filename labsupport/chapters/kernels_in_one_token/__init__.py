@@ -20,7 +20,8 @@ from __future__ import annotations
 # fmt: off
 from .analysis import (
     attention_kernel_names, census_beside_published, clean_times, context_ops, context_sweep, context_wall_text,
-    fresh_processes, headline, kernel_table, layer_kernels, layer_parts, middle_layer, outside_layers, per_layer,
+    estimator_text, fresh_processes, headline, kernel_table, plain_step, plain_text, PlainStep, layer_kernels,
+    layer_parts, middle_layer, outside_layers, per_layer,
     profiler_effect, recompute_census, shared, static_at_prompt, static_copies, Summary, summary,
 )
 from .figures import (
@@ -29,8 +30,9 @@ from .figures import (
 from .matrices import (
     gemv_by_shape, kv_bytes_per_token, kv_cache_text, kv_cache_traffic, projection_shapes, PROJECTIONS,
 )
+from .host import kept_trials, probe_figure, step_trials
 from .measuring import (
-    call_paths, context_row, ContextSweep, ops_rows, pending_run, profiler_effect_table,
+    call_paths, context_row, ContextSweep, ops_rows, pending_run, plain_eager_step, profiler_effect_table,
 )
 from .params import (
     CHAPTER, load, Params, progress, TRACE_FILE,

@@ -9,7 +9,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters.kernels_in_one_token.params import TRACE_FILE
-from labsupport.measure import hardware, models
+from labsupport.measure import hardware, harness, models
 from labsupport.traces import kernels, trace
 
 _TEXT_COLUMNS = ["name", "stream", "grid", "block", "launch_api", "op", "module", "kind", "short_name", "part"]
@@ -37,13 +37,16 @@ class Summary:
     kernels: int
     kernel_ms: float  # sum of kernel durations
     gpu_busy_ms: float  # union of kernel intervals
-    wall_ms: float  # the timed steps (no profiler) by the book's estimator: their minimum
-    wall_median_ms: float
-    wall_q1_ms: float
+    wall_ms: float  # the timed steps (no profiler) by the book's estimator (harness.estimate)
+    wall_median_ms: float  # the median of all the trials, slow-host ones included
+    wall_q1_ms: float  # the quartiles and minimum of the trials the estimator rests on
     wall_q3_ms: float
+    wall_min_ms: float
     wall_max_ms: float
-    trials: int
-    issue_ms: float  # time until the CPU had queued the whole step (minimum of the same trials)
+    trials: int  # every clean trial
+    fast_trials: int  # the trials the estimator rests on (fast-host ones; all, in older runs)
+    estimator: str  # harness.ESTIMATOR, or the minimum for runs without per-trial probe readings
+    issue_ms: float  # time until the CPU had queued the whole step (same estimator, same trials)
     idle_ms: float
     busy_fraction: float
     kernel_interval_us: float  # the unprofiled wall time (minimum) per kernel
@@ -82,14 +85,13 @@ def clean_times(run: runs.Run) -> pd.DataFrame:
 def summary(run: runs.Run, lim: hardware.Limits | None = None) -> Summary:
     """The headline numbers; `lim`: the ceilings to compare with (the page passes
     shared.limits(), the ceilings owner's; without it, the run's own or the datasheet's)."""
-    from labsupport.measure import harness
-
     k = kernel_table(run)
     times = clean_times(run)
     walls = [float(w) for w in times.wall_ms]
+    est = harness.table_estimate(times)
     model = run.results["model"]
     busy = trace.busy_ns(k.start_ns, k.end_ns) / 1e6
-    wall = min(walls)
+    wall = est.value
     mm = k[k.kind == "matrix multiply"]
     mm_ms = mm.dur_ns.sum() / 1e6
     gb = model["matmul_bytes"] / 1e9
@@ -104,11 +106,14 @@ def summary(run: runs.Run, lim: hardware.Limits | None = None) -> Summary:
         gpu_busy_ms=busy,
         wall_ms=wall,
         wall_median_ms=statistics.median(walls),
-        wall_q1_ms=harness.quantile(walls, 0.25),
-        wall_q3_ms=harness.quantile(walls, 0.75),
+        wall_q1_ms=est.q1,
+        wall_q3_ms=est.q3,
+        wall_min_ms=est.low,
         wall_max_ms=max(walls),
         trials=len(walls),
-        issue_ms=float(times.issue_ms.min()),
+        fast_trials=est.trials,
+        estimator=est.basis,
+        issue_ms=harness.table_estimate(times, "issue_ms").value,
         idle_ms=max(wall - busy, 0.0),
         busy_fraction=busy / wall,
         kernel_interval_us=wall * 1e3 / len(k),
@@ -151,6 +156,71 @@ def profiler_effect(run: runs.Run) -> pd.DataFrame | None:
     if "profiler_effect.csv" not in run.meta["files"]:
         return None
     return run.table("profiler_effect")
+
+
+def estimator_text(basis: str, fast: int, trials: int) -> str:
+    """How a host-timed number was estimated, as a fragment of a sentence: the median of the
+    fast-host trials, or, for a run recorded before per-trial probe readings, the minimum (said so)."""
+    from labsupport.measure import harness
+
+    if basis == harness.ESTIMATOR:
+        return f"median of the {fast} trials of {trials} taken on a fast host"
+    return f"minimum of {trials} trials (a run recorded before each trial carried a host-probe reading)"
+
+
+def plain_text(run: runs.Run) -> str:
+    """The plain script's step beside the book's, as a sentence (said plainly when the run has none)."""
+    p = plain_step(run)
+    if p is None:
+        return "This run was recorded before the plain script ran beside the book's measurement."
+    if not p.plain.trials or not p.book.trials:
+        return (
+            "The same step was also timed by a plain transformers script outside the book's harness "
+            "(`benchmarks/plain_eager_step.py`, in a fresh process), but the host ran at another speed then: "
+            f"{p.plain.trials} of its {p.plain.of} trials and {p.book.trials} of the book's {p.book.of} were taken "
+            f"within {FAST_WITHIN:.0%} of the best probe reading of the two, {p.plain.best_probe_ms:.2f} ms, so the "
+            "two are not compared."
+        )
+    verdict = "they agree" if p.agree else f"they differ by more than {PLAIN_AGREEMENT:.0%}"
+    return (
+        f"The same step timed by a plain transformers script outside the book's harness "
+        f"(`benchmarks/plain_eager_step.py`, in a fresh process, {p.plain.trials} fast-host trials of "
+        f"{p.plain.of}) took {p.plain.value:.1f} ms by the same estimator, {p.ratio:.2f} times the book's "
+        f"{p.book.value:.1f} ms: {verdict}."
+    )
+
+
+@dataclass(frozen=True)
+class PlainStep:
+    """The book's shared eager step beside the same step timed by the plain script
+    (benchmarks/plain_eager_step.py, plain_eager_step.csv), both by the book's estimator."""
+
+    book: harness.Estimate
+    plain: harness.Estimate
+
+    @property
+    def ratio(self) -> float:
+        """The plain script's step over the book's (1: they agree)."""
+        return self.plain.value / self.book.value
+
+    @property
+    def agree(self) -> bool:
+        return abs(self.ratio - 1) <= PLAIN_AGREEMENT
+
+
+PLAIN_AGREEMENT = 0.10  # the plain script and the book's step agree within this, by the same estimator
+FAST_WITHIN = harness.FAST_HOST - 1
+
+
+def plain_step(run: runs.Run) -> PlainStep | None:
+    """The plain script's step beside the book's (None for runs recorded before the script ran
+    in the chapter), both by the fast-host trials judged against the best probe reading of the two:
+    trials taken while the host was at the same speed."""
+    if "plain_eager_step.csv" not in run.meta["files"]:
+        return None
+    book, plain = clean_times(run), run.table("plain_eager_step")
+    best = min(book.probe_ms.min(), plain.probe_ms.min()) if "probe_ms" in book else None  # one host, one yardstick
+    return PlainStep(harness.table_estimate(book, best_ms=best), harness.table_estimate(plain, best_ms=best))
 
 
 def census_beside_published(run: runs.Run) -> pd.DataFrame:
@@ -214,42 +284,47 @@ def layer_kernels(run: runs.Run, layer: int) -> pd.DataFrame:
 
 def context_sweep(run: runs.Run) -> pd.DataFrame:
     """Attention's share of GPU time at each context length, and each cache's wall time by the
-    minimum of its trials (the estimator), with the median beside it."""
+    book's estimator (the fast-host median; the minimum in runs without per-trial probe
+    readings), with the median of all its trials beside it."""
     s = run.table("context_sweep")
     ok = s[s.status == "ok"].copy()
     ok["attention share"] = ok.attention_ns / ok.kernel_ns
     ok["attention ms"] = ok.attention_ns / 1e6
     ok["GPU ms"] = ok.kernel_ns / 1e6
     ok["GPU busy ms"] = ok.gpu_busy_ns / 1e6
-    ok["wall ms"] = ok.wall_ms_min
+    ok["wall ms"] = ok[harness.estimate_column(ok.columns)]
     ok["wall ms (median)"] = ok.wall_ms_median
     has_static = "static_wall_ms_min" in ok
-    ok["static wall ms"] = ok.static_wall_ms_min if has_static else float("nan")
+    ok["static wall ms"] = ok[harness.estimate_column(ok.columns, "static_wall_ms")] if has_static else float("nan")
     ok["static wall ms (median)"] = ok.static_wall_ms_median if has_static else float("nan")
     ok["static GPU busy ms"] = ok.static_gpu_busy_ns / 1e6 if has_static else float("nan")
     return ok.reset_index(drop=True)
 
 
-SLOW = 1.25  # a median this many times the minimum: the slow trials are the host's, not the step's
+SLOW = 1.25  # a median this many times the estimate: the slow trials are the host's, not the step's
 
 
 def context_wall_text(run: runs.Run) -> str:
-    """What the wall times across contexts show: the minimum against the GPU's busy time, and
-    any context whose median stands far above its minimum (slow trials), said from the run."""
+    """What the wall times across contexts show: the estimate against the GPU's busy time, and
+    any context whose median of all trials stands far above its estimate (slow trials), said from
+    the run."""
     sw = context_sweep(run)
     first, last = sw.iloc[0], sw.iloc[-1]
+    new = "wall_ms_estimate" in sw  # runs with per-trial probe readings: the fast-host median
+    by = "the book's estimator" if new else "the minimum of its trials"
     text = (
-        f"By the minimum of its trials, the dynamic cache's step took {first['wall ms']:.1f} ms at "
+        f"By {by}, the dynamic cache's step took {first['wall ms']:.1f} ms at "
         f"{int(first.context):,} tokens and {last['wall ms']:.1f} ms at {int(last.context):,}, while the GPU's busy "
         f"time grew from {first['GPU busy ms']:.2f} to {last['GPU busy ms']:.2f} ms: the GPU still waits for the "
         "CPU most of the step, so the wall time barely moves."
     )
     slow = sw[sw["wall ms (median)"] > SLOW * sw["wall ms"]]
-    for r in slow.itertuples():
-        n = int(getattr(r, "wall_repeats", 0) or 0) or int(run.parameters.get("context_repeats", 0) or 0)
+    for _, r in slow.iterrows():
+        n = int(r.get("wall_repeats", 0) or 0) or int(run.parameters.get("context_repeats", 0) or 0)
         text += (
-            f" At {int(r.context):,} tokens the median of the {n or 'few'} trials, {r.wall_ms_median:.1f} ms, "
-            f"is {r.wall_ms_median / r.wall_ms_min:.1f} times their minimum, {r.wall_ms_min:.1f} ms (slowest "
+            f" At {int(r.context):,} tokens the median of all {n or 'few'} trials, {r.wall_ms_median:.1f} ms, "
+            f"is {r.wall_ms_median / r['wall ms']:.1f} times {'the estimate' if new else 'their minimum'}, "
+            f"{r['wall ms']:.1f} ms (slowest "
             f"{r.wall_ms_max:.1f} ms), while the GPU's busy time there, {r.gpu_busy_ns / 1e6:.2f} ms, is in "
             "line with its neighbours': the step did not get slower, the host did during those trials"
         )
@@ -322,7 +397,7 @@ def layer_parts(run: runs.Run, layer: int) -> pd.DataFrame:
 
 def static_at_prompt(run: runs.Run) -> dict:
     """The static-cache step at the prompt's length (the context sweep's row for it): wall by
-    the minimum of its trials, GPU busy time and kernels of its profile; NaN where the run has
+    the book's estimator, GPU busy time and kernels of its profile; NaN where the run has
     none."""
     nan = float("nan")
     s = run.table("context_sweep")
@@ -331,7 +406,7 @@ def static_at_prompt(run: runs.Run) -> dict:
         return {"static_wall_ms": nan, "static_gpu_busy_ms": nan, "static_kernels": nan}
     r = row.iloc[0]
     return {
-        "static_wall_ms": float(r.static_wall_ms_min),
+        "static_wall_ms": float(r[harness.estimate_column(s.columns, "static_wall_ms")]),
         "static_gpu_busy_ms": float(r.static_gpu_busy_ns) / 1e6,
         "static_kernels": int(r.static_kernels),
     }
@@ -339,9 +414,10 @@ def static_at_prompt(run: runs.Run) -> dict:
 
 def shared(run: runs.Run) -> dict:
     """The eager step's numbers this chapter measures for the whole book
-    (labsupport.chapters.shared): its wall time by the book's estimator (the minimum of the
-    trials timed before any profile, interleaved with the static cache's in runs since the
-    interleaved harness) with the median and quartiles, its issue time, and, from its profiled
+    (labsupport.chapters.shared): its wall time by the book's estimator (the median of the
+    fast-host trials timed before any profile, interleaved with the static cache's; the minimum in
+    runs without per-trial probe readings) with their quartiles, minimum and count, the median and
+    count of all the trials, its issue time, and, from its profiled
     step, GPU busy time, kernels and the matrix multiplies' read rate; and the static-cache step
     at the same prompt (the context sweep's row for it)."""
     s = summary(run)
@@ -350,7 +426,9 @@ def shared(run: runs.Run) -> dict:
         "eager_wall_median_ms": s.wall_median_ms,
         "eager_wall_q1_ms": s.wall_q1_ms,
         "eager_wall_q3_ms": s.wall_q3_ms,
+        "eager_wall_min_ms": s.wall_min_ms,
         "eager_trials": s.trials,
+        "eager_fast_trials": s.fast_trials,
         "eager_issue_ms": s.issue_ms,
         "eager_gpu_busy_ms": s.gpu_busy_ms,
         "eager_kernels": s.kernels,

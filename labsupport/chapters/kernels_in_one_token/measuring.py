@@ -81,6 +81,8 @@ class ContextSweep:
                     warmup=1,
                     what=f"decode step, {ctx} tokens",
                     progress=self.progress,
+                    min_fast=harness.MIN_FAST_TRIALS if ctx == p.prompt_len else 0,  # only the headline waits
+                    # for a fast host
                 )
                 self.dynamic[ctx], self.static[ctx] = t["dynamic"], t["static"]
                 for cache in ("dynamic", "static"):
@@ -157,7 +159,8 @@ def ops_rows(k: pd.DataFrame, **keys) -> list[dict]:
 
 def context_row(k: pd.DataFrame, t: harness.Timing) -> dict:
     """One cache's step at one context: kernels, GPU time by what matters for the KV cache, wall
-    (the minimum, the book's estimator, with the quartiles, the median and the range)."""
+    (the book's estimator, the fast-host median, with its minimum, quartiles and count; the median,
+    quartiles and range of all the trials)."""
     attention = k.kind == "attention"
     return {
         "kernels": len(k),
@@ -168,11 +171,7 @@ def context_row(k: pd.DataFrame, t: harness.Timing) -> dict:
         "attention_names": ";".join(sorted(set(k.loc[attention, "short_name"]))),
         "copy_ns": int(k.loc[k.kind == "copy/convert/concat", "dur_ns"].sum()),
         "cat_ns": int(k.loc[k.op == "aten::cat", "dur_ns"].sum()),
-        "wall_ms_median": t.median,
-        "wall_ms_min": t.low,
-        "wall_ms_q1": t.q1,
-        "wall_ms_q3": t.q3,
-        "wall_ms_max": t.high,
+        **harness.spread(t.wall_ms, "wall_ms", t.probe_ms or None),  # _estimate (the estimator), _fast_*, _min, ...
         "wall_repeats": len(t.wall_ms),
         "wall_clean": t.clean,
     }
@@ -216,3 +215,28 @@ def profiler_effect_table(procs, clean: harness.Timing, after: harness.Timing, s
         }
     )
     return pd.DataFrame(rows)
+
+
+def plain_eager_step(params: Params, path: Path, trials: int, tiny: bool = False) -> pd.DataFrame | None:
+    """The same eager step timed by benchmarks/plain_eager_step.py, outside the harness, in a
+    fresh process (before this one profiles): one row per trial, `wall_ms` and the host probe's
+    reading just before it (`probe_ms`), from the CSV the script writes to `path`. None where the
+    script is not there (labsupport installed from its wheel, without the repository)."""
+    import subprocess
+    import sys
+
+    from labsupport.runs.provenance import REPO_ROOT
+
+    script = REPO_ROOT / "benchmarks" / "plain_eager_step.py"
+    if not script.is_file():
+        progress(f"  {script} is not here (no repository checkout): the plain script's step is not recorded")
+        return None
+    cmd = [sys.executable, str(script), "--trials", str(trials), "--prompt-len", str(params.prompt_len)]
+    cmd += ["--device", params.device, "--csv", str(path), *(["--tiny"] if tiny else [])]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{CHAPTER}: benchmarks/plain_eager_step.py failed: {last}")
+    df = pd.read_csv(path)
+    path.unlink()
+    return df

@@ -10,7 +10,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters.launch_overhead.params import SHARED_PREFIX, VARIANTS, trace_file
-from labsupport.measure import hardware
+from labsupport.measure import hardware, harness
 from labsupport.traces import kernels, trace
 
 
@@ -59,9 +59,12 @@ def timing_note(run: runs.Run) -> str:
             if "round" in t and t["round"].notna().any()
             else f"{n} repeats per variant, one variant after another"
         )
-        return (
-            f"Every wall time this run took was taken before the first profile in the process, {how}; the table "
-            "gives the minimum, the book's estimator, with the quartiles."
+        return f"Every wall time this run took was taken before the first profile in the process, {how}; the table " + (
+            "gives the median of the trials taken while the host probe read within "
+            f"{harness.FAST_HOST - 1:.0%} of its best reading, the book's estimator, with their quartiles."
+            if "probe_ms" in t
+            else "gives the minimum, the book's estimator when it was recorded (its trials carry no host-probe "
+            "readings), with the quartiles."
         )
     return (
         "Some wall times in this run were taken after a profile in the same process (see `clean` in "
@@ -70,19 +73,19 @@ def timing_note(run: runs.Run) -> str:
 
 
 def wall_stats(run: runs.Run) -> pd.DataFrame:
-    """Each timed variant's wall time: minimum (the estimator), quartiles, median, trials."""
-    from labsupport.measure import harness
-
+    """Each timed variant's wall time by the book's estimator (the fast-host median; the minimum in
+    runs without per-trial probe readings) with the quartiles of the same trials, the median of
+    all of them, and the count of the trials the estimator rests on."""
     t = run.table("step_times")
     rows = {}
     for variant, g in t.groupby("variant"):
-        w = [float(x) for x in g.wall_ms]
+        e = harness.table_estimate(g)
         rows[variant] = {
-            "wall ms": min(w),
-            "wall q1 ms": harness.quantile(w, 0.25),
-            "wall median ms": harness.quantile(w, 0.5),
-            "wall q3 ms": harness.quantile(w, 0.75),
-            "trials": len(w),
+            "wall ms": e.value,
+            "wall q1 ms": e.q1,
+            "wall median ms": harness.quantile([float(x) for x in g.wall_ms], 0.5),
+            "wall q3 ms": e.q3,
+            "trials": e.trials,
         }
     cols = ["wall ms", "wall q1 ms", "wall median ms", "wall q3 ms", "trials"]
     return pd.DataFrame.from_dict(rows, orient="index", columns=cols)
@@ -182,7 +185,7 @@ def profiled_note(bd: pd.DataFrame, texts: dict | None = None) -> str:
 class EagerSummary:
     kernels: int
     gpu_busy_ms: float
-    wall_ms: float  # unprofiled, by the minimum of the trials
+    wall_ms: float  # unprofiled, by the book's estimator (harness.estimate)
     idle_ms: float
     issue_ms: float  # unprofiled: until the CPU had launched the whole step
     wall_per_kernel_us: float  # unprofiled wall time / kernels
@@ -213,8 +216,8 @@ def eager_summary(run: runs.Run, vals: dict | None = None) -> EagerSummary:
         t = run.table("step_times")
         t = t[t.variant == "eager"]
         kernels, busy = len(k), trace.busy_ns(k.start_ns, k.end_ns) / 1e6
-        wall = float(t.wall_ms.min()) if len(t) else nan
-        issue = float(t.issue_ms.min()) if len(t) else nan
+        wall = harness.table_estimate(t).value if len(t) else nan
+        issue = harness.table_estimate(t, "issue_ms").value if len(t) else nan
         mean = float(k.dur_ns.mean() / 1e3)
     interval = float(starts.diff().dropna().mean() / 1e3)
     launch = float(k.launch_dur_ns.median() / 1e3)
@@ -250,7 +253,8 @@ def headline(run: runs.Run, vals: dict | None = None) -> dict:
 def shared(run: runs.Run) -> dict:
     """The steps this chapter measures for the whole book (labsupport.chapters.shared): the
     CUDA-graph and the compiled steps (reduce-overhead, max-autotune), wall time by the book's estimator (the
-    least of the trials, interleaved in rounds in runs since the interleaved harness), GPU busy time
+    median of the fast-host trials, interleaved in rounds; the minimum in runs without per-trial probe
+    readings), GPU busy time
     and kernels of the profiled step."""
     v = run.table("variants").set_index("variant")
     t = run.table("step_times")
@@ -261,8 +265,8 @@ def shared(run: runs.Run) -> dict:
         ("compile-max-autotune", "autotune"),
     ):
         ok = key in v.index and v.loc[key, "status"] == "ok"
-        walls = t.loc[t.variant == key, "wall_ms"]
-        out[f"{name}_wall_ms"] = float(walls.min()) if ok and len(walls) else float("nan")
+        trials = t[t.variant == key]
+        out[f"{name}_wall_ms"] = harness.table_estimate(trials).value if ok and len(trials) else float("nan")
         out[f"{name}_gpu_busy_ms"] = float(v.loc[key, "gpu_busy_ns"]) / 1e6 if ok else float("nan")
         out[f"{name}_kernels"] = int(v.loc[key, "kernels"]) if ok else float("nan")
     return out

@@ -28,7 +28,7 @@ VARIANT_COLUMNS = [
     "launch_calls", "wall_ms_median", "wall_ms_min", "wall_ms_q1", "wall_ms_q3", "wall_ms_max", "issue_ms_median",
     "clean", "graphs_compiled_while_profiling", "compile_s",
 ]  # fmt: skip
-STEP_TIME_COLUMNS = ["variant", "repeat", "round", "wall_ms", "issue_ms", "gpu_ms", "clean"]
+STEP_TIME_COLUMNS = ["variant", "repeat", "round", "wall_ms", "issue_ms", "gpu_ms", "clean", "probe_ms"]
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Params:
     preset: str = "qwen3-8b"
     prompt_len: int = 256
     dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
-    repeats: int = 60  # interleaved rounds: one step of each timed form per round
+    repeats: int = 24  # interleaved rounds: one step of each timed form per round (10 fast-host ones needed)
     max_autotune: bool = True
     device: str = "cuda"
 

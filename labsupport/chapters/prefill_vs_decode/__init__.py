@@ -34,7 +34,7 @@ from __future__ import annotations
 from .analysis import (
     Bandwidth, bandwidth, census, crossover, Crossover, kernel_table, layer_gemm_kernels, layer_gemm_table,
     layer_gemms, Limits, limits, measured_ridge, passes_table, Phase, phase_table, phases, prefill_timing,
-    PrefillTiming, prompt_sweep, recompute_kernels, roofline, shape, TIME_LABELS, utilisation,
+    PrefillTiming, prompt_sweep, recompute_kernels, roofline, shape, TIME_LABELS, utilisation, wall_host_text,
 )
 from .ceilings import (
     achieved_rates, attainable, ceiling_notes, ceilings_row, gemm_points, headline, none_as_nan, pass_points, Ridge,

@@ -124,7 +124,7 @@ class Phase:
     new_tokens: int
     cached_tokens: int  # tokens in the KV cache before the pass
     kernels: int
-    wall_ms: float  # the book's estimator: the minimum of the interleaved trials (no profiler)
+    wall_ms: float  # the book's estimator (harness.estimate) of the interleaved trials (no profiler)
     wall_min_ms: float
     wall_max_ms: float
     wall_repeats: int
@@ -167,7 +167,8 @@ def phases(run: runs.Run) -> dict[str, Phase]:
     for ph in PHASES:
         k = kernel_table(run, ph)
         walls = times.loc[times["phase"] == ph, "wall_ms"]
-        wall = float(walls.min())  # harness.ESTIMATOR: the minimum
+        est = harness.table_estimate(times[times["phase"] == ph])  # the fast-host median (old runs: minimum)
+        wall = est.value
         busy = trace.busy_ns(k.start_ns, k.end_ns) / 1e6
         mm = k[k.kind == MATMUL]
         work = phase_work(sh, ph, n)
@@ -185,8 +186,8 @@ def phases(run: runs.Run) -> dict[str, Phase]:
             wall_max_ms=float(walls.max()),
             wall_repeats=len(walls),
             wall_median_ms=float(statistics.median(walls)),
-            wall_q1_ms=harness.quantile(list(walls), 0.25),
-            wall_q3_ms=harness.quantile(list(walls), 0.75),
+            wall_q1_ms=est.q1,  # the quartiles of the trials the estimator rests on
+            wall_q3_ms=est.q3,
             gpu_busy_ms=busy,
             kernel_ms=k.dur_ns.sum() / 1e6,
             matmul_kernels=len(mm),
@@ -223,7 +224,7 @@ def phase_table(run: runs.Run) -> pd.DataFrame:
 
 @dataclass
 class PrefillTiming:
-    """The wall time of the prefill of `prompt_len` tokens (the minimum of its trials), as the
+    """The wall time of the prefill of `prompt_len` tokens (the book's estimator), as the
     phase table and the prompt-length sweep show it: one measurement (`shared`) in runs recorded
     since the chapter times each configuration once; older runs timed it twice."""
 
@@ -242,8 +243,9 @@ def prefill_timing(run: runs.Run) -> PrefillTiming:
     s = run.table("prompt_sweep")
     row = s[(s["prompt_len"] == n) & (s["status"] == "ok")].set_index("prompt_len")
     same = lambda a, b: math.isclose(float(a), float(b), rel_tol=1e-12)  # noqa: E731 (CSV round trip)
+    est = harness.table_estimate(t[t["phase"] == "prefill"]).value
     if row.empty:
-        return PrefillTiming(n, float(walls.min()), len(walls), None, None, False)
+        return PrefillTiming(n, est, len(walls), None, None, False)
     r = row.loc[n]
     reps = int(r["wall_repeats"]) if "wall_repeats" in row.columns else None
     shared = (
@@ -251,8 +253,27 @@ def prefill_timing(run: runs.Run) -> PrefillTiming:
         and same(r["wall_ms_median"], statistics.median(walls))
         and same(r["wall_ms_min"], walls.min())
         and same(r["wall_ms_max"], walls.max())
+        and same(r[harness.estimate_column(row.columns)], est)
     )
-    return PrefillTiming(n, float(walls.min()), len(walls), float(r["wall_ms_min"]), reps, shared)
+    return PrefillTiming(n, est, len(walls), float(r[harness.estimate_column(row.columns)]), reps, shared)
+
+
+def wall_host_text(run: runs.Run) -> str:
+    """Which host the wall times of the phase table come from: the trials the estimator rests on,
+    and the host probe's readings while they were taken."""
+    t = run.table("phase_times")
+    d = harness.table_estimate(t[t["phase"] == "decode"])
+    if d.basis != harness.ESTIMATOR:
+        return (
+            f"These wall times are the minimum of each pass's {d.of} trials: the run was recorded before each "
+            "trial carried a host-probe reading, so which speed of the host they come from is known only from "
+            "the probe's readings around them (listed with the run's files below)."
+        )
+    return (
+        f"These wall times are the median of the trials taken while the host probe read within "
+        f"{harness.FAST_HOST - 1:.0%} of its best reading in the run, {d.best_probe_ms:.2f} ms ({d.trials} of the "
+        f"decode step's {d.of} trials): the host at its fast speed, as in the other chapters' wall times."
+    )
 
 
 # Display labels of utilisation()'s `time` keys.
@@ -442,7 +463,7 @@ def prompt_sweep(run: runs.Run) -> pd.DataFrame:
     ok = s[s.status == "ok"].copy()
     n = ok.prompt_len.astype(int)
     work = [forward_work(sh, int(t)) for t in n]
-    ok["wall ms"] = ok.wall_ms_min  # the book's estimator: the minimum of the trials
+    ok["wall ms"] = ok[harness.estimate_column(ok.columns)]  # the book's estimator
     ok["wall median ms"] = ok.wall_ms_median
     for q in ("q1", "q3"):  # runs recorded before the interleaved timing have no quartiles
         ok[f"wall {q} ms"] = ok[f"wall_ms_{q}"] if f"wall_ms_{q}" in ok else float("nan")
