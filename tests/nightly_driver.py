@@ -24,7 +24,7 @@ from pathlib import Path
 
 from labsupport import runs
 from labsupport.ops import bookbuild, history, leftovers, live, nightly
-from labsupport.runs import promotion
+from labsupport.runs import promotion, provenance
 
 CHAPTER = "kernels-in-one-token"
 
@@ -57,7 +57,9 @@ def fake_run_chapters(selected, run_id, params, out_dir):
     seconds = {}
     for ch in selected:
         src = runs.load_run(ch.slug)
-        prov = {**src.provenance, "utc_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        # recorded now, at this checkout's commit (a run must name a commit of the history to pass)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        prov = {**src.provenance, "utc_time": now, "git_commit": provenance.git_commit()}
         with runs.RunWriter(ch.slug, src.parameters, run_id, meta={"provenance": prov}) as w:
             for name in src.meta["files"]:
                 shutil.copyfile(src.path / name, w.path / name)

@@ -15,6 +15,7 @@ KEYS = {
         "batch_sweep.csv": "batch",
         "batch_times.csv": "batch repeat",
         "batch_matmuls.csv": "batch name grid block",
+        "read_kernels.csv": "kernel matrix config",
     },
     "what-a-kernel": {
         "add_times.csv": "implementation n",
@@ -33,6 +34,7 @@ KEYS = {
         "context_times.csv": "context cache repeat",
         "fresh_processes.csv": "process",
         "profiler_effect.csv": "condition process",
+        "plain_eager_step.csv": "trial",
     },
     "launch-overhead": {"variants.csv": "variant", "step_times.csv": "variant repeat"},
     "closing-the-gap": {
