@@ -33,6 +33,7 @@ from labsupport.runs.writer import sha256
 GALLERY = "gallery"
 MAX_ARCHIVE_BYTES = pack.MAX_TOTAL_BYTES
 CHUNK = 1 << 20
+MAX_NAME_BYTES = 255  # a file or folder name, on the filesystems runs/ lives on
 UNREADABLE = (tarfile.TarError, EOFError, zlib.error, OSError)  # what reading a damaged archive raises
 
 
@@ -205,6 +206,8 @@ def add(archive: Path, root: Path | None = None) -> str:
         top.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=".incoming-", dir=top))
     except OSError as e:
+        if made:
+            shutil.rmtree(top, ignore_errors=True)
         raise GalleryError(_write_error(e, top)) from None
     done = False
     try:
@@ -239,6 +242,8 @@ def _file(archive: Path, stage: Path, top: Path) -> tuple[runs.Run, Path]:
         raise GalleryError(f"{where}: {shown(manifest.get('chapter'))!r} is not a chapter of this book") from None
     if folder != run_id:
         raise GalleryError(f"{where}: its folder {shown(folder)!r} is not its run id")
+    if len(run_id.encode()) > MAX_NAME_BYTES:
+        raise GalleryError(f"{where}: its run id is {len(run_id)} characters, more than a folder's name may be")
     staged_root = stage / "runs"
     (staged_root / chapter).mkdir(parents=True)
     unpacked.rename(staged_root / chapter / run_id)

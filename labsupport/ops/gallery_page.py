@@ -25,7 +25,6 @@ from labsupport.ops.run_text import to_html
 
 PUBLISHED = "the book's published run"
 DOWNLOADS = "download/gallery"  # under the HTML folder
-MAX_NAME_BYTES = 255  # a file name, on the filesystems the book is built on
 
 
 @dataclass
@@ -70,7 +69,7 @@ def download_name(e: gallery.Entry) -> str:
     """The zip's file name: chapter, run id and GPU; a run id too long for one file name is
     replaced by its digest."""
     name = f"{e.run.chapter}-{e.run.run_id}-{e.gpu_slug}.zip"
-    if len(name.encode()) <= MAX_NAME_BYTES:
+    if len(name.encode()) <= gallery.MAX_NAME_BYTES:
         return name
     return f"{e.run.chapter}-{hashlib.sha256(e.run.run_id.encode()).hexdigest()[:20]}-{e.gpu_slug}.zip"
 
