@@ -6,12 +6,15 @@ no fifo) named <run id>/<plain name> (no absolute path, no '..', one folder), at
 pack.MAX_FILE_BYTES each, pack.MAX_TOTAL_BYTES in all and pack.MAX_FILES in number; the bytes
 are copied out by count, so a header that lies about a size cannot write more. Then every file
 must be listed in pack.json and in the run's meta.json with its SHA-256 (none unlisted, none
-missing), and the run must load and validate as a run of its chapter does (ops.validate).
+missing), and the run must load and validate as a run of its chapter does (ops.validate), and
+pass the gallery page's own check of what it would show (ops.gallery_row.problems: no control
+character in a text, numbers that are finite and agree with each other).
 
 It is staged in a hidden folder of runs/gallery/ and renamed into place at the end, at
 runs/gallery/<gpu>/<chapter>/<run id>/ (each GPU folder is a runs folder of its own, so a
 gallery run is loaded by the one loader every run goes through: runs.load_run). A bad archive is
-one line and leaves nothing behind. runs/published.json is never read or written here.
+one line and leaves nothing behind; so is a folder that cannot be written (a full disk is said
+as such, never blamed on the archive). runs/published.json is never read or written here.
 """
 
 from __future__ import annotations
