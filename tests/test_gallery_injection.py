@@ -247,3 +247,12 @@ def test_the_built_page_shows_run_text_as_text(packed, tmp_path, browser, monkey
         assert f"Left out: run {run_id} of {CHAPTER}: GPU holds a control character (U+000A)" in facts["text"]
     else:
         assert "# Injected heading" in facts["text"] and "Left out" not in facts["text"]
+
+
+def test_run_text_refuses_every_invisible_or_line_ending_character_and_escapes_for_its_place():
+    for c in ("\n", "\r", "\t", "\x1b", "\x85", "\u200b", "\u202e", "\ufeff", "\u2028", "\u2029"):
+        with pytest.raises(run_text.UnsafeText, match=rf"^GPU holds .* \(U\+{ord(c):04X}\), which is refused$"):
+            run_text.to_html(f"NVIDIA{c}H200", "GPU")
+    assert run_text.to_html("<b>&\"'", "label") == "&lt;b&gt;&amp;\"'"
+    assert run_text.to_html("x\" onmouseover='y'", "href", attribute=True) == "x&quot; onmouseover=&#x27;y&#x27;"
+    assert run_text.to_html("NVIDIA H200 · 141 GB", "GPU") == "NVIDIA H200 · 141 GB"
