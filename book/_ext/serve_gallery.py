@@ -2,10 +2,13 @@
 runs/gallery/ and the book's published runs (labsupport.ops.gallery_page), and a zip per
 gallery run under <html>/download/gallery/ to download it.
 
-The tables are added when the page's source is read, as raw HTML in which every text from a
-run is escaped; a damaged gallery run stops the build with the RunError naming it, as a damaged
-published run does. Each zip holds runs/<chapter>/<run id>/ with only the files its meta.json
-lists (and meta.json, pack.json), copied after the run was loaded checked, never a link.
+The page holds the directive `gallery-tables`; its HTML is made in Python, every text from a run
+escaped by labsupport.ops.run_text, and put on the page as a raw HTML node: no text of a run is
+ever in the page's source, so none is read by the MyST parser (a backtick fence or a directive in
+a GPU's name stays text). A damaged gallery run stops the build with the RunError naming it, as a
+damaged published run does; a run that fails gallery_row.problems is left out, with a line
+saying why. Each zip holds runs/<chapter>/<run id>/ with only the files its meta.json lists (and
+meta.json, pack.json), copied after the run was loaded checked, never a link.
 """
 
 import os
@@ -13,33 +16,35 @@ import shutil
 import zipfile
 from pathlib import Path
 
-PAGE = "book/gallery"
-MARK = "<!-- gallery tables -->"
+from docutils import nodes
+from sphinx.util.docutils import SphinxDirective
 
 
 def _root(app) -> Path:
     return Path(os.environ.get("LABSUPPORT_RUNS", Path(app.srcdir) / "runs"))
 
 
-def _tables(app, docname, source):
-    if docname != PAGE:
-        return
-    from labsupport.ops import gallery_page
+class GalleryTables(SphinxDirective):
+    """The gallery's tables, as HTML made from the runs: one raw HTML node, never MyST."""
 
-    table = gallery_page.html(gallery_page.rows(_root(app)), prefix="../")
-    source[0] = source[0].replace(MARK, "```{raw} html\n" + table + "\n```")
+    def run(self):
+        from labsupport.ops import gallery_page
+
+        prefix = "../" * self.env.docname.count("/")  # from the page to the HTML folder's root
+        table = gallery_page.html(gallery_page.gather(_root(self.env.app)), prefix=prefix)
+        return [nodes.raw("", table, format="html")]
 
 
 def write_zips(root: Path, dst: Path) -> list[Path]:
     """One zip per gallery run in `dst`; returns them."""
-    from labsupport.ops import gallery, gallery_page, pack
+    from labsupport.ops import gallery, gallery_page
 
     dst.mkdir(parents=True, exist_ok=True)
     out = []
     for e in gallery.entries(root):
         path = dst / gallery_page.download_name(e)
         with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-            for name in [*sorted(e.run.meta["files"]), "meta.json", pack.PACK_JSON]:
+            for name in gallery.files(e):
                 src = e.run.path / name
                 if src.is_symlink() or not src.is_file():
                     continue
@@ -61,7 +66,7 @@ def _serve(app, exception):
 
 
 def setup(app):
-    app.connect("source-read", _tables)
+    app.add_directive("gallery-tables", GalleryTables)
     # After serve_package (priority 500), which empties <html>/download/ first.
     app.connect("build-finished", _serve, priority=650)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

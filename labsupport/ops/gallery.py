@@ -6,16 +6,20 @@ no fifo) named <run id>/<plain name> (no absolute path, no '..', one folder), at
 pack.MAX_FILE_BYTES each, pack.MAX_TOTAL_BYTES in all and pack.MAX_FILES in number; the bytes
 are copied out by count, so a header that lies about a size cannot write more. Then every file
 must be listed in pack.json and in the run's meta.json with its SHA-256 (none unlisted, none
-missing), and the run must load and validate as a run of its chapter does (ops.validate).
+missing), and the run must load and validate as a run of its chapter does (ops.validate), and
+pass the gallery page's own check of what it would show (ops.gallery_row.problems: no control
+character in a text, numbers that are finite and agree with each other).
 
 It is staged in a hidden folder of runs/gallery/ and renamed into place at the end, at
 runs/gallery/<gpu>/<chapter>/<run id>/ (each GPU folder is a runs folder of its own, so a
 gallery run is loaded by the one loader every run goes through: runs.load_run). A bad archive is
-one line and leaves nothing behind. runs/published.json is never read or written here.
+one line and leaves nothing behind; so is a folder that cannot be written (a full disk is said
+as such, never blamed on the archive). runs/published.json is never read or written here.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import shutil
@@ -26,12 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labsupport import chapters, runs
-from labsupport.ops import pack, validate
+from labsupport.ops import gallery_row, pack, validate
 from labsupport.runs.writer import sha256
 
 GALLERY = "gallery"
 MAX_ARCHIVE_BYTES = pack.MAX_TOTAL_BYTES
 CHUNK = 1 << 20
+MAX_NAME_BYTES = 255  # a file or folder name, on the filesystems runs/ lives on
+UNREADABLE = (tarfile.TarError, EOFError, zlib.error, OSError)  # what reading a damaged archive raises
 
 
 class GalleryError(RuntimeError):
@@ -105,20 +111,53 @@ def _unpack(archive: Path, dest: Path) -> str:
                 total += m.size
                 if total > pack.MAX_TOTAL_BYTES:
                     raise GalleryError(f"{where}: its files exceed {pack.MAX_TOTAL_BYTES >> 20} MiB in all")
-                src = tar.extractfile(m)
-                left = m.size
-                with open(dest / name, "xb") as out:
-                    while left > 0:
-                        chunk = src.read(min(CHUNK, left))
-                        if not chunk:
-                            raise GalleryError(f"{where}: {shown(name)!r} is truncated")
-                        out.write(chunk)
-                        left -= len(chunk)
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
-        raise GalleryError(f"{where} is not a readable .tar.gz archive ({type(e).__name__})") from None
+                _copy_out(tar.extractfile(m), m.size, dest / name, where)
+    except UNREADABLE as e:
+        raise GalleryError(_unreadable(where, e)) from None
     if top is None:
         raise GalleryError(f"{where} holds no files")
     return top
+
+
+def _copy_out(src, size: int, path: Path, where: str) -> None:
+    """`size` bytes of the member `src` into the new file `path`; reading is the archive's
+    failure, writing is the disk's (its own line: a full disk is not a damaged archive)."""
+    try:
+        with open(path, "xb") as out:
+            for chunk in _chunks(src, size, where, path.name):
+                out.write(chunk)
+    except OSError as e:
+        raise WriteFailed(e) from None
+
+
+class WriteFailed(Exception):
+    """Writing an archive's file out failed (`args[0]`, an OSError): `add` says it in one line."""
+
+
+def _chunks(src, size: int, where: str, name: str):
+    left = size
+    while left > 0:
+        try:
+            chunk = src.read(min(CHUNK, left))
+        except UNREADABLE as e:
+            raise GalleryError(_unreadable(where, e)) from None
+        if not chunk:
+            raise GalleryError(f"{where}: {shown(name)!r} is truncated")
+        yield chunk
+        left -= len(chunk)
+
+
+def _unreadable(where: str, e: BaseException) -> str:
+    return f"{where} is not a readable .tar.gz archive ({type(e).__name__})"
+
+
+def _write_error(e: OSError, where: Path) -> str:
+    """One line for a failure to write under the gallery (not the archive's fault)."""
+    if e.errno == errno.ENOSPC:
+        return f"no space left on the device holding {where}"
+    if e.errno == errno.ENAMETOOLONG:
+        return f"a name is too long for the filesystem holding {where}"
+    return f"cannot write under {where} ({e.strerror or type(e).__name__})"
 
 
 def _check_listed(folder: Path, where: str) -> dict:
@@ -131,6 +170,9 @@ def _check_listed(folder: Path, where: str) -> dict:
         raise GalleryError(f"{where} lacks {Path(e.filename).name}") from None
     except (OSError, UnicodeDecodeError, ValueError):
         raise GalleryError(f"{where}: pack.json or meta.json is not JSON") from None
+    for key in ("results", "derived"):
+        if isinstance(meta, dict) and not isinstance(meta.get(key, {}), dict):
+            raise GalleryError(f"{where}: meta.json's {key!r} is not an object")
     if not isinstance(manifest, dict) or manifest.get("format") != pack.FORMAT:
         raise GalleryError(f"{where}: pack.json is not a {pack.FORMAT} manifest")
     listed = manifest.get("files")
@@ -158,49 +200,79 @@ def add(archive: Path, root: Path | None = None) -> str:
     """Check `archive` and file it under runs/gallery/; returns a one-line summary. Anything
     wrong is one GalleryError and nothing is left behind."""
     archive = Path(archive)
-    where = str(archive)
-    top = gallery_root(root)
+    try:
+        top = gallery_root(root)
+    except runs.RunError as e:
+        raise GalleryError(str(e)) from None
     made = not top.exists()
-    top.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".incoming-", dir=top))
+    try:
+        top.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".incoming-", dir=top))
+    except OSError as e:
+        if made:
+            shutil.rmtree(top, ignore_errors=True)
+        raise GalleryError(_write_error(e, top)) from None
     done = False
     try:
-        unpacked = stage / "unpacked"
-        unpacked.mkdir()
-        folder = _unpack(archive, unpacked)
-        manifest = _check_listed(unpacked, where)
-        try:
-            chapter = runs.check_chapter(manifest["chapter"], where)
-            run_id = runs.check_run_id(manifest["run_id"], where)
-            ch = chapters.by_slug(chapter)
-        except (runs.RunError, KeyError, LookupError):
-            raise GalleryError(f"{where}: {shown(manifest.get('chapter'))!r} is not a chapter of this book") from None
-        if folder != run_id:
-            raise GalleryError(f"{where}: its folder {shown(folder)!r} is not its run id")
-        staged_root = stage / "runs"
-        (staged_root / chapter).mkdir(parents=True)
-        unpacked.rename(staged_root / chapter / run_id)
-        try:
-            run = runs.load_run(chapter, run_id, staged_root)
-            problems = validate.check_run(ch, run)
-        except runs.RunError as e:
-            problems = [str(e).replace(str(staged_root), "<archive>")]
-        if problems:
-            raise GalleryError(f"{where}: {shown(problems[0].replace(str(staged_root), '<archive>'), 300)}")
-        slug = pack.gpu_slug(run.provenance.get("gpu"))
-        dest = runs.check_real_dir(top / slug, "gallery") / chapter / run_id
-        runs.check_real_dir(dest.parent, "gallery")
-        if dest.exists():
-            raise GalleryError(f"{where}: run {run_id} of {chapter} on {shown(slug)} is already in the gallery")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        (staged_root / chapter / run_id).rename(dest)
+        run, dest = _file(archive, stage, top)
         done = True
+    except (OSError, WriteFailed) as e:  # the archive's own failures are GalleryErrors by now: the disk's
+        raise GalleryError(_write_error(e.args[0] if isinstance(e, WriteFailed) else e, top)) from None
+    except runs.RunError as e:  # a folder of the gallery that is a link
+        raise GalleryError(str(e)) from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if made and not done:
             shutil.rmtree(top, ignore_errors=True)  # the gallery folder this call made, empty again
     f = pack.form(run)
-    return f"added {chapter} run {run_id} ({shown(f['gpu'])}, {shown(f['dtype'])}, {shown(f['preset'])}) -> {dest}"
+    return (
+        f"added {run.chapter} run {run.run_id} ({shown(f['gpu'])}, {shown(f['dtype'])}, {shown(f['preset'])}) -> {dest}"
+    )
+
+
+def _file(archive: Path, stage: Path, top: Path) -> tuple[runs.Run, Path]:
+    """Unpack `archive` into `stage`, check it, and move its run into the gallery."""
+    where = str(archive)
+    unpacked = stage / "unpacked"
+    unpacked.mkdir()
+    folder = _unpack(archive, unpacked)
+    manifest = _check_listed(unpacked, where)
+    try:
+        chapter = runs.check_chapter(manifest["chapter"], where)
+        run_id = runs.check_run_id(manifest["run_id"], where)
+        ch = chapters.by_slug(chapter)
+    except (runs.RunError, KeyError, LookupError):
+        raise GalleryError(f"{where}: {shown(manifest.get('chapter'))!r} is not a chapter of this book") from None
+    if folder != run_id:
+        raise GalleryError(f"{where}: its folder {shown(folder)!r} is not its run id")
+    if len(run_id.encode()) > MAX_NAME_BYTES:
+        raise GalleryError(f"{where}: its run id is {len(run_id)} characters, more than a folder's name may be")
+    staged_root = stage / "runs"
+    (staged_root / chapter).mkdir(parents=True)
+    unpacked.rename(staged_root / chapter / run_id)
+    try:
+        run = runs.load_run(chapter, run_id, staged_root)
+        problems = validate.check_run(ch, run)
+        # What the gallery page would show of it: its texts and numbers, as the page checks them.
+        problems += gallery_row.problems(gallery_row.row(run, gallery_row.source(manifest.get("label")), ""))
+    except runs.RunError as e:
+        problems = [str(e)]
+    if problems:
+        raise GalleryError(f"{where}: {shown(problems[0].replace(str(staged_root), '<archive>'), 300)}")
+    slug = pack.gpu_slug(run.provenance.get("gpu"))
+    dest = runs.check_real_dir(top / slug, "gallery") / chapter / run_id
+    runs.check_real_dir(dest.parent, "gallery")
+    if dest.exists():
+        raise GalleryError(f"{where}: run {run_id} of {chapter} on {shown(slug)} is already in the gallery")
+    made = [d for d in (top / slug, dest.parent) if not d.exists()]
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        (staged_root / chapter / run_id).rename(dest)
+    except OSError:
+        for d in reversed(made):  # the folders made for it, empty again
+            shutil.rmtree(d, ignore_errors=True)
+        raise
+    return run, dest
 
 
 @dataclass
@@ -243,3 +315,27 @@ def listing(root: Path | None = None) -> list[str]:
             f"{shown(e.run.provenance.get('utc_time', ''))}"
         )
     return lines or ["the gallery is empty"]
+
+
+def files(e: Entry) -> list[str]:
+    """A gallery run's own files: those its meta.json lists, meta.json, and pack.json if there."""
+    return [
+        *sorted(e.run.meta["files"]),
+        "meta.json",
+        *([pack.PACK_JSON] if (e.run.path / pack.PACK_JSON).is_file() else []),
+    ]
+
+
+def copy_to(dst: Path, root: Path | None = None) -> list[Entry]:
+    """The gallery as it stands, into the runs folder `dst` (dst/gallery/...): each run loaded
+    checked (a damaged one is the RunError naming it), only its own files, never a link."""
+    found = entries(root)
+    for e in found:
+        target = dst / GALLERY / e.gpu_slug / e.run.chapter / e.run.run_id
+        target.mkdir(parents=True)
+        for name in files(e):
+            src = e.run.path / name
+            if src.is_symlink() or not src.is_file():
+                raise runs.RunError(f"{src} is not a regular file; refusing to copy it")
+            shutil.copyfile(src, target / name)
+    return found

@@ -9,8 +9,8 @@ Steps, each of which must pass before the next (all under the runs folder's lock
    (a log and the executed notebook of each are kept under build/nightly/<id>/);
 3. every new run passes validate.check_run;
 4. a drift report (markdown and JSON) compares each new run with the published one;
-5. the book is built from the new state (published.json, history, reports) in a staging
-   folder (unless --no-book);
+5. the book is built from the new state (published.json, history, reports, and the gallery as
+   it stands) in a staging folder (unless --no-book);
 6. the publication is staged (labsupport.runs.promotion) and committed by one rename of
    runs/published.json; the staged history, report and book are then put in place.
 Before step 6's rename nothing published has changed: on failure the night's runs are set
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from labsupport import chapters, runs
-from labsupport.ops import bookbuild, children, drift, history, leftovers, live, validate
+from labsupport.ops import bookbuild, children, drift, gallery, history, leftovers, live, validate
 from labsupport.ops.leftovers import BOOK_DIR, NIGHTLY_DIR
 from labsupport.runs import lock, promotion
 
@@ -115,6 +115,10 @@ def build_book(root: Path, manifest: dict, files: dict[str, bytes], out_dir: Pat
     for rel, data in files.items():
         (stage / rel).parent.mkdir(parents=True, exist_ok=True)
         (stage / rel).write_bytes(data)
+    try:
+        gallery.copy_to(stage, root)  # the gallery page shows the gallery as it stands
+    except runs.RunError as e:
+        raise NightlyFailure(f"the gallery is damaged: {e}") from None
     try:
         return bookbuild.build(runs_root=stage, out=out_dir / "book", log=out_dir / "book.log", echo=False)
     except bookbuild.BuildError as e:
