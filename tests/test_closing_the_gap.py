@@ -14,13 +14,14 @@ if not torch.cuda.is_available():
 
 from labsupport.chapters import closing_the_gap as ch  # noqa: E402
 from labsupport.chapters import published  # noqa: E402
-from labsupport.measure import decode, models, qwen3_decode  # noqa: E402
+from labsupport.measure import decode, models
+from labsupport.measure.models import qwen3_decode  # noqa: E402
 
 from .conftest import fixture_run, with_shared_owners  # noqa: E402
 from .live_cells import run_live_cells, watch_harness  # noqa: E402
 
 pytest.importorskip("triton")
-from labsupport.measure import decode_attention, gemv  # noqa: E402
+from labsupport.measure.kernels import decode_attention, gemv  # noqa: E402
 
 NOTEBOOK = "notebooks/closing_the_gap.ipynb"
 
@@ -106,7 +107,7 @@ def test_the_fp8_rung_computes_rung_9_on_the_fp8_rounded_weights(tiny):
     fusing rows first, as the step does, rounds each row as alone)."""
     import copy
 
-    from labsupport.measure import gemv_fp8
+    from labsupport.measure.kernels import gemv_fp8
 
     model, prompt, ref = tiny
     rounded = copy.deepcopy(model)
@@ -426,7 +427,7 @@ def test_notebook_runs_live_on_cpu_through_papermill(runs_root, monkeypatch, tmp
 
 
 def test_fp8_quantisation_is_within_half_a_step_of_e4m3():
-    from labsupport.measure import gemv_fp8
+    from labsupport.measure.kernels import gemv_fp8
 
     g = torch.Generator().manual_seed(2)
     w = torch.randn(64, 256, generator=g) * torch.rand(64, 1, generator=g)  # rows of different scales
@@ -447,7 +448,7 @@ def test_fp8_gemv_and_its_fusions_match_the_dequantised_weight(emulate):
     """Our GEMV reading FP8 weights (row scales applied to each row's sum) against PyTorch on the
     dequantised weight, in the interpreter: real float8 tensors where the interpreter takes them,
     and the emulated path (E4M3 values held in float32) that a Triton without float8 would use."""
-    from labsupport.measure import gemv_fp8
+    from labsupport.measure.kernels import gemv_fp8
 
     g = torch.Generator().manual_seed(3)
     k, i = 96, 20

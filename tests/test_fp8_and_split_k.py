@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from labsupport.chapters import closing_the_gap as ch
-from labsupport.measure import gemv_fp8
+from labsupport.measure.kernels import gemv_fp8
 
 
 def test_rounding_error_of_gaussian_weights_is_measured_not_assumed():

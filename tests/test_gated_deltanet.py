@@ -1,11 +1,12 @@
 """The 27B Gated DeltaNet hybrid preset, its tiny stand-in profiled on a CPU with the existing
-pipeline, and the backend switch (labsupport.measure.gated_deltanet) the hybrid chapter uses."""
+pipeline, and the backend switch (labsupport.measure.models.gated_deltanet) the hybrid chapter uses."""
 
 import os
 
 import pytest
 
-from labsupport.measure import decode, gated_deltanet, models
+from labsupport.measure import decode, models
+from labsupport.measure.models import gated_deltanet
 from labsupport.measure.steps import StaticStep, graphs_compiled
 from labsupport.traces import kernels, trace
 

@@ -12,7 +12,8 @@ import pytest
 from labsupport import runs
 from labsupport.chapters import hybrid_model_token as hybrid
 from labsupport.chapters import published
-from labsupport.measure import gated_deltanet, hardware, harness, models
+from labsupport.measure import hardware, harness, models
+from labsupport.measure.models import gated_deltanet
 from labsupport.traces import kernels, trace
 
 from .conftest import REPO, fixture_run

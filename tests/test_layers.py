@@ -89,6 +89,39 @@ def test_imports_follow_the_layers(path):
                 assert not (n.startswith("_") and n != "__version__"), f"{path.name} imports private {target}.{n}"
 
 
+# measure/ by concept, each part importing only the parts before it: the instrument (the modules at
+# measure/'s top) may read the model presets (measure.models itself), never a kernel, a decoder or
+# the distributed code; kernels read the instrument; models read kernels; distributed reads models.
+MEASURE_PARTS = {
+    "instrument": {"instrument", "presets"},
+    "kernels": {"instrument", "kernels"},
+    "presets": set(),
+    "models": {"instrument", "kernels", "presets", "models"},
+    "distributed": {"instrument", "kernels", "presets", "models", "distributed"},
+}
+
+
+def measure_part(parts: tuple[str, ...]) -> str:
+    """The part of measure/ a module (its path under labsupport/measure, without .py) is in."""
+    if parts[0] == "models" and parts[1:] in ((), ("__init__",)):
+        return "presets"
+    return parts[0] if parts[0] in MEASURE_PARTS and len(parts) > 1 else "instrument"
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in modules() if layer(p) == "measure"], ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_measure_parts_import_one_way(path):
+    me = measure_part(path.relative_to(PACKAGE / "measure").with_suffix("").parts)
+    for module, names in imported(ast.parse(path.read_text())):
+        for target in targets(module, names):
+            parts = tuple(target.split(".")[2:])
+            if target.split(".")[1:2] != ["measure"] or not parts:
+                continue
+            other = measure_part(parts)
+            assert other in MEASURE_PARTS[me], f"{path.relative_to(PACKAGE)} ({me}) imports {target} ({other})"
+
+
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_private_names_of_other_modules(path):
     tree = ast.parse(path.read_text())

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from labsupport.chapters import model_code_to_kernels as ch
-from labsupport.measure import decode, environment, harness, triton_kernels
+from labsupport.measure import decode, environment, harness
+from labsupport.measure.kernels import triton_kernels
 
 from .conftest import fixture_run
 from .notebook_cells import assert_times_before_profiles, run_live

@@ -11,7 +11,8 @@ import pytest
 from labsupport import chapters
 from labsupport.chapters import data_files
 from labsupport.chapters import one_token_two_gpus as ch
-from labsupport.measure import allreduce, models
+from labsupport.measure import models
+from labsupport.measure.distributed import allreduce
 from labsupport.ops import live
 
 from .conftest import with_shared_owners
@@ -151,7 +152,7 @@ def test_every_file_of_the_run_is_described_and_the_run_validates(tiny_run):
 
 
 def test_the_live_run_records_the_hand_split_step_at_both_degrees(tiny_run):
-    """The notebook's hand-split cell (labsupport.measure.tp_split_run on one and two gloo ranks,
+    """The notebook's hand-split cell (labsupport.measure.distributed.tp_split_run on one and two gloo ranks,
     the tiny model in BF16, eager): optional tables the page does not read yet."""
     v = tiny_run.table("split_variants")
     ok = v[v.status == "ok"]
@@ -279,7 +280,7 @@ def test_the_link_between_two_gpus():
 def test_the_torchrun_command():
     cmd = ch.torchrun_command(ch.Params(), 2, "/tmp/x", sweep=True)
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"]
-    assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "labsupport.measure.tensor_parallel" in cmd
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "labsupport.measure.distributed.tensor_parallel" in cmd
     assert "--sweep" in cmd and "--sweep" not in ch.torchrun_command(ch.Params(), 1, "/tmp/x", sweep=False)
     assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
     half = ch.torchrun_command(ch.Params(dtype="float16"), 2, "/tmp/x", sweep=False)

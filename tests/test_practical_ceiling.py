@@ -13,7 +13,8 @@ import pytest
 from labsupport import chapters, runs
 from labsupport.chapters import shared
 from labsupport.chapters import why_a_gpu as ch
-from labsupport.measure import gemv, hardware
+from labsupport.measure import hardware
+from labsupport.measure.kernels import gemv
 from labsupport.ops import validate
 
 from .conftest import fixture_run

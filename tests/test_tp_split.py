@@ -1,4 +1,4 @@
-"""The hand-split decode step (labsupport.measure.tp_split) on a CPU: two gloo ranks, spawned
+"""The hand-split decode step (labsupport.measure.distributed.tp_split) on a CPU: two gloo ranks, spawned
 once for the module (tests/tp_split_ranks.py), the tiny model in float32, eager. Its logits
 against the whole model's, each rank's shards, the collectives of one step, the worker's rank
 folders and their collection into the chapter's tables; the summary and the answer check on
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from labsupport.chapters.one_token_two_gpus import split
-from labsupport.measure import models, tp_split
+from labsupport.measure import models
+from labsupport.measure.distributed import tp_split
 
 from . import tp_split_ranks
 
@@ -184,7 +185,7 @@ def test_the_command_of_the_two_gpu_run():
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and split.WORKER in cmd
     assert cmd[cmd.index("--choices") + 1 :][:2] == ["process-group", "symm-mem"]
     assert "--no-compile" in split.split_command(2, "OUT", compile=False, device="cpu")
-    from labsupport.measure import tp_split_run
+    from labsupport.measure.distributed import tp_split_run
 
     cmd = split.split_command(2, "OUT", options="plain", device="cpu")
     args = tp_split_run.arguments(cmd[cmd.index(split.WORKER) + 1 :])
@@ -192,7 +193,7 @@ def test_the_command_of_the_two_gpu_run():
 
 
 def test_the_collective_log_counts_a_symmetric_memory_all_reduce_as_an_all_reduce():
-    from labsupport.measure import allreduce
+    from labsupport.measure.distributed import allreduce
 
     class Op:  # stands in for torch.ops.symm_mem.one_shot_all_reduce.default (it needs CUDA)
         namespace = "symm_mem"

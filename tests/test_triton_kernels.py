@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are first built
 
 triton = pytest.importorskip("triton")
-from labsupport.measure import triton_kernels  # noqa: E402
+from labsupport.measure.kernels import triton_kernels  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

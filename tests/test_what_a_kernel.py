@@ -12,7 +12,8 @@ import pytest
 from labsupport import runs
 from labsupport.chapters import shared
 from labsupport.chapters import what_a_kernel as ch
-from labsupport.measure import decode, environment, harness, triton_kernels
+from labsupport.measure import decode, environment, harness
+from labsupport.measure.kernels import triton_kernels
 from labsupport.traces import kernels
 
 from .conftest import fixture_run

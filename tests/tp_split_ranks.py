@@ -26,7 +26,9 @@ class NoReduce:
 
 def work(rank: int, store_path: str, out: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
-    from labsupport.measure import models, qwen3_decode, tp_split, tp_split_run
+    from labsupport.measure import models
+    from labsupport.measure.distributed import tp_split, tp_split_run
+    from labsupport.measure.models import qwen3_decode
 
     torch.manual_seed(0)
     model = models.build_model("tiny", dtype=torch.float32)

@@ -477,7 +477,7 @@ CHAPTERS = [
 ]
 
 
-# Recorded on two GPUs (labsupport.measure.tensor_parallel under torchrun); the nightly skips it on a
+# Recorded on two GPUs (labsupport.measure.distributed.tensor_parallel under torchrun); the nightly skips it on a
 # box with fewer (chapters' `gpus`).
 ONE_TOKEN_TWO_GPUS = Chapter(
     "one-token-two-gpus",

@@ -12,7 +12,7 @@ Order matters:
   Inductor wrote as a reduction (max-autotune does so for every GEMV of the decode
   step), so it counts as matrix multiply; `bmm` is not enough, since the rotary
   embedding's one-column `bmm` is fused into RMSNorm kernels.
-- our own Triton kernels (labsupport.measure.triton_kernels) by their exact names;
+- our own Triton kernels (labsupport.measure.kernels.triton_kernels) by their exact names;
 - attention before convolution and matrix multiply: attention kernels may be built from
   CUTLASS, and cuDNN's SDPA runs a second kernel, `cudnn::fusion::lean_reduction_kernel`,
   that reduces the partial results of its split-KV attention kernel;
@@ -56,7 +56,7 @@ KINDS = (
 # Collectives: NCCL's GPU kernels, and (CPU traces) the collective operators themselves.
 COMMUNICATION = re.compile(r"^(void )?nccl(Dev)?Kernel_|^_?c10d(_functional)?::|^(nccl|gloo):")
 
-# Our own Triton kernels (labsupport.measure.triton_kernels, .gemv, .decode_attention), by their exact names.
+# Our own Triton kernels (labsupport.measure.kernels.triton_kernels, .gemv, .decode_attention), by their exact names.
 OUR_TRITON = {
     "add_kernel": "elementwise",
     "rmsnorm_kernel": "reduction",

@@ -86,7 +86,7 @@ class StaticLogitsStep(steps.StaticStep):
 
 def build(rung: str, model, prompt: decode.Prompt, token, device: str):
     """The step of `rung` (a key of RUNGS), ready to call; built (and compiled) here."""
-    from labsupport.measure import qwen3_decode
+    from labsupport.measure.models import qwen3_decode
 
     if rung == "eager":
         return steps.EagerStep(model, prompt)
@@ -230,7 +230,7 @@ def tuning_cases(model) -> list:
     """What gemv.tune times: every weight shape plain, and the fused GEMVs of the last rungs
     (each with the fusion it runs with: qkv and gate/up after a norm, gate/up writing
     silu(gate) * up, o_proj and down_proj adding the residual)."""
-    from labsupport.measure.gemv import PLAIN, Fusion
+    from labsupport.measure.kernels.gemv import PLAIN, Fusion
 
     s = weight_shapes(model)
     plain = [(*shape, PLAIN) for shape in dict.fromkeys(s.values())]
@@ -245,7 +245,7 @@ def tuning_cases(model) -> list:
 def fp8_tuning_cases(model) -> list:
     """What gemv.tune times with FP8 weights: the cases the FP8 rung runs (its fused GEMVs and
     the LM head)."""
-    from labsupport.measure.gemv import PLAIN
+    from labsupport.measure.kernels.gemv import PLAIN
 
     return tuning_cases(model)[-4:] + [(*weight_shapes(model)["lm_head"], PLAIN)]
 
@@ -256,7 +256,7 @@ def time_matmuls(shapes: dict[str, tuple[int, int]], dtype=None) -> pd.DataFrame
     the model's `dtype` (None: BF16)."""
     import torch
 
-    from labsupport.measure import gemv
+    from labsupport.measure.kernels import gemv
 
     rows = []
     for name, (n, k) in shapes.items():
@@ -281,7 +281,7 @@ def fp8_record(step, model) -> dict:
     them (gemv_fp8.rounding_error)."""
     import torch
 
-    from labsupport.measure import gemv_fp8
+    from labsupport.measure.kernels import gemv_fp8
 
     mats = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     return {"decode_bytes": int(step.dec.weight_bytes()), "rounding_error": gemv_fp8.rounding_error(mats)}
@@ -301,7 +301,8 @@ def time_tokens(step, device: str, rounds: int, tokens=TOKENS) -> pd.DataFrame:
     token goes through the rung's own kernels, several through cuBLAS and PyTorch's attention,
     our GEMV taking one vector), all timed interleaved (CUDA events on a GPU). A width that fails
     to build is recorded with its reason."""
-    from labsupport.measure import harness, qwen3_decode
+    from labsupport.measure import harness
+    from labsupport.measure.models import qwen3_decode
 
     ours = step.dec.opts.matmul == "triton"
     variants, rows = {}, {}

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labsupport import chapters
-from labsupport.measure import gemv_fp8
+from labsupport.measure.kernels import gemv_fp8
 
 ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
 CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 # The rungs, by data key, in ladder order, with the label the page shows for each. The first
-# four are transformers' model; the rest are our own decode step (labsupport.measure.qwen3_decode).
+# four are transformers' model; the rest are our own decode step (labsupport.measure.models.qwen3_decode).
 RUNGS = {
     "eager": "eager, as written (transformers)",
     "cuda-graph": "static cache + CUDA graph (transformers)",

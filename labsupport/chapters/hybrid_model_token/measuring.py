@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from labsupport import chapters
-from labsupport.measure import gated_deltanet, harness
+from labsupport.measure import harness
+from labsupport.measure.models import gated_deltanet
 from labsupport.traces import trace
 
 ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()

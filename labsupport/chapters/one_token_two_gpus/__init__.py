@@ -3,7 +3,7 @@ parallelism with DTensor, NCCL all-reduces), at TP=1 and TP=N, per rank, and the
 curve of the box.
 
 Live (the notebook's visible cells): start torchrun twice (TP=1, then TP=N with the all-reduce
-sweep), each rank running labsupport.measure.tensor_parallel, and collect every rank's results
+sweep), each rank running labsupport.measure.distributed.tensor_parallel, and collect every rank's results
 into one run. Replay: the step table per rank, the collectives of one step, the census with its
 communication kind, the curve, and the answer, all computed from the run here.
 

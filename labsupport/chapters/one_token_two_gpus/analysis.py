@@ -11,7 +11,7 @@ import pandas as pd
 from labsupport import runs
 from labsupport.chapters import published
 from labsupport.chapters.one_token_two_gpus.params import VARIANTS, trace_file
-from labsupport.measure import allreduce
+from labsupport.measure.distributed import allreduce
 from labsupport.traces import kernels, trace
 
 

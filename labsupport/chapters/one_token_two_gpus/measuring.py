@@ -1,5 +1,5 @@
 """What the notebook's live cells call: the check that the box has the GPUs, the torchrun
-command that measures every rank (labsupport.measure.tensor_parallel), and the collection of
+command that measures every rank (labsupport.measure.distributed.tensor_parallel), and the collection of
 every rank's results into the one run the cells fill."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from labsupport.chapters.one_token_two_gpus.topology import interconnect, link_b
 from labsupport.measure import decode, recording
 from labsupport.runs.provenance import REPO_ROOT
 
-WORKER = "labsupport.measure.tensor_parallel"
+WORKER = "labsupport.measure.distributed.tensor_parallel"
 EXIT_GRACE_S = 30.0  # a launch whose ranks are all done and that has not exited by then is stopped
 
 

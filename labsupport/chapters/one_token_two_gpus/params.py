@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labsupport import chapters
-from labsupport.measure import allreduce
+from labsupport.measure.distributed import allreduce
 
 ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
 CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress

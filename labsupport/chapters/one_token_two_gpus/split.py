@@ -1,4 +1,4 @@
-"""The hand-split step (labsupport.measure.tp_split, measured by tp_split_run on every rank):
+"""The hand-split step (labsupport.measure.distributed.tp_split, measured by tp_split_run on every rank):
 the torchrun command, the collection of every rank's folder into tables, and what the chapter
 will read of them. A live run records them as optional tables (record_split); the page does
 not read them yet: no run of the hand-split step on GPUs exists (issue 27).
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-WORKER = "labsupport.measure.tp_split_run"
+WORKER = "labsupport.measure.distributed.tp_split_run"
 
 
 def split_command(tp: int, out: Path, preset: str = "qwen3-8b", prompt_len: int = 256, repeats: int = 30, **kw):

@@ -1,5 +1,5 @@
 """The kernels that read the decode step's weights, timed at every weight matrix the step reads (the
-LM head included): the book's own Triton GEMV (labsupport.measure.gemv) with each configuration its
+LM head included): the book's own Triton GEMV (labsupport.measure.kernels.gemv) with each configuration its
 tuner chooses from (gemv.CANDIDATES, as *Closing the gap* tunes it), and cuBLAS as F.linear calls it
 (torch.mm). Each is timed as *Closing the gap* times them, per call inside a CUDA graph, each call on
 another copy of the weight so that none is read from L2 (gemv.time_per_call_us: CUDA events around
@@ -79,7 +79,7 @@ def time_read_kernels(preset: str, dtype: str = "bfloat16", repeats: int = 20, p
     step (step_matrices), on the current CUDA device; the read_kernels table."""
     import torch
 
-    from labsupport.measure import gemv
+    from labsupport.measure.kernels import gemv
 
     half = getattr(torch, dtype)
     rows = []

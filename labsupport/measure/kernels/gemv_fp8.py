@@ -1,6 +1,6 @@
 """FP8 weights for our GEMV: each weight matrix stored as float8 E4M3 (torch.float8_e4m3fn, one
 byte a weight) with one float32 scale per output row (per channel), read by our Triton GEMV
-(labsupport.measure.gemv, `scale=`) with BF16 activations and float32 accumulation.
+(labsupport.measure.kernels.gemv, `scale=`) with BF16 activations and float32 accumulation.
 
 Per-channel scaling: row i is divided by s_i = max_j |W_ij| / 448 (448 is E4M3's largest
 finite value), so every row uses the format's whole range and its largest weight is exact

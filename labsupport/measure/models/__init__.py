@@ -1,4 +1,6 @@
-"""Model presets, built from published configurations with random weights.
+"""Model presets, built from published configurations with random weights, and their counts
+(parameters, the bytes a decode step reads). Beside them: qwen3_decode, our own Qwen3 decode step
+in the manner of gpt-fast, and gated_deltanet, the hybrid model's linear-attention backends.
 
 Nothing here downloads anything: a preset is a configuration written out in
 full, and the model is created from it with random weights directly on the

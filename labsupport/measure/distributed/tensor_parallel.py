@@ -1,7 +1,7 @@
 """One decode step split across GPUs (tensor parallelism): the worker each rank runs.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        -m labsupport.measure.tensor_parallel --out DIR --preset qwen3-8b --prompt-len 256
+        -m labsupport.measure.distributed.tensor_parallel --out DIR --preset qwen3-8b --prompt-len 256
 
 Every rank builds the same model from its preset with the same seed, then (on more than one
 rank) shards each decoder layer with PyTorch's own stack, DTensor's `parallelize_module`:
@@ -31,7 +31,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from labsupport.measure import allreduce, decode, harness, models, steps
+from labsupport.measure import decode, harness, models, steps
+from labsupport.measure.distributed import allreduce
 from labsupport.traces import kinds, trace
 
 COLUMNWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")

@@ -43,7 +43,7 @@ the split layer (the collective inside a fullgraph compile), the capture of the 
 CUDA graph with NCCL all-reduces in it, our Triton kernels (matmul="triton", fuse_gemv,
 fused_attention, split_k, pdl) on a shard, the symmetric-memory all-reduce, BF16 rounding of a split
 step against one float32 reference, and every timing and census on GPUs: those need the
-two-GPU run (python -m torch.distributed.run --nproc-per-node 2 -m labsupport.measure.tp_split_run).
+two-GPU run (python -m torch.distributed.run --nproc-per-node 2 -m labsupport.measure.distributed.tp_split_run).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ import math
 import warnings
 from functools import partial
 
-from labsupport.measure import qwen3_decode
-from labsupport.measure.qwen3_decode import Options, OwnStep, Qwen3Decoder, Shape
+from labsupport.measure.models import qwen3_decode
+from labsupport.measure.models.qwen3_decode import Options, OwnStep, Qwen3Decoder, Shape
 
 CHOICES = ("process-group", "symm-mem")
 
@@ -162,7 +162,7 @@ class SplitDecoder(Qwen3Decoder):
     def __init__(self, model, max_len: int, opts: Options, comm: Collectives, prefill_comm=None):
         import torch
 
-        from labsupport.measure import gemv
+        from labsupport.measure.kernels import gemv
 
         if opts.fp8:
             raise ValueError("the split step is the BF16 rungs' (fp8 is not split)")
@@ -226,7 +226,7 @@ class SplitDecoder(Qwen3Decoder):
         x, eps, o = x[:, -1:], self.shape.eps, self.opts
         if step and o.matmul == "triton" and x.shape[1] == 1:
             if o.fuse_gemv:
-                from labsupport.measure import triton_kernels
+                from labsupport.measure.kernels import triton_kernels
 
                 x = triton_kernels.rmsnorm(x, self.norm, eps)
             else:
@@ -269,7 +269,7 @@ class SplitStep(OwnStep):
     def before_compile(self) -> None:
         import torch
 
-        from labsupport.measure import allreduce
+        from labsupport.measure.distributed import allreduce
 
         log = allreduce.CollectiveLog()
         with torch.no_grad(), log:

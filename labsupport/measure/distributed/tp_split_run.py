@@ -1,7 +1,7 @@
 """The hand-split decode step (tp_split) measured on every rank: the worker torchrun starts.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        -m labsupport.measure.tp_split_run --out DIR --preset qwen3-8b --prompt-len 256
+        -m labsupport.measure.distributed.tp_split_run --out DIR --preset qwen3-8b --prompt-len 256
 
 Every rank builds the same model from its preset with the same seed, keeps its shard of it
 (tp_split.SplitDecoder) and drops the whole model, then for each all-reduce choice it can run
@@ -35,8 +35,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from labsupport.measure import decode, harness, models, tensor_parallel, tp_split
-from labsupport.measure.qwen3_decode import Options
+from labsupport.measure import decode, harness, models
+from labsupport.measure.distributed import tensor_parallel, tp_split
+from labsupport.measure.models.qwen3_decode import Options
 from labsupport.traces import kinds
 
 # The options of the split step, by name (qwen3_decode.Options): "best-bf16" is the fastest rung of

@@ -3,7 +3,7 @@ forward pass in one screen, using the weights of a transformers model, so that e
 *Closing the gap* is one switch here.
 
     Options.fused      Q/K/V as one matrix multiply, gate/up as one (weights concatenated once)
-    Options.matmul     "torch" (cuBLAS through F.linear) or "triton" (labsupport.measure.gemv)
+    Options.matmul     "torch" (cuBLAS through F.linear) or "triton" (labsupport.measure.kernels.gemv)
     Options.fuse_gemv  with "triton": RMSNorm, SiLU x up and the residual adds done inside the GEMVs
     Options.fused_attention  q/k norms, rotary, cache write and attention in two kernels of ours
     Options.split_k    with "triton": the tuned split-K configs allowed (the smaller matrices)
@@ -28,7 +28,7 @@ import weakref
 from dataclasses import dataclass
 from functools import cache, partial
 
-from labsupport.measure import gemv_fp8
+from labsupport.measure.kernels import gemv_fp8
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def ops():
     (gemv, decode_attention)."""
     import torch
 
-    from labsupport.measure import decode_attention, gemv
+    from labsupport.measure.kernels import decode_attention, gemv
 
     # The schemas are written out: this module's annotations are strings (PEP 563).
     @torch.library.custom_op(
@@ -125,7 +125,7 @@ def layer(
     (Q, K, V or QKV), o_proj, the MLP input weight(s) (gate, up or gate-up), down_proj.
     `kernels`: ops(), our kernels, used for a single token as opts asks. With opts.fp8 the
     four matrices are FP8 and their row scales follow them in `w`.
-    Split by tensor parallelism (labsupport.measure.tp_split) `w` is one rank's shard, `reduce`
+    Split by tensor parallelism (labsupport.measure.distributed.tp_split) `w` is one rank's shard, `reduce`
     sums o_proj's and down_proj's partial outputs over the ranks (one all-reduce each), and
     `residual` says whether this rank adds the residual (one rank only, inside a fused GEMV)."""
     import torch.nn.functional as F
@@ -236,7 +236,7 @@ class Qwen3Decoder:
     def __init__(self, model, max_len: int, opts: Options):
         import torch
 
-        from labsupport.measure import gemv
+        from labsupport.measure.kernels import gemv
 
         cfg, m = model.config, model.model
         self.opts, self.max_len = opts, max_len
@@ -310,7 +310,7 @@ class Qwen3Decoder:
             return logits[:, -1] if last_only else logits
         if self.opts.fuse_gemv:  # the final norm as one Triton kernel: inside the LM head's GEMV, the
             # norm's weight would be read again by each of its ~19,000 programs (measured slower)
-            from labsupport.measure import triton_kernels
+            from labsupport.measure.kernels import triton_kernels
 
             x = triton_kernels.rmsnorm(x, self.norm, eps)
         else:

@@ -17,7 +17,7 @@ Three optional fusions (`Fusion`), so that one kernel does what would otherwise 
 
 Three launch options, for the last rungs:
 - FP8 weights (`scale`): W stored as float8 E4M3 with one float32 scale per row
-  (labsupport.measure.gemv_fp8); each row's sum is multiplied by its scale, x stays BF16;
+  (labsupport.measure.kernels.gemv_fp8); each row's sum is multiplied by its scale, x stays BF16;
 - split-K (`Config.split_k` > 1): each row's K is cut into split_k stretches, one program per
   (rows, stretch), each adding its partial sum into a float32 buffer with atomics; a second
   small kernel (`_finish`) applies the norm's scale, the rounding, SiLU x up or the residual,
