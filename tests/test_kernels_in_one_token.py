@@ -195,7 +195,7 @@ def test_live_cells_on_cpu_write_a_valid_run(copied_runs, monkeypatch):
     assert {"kernels.csv", "census.csv", "step_times.csv", "context_sweep.csv", "trace.json.gz"} <= set(
         run.meta["files"]
     )
-    assert set(run.results) == {"method", "model", "host_probe", "host_slow"}
+    assert set(run.results) == {"method", "model", "host_probe", "host_slow", "compile"}
     # Every timing before the first profile, but the one that measures the profiler's effect; the two
     # caches interleaved at every context, the prompt's length (16, not in `contexts`) included.
     first = calls.index(("profile", "decode_step"))
