@@ -42,6 +42,8 @@ def published_provenance(root=None) -> pd.DataFrame:
         run = runs.load_run(chapter, run_id, root)
         problem = check_commit(run)
         in_history = "not checked (no .git)" if not provenance.has_git() else "no" if problem else "yes"
+        if problem and (chapter, run_id) in provenance.UNTRACEABLE:
+            in_history = "no: typed by hand before commits were checked"
         rows.append(
             {
                 "chapter": chapter,
