@@ -382,7 +382,7 @@ def test_the_page_replays_a_run_recorded_with_todays_columns(tmp_path):
     _check_static_cache(run)
     text = replay_notebook("notebooks/launch_overhead.ipynb", run, tmp_path)
     assert "Traceback" not in text and "image/png" in text
-    assert "The static cache" in text and "of measured read" in text
+    assert "The static cache" in text and "of practical ceiling" in text
     assert "Profiled steps: the profiler adds its own work" in text
 
 
