@@ -43,14 +43,15 @@ def published_provenance(root=None) -> pd.DataFrame:
         problem = check_commit(run)
         in_history = "not checked (no .git)" if not provenance.has_git() else "no" if problem else "yes"
         if problem and (chapter, run_id) in provenance.UNTRACEABLE:
-            in_history = "no: typed by hand before commits were checked"
+            in_history = "no: typed by hand"
         rows.append(
             {
                 "chapter": chapter,
                 "run": run_id,
-                "commit": run.provenance.get("git_commit", ""),
+                # as many hex digits as `git show` needs; meta.json holds the whole of each
+                "commit": str(run.provenance.get("git_commit", ""))[:12],
                 "in the history": in_history,
-                "code digest (SHA-256)": run.provenance.get("tree_digest", "not recorded"),
+                "code digest (SHA-256)": str(run.provenance.get("tree_digest", "not recorded"))[:16],
             }
         )
     return pd.DataFrame(rows)
