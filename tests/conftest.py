@@ -44,25 +44,45 @@ def _reads_book(item) -> bool:
     return bool(set(getattr(item, "fixturenames", ())) & BOOK_FIXTURES)
 
 
+class TierError(Exception):
+    """A test without exactly one tier; the message is one line naming it."""
+
+
 def tier_of(item) -> str:
-    """The tier mark closest to the test (the test's own, else its file's); a one-line
-    pytest.UsageError naming the test when it has none, or two at the same level."""
+    """The tier mark closest to the test (its own, else its file's): TierError when it has none,
+    two at one level, or one that its fixtures contradict."""
     for node in reversed(item.listchain()):
         marked = sorted({m.name for m in node.own_markers if m.name in TIERS})
         if len(marked) > 1:
-            raise pytest.UsageError(f"{item.nodeid}: one tier, not {' and '.join(marked)}")
+            raise TierError(f"{item.nodeid}: one tier, not {' and '.join(marked)}")
         if marked:
             tier = marked[0]
             break
     else:
-        raise pytest.UsageError(
-            f"{item.nodeid}: no tier: mark it unit, book or live (pytestmark in its file, or @pytest.mark.<tier>)"
-        )
+        raise TierError(f"{item.nodeid}: no tier: mark it unit, book or live (pytestmark, or @pytest.mark.<tier>)")
     names = set(getattr(item, "fixturenames", ()))
     wants = "live" if names & LIVE_FIXTURES else "book" if names & BOOK_FIXTURES else None
     if wants and tier != wants:
-        raise pytest.UsageError(f"{item.nodeid}: marked {tier}, but its fixtures make it a {wants} test")
+        raise TierError(f"{item.nodeid}: marked {tier}, but its fixtures make it a {wants} test")
     return tier
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """A test file with a test that lacks one tier fails to collect, in a line naming the test
+    (a collection error: pytest-xdist's workers report it as such, where a usage error is lost)."""
+    report = yield
+    if report.passed:
+        wrong = []
+        for item in report.result:
+            if isinstance(item, pytest.Item):
+                try:
+                    tier_of(item)
+                except TierError as e:
+                    wrong.append(str(e))
+        if wrong:
+            report.outcome, report.longrepr, report.result = "failed", "\n".join(wrong), []
+    return report
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by tier

@@ -31,28 +31,43 @@ def collect(tmp_path, source: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+UNMARKED = "def test_a():\n    pass\n"
+
+
+def said_in_one_line(r: subprocess.CompletedProcess, says: str) -> bool:
+    """The collection error is the line `says`, with no traceback."""
+    out = r.stdout + r.stderr
+    return says in out.splitlines() and "Traceback" not in out and "INTERNALERROR" not in out
+
+
 @pytest.mark.parametrize(
     "source, says",
     [
         (
-            "def test_a():\n    pass\n",
-            "ERROR: tests/test_sample.py::test_a: no tier: mark it unit, book or live",
+            UNMARKED,
+            "tests/test_sample.py::test_a: no tier: mark it unit, book or live (pytestmark, or @pytest.mark.<tier>)",
         ),
         (
             "import pytest\n\n@pytest.mark.unit\n@pytest.mark.live\ndef test_a():\n    pass\n",
-            "ERROR: tests/test_sample.py::test_a: one tier, not live and unit",
+            "tests/test_sample.py::test_a: one tier, not live and unit",
         ),
         (
             "import pytest\n\npytestmark = pytest.mark.unit\n\ndef test_a(built_book):\n    pass\n",
-            "ERROR: tests/test_sample.py::test_a: marked unit, but its fixtures make it a book test",
+            "tests/test_sample.py::test_a: marked unit, but its fixtures make it a book test",
         ),
     ],
     ids=["none", "two", "contradicted"],
 )
 def test_a_test_without_one_tier_stops_collection_in_one_line(tmp_path, source, says):
     r = collect(tmp_path, source)
-    assert r.returncode == pytest.ExitCode.USAGE_ERROR, r.stdout + r.stderr
-    assert r.stderr.startswith(says) and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
+    assert r.returncode == pytest.ExitCode.INTERRUPTED and said_in_one_line(r, says), r.stdout + r.stderr
+
+
+def test_under_xdist_too(tmp_path):
+    """`make test` collects in pytest-xdist's workers, which lose a usage error's message."""
+    r = collect(tmp_path, UNMARKED, "-n", "2")
+    says = "tests/test_sample.py::test_a: no tier: mark it unit, book or live (pytestmark, or @pytest.mark.<tier>)"
+    assert r.returncode != 0 and said_in_one_line(r, says), r.stdout + r.stderr
 
 
 def test_a_tests_own_mark_wins_over_its_files(tmp_path):
