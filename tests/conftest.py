@@ -24,7 +24,7 @@ RUNS = REPO / "runs"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runs"
 
 
-# --- tiers -----------------------------------------------------------------------------------
+# --- tiers ---------------------------------------------------------------------------------
 # Every test is in one tier (pyproject.toml declares the markers; `make test-fast` runs `unit`):
 #   unit  small committed fixtures, in this process; no notebook is executed, no book is built.
 #   book  reads the session's one book build (built_book: the HTML, the notebooks it executed,
@@ -32,76 +32,67 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runs"
 #         replay on a runs folder of its own (a tampered run, a fixture run).
 #   live  runs a chapter on the CPU with the tiny model (its module's one `tiny_run`, a live
 #         command, the nightly), or a full tiny model through Triton's interpreter.
-# A test marked in its file keeps its mark; the others are placed here: by the fixtures they
-# use, then by name (file -> test functions, "*" for the whole file), else `unit`.
+# A test carries its tier itself: its file's `pytestmark`, or a mark on the test, which wins
+# over its file's. Collection stops, naming the test, on a test with no tier, with two at one
+# level, or with a tier its fixtures contradict (a test that reads the book build is a book test).
 TIERS = ("unit", "book", "live")
 BOOK_FIXTURES = {"built_book", "book_html", "glued", "book_figures", "browser"}
 LIVE_FIXTURES = {"tiny_run", "tiny", "tiny_hybrid_run", "live_env"}
-BY_NAME = {
-    "book": {
-        "test_book.py": {"test_a_downloaded_chapter_replays_outside_the_repository"},
-        "test_escaping.py": {"test_the_chapter_page_escapes"},
-        "test_hybrid_model_token.py": {"test_the_page_replays_a_run_recorded_with_todays_columns"},
-        "test_inputs.py": {"test_a_damaged_trace_fails_the_book_with_one_line_last"},
-        "test_launch_overhead.py": {"test_the_page_replays_a_run_recorded_with_todays_columns"},
-        "test_prefill_vs_decode.py": {"test_notebook_replays_the_recorded_run"},
-    },
-    "live": {
-        "test_nightly.py": {"*"},
-        "test_closing_the_gap.py": {"test_notebook_runs_live_on_cpu_through_papermill"},
-        "test_prefill_vs_decode.py": {"test_notebook_runs_live_on_cpu_through_papermill"},
-        "test_kernels_in_one_token.py": {
-            "test_live_cells_on_cpu_write_a_valid_run",
-            "test_interrupted_live_run_leaves_published_run_untouched",
-            "test_out_of_memory_at_a_long_context_is_recorded",
-        },
-        "test_hybrid_model_token.py": {
-            "test_tiny_hybrid_profile_failing_after_timing_leaves_no_half_row",
-            "test_tiny_hybrid_times_everything_before_profiling",
-        },
-        "test_one_token_two_gpus.py": {"test_a_launch_that_dies_is_run_again_with_the_eager_step_alone"},
-        "test_model_code_to_kernels.py": {"test_the_notebook_times_everything_before_it_profiles"},
-        "test_what_a_kernel.py": {"test_the_notebook_times_everything_before_it_profiles"},
-        "test_where_kernels_come_from.py": {"test_the_notebook_times_everything_before_it_profiles"},
-        "test_why_a_gpu.py": {
-            "test_the_notebook_times_everything_before_it_profiles",
-            "test_the_notebook_stops_the_sweep_at_a_batch_out_of_memory",
-        },
-        "test_gated_deltanet.py": {
-            "test_compiled_steps_survive_the_backend_switch",
-            "test_tiny_hybrid_decode_step_profiles_by_layer_type",
-        },
-    },
-}
 
 
 def _reads_book(item) -> bool:
     return bool(set(getattr(item, "fixturenames", ())) & BOOK_FIXTURES)
 
 
-def _tier(item) -> str:
-    marked = [t for t in TIERS if item.get_closest_marker(t)]
-    if marked:
-        return marked[0]
+class TierError(Exception):
+    """A test without exactly one tier; the message is one line naming it."""
+
+
+def tier_of(item) -> str:
+    """The tier mark closest to the test (its own, else its file's): TierError when it has none,
+    two at one level, or one that its fixtures contradict."""
+    for node in reversed(item.listchain()):
+        marked = sorted({m.name for m in node.own_markers if m.name in TIERS})
+        if len(marked) > 1:
+            raise TierError(f"{item.nodeid}: one tier, not {' and '.join(marked)}")
+        if marked:
+            tier = marked[0]
+            break
+    else:
+        raise TierError(f"{item.nodeid}: no tier: mark it unit, book or live (pytestmark, or @pytest.mark.<tier>)")
     names = set(getattr(item, "fixturenames", ()))
-    if names & LIVE_FIXTURES:
-        return "live"
-    if _reads_book(item):
-        return "book"
-    module = Path(str(item.fspath)).name
-    function = getattr(item, "originalname", item.name)
-    for tier in ("live", "book"):
-        listed = BY_NAME[tier].get(module, set())
-        if "*" in listed or function in listed:
-            return tier
-    return "unit"
+    wants = "live" if names & LIVE_FIXTURES else "book" if names & BOOK_FIXTURES else None
+    if wants and tier != wants:
+        raise TierError(f"{item.nodeid}: marked {tier}, but its fixtures make it a {wants} test")
+    return tier
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """A test file with a test that lacks one tier fails to collect, in a line naming the test
+    (a collection error: pytest-xdist's workers report it as such, where a usage error is lost)."""
+    report = yield
+    if report.passed:
+        wrong = []
+        for item in report.result:
+            if isinstance(item, pytest.Item):
+                try:
+                    tier_of(item)
+                except TierError as e:
+                    wrong.append(str(e))
+        if wrong:
+            report.outcome, report.longrepr, report.result = "failed", "\n".join(wrong), []
+    return report
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by tier
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        tier = _tier(item)
-        if not item.get_closest_marker(tier):
+    tiers = {item: tier_of(item) for item in items}
+    # `-m` sees every mark above a test too: leave each test its one tier, on itself.
+    for item, tier in tiers.items():
+        for node in item.listchain()[:-1]:
+            node.own_markers[:] = [m for m in node.own_markers if m.name not in TIERS]
+        if not any(m.name == tier for m in item.own_markers):
             item.add_marker(getattr(pytest.mark, tier))
     # The files with tests that read the session's book build last: it builds in the background
     # meanwhile. Under pytest-xdist `make test` sends each file to one worker (`--dist loadfile`),
@@ -267,6 +258,8 @@ def _start_book_build(config) -> None:
 
 
 def pytest_collection_finish(session):
+    if session.config.option.collectonly:  # nothing runs, nothing reads it
+        return
     if any(_reads_book(i) for i in session.items) and _worker() in (None, "gw0"):
         _start_book_build(session.config)
 

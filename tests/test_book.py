@@ -2,8 +2,12 @@
 
 import re
 
+import pytest
+
 from labsupport import runs
 from labsupport.chapters import kernels_in_one_token as one_token
+
+pytestmark = pytest.mark.book
 
 
 def test_book_shows_the_recorded_numbers(built_book):
@@ -146,6 +150,7 @@ def test_a_downloaded_chapter_replays_outside_the_repository(tmp_path):
     assert json.loads(elsewhere.stdout.strip().splitlines()[-1]) == got
 
 
+@pytest.mark.unit
 def test_the_runs_folder_a_reader_names(monkeypatch, tmp_path):
     """LABSUPPORT_RUNS names the runs folder, `~` allowed; set but empty, it is not set."""
     from pathlib import Path

@@ -9,6 +9,8 @@ import pytest
 from labsupport import chapters
 from labsupport.ops import live, nightly
 
+pytestmark = pytest.mark.live
+
 
 def sleepy_chapter(tmp_path, *sleeps, timeout_s=2):
     """A chapter whose notebook sleeps `sleeps` seconds, one cell each, then writes `done`."""
@@ -21,7 +23,6 @@ def sleepy_chapter(tmp_path, *sleeps, timeout_s=2):
     return chapters.Chapter("sleepy", str(path), (), timeout_s=timeout_s)
 
 
-@pytest.mark.live
 def test_a_notebook_past_its_limit_fails_in_one_line_naming_the_chapter_and_the_limit(tmp_path):
     """Two cells of 1.5 s each under a limit of 2 s: the second is stopped (the limit is the
     notebook's, not each cell's), the last never runs, and live and the nightly each say one line."""
@@ -37,7 +38,6 @@ def test_a_notebook_past_its_limit_fails_in_one_line_naming_the_chapter_and_the_
     assert str(e.value).startswith("sleepy: notebook stopped: it ran past its limit of 2 s"), str(e.value)
 
 
-@pytest.mark.live
 def test_a_notebook_within_its_limit_runs_to_its_end(tmp_path):
     ch = sleepy_chapter(tmp_path, 0.5, 0.5, timeout_s=30)
     with pytest.raises(live.LiveRunError, match="sleepy: run '20260101T000000Z-cpu' of chapter 'sleepy' not found"):
@@ -45,6 +45,7 @@ def test_a_notebook_within_its_limit_runs_to_its_end(tmp_path):
     assert (tmp_path / "done").exists()
 
 
+@pytest.mark.unit
 def test_every_chapter_declares_a_finite_limit():
     for ch in chapters.CHAPTERS:
         assert isinstance(ch.timeout_s, int) and 60 <= ch.timeout_s <= 6 * 3600, ch.slug

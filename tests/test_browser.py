@@ -45,6 +45,8 @@ import yaml
 
 from labsupport import chapters
 
+pytestmark = pytest.mark.book
+
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = REPO / "build" / "screenshots"

@@ -1,11 +1,14 @@
 """The drift report's census compares kernel names within each decoder layer, not only counts."""
 
 import pandas as pd
+import pytest
 
 from labsupport import chapters
 from labsupport.ops import drift
 
 from .conftest import fixture_run
+
+pytestmark = pytest.mark.unit
 
 CHAPTER = "kernels-in-one-token"
 

@@ -23,6 +23,8 @@ from .live_cells import run_live_cells, watch_harness  # noqa: E402
 pytest.importorskip("triton")
 from labsupport.measure.kernels import decode_attention, gemv  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 NOTEBOOK = "notebooks/closing_the_gap.ipynb"
 
 
@@ -90,6 +92,7 @@ def tiny():
 
 # pdl: Triton's interpreter has no grid dependency control (gdc_wait); the rung is split-k's
 # kernels with those two instructions added, run only on a Hopper GPU.
+@pytest.mark.live
 @pytest.mark.parametrize("rung", [r for r in ch.OWN_OPTIONS if r != "pdl" and r not in ch.FP8_RUNGS])
 def test_each_of_our_rungs_gives_transformers_logits(tiny, rung):
     model, prompt, ref = tiny
@@ -101,6 +104,7 @@ def test_each_of_our_rungs_gives_transformers_logits(tiny, rung):
     assert check["passed"] and check["same_token"]
 
 
+@pytest.mark.live
 def test_the_fp8_rung_computes_rung_9_on_the_fp8_rounded_weights(tiny):
     """FP8 weights change the answer by their rounding only: the FP8 rung equals rung 9 run on a
     copy of the model whose matrices were rounded to FP8 and back (row scales are per row, so
@@ -123,6 +127,7 @@ def test_the_fp8_rung_computes_rung_9_on_the_fp8_rounded_weights(tiny):
     assert (logits - ref.logits).abs().max() > 1e-3  # and the rounding does show against the exact model
 
 
+@pytest.mark.live
 def test_the_float32_reference_is_the_model_in_float32(tiny):
     model, prompt, ref = tiny
     # the tiny model is float32 already: its "truth" is itself, to rounding
@@ -130,6 +135,7 @@ def test_the_float32_reference_is_the_model_in_float32(tiny):
     assert ch.eager_fidelity(ref)["passed"]
 
 
+@pytest.mark.live
 def test_a_wrong_step_fails_the_check(tiny):
     _, _, ref = tiny
     wrong = ref.logits.roll(1, dims=-1)  # the right numbers at the wrong tokens
@@ -138,6 +144,7 @@ def test_a_wrong_step_fails_the_check(tiny):
     assert check["max_abs_err"] > ch.ERROR_FACTOR * check["eager_abs_err"]
 
 
+@pytest.mark.live
 def test_fused_rungs_share_one_concatenation_of_each_weight(tiny):
     """Every rung is alive at once (timed interleaved): fused rungs on one model share its
     concatenated weights instead of holding a copy each, and a weight written in place since is
@@ -163,6 +170,7 @@ def test_fused_rungs_share_one_concatenation_of_each_weight(tiny):
             up.sub_(1.0)
 
 
+@pytest.mark.live
 def test_another_token_passes_only_as_a_near_tie_of_the_float32_step(tiny):
     """A rung whose greedy token is not eager's passes when the float32 step puts the two tokens
     within eager's own error of each other (BF16's rounding can swap them), and fails otherwise."""
@@ -228,6 +236,7 @@ def tiny_run(tmp_path_factory):
     return run, calls
 
 
+@pytest.mark.live
 def test_live_cells_time_our_rungs_interleaved_before_profiling_any(tiny_run):
     run, calls = tiny_run
     ran = ["eager", "own-compiled", "fused-projections"]
@@ -399,6 +408,7 @@ def test_matmul_launches_read_the_launch_shapes_of_the_trace(run):
     assert (theirs["grid / SMs"] == theirs.blocks / run.provenance["gpu_sms"]).all()
 
 
+@pytest.mark.live
 def test_notebook_runs_live_on_cpu_through_papermill(runs_root, monkeypatch, tmp_path):
     """The whole page on the CPU live path (tiny model): measured, then every analysis cell on the
     run just recorded, with the shared quantities read from the owners' published runs."""
@@ -516,6 +526,7 @@ def test_pdl_and_the_new_rungs_are_not_run_on_a_cpu():
     assert ch.error_factor("fp8-weights") == ch.FP8_ERROR_FACTOR and ch.error_factor("pdl") == ch.ERROR_FACTOR
 
 
+@pytest.mark.live
 def test_a_verify_pass_gives_the_one_token_steps_logits_at_its_first_position(tiny):
     model, prompt, ref = tiny
     opts = qwen3_decode.Options(fused=True)

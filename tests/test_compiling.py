@@ -5,11 +5,15 @@ import os
 import re
 from dataclasses import dataclass
 
+import pytest
+
 from labsupport import runs
 from labsupport.measure import compiling, recording
 from labsupport.ops import live
 
 from .conftest import REPO
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_mode_becomes_its_options_with_shape_padding_off():

@@ -5,6 +5,8 @@ import pytest
 
 from labsupport.measure import datasheets, hardware
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     "reported, name",

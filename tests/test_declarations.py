@@ -12,6 +12,8 @@ import pytest
 from labsupport import chapters
 from labsupport.ops import params as notebook_params
 
+pytestmark = pytest.mark.unit
+
 PACKAGE = Path(__file__).resolve().parent.parent / "labsupport"
 REGISTRY = PACKAGE / "chapters" / "__init__.py"
 # What the book compares against (published figures), not a run of ours: its tables may share

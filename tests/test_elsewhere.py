@@ -23,6 +23,8 @@ from labsupport.ops import bookbuild
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 VERSION = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
 WHEEL = f"labsupport-{VERSION}-py3-none-any.whl"
 
@@ -227,6 +229,7 @@ def test_the_perfetto_script_speaks_the_documented_protocol():
     assert json.dumps("perfetto.js") in json.dumps(yaml.safe_load((REPO / "_config.yml").read_text()))
 
 
+@pytest.mark.book
 def test_built_pages_open_each_trace_in_perfetto(built_book):
     """Every trace a chapter page links for download has an Open in Perfetto link beside it,
     to the same served file; the page loads the script."""

@@ -16,6 +16,8 @@ from labsupport.ops import live
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 H200 = "NVIDIA H200"
 
 

@@ -21,6 +21,8 @@ from labsupport.ops import drift, status
 
 from .conftest import RUNS
 
+pytestmark = pytest.mark.unit
+
 CH = "kernels-in-one-token"
 OP = '<img src=x onerror=alert("op")> & <script>alert("op")</script>'
 NAME = "<img src=x onerror=alert(1)>&evil_kernel<script>alert(2)</script>"
@@ -80,6 +82,7 @@ def test_importing_glue_changes_nothing_in_pandas():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=RUNS.parent)
 
 
+@pytest.mark.book
 def test_the_chapter_page_escapes(tampered, tmp_path, monkeypatch):
     """Execute the chapter in replay against the tampered run: the HTML its cells give the
     book (text/html outputs, embedded as they are) shows the names as text."""

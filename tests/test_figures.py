@@ -14,12 +14,15 @@ from labsupport import chapters, figures
 
 from .figure_probe import problems
 
+pytestmark = pytest.mark.unit
+
 
 def code_first_lines(path) -> list[str]:
     cells = nbformat.read(path, as_version=4).cells
     return [(c.source.splitlines() or [""])[0] for c in cells if c.cell_type == "code"]
 
 
+@pytest.mark.book
 @pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
 def test_every_figure_of_the_chapter_is_legible(chapter, book_figures):
     expected = code_first_lines(chapter.path)
@@ -31,6 +34,7 @@ def test_every_figure_of_the_chapter_is_legible(chapter, book_figures):
     assert not record["problems"], "\n".join(record["problems"])
 
 
+@pytest.mark.book
 @pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
 def test_a_replay_loads_neither_torch_nor_transformers(chapter, book_figures):
     """The book's build replays every chapter: torch, transformers and Triton are imported only

@@ -13,6 +13,8 @@ from labsupport.measure import hardware, models
 
 from .live_cells import run_live_cells
 
+pytestmark = pytest.mark.unit
+
 TINY_TOKEN = dict(preset="tiny", prompt_len=16, contexts=[16], repeats=2, fresh_processes=1, allow_cpu=True)
 
 

@@ -6,6 +6,8 @@ import pytest
 from labsupport.chapters import closing_the_gap as ch
 from labsupport.measure.kernels import gemv_fp8
 
+pytestmark = pytest.mark.unit
+
 
 def test_rounding_error_of_gaussian_weights_is_measured_not_assumed():
     """E4M3 with one scale per row, on near-Gaussian weights (what build_model gives): about 2.25% on

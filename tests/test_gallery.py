@@ -19,6 +19,8 @@ from labsupport.ops import gallery, gallery_page, pack
 
 from .conftest import FIXTURES, REPO, tree_bytes
 
+pytestmark = pytest.mark.unit
+
 CHAPTER = "what-a-kernel"
 
 

@@ -30,6 +30,8 @@ from .conftest import FIXTURES, REPO, tree_bytes
 from .test_browser import browser  # noqa: F401 (the module's Chromium, skipped or failed as there)
 from .test_gallery import members, resealed, write
 
+pytestmark = pytest.mark.unit
+
 CHAPTER = "launch-overhead"
 PAYLOADS = (
     "\n```",
@@ -216,6 +218,7 @@ PAGE_FACTS = """() => ({
 })"""
 
 
+@pytest.mark.book
 @pytest.mark.parametrize("refusal", [True, False], ids=["refused", "escaped only"])
 def test_the_built_page_shows_run_text_as_text(packed, tmp_path, browser, monkeypatch, refusal):  # noqa: F811
     files, run_id = packed

@@ -10,6 +10,8 @@ from labsupport.measure.models import gated_deltanet
 from labsupport.measure.steps import StaticStep, graphs_compiled
 from labsupport.traces import kernels, trace
 
+pytestmark = pytest.mark.unit
+
 
 def test_27b_hybrid_preset_counts():
     c = models.preset_counts("qwen3.5-27b")
@@ -23,6 +25,7 @@ def test_27b_hybrid_preset_counts():
     assert not cfg.tie_word_embeddings
 
 
+@pytest.mark.live
 def test_tiny_hybrid_decode_step_profiles_by_layer_type(tmp_path):
     m = models.build_model("tiny-hybrid")
     prompt = decode.Prompt.random(m.config.vocab_size, 1, 16, "cpu")
@@ -66,6 +69,7 @@ def test_reference_backend_is_what_transformers_runs_without_fla():
     assert torch.equal(plain, switched)
 
 
+@pytest.mark.live
 def test_compiled_steps_survive_the_backend_switch():
     """The order the hybrid chapter's measuring cells rely on: both backends compile the static
     step with the same torch.compile settings; Dynamo guards on the rule functions the switch

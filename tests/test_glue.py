@@ -8,6 +8,8 @@ import pytest
 
 from labsupport import glue
 
+pytestmark = pytest.mark.unit
+
 
 def test_html_explorer_holds_every_panel_in_order_and_cannot_close_its_script():
     h = glue.html_explorer("batch sweep", "batch", {1: "<b>one</b>", 16: "sixteen </script><i>x</i>"}).data

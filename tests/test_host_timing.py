@@ -11,6 +11,8 @@ import pytest
 
 from labsupport.measure import harness, hostprobe
 
+pytestmark = pytest.mark.unit
+
 
 def test_interleaved_rotates_the_order_and_labels_rounds():
     order = []

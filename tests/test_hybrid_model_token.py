@@ -20,6 +20,8 @@ from .conftest import REPO, fixture_run
 from .live_cells import watch_harness
 from .test_launch_overhead import modern_copy, replay_notebook
 
+pytestmark = pytest.mark.unit
+
 NOTEBOOK = "notebooks/hybrid_model_token.ipynb"
 # The registry's CPU parameters for this chapter, with the contexts the tests ask for.
 TINY = {"preset": "tiny-hybrid", "prompt_len": 16, "repeats": 2, "contexts": [8, 64, 256]}
@@ -75,6 +77,7 @@ def h200_run():
     return fixture_run(hybrid.CHAPTER)
 
 
+@pytest.mark.live
 def test_tiny_hybrid_times_everything_before_profiling(tiny_hybrid_run, tiny_hybrid_calls):
     run, calls = tiny_hybrid_run, tiny_hybrid_calls
     # the backend's prompt and its step timed in turn, round after round, in one interleaved timing
@@ -111,6 +114,7 @@ def test_tiny_hybrid_times_everything_before_profiling(tiny_hybrid_run, tiny_hyb
     assert sorted(set(g.context)) == TINY["contexts"] and (g.status == "ok").all()
 
 
+@pytest.mark.live
 def test_tiny_hybrid_variants_table(tiny_hybrid_run):
     v = hybrid.variants(tiny_hybrid_run).set_index(["backend", "mode"])
     ok = v.loc[("reference", "eager")]
@@ -122,6 +126,7 @@ def test_tiny_hybrid_variants_table(tiny_hybrid_run):
     assert v.loc[v.status != "ok", ["wall min ms", "wall max ms"]].isna().all().all()
 
 
+@pytest.mark.live
 def test_tiny_hybrid_profile_failing_after_timing_leaves_no_half_row(tmp_path_factory):
     calls = []
     run = _record_tiny(
@@ -158,6 +163,7 @@ def test_unknown_backend_is_refused_before_measuring(runs_root):
         hybrid.load("no-such-run")
 
 
+@pytest.mark.live
 def test_headline_is_keyed_by_backend_and_mode(h200_run, tiny_hybrid_run):
     for run in (h200_run, tiny_hybrid_run):
         v = run.table("variants").set_index(["backend", "mode"])
@@ -344,6 +350,7 @@ def test_recorded_mixer_by_module_and_its_csv(h200_run):
     assert len(mix) <= 15
 
 
+@pytest.mark.live
 def test_tiny_hybrid_analysis_and_page(tiny_hybrid_run, tmp_path):
     run = tiny_hybrid_run
     backend, mode = hybrid.best_variant(run)
@@ -357,6 +364,7 @@ def test_tiny_hybrid_analysis_and_page(tiny_hybrid_run, tmp_path):
     assert "Traceback" not in text and "not the published profile's configuration" in text
 
 
+@pytest.mark.book
 def test_the_page_replays_a_run_recorded_with_todays_columns(h200_run, tmp_path):
     run = modern_copy(h200_run, tmp_path / "runs")
     assert "before the first profile" in hybrid.timing_note(run)
@@ -368,6 +376,7 @@ def test_the_page_replays_a_run_recorded_with_todays_columns(h200_run, tmp_path)
     assert "of its GPU" in text and "ours on the GPU named" not in text
 
 
+@pytest.mark.live
 def test_compact_variants_table(h200_run, tiny_hybrid_run):
     for run in (h200_run, tiny_hybrid_run):
         v, c = hybrid.variants(run), hybrid.variants_compact(run)

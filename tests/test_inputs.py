@@ -18,6 +18,8 @@ from labsupport.runs import paths
 
 from .conftest import REPO, RUNS, tree_bytes
 
+pytestmark = pytest.mark.unit
+
 CH = "kernels-in-one-token"
 
 
@@ -226,6 +228,7 @@ def test_a_damaged_trace_with_a_matching_hash(run_dir, damage):
     assert any("is not a readable trace" in p for p in validate.check_run(chapters.by_slug(CH), run))
 
 
+@pytest.mark.book
 def test_a_damaged_trace_fails_the_book_with_one_line_last(run_dir, copied_runs):
     trace = run_dir / "trace.json.gz"
     trace.write_bytes(trace.read_bytes()[:1000])

@@ -3,7 +3,11 @@ after SIGTERM a stopped kernel prints a ZMQ traceback, which buried the nightly'
 
 from __future__ import annotations
 
+import pytest
+
 from labsupport.ops import live
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_kernels_standard_error_goes_to_the_chapter_log(tmp_path, capfd):

@@ -5,6 +5,8 @@ import pytest
 
 from labsupport.traces import kernels, kinds
 
+pytestmark = pytest.mark.unit
+
 
 def test_every_recorded_kernel_gets_a_real_kind(published_kernels):
     kinds = published_kernels["name"].map(kernels.classify)

@@ -12,6 +12,8 @@ from labsupport.measure import decode, environment, hardware, harness
 from .conftest import tree_bytes
 from .live_cells import run_live_cells, watch_harness
 
+pytestmark = pytest.mark.unit
+
 NOTEBOOK = "notebooks/kernels_in_one_token.ipynb"
 TINY = dict(preset="tiny", prompt_len=16, contexts=[16, 32], repeats=2, fresh_processes=1, allow_cpu=True)
 
@@ -178,6 +180,7 @@ def test_static_copies_of_an_old_run_are_said_plainly(published):
     assert "not broken down" not in text
 
 
+@pytest.mark.live
 def test_live_cells_on_cpu_write_a_valid_run(copied_runs, monkeypatch):
     """Into a copy of the published runs: the page reads the other owners' shared quantities."""
     calls = []
@@ -266,6 +269,7 @@ def test_unknown_preset_fails_before_any_work(runs_root):
     assert list(runs_root.iterdir()) == []
 
 
+@pytest.mark.live
 def test_interrupted_live_run_leaves_published_run_untouched(copied_runs, monkeypatch):
     before = tree_bytes(copied_runs)
 
@@ -278,6 +282,7 @@ def test_interrupted_live_run_leaves_published_run_untouched(copied_runs, monkey
     assert tree_bytes(copied_runs) == before
 
 
+@pytest.mark.live
 def test_out_of_memory_at_a_long_context_is_recorded(copied_runs, monkeypatch):
     real = decode.profile_decode_step
 

@@ -18,6 +18,8 @@ import pytest
 
 from labsupport.traces import kernels, trace
 
+pytestmark = pytest.mark.unit
+
 RUNS = Path(__file__).resolve().parent.parent / "runs"
 
 

@@ -13,6 +13,8 @@ from labsupport.measure import hardware, harness, steps
 from .conftest import fixture_run
 from .live_cells import run_live_cells, watch_harness
 
+pytestmark = pytest.mark.unit
+
 NOTEBOOK = "notebooks/launch_overhead.ipynb"
 
 
@@ -49,6 +51,7 @@ def tiny_run(tmp_path_factory):
     return run, calls
 
 
+@pytest.mark.live
 def test_every_timing_comes_before_every_profile(tiny_run):
     """On a CPU only the two eager steps run: profiled here, timed by "The kernels in one token"."""
     run, calls = tiny_run
@@ -62,6 +65,7 @@ def test_every_timing_comes_before_every_profile(tiny_run):
     assert "timed none of the forms" in lo.timing_note(run)
 
 
+@pytest.mark.live
 def test_every_variant_has_a_row_and_only_ok_rows_have_profiles(tiny_run):
     run, _ = tiny_run
     v = run.table("variants")
@@ -363,6 +367,7 @@ def test_static_cache_diff_on_the_fixture_run():
     assert (inner == paths.op.str.removeprefix("aten::")).all(), "a call path ends at the kernel's own operator"
 
 
+@pytest.mark.live
 def test_static_cache_diff_on_a_cpu_run(tiny_run):
     run, _ = tiny_run
     _check_static_cache(run)
@@ -370,6 +375,7 @@ def test_static_cache_diff_on_a_cpu_run(tiny_run):
     assert (paths.call == paths.op.str.removeprefix("aten::")).all()
 
 
+@pytest.mark.book
 def test_the_page_replays_a_run_recorded_with_todays_columns(tmp_path):
     import shutil
 

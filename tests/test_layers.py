@@ -11,6 +11,8 @@ import pytest
 
 from labsupport import chapters
 
+pytestmark = pytest.mark.unit
+
 PACKAGE = Path(__file__).resolve().parent.parent / "labsupport"
 NOTEBOOKS = PACKAGE.parent / "notebooks"
 MAX_LINES = 600  # modules cut by concept, not by a line cap; past this a module has two concerns

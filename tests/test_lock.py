@@ -17,6 +17,8 @@ from . import nightly_driver as driver
 from .conftest import REPO, tree_bytes, wait_while_running
 from .test_nightly_failures import Night
 
+pytestmark = pytest.mark.unit
+
 CH = driver.CHAPTER
 
 HOLD = """

@@ -14,6 +14,8 @@ from labsupport.measure.kernels import triton_kernels
 from .conftest import fixture_run
 from .notebook_cells import assert_times_before_profiles, run_live
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def run():
@@ -76,6 +78,7 @@ def test_operator_to_kernel_table():
     assert {"self_attn.q_proj", "mlp.down_proj", "input_layernorm"} <= set(table.module)
 
 
+@pytest.mark.live
 def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monkeypatch):
     real, interleaved = harness.interleaved, []
 

@@ -5,6 +5,8 @@ import torch
 
 from labsupport.measure import hardware, models
 
+pytestmark = pytest.mark.unit
+
 
 def test_qwen3_8b_counts_match_the_published_model():
     c = models.preset_counts("qwen3-8b")

@@ -13,6 +13,8 @@ from labsupport import runs
 
 from .conftest import REPO, cpu_args, tree_bytes, wait_while_running
 
+pytestmark = pytest.mark.live
+
 TINY = cpu_args("kernels-in-one-token")
 
 

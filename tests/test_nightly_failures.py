@@ -21,6 +21,8 @@ from labsupport.runs import lock, promotion
 from . import nightly_driver as driver
 from .conftest import REPO, RUNS, tree_bytes
 
+pytestmark = pytest.mark.unit
+
 CHAPTER = driver.CHAPTER
 ALL_AFTER = list(driver.POINTS)
 PRE_FLIP = [p for p in ALL_AFTER if p not in driver.PUBLISHED_AFTER]

@@ -12,9 +12,12 @@ from labsupport import chapters, runs
 
 from .conftest import REPO, cpu_args, executed_notebook, tree_bytes
 
+pytestmark = pytest.mark.live
+
 NOTEBOOKS = [c.path for c in chapters.CHAPTERS]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_is_committed_clean(path):
     nb = nbformat.read(path, as_version=4)
@@ -25,6 +28,7 @@ def test_notebook_is_committed_clean(path):
     assert len(params) == 1 and 'mode = "replay"' in params[0].source
 
 
+@pytest.mark.book
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_replays_the_published_run(path, built_book):
     """The session's book build executes every chapter in replay mode (execute_notebooks:
@@ -96,6 +100,7 @@ def test_unknown_chapter(live_env):
     assert r.returncode != 0 and "unknown chapter(s) no-such-chapter" in r.stderr
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_markdown_table_in_the_prose_is_longer_than_15_rows(path):
     """Longer tables are shown by glue.table (15 rows and a CSV link), not typed into the prose."""

@@ -13,6 +13,8 @@ from labsupport.chapters import kernels_in_one_token as one_token
 
 from .conftest import fixture_run
 
+pytestmark = pytest.mark.unit
+
 
 def _harnessed(chapter: str) -> runs.Run:
     run = fixture_run(chapter)

@@ -18,6 +18,8 @@ from labsupport.ops import live
 from .conftest import with_shared_owners
 from .live_cells import run_live_cells
 
+pytestmark = pytest.mark.unit
+
 NOTEBOOK = "notebooks/one_token_two_gpus.ipynb"
 TINY = {"preset": "tiny", "prompt_len": 16, "repeats": 2, "gpus": 2, "sweep_max": 16384, "allow_cpu": True}
 TINY_CFG = models.preset_config("tiny")
@@ -35,6 +37,7 @@ def tiny_run(tmp_path_factory):
     return ns["run"]
 
 
+@pytest.mark.live
 def test_every_degree_and_rank_has_its_rows(tiny_run):
     v = tiny_run.table("variants")
     assert set(zip(v.tp, v["rank"], strict=True)) == {(1, 0), (2, 0), (2, 1)}
@@ -53,6 +56,7 @@ def test_every_degree_and_rank_has_its_rows(tiny_run):
     assert [(r["tp"], r["rank"], r["backend"]) for r in ranks] == [(1, 0, "gloo"), (2, 0, "gloo"), (2, 1, "gloo")]
 
 
+@pytest.mark.live
 def test_two_all_reduces_per_layer_of_the_hidden_state(tiny_run):
     layers, hidden = TINY_CFG["num_hidden_layers"], TINY_CFG["hidden_size"]
     c = tiny_run.table("collectives")
@@ -70,6 +74,7 @@ def test_two_all_reduces_per_layer_of_the_hidden_state(tiny_run):
     assert s.comm_ms == 0 and s.comm_us_each != s.comm_us_each, "gloo launches no GPU kernel: no time, NaN each"
 
 
+@pytest.mark.live
 def test_each_rank_holds_its_share_of_the_split_layers(tiny_run):
     c = TINY_CFG
     per_layer = (
@@ -84,6 +89,7 @@ def test_each_rank_holds_its_share_of_the_split_layers(tiny_run):
         assert ranks[(2, rank)]["sharded_parameters"] == whole - c["num_hidden_layers"] * per_layer // 2
 
 
+@pytest.mark.live
 def test_the_split_model_computes_what_the_whole_one_does(tiny_run):
     """Column- and row-parallel layers with local heads (transformers reshapes with -1 heads):
     the same next token as the model as written, the top logits equal up to BF16 rounding."""
@@ -94,6 +100,7 @@ def test_the_split_model_computes_what_the_whole_one_does(tiny_run):
     assert g.set_index("tp").loc[1, "largest top-5 logit difference"] == 0
 
 
+@pytest.mark.live
 def test_the_all_reduce_sweep(tiny_run):
     a = tiny_run.table("allreduce")
     step = TINY_CFG["hidden_size"] * 2
@@ -110,6 +117,7 @@ def test_the_all_reduce_sweep(tiny_run):
     assert allreduce.bus_bandwidth(100, 1.0, 4) == 150
 
 
+@pytest.mark.live
 def test_analysis_of_a_cpu_run(tiny_run):
     s = ch.steps(tiny_run)
     ok = s[s.status == "ok"]
@@ -139,6 +147,7 @@ def test_analysis_of_a_cpu_run(tiny_run):
     assert ch.main_form(tiny_run) == "eager" and ch.allreduce_curve(tiny_run, allreduce.GRAPH).empty
 
 
+@pytest.mark.live
 def test_every_file_of_the_run_is_described_and_the_run_validates(tiny_run):
     from labsupport.ops import validate
 
@@ -151,6 +160,7 @@ def test_every_file_of_the_run_is_described_and_the_run_validates(tiny_run):
             assert set(cols) <= set(pd.read_csv(tiny_run.path / name).columns), name
 
 
+@pytest.mark.live
 def test_the_live_run_records_the_hand_split_step_at_both_degrees(tiny_run):
     """The notebook's hand-split cell (labsupport.measure.distributed.tp_split_run on one and two gloo ranks,
     the tiny model in BF16, eager): optional tables the page does not read yet."""
@@ -177,6 +187,7 @@ def test_the_live_run_records_the_hand_split_step_at_both_degrees(tiny_run):
     assert [(r["world"], r["rank"]) for r in tiny_run.results["split_ranks"]] == [(1, 0), (2, 0), (2, 1)]
 
 
+@pytest.mark.live
 def test_the_page_replays_the_cpu_run(tiny_run, tmp_path):
     from .test_launch_overhead import replay_notebook
 
@@ -189,6 +200,7 @@ def test_the_page_replays_the_cpu_run(tiny_run, tmp_path):
     assert "The kernels in one token, run " in text, "the one-GPU eager wall is the shared one, labelled"
 
 
+@pytest.mark.live
 def test_a_launch_that_dies_is_run_again_with_the_eager_step_alone(tmp_path, monkeypatch):
     """A crash that takes the ranks down (a CUDA-graph capture, say) loses its forms, not the run."""
     real, calls = ch.launch, []
@@ -325,6 +337,7 @@ def test_the_sweep_times_each_all_reduce_until_it_has_finished(tmp_path):
             assert r["latency_us_min"] <= r["latency_us_median"] <= r["latency_us_max"]
 
 
+@pytest.mark.live
 def test_the_split_eager_step_stays_on_dtensors_fast_path(tiny_run):
     """Under torch.inference_mode, aten.linear reaches DTensor whole and its sharding is worked
     out afresh at every call (the 696 ms eager step at TP=2 on the H200s); the chapter's eager
@@ -337,6 +350,7 @@ def test_the_split_eager_step_stays_on_dtensors_fast_path(tiny_run):
         assert slow["inference_mode"] > 0, "this torch decomposes linear before DTensor in inference_mode too"
 
 
+@pytest.mark.live
 def test_the_pages_figures_are_legible(tiny_run, monkeypatch):
     """tests/test_figures.py's legibility rules (text height at 390 and 1280 px, no scientific
     tick labels on a log axis) on the figures the page draws from the CPU run."""
@@ -481,6 +495,7 @@ def test_the_interconnect_is_read_from_the_recorded_topology(h200_run):
     assert ch.recorded_interconnect(h200_run) == {"gpu0_gpu1": "NV18", "means": "NVLink (18 links)"}
 
 
+@pytest.mark.live
 def test_the_page_says_whether_the_split_picked_the_same_token(h200_run, tiny_run):
     g = ch.agreement(h200_run)
     text = ch.agreement_text(h200_run)

@@ -13,6 +13,8 @@ from labsupport.ops import pack
 
 from .conftest import FIXTURES, REPO
 
+pytestmark = pytest.mark.unit
+
 CHAPTER = "what-a-kernel"
 
 

@@ -13,6 +13,8 @@ from labsupport.ops import params
 
 from .conftest import REPO, tree_bytes
 
+pytestmark = pytest.mark.unit
+
 TOKEN = chapters.by_slug("kernels-in-one-token")
 
 

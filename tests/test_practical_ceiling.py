@@ -20,6 +20,8 @@ from labsupport.ops import validate
 from .conftest import fixture_run
 from .test_why_a_gpu import derived_run
 
+pytestmark = pytest.mark.unit
+
 
 def read_kernels_of(closing: runs.Run):
     """A read_kernels table from the GEMVs a run of *Closing the gap* timed: cuBLAS per weight shape

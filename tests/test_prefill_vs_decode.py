@@ -22,6 +22,8 @@ from labsupport.traces import kernels, trace
 
 from .conftest import FIXTURES, REPO, fixture_run, with_shared_owners
 
+pytestmark = pytest.mark.unit
+
 NOTEBOOK = REPO / "notebooks" / "prefill_vs_decode.ipynb"
 # The sweep contains prompt_len, so the phase table and the sweep share one measurement; the
 # notebook test below runs the other case (prompt_len outside the sweep).
@@ -144,6 +146,7 @@ def tiny_run(tmp_path_factory):
     return run
 
 
+@pytest.mark.live
 def test_live_run_on_cpu_has_every_artifact(tiny_run):
     files = set(tiny_run.meta["files"])
     assert set(ch.ARTIFACTS) <= files
@@ -155,6 +158,7 @@ def test_live_run_on_cpu_has_every_artifact(tiny_run):
     assert validate.check_run(chapters.by_slug(ch.CHAPTER), tiny_run) == []
 
 
+@pytest.mark.live
 def test_phases_are_consistent_with_the_run_files(tiny_run):
     p = ch.phases(tiny_run)
     sh = ch.shape(tiny_run)
@@ -194,6 +198,7 @@ def test_phases_are_consistent_with_the_run_files(tiny_run):
     assert set(zip(u.phase, u.time, strict=True)) == {(ph, t) for ph in ch.PHASES for t in ch.TIME_LABELS}
 
 
+@pytest.mark.live
 def test_every_wall_time_is_clean_and_recorded_with_its_method(tiny_run):
     times = tiny_run.table("phase_times")
     assert set(times.phase) == set(ch.PHASES) and times.clean.all()
@@ -208,6 +213,7 @@ def test_every_wall_time_is_clean_and_recorded_with_its_method(tiny_run):
     assert set(tiny_run.results["method"]) >= {"wall_times", "gpu_times", "teardown_cupti", "host"}
 
 
+@pytest.mark.live
 def test_one_measurement_of_the_prefill_in_both_tables(tiny_run):
     """The phase table's prefill and the sweep's row for the same prompt length are one timing
     and one profile."""
@@ -225,6 +231,7 @@ def test_one_measurement_of_the_prefill_in_both_tables(tiny_run):
     assert s.loc[TINY["prompt_len"], "wall ms"] == ch.phases(tiny_run)["prefill"].wall_ms
 
 
+@pytest.mark.live
 def test_a_different_sweep_timing_is_not_called_the_same_measurement(tiny_run, tmp_path):
     import shutil
 
@@ -238,6 +245,7 @@ def test_a_different_sweep_timing_is_not_called_the_same_measurement(tiny_run, t
     assert not pt.shared and pt.sweep_ms == pytest.approx(1.5 * pt.phase_ms)
 
 
+@pytest.mark.live
 def test_kernel_tables_recompute_from_the_traces(tiny_run):
     for ph in ch.PHASES:
         stored, fresh = ch.kernel_table(tiny_run, ph), ch.recompute_kernels(tiny_run, ph)
@@ -249,6 +257,7 @@ def test_kernel_tables_recompute_from_the_traces(tiny_run):
     assert c.loc["total", ("decode", "share")] == 1.0
 
 
+@pytest.mark.live
 def test_the_same_matrices_in_both_phases(tiny_run):
     g = ch.layer_gemms(tiny_run)
     cfg = models.preset_config("tiny")
@@ -269,6 +278,7 @@ def test_the_same_matrices_in_both_phases(tiny_run):
     assert t.loc["mlp.gate_proj", ("weight", "in × out")] == f"{cfg['hidden_size']} × {cfg['intermediate_size']}"
 
 
+@pytest.mark.live
 def test_prompt_sweep_rows_follow_the_parameters(tiny_run):
     raw = tiny_run.table("prompt_sweep")
     assert list(raw.prompt_len) == TINY["prompt_lens"] and set(raw.status) == {"ok"}
@@ -303,6 +313,7 @@ def test_prompt_sweep_rows_follow_the_parameters(tiny_run):
     assert all(isinstance(float(v), float) and v == v for v in h.values())
 
 
+@pytest.mark.live
 def test_out_of_memory_rows_are_kept_and_skipped(tiny_run, tmp_path):
     import shutil
 
@@ -371,6 +382,7 @@ def _glued(nb) -> set[str]:
     }
 
 
+@pytest.mark.live
 def test_notebook_runs_live_on_cpu_through_papermill(runs_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     with_shared_owners(runs_root)
@@ -503,6 +515,7 @@ def _check_points(run):
     return pts
 
 
+@pytest.mark.live
 def test_roofline_points_of_the_tiny_run(tiny_run):
     pts = _check_points(tiny_run)
     assert pts.roof_datasheet.isna().all(), "no limits known on a CPU"
@@ -599,6 +612,7 @@ def test_the_recorded_run_sets_weights_against_the_practical_ceiling(recorded):
     assert note.startswith("No figure here is above") or "not a limit of the hardware" in note
 
 
+@pytest.mark.book
 def test_notebook_replays_the_recorded_run(recorded, tmp_path, monkeypatch):
     import shutil
 

@@ -23,7 +23,11 @@ import json
 import re
 import tokenize
 
+import pytest
+
 from .conftest import REPO
+
+pytestmark = pytest.mark.unit
 
 URL = re.compile(r"https?://\S+|<[^>\s]+>|\b[\w.-]+\.(?:com|org|io|dev)/\S*")
 FORBIDDEN = [

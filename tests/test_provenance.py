@@ -14,6 +14,8 @@ from labsupport.runs import provenance
 
 from .conftest import FIXTURES, REPO
 
+pytestmark = pytest.mark.unit
+
 HAS_GIT = (REPO / ".git").exists() and shutil.which("git") is not None
 needs_git = pytest.mark.skipif(not HAS_GIT, reason="no .git here: the commit cannot be looked up")
 NOT_A_COMMIT = "12c4b3236a60096284ea43dd0142f2dcdeffbc6e"  # 40 hex digits, no such object

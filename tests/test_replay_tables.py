@@ -17,6 +17,8 @@ from labsupport.ops import validate
 from labsupport.runs.provenance import REPO_ROOT
 from labsupport.traces import derived, replay, trace
 
+pytestmark = pytest.mark.unit
+
 RUNS = REPO_ROOT / "runs"
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "runs"
 PUBLISHED = json.loads((RUNS / "published.json").read_text())

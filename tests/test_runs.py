@@ -14,6 +14,8 @@ from labsupport.runs import provenance
 
 from .conftest import FIXTURES, REPO, tree_bytes
 
+pytestmark = pytest.mark.unit
+
 PROV = {**{k: "x" for k in provenance.REQUIRED_FIELDS}, "git_commit": provenance.git_commit()}  # publishable
 
 

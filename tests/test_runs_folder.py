@@ -23,6 +23,8 @@ from .conftest import REPO, cpu_args
 from .test_nightly_failures import Night
 from .test_trust import NIGHT, _plan, everything
 
+pytestmark = pytest.mark.unit
+
 CHAPTER = driver.CHAPTER
 RID = "20990101T000000Z-h200"
 

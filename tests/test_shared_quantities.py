@@ -31,6 +31,8 @@ from labsupport.chapters import shared
 from labsupport.measure import hardware
 from tests.conftest import fixture_run
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parent.parent
 NAMES = set(shared.QUANTITIES)
 RUN_NAMES = {f"shared_run_{owner.replace('-', '_')}": owner for owner in shared.OWNERS}
@@ -151,6 +153,7 @@ def glued(request) -> dict[str, dict[str, str]]:
     return out
 
 
+@pytest.mark.book
 def test_every_shared_quantity_has_one_value_in_the_book(glued):
     """Each shared name glued on any page has one text across all pages: its owner's value."""
     want = shared.values(root=REPO / "runs")
@@ -167,6 +170,7 @@ def test_every_shared_quantity_has_one_value_in_the_book(glued):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.book
 def test_every_shared_run_named_is_the_owners_published_run(glued):
     published = runs.published(REPO / "runs")
     wrong = {

@@ -2,9 +2,12 @@
 the nights that published them, and the history figure (one panel per chapter)."""
 
 import pandas as pd
+import pytest
 
 from labsupport import chapters, runs
 from labsupport.ops import history, status
+
+pytestmark = pytest.mark.unit
 
 
 def test_status_page_data():

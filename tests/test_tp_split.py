@@ -19,6 +19,8 @@ from labsupport.measure.distributed import tp_split
 
 from . import tp_split_ranks
 
+pytestmark = pytest.mark.unit
+
 CFG = models.preset_config("tiny")
 LAYERS = CFG["num_hidden_layers"]
 

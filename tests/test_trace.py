@@ -8,6 +8,8 @@ import pytest
 from labsupport.chapters import kernels_in_one_token as one_token
 from labsupport.traces import kernels, trace
 
+pytestmark = pytest.mark.unit
+
 
 def test_busy_is_the_union_of_intervals():
     assert trace.busy_ns([], []) == 0

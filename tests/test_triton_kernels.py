@@ -11,6 +11,8 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 from labsupport.measure.kernels import triton_kernels  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

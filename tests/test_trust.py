@@ -24,6 +24,8 @@ from . import nightly_driver as driver
 from .conftest import REPO
 from .test_nightly_failures import Night, run_night
 
+pytestmark = pytest.mark.unit
+
 CHAPTER = driver.CHAPTER
 NIGHT = "20990101T000000Z-cpu"
 

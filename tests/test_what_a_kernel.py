@@ -19,6 +19,8 @@ from labsupport.traces import kernels
 from .conftest import fixture_run
 from .notebook_cells import assert_times_before_profiles, definitions, run_live
 
+pytestmark = pytest.mark.unit
+
 NOTEBOOK = "what_a_kernel.ipynb"
 
 
@@ -145,6 +147,7 @@ def watch_interleaved(monkeypatch, calls):
     monkeypatch.setattr(harness, "interleaved", interleaved)
 
 
+@pytest.mark.live
 def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, monkeypatch):
     watch_interleaved(monkeypatch, calls)
     monkeypatch.setattr(decode, "require_device", lambda device, allow_cpu=False: device)

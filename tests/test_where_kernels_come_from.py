@@ -20,6 +20,8 @@ from labsupport.traces import kernels, replay
 from .conftest import fixture_run
 from .notebook_cells import code_cells, run_live
 
+pytestmark = pytest.mark.unit
+
 NOTEBOOK = "where_kernels_come_from.ipynb"
 
 
@@ -182,6 +184,7 @@ def test_notebook_has_the_parameters_a_smoke_run_sets():
     assert params_call in "".join(c.source for c in code)
 
 
+@pytest.mark.live
 def test_the_notebook_times_everything_before_it_profiles(runs_root, monkeypatch):
     """The notebook's measuring cells with CPU stand-ins for the GPU-only parts (torch.compile,
     the SDPA backends other than MATH), and every profile counted as one that leaves

@@ -21,6 +21,8 @@ from labsupport.measure import hardware, harness, models
 
 from .conftest import fixture_run
 
+pytestmark = pytest.mark.unit
+
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "why_a_gpu.ipynb"
 MATVEC_BYTES = 12288 * 4096 * 2  # Qwen3-8B's gate projection in BF16
 
@@ -557,6 +559,7 @@ def only_bytes(mv, dtype):
     return b
 
 
+@pytest.mark.live
 def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, sweeps):
     run = run_live_cells(**TINY)
     # The batch sizes are timed together, interleaved in rounds, before any profile.
@@ -604,6 +607,7 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, swee
     assert not list(run.path.glob(".profile*")), "the scratch trace is removed"
 
 
+@pytest.mark.live
 def test_the_notebook_stops_the_sweep_at_a_batch_out_of_memory(runs_root, calls, monkeypatch):
     real = ch.prefill_once
 

@@ -9,6 +9,8 @@ import yaml
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
 
 
