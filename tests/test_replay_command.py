@@ -187,7 +187,7 @@ def test_a_zip_too_large_is_refused_before_it_is_copied(zips, tmp_path, capsys, 
 def test_the_wheel_leaves_torch_and_transformers_to_its_live_extra():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     base = {d.split(">")[0].split("=")[0] for d in project["dependencies"]}
-    assert base == {"numpy", "pandas", "matplotlib"}
+    assert base == {"numpy", "pandas", "matplotlib", "jinja2"}
     live = {d.split(">")[0].split("=")[0] for d in project["optional-dependencies"]["live"]}
     assert {"torch", "transformers", "papermill", "ipykernel", "fla-core"} <= live
     lines = (REPO / "requirements-gpubox.txt").read_text().splitlines()
@@ -226,7 +226,8 @@ def _size_mb(path: Path) -> float:
 def test_the_served_wheel_alone_replays_from_an_empty_folder(tmp_path):
     """The wheel built as serve_package builds it, installed by pip in a fresh venv with what it
     declares (from the package index): from an empty folder, `replay` on the zip serve_runs
-    makes writes the figures, with neither torch nor transformers importable, in under 400 MB."""
+    makes writes the figures, with neither torch nor transformers importable, in under 400 MB;
+    and the chapter's notebook, run by a Jupyter kernel from that install, replays."""
     if not _index_reachable() and not _ci():
         pytest.skip("pypi.org cannot be reached from this machine: the wheel's dependencies cannot be installed")
     src = tmp_path / "src"  # as book/_ext/serve_package.py builds the served wheel
@@ -267,3 +268,26 @@ def test_the_served_wheel_alone_replays_from_an_empty_folder(tmp_path):
     size = _size_mb(tmp_path / "venv")
     print(f"the venv holds {size:.0f} MB")
     assert size < VENV_LIMIT_MB, f"the venv is {size:.0f} MB"
+
+    # The chapter's notebook, opened from the same install with a Jupyter kernel added, replays
+    # with the served zip unpacked beside it (runs/ in its folder, as the page says).
+    kernel = [str(python), "-m", "pip", "install", "-q", "ipykernel", "nbclient"]
+    assert subprocess.run(kernel, env=clean, capture_output=True, timeout=600).returncode == 0
+    shutil.copy(REPO / "notebooks" / "kernels_in_one_token.ipynb", empty)
+    zipfile.ZipFile(served).extractall(empty)
+    nb = subprocess.run(
+        [str(python), "-c", NOTEBOOK], cwd=empty, env=clean, capture_output=True, text=True, timeout=600
+    )
+    assert nb.returncode == 0, nb.stderr[-3000:]
+    assert json.loads(nb.stdout.strip().splitlines()[-1]) == {"figures": True, "heavy": []}
+
+
+NOTEBOOK = """
+import importlib.util, json, sys
+import nbclient, nbformat
+nb = nbformat.read("kernels_in_one_token.ipynb", as_version=4)
+nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": "."}}).execute()
+images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+heavy = [m for m in ("torch", "transformers") if importlib.util.find_spec(m)]
+print(json.dumps({"figures": len(images) > 0, "heavy": heavy}))
+"""
