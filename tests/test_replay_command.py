@@ -103,6 +103,12 @@ def test_bad_input_is_one_line_and_writes_nothing(zips, tmp_path, capsys):
     other = _refused(capsys, tmp_path, "closing-the-gap", "--runs", str(zips[CHAPTER]))
     assert "holds no published run of closing-the-gap" in other and CHAPTER in other
     assert "neither a runs folder" in _refused(capsys, tmp_path, CHAPTER, "--runs", str(tmp_path / "nowhere"))
+    bare = tmp_path / "bare.zip"
+    with zipfile.ZipFile(zips[CHAPTER]) as src, zipfile.ZipFile(bare, "w") as dst:
+        for info in src.infolist():
+            if info.filename != "runs/published.json":
+                dst.writestr(info, src.read(info))
+    assert "holds no runs/published.json" in _refused(capsys, tmp_path, CHAPTER, "--runs", str(bare))
 
 
 def test_an_unwritable_out_is_one_line(zips, tmp_path, capsys):
@@ -157,8 +163,10 @@ def _hostile(tmp_path: Path, good: Path, name: str, data: bytes = b"x", link: bo
         ("runs/Bad_Chapter/20261202T103752Z-h200/x.csv", False, "is not a chapter name"),
         ("runs/kernels-in-one-token/not-a-run/x.csv", False, "is not a run id"),
         ("runs/kernels-in-one-token/20261202T103752Z-h200/.hidden", False, "is not runs/<chapter>/<run id>/<file>"),
+        ("runs/published.json", False, "appears twice"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:Duplicate name")  # the member written twice, on purpose
 def test_a_zip_is_read_member_by_member(zips, tmp_path, capsys, name, link, said):
     bad = _hostile(tmp_path, zips[CHAPTER], name, b"/etc/passwd" if link else b"x", link)
     assert said in _refused(capsys, tmp_path, CHAPTER, "--runs", str(bad))
