@@ -192,15 +192,23 @@ def test_a_zip_too_large_is_refused_before_it_is_copied(zips, tmp_path, capsys, 
 # The light install ---------------------------------------------------------------------------
 
 
+def _oldest(requirements: list[str]) -> dict[str, str]:
+    return dict(r.split(">=") for r in requirements)
+
+
 def test_the_wheel_leaves_torch_and_transformers_to_its_live_extra():
+    """The wheel needs what a replay imports; its `live` extra what a live run adds, at the oldest
+    versions the environment check accepts and requirements-gpubox.txt pins."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    base = {d.split(">")[0].split("=")[0] for d in project["dependencies"]}
-    assert base == {"numpy", "pandas", "matplotlib", "jinja2"}
-    live = {d.split(">")[0].split("=")[0] for d in project["optional-dependencies"]["live"]}
-    assert {"torch", "transformers", "papermill", "ipykernel", "fla-core"} <= live
+    base = _oldest(project["dependencies"])
+    assert set(base) == {"numpy", "pandas", "matplotlib", "jinja2"}
+    live = _oldest(project["optional-dependencies"]["live"])
+    assert {"torch", "transformers", "papermill", "ipykernel", "fla-core"} <= set(live)
+    assert {**base, **live}.items() >= environment.PACKAGES.items()
     lines = (REPO / "requirements-gpubox.txt").read_text().splitlines()
-    gpubox = {line.split("==")[0] for line in lines if line.strip() and not line.startswith("#")}
-    assert {"papermill", "ipykernel", "fla-core"} <= gpubox and not {"torch", "transformers"} & gpubox  # its own
+    gpubox = dict(line.split("==") for line in lines if line.strip() and not line.startswith("#"))
+    assert not {"torch", "transformers"} & set(gpubox)  # a GPU box keeps its own
+    assert {d: live[d] for d in gpubox} == gpubox
 
 
 def test_replay_asks_for_neither_torch_nor_transformers_and_live_does(monkeypatch, capsys):
