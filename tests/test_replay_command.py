@@ -117,6 +117,11 @@ def test_an_unwritable_out_is_one_line(zips, tmp_path, capsys):
     rc, printed, err = _replay(capsys, CHAPTER, "--runs", str(zips[CHAPTER]), "--out", str(blocker / "figs"))
     assert rc == 1 and printed == "" and len(err.strip().splitlines()) == 1
     assert "cannot write figures to" in err
+    for unwritable in (tmp_path / "no-such" / "figs", Path("/proc/figs")):  # no folder; one nothing can be made in
+        rc, printed, err = _replay(capsys, CHAPTER, "--runs", str(zips[CHAPTER]), "--out", str(unwritable))
+        assert rc == 1 and printed == "" and err.startswith(f"replay refused: cannot write figures to {unwritable}")
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "no-such").exists()
     rc, _, err = _replay(capsys, CHAPTER, "--runs", str(zips[CHAPTER]), "--out", str(blocker))
     assert rc == 1 and "is a file, not a folder" in err and blocker.read_text() == "not a folder"
 

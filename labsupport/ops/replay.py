@@ -12,9 +12,9 @@ is (runs.load_run: each file against its SHA-256 in meta.json). The figures are 
 scratch folder beside --out and moved in only when all are drawn: a failure leaves --out as it
 was.
 
-Figures: a chapter's figure functions take what its notebook computes from the run; FIGURES
-names, per chapter, those drawn here from the run alone, and the command says which of the
-chapter's other figure functions it leaves to the notebook.
+Figures: a chapter's figure functions take what its notebook computes from the run. Those whose
+one parameter is the run are drawn as they are, RECIPES draws others from the run alone, and
+the command names the chapter's figure functions it leaves to the notebook.
 """
 
 from __future__ import annotations
@@ -178,10 +178,11 @@ def runs_folder(given: str | None):
 def _scratch_beside(out: Path) -> Path:
     """A new hidden folder beside `out` (same filesystem, so that a rename moves it in whole)."""
     parent = out.parent
+    if not parent.is_dir():
+        raise ReplayError(f"cannot write figures to {out}: {parent} is not a folder")
+    if out.exists() and not out.is_dir():
+        raise ReplayError(f"--out {out} is a file, not a folder")
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        if out.exists() and not out.is_dir():
-            raise ReplayError(f"--out {out} is a file, not a folder")
         return Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=parent))
     except OSError as e:
         raise ReplayError(f"cannot write figures to {out}: {e.strerror or e}") from None
