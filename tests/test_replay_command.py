@@ -312,3 +312,15 @@ images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "im
 heavy = [m for m in ("torch", "transformers") if importlib.util.find_spec(m)]
 print(json.dumps({"figures": len(images) > 0, "heavy": heavy}))
 """
+
+
+def test_the_page_gives_the_light_install_and_the_live_extra():
+    """The install lines on "Run a chapter yourself" are the wheel alone (replay) and the wheel
+    with the extra pyproject.toml declares (live), named as serve_package names the wheel."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wheel = f"labsupport-{project['version']}-py3-none-any.whl"
+    lines = [line.strip() for line in (REPO / "book" / "run_it_yourself.md").read_text().splitlines()]
+    assert f"pip install {wheel}" in lines
+    (extra,) = project["optional-dependencies"]
+    assert f'pip install "{wheel}[{extra}]"' in lines
+    assert f"python -m labsupport replay {CHAPTER} --runs {CHAPTER}.zip --out figs" in lines
