@@ -1,5 +1,6 @@
 """Command line: `python -m labsupport live|nightly [chapters]`, `live --smoke`, `runs`,
-`book` (what `make book` runs), `recover`, `derive`, `pack <chapter> [run id]` and `gallery add|list`.
+`book` (what `make book` runs), `recover`, `derive`, `pack <chapter> [run id]`, `gallery add|list` and
+`replay <chapter> [--runs PATH_OR_ZIP] [--out DIR]` (no GPU, torch or transformers needed).
 
 Errors in what it is given (a parameter, a damaged published.json or run, a folder that is
 not a runs folder, a lock held by another command, a folder it cannot read or write) are one
@@ -61,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     gal_sub.add_parser("add", help="check an archive and file it under runs/gallery/").add_argument("archive")
     gal_sub.add_parser("list", help="the runs of the gallery")
     sub.add_parser("recover", help="finish or set aside what a killed nightly or live command left behind")
+    rp = sub.add_parser("replay", help="print a chapter's headline numbers and write its figures, from its runs")
+    rp.add_argument("chapter")
+    rp.add_argument("--runs", help="a runs folder, or the zip the book serves for the chapter (default: runs/)")
+    rp.add_argument("--out", default="figures", help="folder the figures are written to (default: figures)")
     derive = sub.add_parser("derive", help="write the replay tables of runs recorded before runs stored them")
     derive.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
     return ap
@@ -129,6 +134,18 @@ def _run(args) -> int:
             lines = [gallery.add(args.archive)] if args.gallery_cmd == "add" else gallery.listing()
         except gallery.GalleryError as e:
             print(f"gallery {args.gallery_cmd} refused: {e}; nothing was written", file=sys.stderr)
+            return 1
+        print("\n".join(lines))
+        return 0
+    if args.cmd == "replay":
+        from pathlib import Path
+
+        from labsupport.ops import replay
+
+        try:
+            lines = replay.replay(args.chapter, args.runs, Path(args.out))
+        except replay.ReplayError as e:
+            print(f"replay refused: {e}; nothing was written", file=sys.stderr)
             return 1
         print("\n".join(lines))
         return 0

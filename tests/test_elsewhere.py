@@ -143,7 +143,10 @@ def _fresh_python(where: Path) -> Path:
 
 def _run_cell(python: Path, cwd: Path, **env) -> subprocess.CompletedProcess:
     source = _install_cell(chapters.CHAPTERS[0]).source
-    clean = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    # No index here: the wheel alone, without the numpy, pandas and matplotlib it declares (installing
+    # those from the index is tests/test_replay_command.py's fresh venv).
+    clean = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "PIP_NO_INDEX": "1", "PIP_NO_DEPS": "1"}
+    clean["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     return subprocess.run(
         [str(python), "-c", source + "\nimport labsupport; print(labsupport.__file__)"],
         cwd=cwd,

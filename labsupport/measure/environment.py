@@ -29,6 +29,8 @@ from labsupport.measure import hardware, models
 
 # The oldest versions the chapters are written for (requirements.txt pins the tested ones).
 PACKAGES = {"torch": "2.5", "transformers": "5.0", "numpy": "1.26", "pandas": "2.2", "matplotlib": "3.8"}
+# Needed to measure, never to replay: the wheel leaves them to its `live` extra (pyproject.toml).
+LIVE_ONLY = ("torch", "transformers")
 # Wanted but not needed, with what is lost without them: the pins of requirements-gpubox.txt.
 OPTIONAL = {
     "ipywidgets": ("8.1.9", "the live notebook's explorers do not show; everything else runs"),
@@ -39,8 +41,10 @@ BY_CHAPTER = {
         "einops": ("0.8.2", "flash-linear-attention's kernels cannot load; only the reference Gated DeltaNet runs"),
     },
 }
-INSTALL = (
-    "pip install the labsupport wheel and requirements-gpubox.txt that the book serves (page 'Run a chapter yourself')"
+INSTALL = "pip install the labsupport wheel that the book serves (page 'Run a chapter yourself')"
+LIVE_INSTALL = (
+    "a live run needs it: pip install the labsupport wheel with its [live] extra, or requirements-gpubox.txt "
+    "beside your own PyTorch and transformers (page 'Run a chapter yourself')"
 )
 # The oldest compute capability with BF16 tensor cores (Ampere).
 BF16_CAPABILITY = (8, 0)
@@ -74,8 +78,11 @@ def package_lines(chapter: str, live: bool = True) -> tuple[list[str], list[str]
     stop, note = [], []
     for dist, oldest in PACKAGES.items():
         have = installed(dist)
+        if have is None and dist in LIVE_ONLY and not live:
+            continue
         if have is None:
-            stop.append(f"{dist} is not installed (the chapters need {dist} >= {oldest}): {INSTALL}")
+            how = LIVE_INSTALL if dist in LIVE_ONLY else INSTALL
+            stop.append(f"{dist} is not installed (the chapters need {dist} >= {oldest}): {how}")
         elif version_tuple(have) < version_tuple(oldest):
             note.append(
                 f"{dist} {have} is older than the {oldest} the chapters are written for: upgrade if a cell fails"
