@@ -44,7 +44,7 @@ book: $(VENV)/.installed
 	@$(PY) -m labsupport book
 
 # Lint and format checks first (ruff, configured in pyproject.toml; notebooks included), then the tests:
-# every tier in one session (unit, book, live: tests/conftest.py), so the book is built once.
+# every tier in one session (unit, book, live: each test carries its mark; tests/conftest.py checks them), so the book is built once.
 test: lint
 	$(PYTEST) tests
 

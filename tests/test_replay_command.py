@@ -26,6 +26,8 @@ from labsupport.ops import replay
 
 from .conftest import FIXTURES, REPO
 
+pytestmark = pytest.mark.unit
+
 CHAPTER = "kernels-in-one-token"
 FIGURES = {"census.png", "gemv.png", "layer_parts.png", "attention_share.png", "kv_cache.png"}
 VENV_LIMIT_MB = 400
