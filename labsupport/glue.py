@@ -48,12 +48,12 @@ def glue(name: str, value, display: bool = False) -> None:
     only the book build reads.
     """
     try:
-        from myst_nb import glue as _glue
+        import myst_nb
     except ImportError:
         return
     if type(value).__module__ == "numpy" and hasattr(value, "item"):
         value = value.item()  # np.float64 would be shown as 'np.float64(...)', unformattable
-    _glue(name, value, display=display)
+    myst_nb.glue(name, value, display=display)
 
 
 def glue_all(values: dict, prefix: str = "") -> None:

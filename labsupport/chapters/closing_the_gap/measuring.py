@@ -24,7 +24,7 @@ from labsupport.chapters.closing_the_gap.params import (
     progress,
 )
 from labsupport.measure import decode, recording, steps
-from labsupport.traces import trace
+from labsupport.traces import kernels
 
 
 def pending_run(params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
@@ -187,10 +187,7 @@ def rung_row(rung: str, k: pd.DataFrame, t, span_ns: int, step, fid: dict) -> di
     return {
         "rung": rung,
         "status": "ok",
-        "kernels": len(k),
-        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
-        "first_kernel_ns": int(k.start_ns.min()),
-        "last_kernel_end_ns": int(k.end_ns.max()),
+        **kernels.profile_row(k, total=False, bounds=True),
         "profiled_step_ns": span_ns,
         **times,
         "compile_s": getattr(step, "compile_s", float("nan")),

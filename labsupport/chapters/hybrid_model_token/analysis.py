@@ -381,7 +381,9 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
     model is of the same class); the published times are as published. Each row carries its
     keys (KEYS: one decode row and one prompt row per side and backend); the other columns
     are for display."""
-    from labsupport.chapters.published import HYBRID_27B_VLLM_HEADLINE as pub
+    from labsupport.chapters import published
+
+    theirs = published.HYBRID_27B_VLLM_HEADLINE  # the published profile's numbers
 
     m = run.results["model"]
     nbytes = m["decode_bytes"]
@@ -435,7 +437,9 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
     # The published profile is of the 27B configuration: its bytes and operations are this run's
     # only when this run built the same one.
     pub_sheet = h100 if run.parameters.get("preset") == PUBLISHED_PRESET else None
-    decode(PUBLISHED, "vllm", h100.name, pub_sheet, "decode, CUDA graphs", pub["decode_kernels"], pub["decode_ms"])
+    decode(
+        PUBLISHED, "vllm", h100.name, pub_sheet, "decode, CUDA graphs", theirs["decode_kernels"], theirs["decode_ms"]
+    )
     if len(ok):
         best = ok.loc[ok["wall ms"].idxmin()]
         decode(
@@ -452,10 +456,10 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
         "vllm",
         h100.name,
         pub_sheet,
-        f"{pub['prefill_tokens']}-token prompt",
+        f"{theirs['prefill_tokens']}-token prompt",
         float("nan"),
-        pub["prefill_ms"],
-        pub["prefill_tokens"],
+        theirs["prefill_ms"],
+        theirs["prefill_tokens"],
     )
     for _, r in prefill(run).iterrows():
         prompt(

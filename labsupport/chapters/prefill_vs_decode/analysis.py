@@ -15,7 +15,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.measure import hardware, harness
-from labsupport.traces import kernels, trace
+from labsupport.traces import kernels
 
 from .measuring import (
     GEMM_MODULES,
@@ -169,7 +169,7 @@ def phases(run: runs.Run) -> dict[str, Phase]:
         walls = times.loc[times["phase"] == ph, "wall_ms"]
         est = harness.table_estimate(times[times["phase"] == ph])  # the fast-host median (old runs: minimum)
         wall = est.value
-        busy = trace.busy_ns(k.start_ns, k.end_ns) / 1e6
+        busy = kernels.gpu_busy_ns(k) / 1e6
         mm = k[k.kind == MATMUL]
         work = phase_work(sh, ph, n)
         tflops, tflops_busy = work.flops / wall / 1e9, work.flops / busy / 1e9  # FLOP/ms / 1e9 = TFLOP/s

@@ -10,7 +10,6 @@ The order of the measurements is the notebook's (every wall time before the firs
 from __future__ import annotations
 
 import re
-import statistics
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
@@ -343,14 +342,9 @@ def sweep_row(n: int, k: pd.DataFrame, t: harness.Timing) -> dict:
     return {
         "prompt_len": n,
         "status": "ok",
-        "kernels": len(k),
-        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
-        "kernel_ns": int(k.dur_ns.sum()),
+        **kernels.profile_row(k),
         **by_kind,
-        **harness.spread(t.wall_ms, "wall_ms", t.probe_ms or None),  # _estimate: the book's estimator
-        "wall_repeats": len(t.wall_ms),
-        "issue_ms_median": statistics.median(t.issue_ms),
-        "wall_clean": t.clean,
+        **t.summary(issue=True, count="wall_repeats", clean="wall_clean"),  # _estimate: the book's estimator
     }
 
 

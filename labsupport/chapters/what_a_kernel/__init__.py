@@ -16,7 +16,7 @@ from .analysis import (
 from .figures import (
     queue,
 )
-from .measure import (
+from .measuring import (
     BURST_TRACE, CHAPTER, l2_cache_bytes, load, OUR_ADD, Params, per_call_row, PROFILE_REGION, progress, SYNC_IDLE,
     SYNC_ITEM, SYNC_TINY, TORCH_ADD, wait_row,
 )
