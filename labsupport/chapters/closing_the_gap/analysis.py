@@ -235,7 +235,7 @@ def census(run: runs.Run) -> pd.DataFrame:
     return out
 
 
-def fidelity(run: runs.Run) -> pd.DataFrame:
+def fidelity_table(run: runs.Run) -> pd.DataFrame:
     """Same answers, per rung: the largest logit difference from eager's, the largest error
     against the float32 step, that error over eager's own (a rung passes at ERROR_FACTOR or
     less, with eager's greedy token), cosine similarity with eager's logits, same token."""

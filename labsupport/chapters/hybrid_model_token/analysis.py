@@ -359,7 +359,7 @@ OURS = "this run (transformers)"
 PUBLISHED = "published (vLLM 0.31)"
 # The table's keys, dropped for display: side ("published", "ours"), step ("decode", "prompt"),
 # backend ("vllm", or this run's Gated DeltaNet backend).
-KEYS = ["side", "step", "backend"]
+BESIDE_KEYS = ["side", "step", "backend"]
 
 
 def prefill_flop(run: runs.Run, tokens: int) -> float:
@@ -379,7 +379,7 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
     bandwidth (the floor), a prompt against its operations at the GPU's dense BF16 rate (MFU).
     Both sides use the bytes and operations of the configuration built here (the published
     model is of the same class); the published times are as published. Each row carries its
-    keys (KEYS: one decode row and one prompt row per side and backend); the other columns
+    keys (BESIDE_KEYS: one decode row and one prompt row per side and backend); the other columns
     are for display."""
     from labsupport.chapters import published
 

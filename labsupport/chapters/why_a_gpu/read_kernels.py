@@ -97,11 +97,11 @@ def time_read_kernels(preset: str, dtype: str = "bfloat16", repeats: int = 20, p
     return table(rows)
 
 
-def record(writer, preset: str, dtype: str = "bfloat16", progress=print) -> pd.DataFrame:
+def record_read_kernels(w, preset: str, dtype: str = "bfloat16", progress=print) -> pd.DataFrame:
     """Time the read kernels and write them as the run's read_kernels table (returned)."""
     progress("timing the GEMVs of the decode step's weight matrices (cuBLAS, and our Triton GEMV's configurations)")
     t = time_read_kernels(preset, dtype, progress=progress)
-    writer.write_table(hardware.READ_KERNELS, t)
+    w.write_table(hardware.READ_KERNELS, t)
     top = t.loc[t.tbs.idxmax()]
     progress(f"  fastest read: {top.tbs:.2f} TB/s ({top.kernel} {top.config}, {top.matrix})")
     return t
