@@ -70,19 +70,6 @@ def glue_text(name: str, text: str) -> None:
     glue(name, Markdown(md_safe(text)))
 
 
-def run_file_link(run, name: str, text: str | None = None):
-    """A download link, from a chapter page, to a file of the run it shows.
-
-    The book serves the published runs at its root (book/_ext/serve_runs.py), so chapter pages
-    (under notebooks/) reach a run's files at ../runs/<chapter>/<run id>/<file>.
-    """
-    from IPython.display import HTML
-
-    run.file(name)  # a clear error if the run has no such file
-    href = html.escape(f"../runs/{run.chapter}/{run.run_id}/{name}")
-    return HTML(f'<p><a href="{href}" download>{html.escape(text or name)}</a></p>')
-
-
 def perfetto_link(href: str, title: str) -> str:
     """An "Open in Perfetto" link (HTML) for the trace served at `href`, relative to the page:
     book/_static/perfetto.js fetches the trace and posts it to a ui.perfetto.dev window it

@@ -239,17 +239,6 @@ def model_record(model, preset: str) -> dict:
     }
 
 
-def merge(what: str, timings: list[harness.Timing]) -> harness.Timing:
-    """Several timings of one region, as one (their repeats in order)."""
-    return harness.Timing(
-        what=what,
-        wall_ms=[x for t in timings for x in t.wall_ms],
-        issue_ms=[x for t in timings for x in t.issue_ms],
-        gpu_ms=[x for t in timings for x in t.gpu_ms],
-        clean=all(t.clean for t in timings),
-    )
-
-
 def time_passes(
     model, prompts: dict, prompt_len: int, rounds: int, device: str, warmup: int = 2, progress=print
 ) -> tuple[harness.Timing, dict[int, harness.Timing | str]]:
