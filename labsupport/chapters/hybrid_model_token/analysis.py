@@ -393,45 +393,47 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
     ok = ok_variants(run)
     rows = []
 
-    def decode(source, backend, gpu_name, sheet, what, kernels, ms):
-        floor = nbytes / 1e9 / sheet.bandwidth_tbs if sheet else float("nan")
+    def add(step, source, backend, gpu_name, what, kernels, ms, limit_at, limit, rate):
         rows.append(
             {
                 "side": "ours" if source == OURS else "published",
-                "step": "decode",
+                "step": step,
                 "backend": backend,
                 "source": source,
                 "GPU": gpu_name,
                 "what": what,
                 "kernels": kernels,
                 "ms": ms,
-                "limit at": f"{sheet.bandwidth_tbs:g} TB/s" if sheet else "–",
-                "limit ms": floor,
-                "of its GPU's limit": floor / ms,
-                "rate": f"{nbytes / 1e9 / ms:.2f} TB/s" if sheet or source == OURS else "–",
+                "limit at": limit_at,
+                "limit ms": limit,
+                "of its GPU's limit": limit / ms,
+                "rate": rate,
             }
         )
+
+    def decode(source, backend, gpu_name, sheet, what, kernels, ms):
+        floor = nbytes / 1e9 / sheet.bandwidth_tbs if sheet else float("nan")
+        limit_at = f"{sheet.bandwidth_tbs:g} TB/s" if sheet else "–"
+        rate = f"{nbytes / 1e9 / ms:.2f} TB/s" if sheet or source == OURS else "–"
+        add("decode", source, backend, gpu_name, what, kernels, ms, limit_at, floor, rate)
 
     def prompt(source, backend, gpu_name, sheet, what, kernels, ms, tokens):
         flop = prefill_flop(run, tokens)
         # our run at its own dtype's rate; the published ones ran in BF16
         rate = sheet.tensor_tflops(models.run_dtype(run) if source == OURS else "bfloat16") if sheet else None
         limit = flop / (rate * 1e12) * 1e3 if rate else float("nan")
-        rows.append(
-            {
-                "side": "ours" if source == OURS else "published",
-                "step": "prompt",
-                "backend": backend,
-                "source": source,
-                "GPU": gpu_name,
-                "what": what,
-                "kernels": kernels,
-                "ms": ms,
-                "limit at": f"{rate:g} TFLOP/s" if rate else "–",
-                "limit ms": limit,
-                "of its GPU's limit": limit / ms,
-                "rate": f"{flop / 1e12 / (ms / 1e3):.0f} TFLOP/s" if sheet or source == OURS else "–",
-            }
+        achieved = f"{flop / 1e12 / (ms / 1e3):.0f} TFLOP/s" if sheet or source == OURS else "–"
+        add(
+            "prompt",
+            source,
+            backend,
+            gpu_name,
+            what,
+            kernels,
+            ms,
+            f"{rate:g} TFLOP/s" if rate else "–",
+            limit,
+            achieved,
         )
 
     # The published profile is of the 27B configuration: its bytes and operations are this run's

@@ -20,7 +20,17 @@ from labsupport.traces import kernels
 ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
 CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 ARTIFACTS = ENTRY.artifacts
-# The columns of the run's tables, written even when nothing ran.
+# The columns of the run's tables, written even when nothing ran; WALL_COLUMNS, the wall times of
+# a row (Timing.summary beside the estimator), stand in two.
+WALL_COLUMNS = [
+    "wall_ms_estimate",
+    "wall_ms_fast_trials",
+    "wall_ms_median",
+    "wall_ms_min",
+    "wall_ms_max",
+    "wall_ms_q1",
+    "wall_ms_q3",
+]
 VARIANT_COLUMNS = [
     "backend",
     "mode",
@@ -29,13 +39,7 @@ VARIANT_COLUMNS = [
     "gpu_busy_ns",
     "kernel_ns",
     "launch_calls",
-    "wall_ms_estimate",
-    "wall_ms_fast_trials",
-    "wall_ms_median",
-    "wall_ms_min",
-    "wall_ms_max",
-    "wall_ms_q1",
-    "wall_ms_q3",
+    *WALL_COLUMNS,
     "issue_ms_median",
     "clean",
     "graphs_compiled_while_profiling",
@@ -48,13 +52,7 @@ PREFILL_COLUMNS = [
     "tokens",
     "kernels",
     "gpu_busy_ns",
-    "wall_ms_estimate",
-    "wall_ms_fast_trials",
-    "wall_ms_median",
-    "wall_ms_min",
-    "wall_ms_max",
-    "wall_ms_q1",
-    "wall_ms_q3",
+    *WALL_COLUMNS,
     "clean",
 ]
 CACHE_GROWTH_COLUMNS = list(ENTRY.columns["cache_growth.csv"])  # as the registry declares them

@@ -61,22 +61,10 @@ def kernels_table_name(phase: str) -> str:
     return f"kernels-{phase}"
 
 
-# The columns of the kernel tables (kernels-prefill.csv, kernels-decode.csv), and those read as text.
-KERNEL_COLUMNS = [
-    "name",
-    "start_ns",
-    "end_ns",
-    "dur_ns",
-    "stream",
-    "grid",
-    "block",
-    "op",
-    "module",
-    "kind",
-    "short_name",
-    "layer",
-    "part",
-]
+# The columns of the kernel tables (kernels-prefill.csv, kernels-decode.csv): a trace's kernel table
+# without the launch details, with the annotations (kernels.annotate); then those read as text.
+LAUNCH_DETAILS = ("registers", "shared_mem", "correlation", "launch_api", "launch_ns", "launch_dur_ns")
+KERNEL_COLUMNS = [c for c in trace.KERNEL_COLUMNS if c not in LAUNCH_DETAILS] + ["kind", "short_name", "layer", "part"]
 TEXT_COLUMNS = ["name", "stream", "grid", "block", "op", "module", "kind", "short_name", "part"]
 
 

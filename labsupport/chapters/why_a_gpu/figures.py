@@ -87,42 +87,19 @@ def limits_figure(run: runs.Run):
     )
     for a, col, label, mem_col, math_col, read_col, gemm_col, title in panels:
         a.plot(b, s[col], "o-", color=figures.OURS, label=label, zorder=3)
+        lines = []  # (column, style, colour, width, legend text) of each limit this run knows
         if lim.datasheet_tbs:
-            a.plot(
-                b,
-                s[mem_col],
-                "-",
-                color=mem,
-                lw=1.5,
-                label=f"floor: bytes at {lim.datasheet_tbs:.2f} TB/s ({sheet})",
-            )
+            lines.append((mem_col, "-", mem, 1.5, f"floor: bytes at {lim.datasheet_tbs:.2f} TB/s ({sheet})"))
         if lim.datasheet_tflops:
-            a.plot(
-                b,
-                s[math_col],
-                "-",
-                color=math,
-                lw=1.5,
-                label=f"math limit: operations at {lim.datasheet_tflops:.0f} TFLOP/s ({sheet})",
-            )
+            text = f"math limit: operations at {lim.datasheet_tflops:.0f} TFLOP/s ({sheet})"
+            lines.append((math_col, "-", math, 1.5, text))
         if ceil_tbs:
-            a.plot(
-                b,
-                s[read_col],
-                "--",
-                color=mem,
-                lw=1,
-                label=f"bytes at the practical ceiling ({ceil_tbs:.2f} TB/s, this run)",
-            )
+            lines.append((read_col, "--", mem, 1, f"bytes at the practical ceiling ({ceil_tbs:.2f} TB/s, this run)"))
         if gemm_col and lim.gemm_tflops:
-            a.plot(
-                b,
-                s[gemm_col],
-                "--",
-                color=math,
-                lw=1,
-                label=f"operations at the measured GEMM rate ({lim.gemm_tflops:.0f} TFLOP/s, this run)",
-            )
+            text = f"operations at the measured GEMM rate ({lim.gemm_tflops:.0f} TFLOP/s, this run)"
+            lines.append((gemm_col, "--", math, 1, text))
+        for column, style, colour, width, text in lines:
+            a.plot(b, s[column], style, color=colour, lw=width, label=text)
         _batch_axis(a, b)
         a.set_yscale("log")
         figures.plain_ticks(a, "y")
