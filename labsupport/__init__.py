@@ -2,7 +2,7 @@
 
 Modules, one concern each: hardware (datasheets, ceilings), models (presets),
 decode (one decode step), trace (profiler traces to kernel tables), kernels
-(kinds), runs (record/replay), plots, book (glue), published (others' figures),
+(kinds), runs (record/replay), figures, glue, published (others' figures),
 chapters/live (papermill), and one module per chapter (one_token).
 """
 

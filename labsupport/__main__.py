@@ -13,28 +13,33 @@ import argparse
 import sys
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m labsupport", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    live = sub.add_parser("live", help="run chapter notebooks live on this GPU and publish new runs")
-    live.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
-    live.add_argument(
+def _chapters_command(sub, name: str, what: str) -> argparse.ArgumentParser:
+    """A command that runs chapter notebooks live (live, nightly): the chapters' slugs, their
+    parameters, and the tests' --allow-cpu (the tiny model on a CPU)."""
+    command = sub.add_parser(name, help=what)
+    command.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
+    command.add_argument(
         "--param",
         action="append",
         default=[],
         metavar="NAME=VALUE",
         help="notebook parameter, e.g. --param repeats=50 (value parsed as JSON)",
     )
+    command.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
+    return command
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m labsupport", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    live = _chapters_command(sub, "live", "run chapter notebooks live on this GPU and publish new runs")
     live.add_argument("--no-publish", action="store_true", help="record the runs but leave the book's runs as they are")
     live.add_argument(
         "--smoke",
         action="store_true",
         help="smallest parameters, scratch runs folder (build/smoke/), check each run, publish nothing",
     )
-    live.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests: tiny model on a CPU
-    night = sub.add_parser("nightly", help="run every chapter live, validate, compare, build the book, publish")
-    night.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
-    night.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    night = _chapters_command(sub, "nightly", "run every chapter live, validate, compare, build the book, publish")
     night.add_argument(
         "--no-book", action="store_true", help="publish without building the book (no jupyter-book here)"
     )
@@ -50,7 +55,6 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="publish a run taken on a slow host even where it replaces one taken on a fast host",
     )
-    night.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
     sub.add_parser("runs", help="list chapters, their recorded runs and the published one")
     sub.add_parser("book", help="check the runs, build the book; on failure the reason is the last line")
     pk = sub.add_parser("pack", help="check a run and write it as one archive to share (build/packs/)")

@@ -48,12 +48,12 @@ def glue(name: str, value, display: bool = False) -> None:
     only the book build reads.
     """
     try:
-        from myst_nb import glue as _glue
+        import myst_nb
     except ImportError:
         return
     if type(value).__module__ == "numpy" and hasattr(value, "item"):
         value = value.item()  # np.float64 would be shown as 'np.float64(...)', unformattable
-    _glue(name, value, display=display)
+    myst_nb.glue(name, value, display=display)
 
 
 def glue_all(values: dict, prefix: str = "") -> None:
@@ -68,19 +68,6 @@ def glue_text(name: str, text: str) -> None:
     from IPython.display import Markdown
 
     glue(name, Markdown(md_safe(text)))
-
-
-def run_file_link(run, name: str, text: str | None = None):
-    """A download link, from a chapter page, to a file of the run it shows.
-
-    The book serves the published runs at its root (book/_ext/serve_runs.py), so chapter pages
-    (under notebooks/) reach a run's files at ../runs/<chapter>/<run id>/<file>.
-    """
-    from IPython.display import HTML
-
-    run.file(name)  # a clear error if the run has no such file
-    href = html.escape(f"../runs/{run.chapter}/{run.run_id}/{name}")
-    return HTML(f'<p><a href="{href}" download>{html.escape(text or name)}</a></p>')
 
 
 def perfetto_link(href: str, title: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from labsupport.chapters.rules import between, each_between, one_of, preset, subset_of
 from labsupport.chapters.table_keys import KEYS, SHARED
-from labsupport.runs import tables as run_tables
+from labsupport.runs import tables
 from labsupport.runs.provenance import REPO_ROOT
 
 # Columns the analysis code reads, by kind of table (more may be present).
@@ -547,7 +547,7 @@ ONE_TOKEN_TWO_GPUS = Chapter(
 
 CHAPTERS.append(ONE_TOKEN_TWO_GPUS)
 # A run's tables are checked against these declarations when loaded or written (runs/ imports no chapter code).
-run_tables.declare(CHAPTERS)
+tables.declare(CHAPTERS)
 
 
 def find(names: list[str] | None) -> list[Chapter]:

@@ -50,6 +50,25 @@ class Datasheet:
 
 _CUDA_CC = "CUDA C++ Programming Guide, compute capabilities (https://developer.nvidia.com/cuda-gpus)"
 
+
+def _a100(name: str, bandwidth_tbs: float, memory_gb: int, reported: str) -> Datasheet:
+    """One A100 of the one datasheet: the four differ only in memory, its bandwidth and the name
+    torch reports."""
+    return Datasheet(
+        name,
+        312.0,
+        bandwidth_tbs,
+        memory_gb,
+        108,
+        "NVIDIA A100 Tensor Core GPU datasheet",
+        312.0,
+        "8.0",
+        NVIDIA_DC + "a100/",
+        "624 TFLOP/s is with sparsity",
+        (reported,),
+    )
+
+
 SHEETS = (
     Datasheet(
         "T4",
@@ -132,58 +151,10 @@ SHEETS = (
         "the datasheet's 733 TFLOP/s is with sparsity; 142 SMs (one RT core each)",
         ("NVIDIA L40S",),
     ),
-    Datasheet(
-        "A100 SXM 40GB",
-        312.0,
-        1.555,
-        40,
-        108,
-        "NVIDIA A100 Tensor Core GPU datasheet",
-        312.0,
-        "8.0",
-        NVIDIA_DC + "a100/",
-        "624 TFLOP/s is with sparsity",
-        ("NVIDIA A100-SXM4-40GB",),
-    ),
-    Datasheet(
-        "A100 PCIe 40GB",
-        312.0,
-        1.555,
-        40,
-        108,
-        "NVIDIA A100 Tensor Core GPU datasheet",
-        312.0,
-        "8.0",
-        NVIDIA_DC + "a100/",
-        "624 TFLOP/s is with sparsity",
-        ("NVIDIA A100-PCIE-40GB",),
-    ),
-    Datasheet(
-        "A100 SXM 80GB",
-        312.0,
-        2.039,
-        80,
-        108,
-        "NVIDIA A100 Tensor Core GPU datasheet",
-        312.0,
-        "8.0",
-        NVIDIA_DC + "a100/",
-        "624 TFLOP/s is with sparsity",
-        ("NVIDIA A100-SXM4-80GB",),
-    ),
-    Datasheet(
-        "A100 PCIe 80GB",
-        312.0,
-        1.935,
-        80,
-        108,
-        "NVIDIA A100 Tensor Core GPU datasheet",
-        312.0,
-        "8.0",
-        NVIDIA_DC + "a100/",
-        "624 TFLOP/s is with sparsity",
-        ("NVIDIA A100 80GB PCIe",),
-    ),
+    _a100("A100 SXM 40GB", 1.555, 40, "NVIDIA A100-SXM4-40GB"),
+    _a100("A100 PCIe 40GB", 1.555, 40, "NVIDIA A100-PCIE-40GB"),
+    _a100("A100 SXM 80GB", 2.039, 80, "NVIDIA A100-SXM4-80GB"),
+    _a100("A100 PCIe 80GB", 1.935, 80, "NVIDIA A100 80GB PCIe"),
     Datasheet(
         "H100 PCIe",
         756.0,

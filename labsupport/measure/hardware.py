@@ -191,14 +191,14 @@ def measure_ceilings(
     )
 
 
-def record_ceilings(writer, progress=print, dtype: str = "bfloat16") -> Ceilings:
+def record_ceilings(w, progress=print, dtype: str = "bfloat16") -> Ceilings:
     """Measure the ceilings on this GPU and write them as the run's `ceilings` table (the read
     and GEMM in the run's `dtype`)."""
     import pandas as pd
 
     progress(f"measuring copy and read bandwidth and {'BF16' if dtype == 'bfloat16' else dtype} GEMM rate")
     ceil = measure_ceilings(dtype=dtype)
-    writer.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
+    w.write_table("ceilings", pd.DataFrame([ceil.as_row()]))
     progress(
         f"  copy {ceil.copy_tbs:.2f} TB/s, read {ceil.read_tbs:.2f} TB/s ({ceil.read_by}), "
         f"GEMM {ceil.gemm_tflops:.0f} TFLOP/s"

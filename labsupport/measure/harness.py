@@ -230,14 +230,27 @@ class Timing:
             r["probe_ms"] = p
         return rows
 
-    def summary(self, prefix: str = "wall_ms") -> dict:
-        """The estimator with its fast-host spread, the quartiles and the median of all the trials,
-        the range and the count."""
-        return {
-            **spread(self.wall_ms, prefix, self.probe_ms or None),
-            f"{prefix}_repeats": len(self.wall_ms),
-            "clean": self.clean,
-        }
+    def summary(
+        self,
+        *,
+        fast: bool = True,
+        issue: bool = False,
+        count: str | None = "wall_ms_repeats",
+        clean: str | None = "clean",
+    ) -> dict:
+        """A summary table's row of this timing, the one every chapter writes: the minimum, quartiles,
+        median and maximum of all the trials (`wall_ms_*`), with `fast` the estimator with its
+        fast-host spread (where per-trial probe readings exist), with `issue` the median issue time,
+        the count of trials under the column `count` and the clean flag under `clean` (None: left
+        out; the tables recorded so far name them differently)."""
+        row = spread(self.wall_ms, "wall_ms", (self.probe_ms or None) if fast else None)
+        if count:
+            row[count] = len(self.wall_ms)
+        if issue:
+            row["issue_ms_median"] = float(statistics.median(self.issue_ms))
+        if clean:
+            row[clean] = self.clean
+        return row
 
 
 def spread(values: list[float], prefix: str, probe_ms: list[float] | None = None) -> dict:

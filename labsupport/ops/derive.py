@@ -11,21 +11,21 @@ from pathlib import Path
 from labsupport import runs
 from labsupport.runs.paths import CHAPTER_PATTERN
 from labsupport.runs.writer import sha256, write_atomic
-from labsupport.traces import derived as derived_tables
+from labsupport.traces import derived
 
 
 def derive_run(run: runs.Run) -> list[str]:
     """Write the tables of one run (loaded and checked); returns the names written."""
     device = run.provenance.get("device", "cuda")
-    derived = derived_tables.derive_folder(run.path, device)
-    if not derived:
+    written = derived.derive_folder(run.path, device)
+    if not written:
         return []
     meta = json.loads((run.path / "meta.json").read_text())
-    for name in derived:
+    for name in written:
         meta["files"][name] = sha256(run.path / name)
-    meta["derived"] = {**meta.get("derived", {}), **derived}
+    meta["derived"] = {**meta.get("derived", {}), **written}
     write_atomic(run.path / "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
-    return sorted(derived)
+    return sorted(written)
 
 
 def main(chapter_slugs: list[str], root: Path | None = None, say=print) -> int:

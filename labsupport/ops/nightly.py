@@ -149,16 +149,16 @@ def main(
     min_kernels: int | str = 1,
     accept_slow_host: bool = False,
 ) -> int:
-    from labsupport.ops import params as parameters
+    import labsupport.ops.params  # its module name, not `params`, the night's notebook parameters
 
-    timing_threshold = parameters.timing_threshold(timing_threshold)  # ParamError: nothing has run
-    min_kernels = parameters.min_kernels(min_kernels)
+    timing_threshold = labsupport.ops.params.timing_threshold(timing_threshold)  # ParamError: nothing has run
+    min_kernels = labsupport.ops.params.min_kernels(min_kernels)
     signal.signal(signal.SIGTERM, children.stop)  # SIGTERM raises, so the night cleans up
     live.check_gpu(allow_cpu)
     selected = live.fitting(chapters.find(names), allow_cpu, "nightly")  # one line per chapter skipped
     if not selected:
         return 0
-    per_chapter = parameters.resolve(selected, params, allow_cpu)  # ParamError: nothing has run
+    per_chapter = labsupport.ops.params.resolve(selected, params, allow_cpu)  # ParamError: nothing has run
     root = runs.runs_root()
     try:
         leftovers.check_runs_folder(root)  # before the lock: a folder that is not one gets no .lock either

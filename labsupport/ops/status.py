@@ -6,8 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from labsupport import chapters, runs
-from labsupport import figures as plots
+from labsupport import chapters, figures, runs
 from labsupport.ops import drift, history
 
 
@@ -69,7 +68,7 @@ def history_figure(label: str):
         ax.set_visible(False)
     fig.supxlabel("publication (numbered as in the table below)", fontsize=10)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    plots.footer(fig, label)
+    figures.footer(fig, label)
     return fig
 
 

@@ -79,11 +79,6 @@ class RunWriter:
         df.to_csv(path, index=False)
         return path
 
-    def write_json(self, name: str, obj) -> Path:
-        path = self.tmp / f"{name}.json"
-        path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-        return path
-
     def _files(self) -> list[Path]:
         """The run's files: plain names at the top of the run folder; hidden scratch files
         (a trace being written, say) are removed, anything else is an error."""

@@ -10,6 +10,7 @@ import pandas as pd
 
 from labsupport.traces.kinds import KINDS, classify
 from labsupport.traces.sources import SOURCES, source
+from labsupport.traces.trace import busy_ns
 
 __all__ = [
     "KINDS",
@@ -18,6 +19,8 @@ __all__ = [
     "census",
     "classify",
     "example_kernel",
+    "gpu_busy_ns",
+    "profile_row",
     "short_name",
     "source",
     "top_kernels",
@@ -123,3 +126,20 @@ def annotate(df: pd.DataFrame) -> pd.DataFrame:
     df["part"] = part.fillna(df["module"].where(df["layer"].isna(), "residual add"))
     df.loc[df["module"] == "", "part"] = "outside modules"
     return df
+
+
+def gpu_busy_ns(k: pd.DataFrame) -> int:
+    """The time the GPU was busy running any of the kernels of table `k` (overlaps counted once)."""
+    return busy_ns(k.start_ns, k.end_ns)
+
+
+def profile_row(k: pd.DataFrame, *, total: bool = True, bounds: bool = False) -> dict:
+    """A summary table's row of one profiled step's kernels `k`, the one every chapter writes: how
+    many, the GPU's busy time, with `total` the sum of their durations (`kernel_ns`), with `bounds`
+    the first kernel's start and the last one's end on the step's clock."""
+    row = {"kernels": len(k), "gpu_busy_ns": gpu_busy_ns(k)}
+    if total:
+        row["kernel_ns"] = int(k.dur_ns.sum())
+    if bounds:
+        row |= {"first_kernel_ns": int(k.start_ns.min()), "last_kernel_end_ns": int(k.end_ns.max())}
+    return row

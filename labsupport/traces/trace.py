@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from labsupport.traces import replay
+
 # Operators that only create views or metadata: on a CPU run they are not "kernels".
 _CPU_NON_KERNELS = {
     "aten::view",
@@ -395,6 +397,3 @@ def _stored_kernels(tables: dict, device: str, origin: str) -> tuple[pd.DataFram
     launched = k["launch_api"] != "" if device != "cpu" else pd.Series(True, index=k.index)
     k.loc[launched, "launch_ns"] -= t0
     return k, span
-
-
-from labsupport.traces import replay  # noqa: E402  (replay derives its tables with this module)

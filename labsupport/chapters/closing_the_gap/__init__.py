@@ -21,7 +21,7 @@ from __future__ import annotations
 
 # fmt: off
 from .analysis import (
-    best, census, census_by_rung, compiled_matmuls, fidelity as fidelity_table, floor, Floor, fp8_error_factor,
+    best, census, census_by_rung, compiled_matmuls, fidelity_table, floor, Floor, fp8_error_factor,
     fp8_floor, fp8_tolerance_text, headline, is_shared_config, kernel_groups, kernel_table, ladder, matmul_launches,
     matmuls, next_to_published, overlap_text, overlaps, remaining, shared_values, time_split, token_note,
     tokens_per_forward, tolerance_text, tuning,

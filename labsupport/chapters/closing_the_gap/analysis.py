@@ -235,7 +235,7 @@ def census(run: runs.Run) -> pd.DataFrame:
     return out
 
 
-def fidelity(run: runs.Run) -> pd.DataFrame:
+def fidelity_table(run: runs.Run) -> pd.DataFrame:
     """Same answers, per rung: the largest logit difference from eager's, the largest error
     against the float32 step, that error over eager's own (a rung passes at ERROR_FACTOR or
     less, with eager's greedy token), cosine similarity with eager's logits, same token."""
@@ -325,7 +325,7 @@ def remaining(run: runs.Run, rung: str) -> pd.DataFrame:
     call's; the clean wall time, measured without the profiler, is in `ladder`.)"""
     k = kernel_table(run, rung)
     f = floor(run)
-    busy = trace.busy_ns(k.start_ns, k.end_ns)
+    busy = kernels.gpu_busy_ns(k)
     span = int(k.end_ns.max() - k.start_ns.min())
     c = kernels.census(k).set_index("kind")
     fl = f.floor_ms * 1e6 if f.datasheet_tbs else 0.0

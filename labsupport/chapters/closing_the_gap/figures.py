@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from labsupport import figures as plots
+from labsupport import figures
 from labsupport.chapters.closing_the_gap.params import RUNG_SHORT
 
 
@@ -50,8 +50,8 @@ def matmul_figure(m: pd.DataFrame, ceiling_tbs: float | None, datasheet_tbs: flo
     with the practical ceiling (the best rate measured) and the datasheet's (the limit) as lines."""
     fig, ax = plt.subplots(figsize=(7.2, 0.55 * len(m) + 1.9))
     y = pd.Series(range(len(m)), dtype=float)
-    ax.barh(y - 0.2, m.cublas_tbs, height=0.4, color=plots.THEIRS, label="cuBLAS (torch)")
-    ax.barh(y + 0.2, m.triton_tbs, height=0.4, color=plots.OURS, label="our Triton GEMV")
+    ax.barh(y - 0.2, m.cublas_tbs, height=0.4, color=figures.THEIRS, label="cuBLAS (torch)")
+    ax.barh(y + 0.2, m.triton_tbs, height=0.4, color=figures.OURS, label="our Triton GEMV")
     for i, r in enumerate(m.itertuples()):
         ax.text(r.triton_tbs + 0.05, i + 0.2, f"{r.triton_tbs:.2f}", va="center", fontsize=10)
         ax.text(r.cublas_tbs + 0.05, i - 0.2, f"{r.cublas_tbs:.2f}", va="center", fontsize=10, color="#555")
@@ -74,5 +74,5 @@ def finish(fig, ax, label: str, legend_y: float):
     ax.legend(ncol=2, frameon=False, loc="upper center", bbox_to_anchor=(0.4, legend_y))
     ax.grid(axis="y", visible=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    plots.footer(fig, label)
+    figures.footer(fig, label)
     return fig

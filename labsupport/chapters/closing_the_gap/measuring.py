@@ -23,8 +23,8 @@ from labsupport.chapters.closing_the_gap.params import (
     TOKENS,
     progress,
 )
-from labsupport.measure import decode, recording, steps
-from labsupport.traces import trace
+from labsupport.measure import decode, models, recording, steps
+from labsupport.traces import kernels
 
 
 def pending_run(params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
@@ -187,10 +187,7 @@ def rung_row(rung: str, k: pd.DataFrame, t, span_ns: int, step, fid: dict) -> di
     return {
         "rung": rung,
         "status": "ok",
-        "kernels": len(k),
-        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
-        "first_kernel_ns": int(k.start_ns.min()),
-        "last_kernel_end_ns": int(k.end_ns.max()),
+        **kernels.profile_row(k, total=False, bounds=True),
         "profiled_step_ns": span_ns,
         **times,
         "compile_s": getattr(step, "compile_s", float("nan")),
@@ -205,25 +202,9 @@ def rungs_table(rows: dict[str, dict], status: dict[str, str]) -> pd.DataFrame:
 
 
 def weight_shapes(model) -> dict[str, tuple[int, int]]:
-    """The weight matrices of one decoder layer (separate and fused) and the LM head, by name:
-    (rows N, columns K), as a matmul of one token reads them."""
-    c = model.config
-    q, kv, h, i = (
-        c.num_attention_heads * c.head_dim,
-        c.num_key_value_heads * c.head_dim,
-        c.hidden_size,
-        c.intermediate_size,
-    )
-    return {
-        "q_proj": (q, h),
-        "k_proj / v_proj": (kv, h),
-        "o_proj": (h, q),
-        "gate_proj / up_proj": (i, h),
-        "down_proj": (h, i),
-        "qkv (fused)": (q + 2 * kv, h),
-        "gate_up (fused)": (2 * i, h),
-        "lm_head": (c.vocab_size, h),
-    }
+    """The weight matrices of one decoder layer (separate and fused) and the LM head of `model`, by
+    name: (rows N, columns K) (models.weight_shapes)."""
+    return models.weight_shapes(model.config.to_dict())
 
 
 def tuning_cases(model) -> list:

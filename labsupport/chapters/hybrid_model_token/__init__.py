@@ -18,7 +18,7 @@ from __future__ import annotations
 # fmt: off
 from .analysis import (
     beside_published, best_variant, cache_growth, census_by_group, census_by_kind, headline, kernel_table,
-    KEYS as BESIDE_KEYS, largest_kernels, limits, lm_head, LMHead, measured_column, mixer_by_module, mixer_kernels,
+    BESIDE_KEYS, largest_kernels, limits, lm_head, LMHead, measured_column, mixer_by_module, mixer_kernels,
     ok_variants, OURS, per_layer_type, prefill, prefill_flop, PUBLISHED_PRESET, time_budget, timing_note, variants,
     variants_compact,
 )

@@ -359,7 +359,7 @@ OURS = "this run (transformers)"
 PUBLISHED = "published (vLLM 0.31)"
 # The table's keys, dropped for display: side ("published", "ours"), step ("decode", "prompt"),
 # backend ("vllm", or this run's Gated DeltaNet backend).
-KEYS = ["side", "step", "backend"]
+BESIDE_KEYS = ["side", "step", "backend"]
 
 
 def prefill_flop(run: runs.Run, tokens: int) -> float:
@@ -379,9 +379,11 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
     bandwidth (the floor), a prompt against its operations at the GPU's dense BF16 rate (MFU).
     Both sides use the bytes and operations of the configuration built here (the published
     model is of the same class); the published times are as published. Each row carries its
-    keys (KEYS: one decode row and one prompt row per side and backend); the other columns
+    keys (BESIDE_KEYS: one decode row and one prompt row per side and backend); the other columns
     are for display."""
-    from labsupport.chapters.published import HYBRID_27B_VLLM_HEADLINE as pub
+    from labsupport.chapters import published
+
+    theirs = published.HYBRID_27B_VLLM_HEADLINE  # the published profile's numbers
 
     m = run.results["model"]
     nbytes = m["decode_bytes"]
@@ -391,51 +393,55 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
     ok = ok_variants(run)
     rows = []
 
-    def decode(source, backend, gpu_name, sheet, what, kernels, ms):
-        floor = nbytes / 1e9 / sheet.bandwidth_tbs if sheet else float("nan")
+    def add(step, source, backend, gpu_name, what, kernels, ms, limit_at, limit, rate):
         rows.append(
             {
                 "side": "ours" if source == OURS else "published",
-                "step": "decode",
+                "step": step,
                 "backend": backend,
                 "source": source,
                 "GPU": gpu_name,
                 "what": what,
                 "kernels": kernels,
                 "ms": ms,
-                "limit at": f"{sheet.bandwidth_tbs:g} TB/s" if sheet else "–",
-                "limit ms": floor,
-                "of its GPU's limit": floor / ms,
-                "rate": f"{nbytes / 1e9 / ms:.2f} TB/s" if sheet or source == OURS else "–",
+                "limit at": limit_at,
+                "limit ms": limit,
+                "of its GPU's limit": limit / ms,
+                "rate": rate,
             }
         )
+
+    def decode(source, backend, gpu_name, sheet, what, kernels, ms):
+        floor = nbytes / 1e9 / sheet.bandwidth_tbs if sheet else float("nan")
+        limit_at = f"{sheet.bandwidth_tbs:g} TB/s" if sheet else "–"
+        rate = f"{nbytes / 1e9 / ms:.2f} TB/s" if sheet or source == OURS else "–"
+        add("decode", source, backend, gpu_name, what, kernels, ms, limit_at, floor, rate)
 
     def prompt(source, backend, gpu_name, sheet, what, kernels, ms, tokens):
         flop = prefill_flop(run, tokens)
         # our run at its own dtype's rate; the published ones ran in BF16
         rate = sheet.tensor_tflops(models.run_dtype(run) if source == OURS else "bfloat16") if sheet else None
         limit = flop / (rate * 1e12) * 1e3 if rate else float("nan")
-        rows.append(
-            {
-                "side": "ours" if source == OURS else "published",
-                "step": "prompt",
-                "backend": backend,
-                "source": source,
-                "GPU": gpu_name,
-                "what": what,
-                "kernels": kernels,
-                "ms": ms,
-                "limit at": f"{rate:g} TFLOP/s" if rate else "–",
-                "limit ms": limit,
-                "of its GPU's limit": limit / ms,
-                "rate": f"{flop / 1e12 / (ms / 1e3):.0f} TFLOP/s" if sheet or source == OURS else "–",
-            }
+        achieved = f"{flop / 1e12 / (ms / 1e3):.0f} TFLOP/s" if sheet or source == OURS else "–"
+        add(
+            "prompt",
+            source,
+            backend,
+            gpu_name,
+            what,
+            kernels,
+            ms,
+            f"{rate:g} TFLOP/s" if rate else "–",
+            limit,
+            achieved,
         )
 
     # The published profile is of the 27B configuration: its bytes and operations are this run's
     # only when this run built the same one.
     pub_sheet = h100 if run.parameters.get("preset") == PUBLISHED_PRESET else None
-    decode(PUBLISHED, "vllm", h100.name, pub_sheet, "decode, CUDA graphs", pub["decode_kernels"], pub["decode_ms"])
+    decode(
+        PUBLISHED, "vllm", h100.name, pub_sheet, "decode, CUDA graphs", theirs["decode_kernels"], theirs["decode_ms"]
+    )
     if len(ok):
         best = ok.loc[ok["wall ms"].idxmin()]
         decode(
@@ -452,10 +458,10 @@ def beside_published(run: runs.Run) -> pd.DataFrame:
         "vllm",
         h100.name,
         pub_sheet,
-        f"{pub['prefill_tokens']}-token prompt",
+        f"{theirs['prefill_tokens']}-token prompt",
         float("nan"),
-        pub["prefill_ms"],
-        pub["prefill_tokens"],
+        theirs["prefill_ms"],
+        theirs["prefill_tokens"],
     )
     for _, r in prefill(run).iterrows():
         prompt(

@@ -7,7 +7,6 @@ and profiled. A variant that cannot run, or fails, is recorded with the reason, 
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -16,12 +15,22 @@ import pandas as pd
 from labsupport import chapters
 from labsupport.measure import harness
 from labsupport.measure.models import gated_deltanet
-from labsupport.traces import trace
+from labsupport.traces import kernels
 
 ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
 CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
 ARTIFACTS = ENTRY.artifacts
-# The columns of the run's tables, written even when nothing ran.
+# The columns of the run's tables, written even when nothing ran; WALL_COLUMNS, the wall times of
+# a row (Timing.summary beside the estimator), stand in two.
+WALL_COLUMNS = [
+    "wall_ms_estimate",
+    "wall_ms_fast_trials",
+    "wall_ms_median",
+    "wall_ms_min",
+    "wall_ms_max",
+    "wall_ms_q1",
+    "wall_ms_q3",
+]
 VARIANT_COLUMNS = [
     "backend",
     "mode",
@@ -30,13 +39,7 @@ VARIANT_COLUMNS = [
     "gpu_busy_ns",
     "kernel_ns",
     "launch_calls",
-    "wall_ms_estimate",
-    "wall_ms_fast_trials",
-    "wall_ms_median",
-    "wall_ms_min",
-    "wall_ms_max",
-    "wall_ms_q1",
-    "wall_ms_q3",
+    *WALL_COLUMNS,
     "issue_ms_median",
     "clean",
     "graphs_compiled_while_profiling",
@@ -49,13 +52,7 @@ PREFILL_COLUMNS = [
     "tokens",
     "kernels",
     "gpu_busy_ns",
-    "wall_ms_estimate",
-    "wall_ms_fast_trials",
-    "wall_ms_median",
-    "wall_ms_min",
-    "wall_ms_max",
-    "wall_ms_q1",
-    "wall_ms_q3",
+    *WALL_COLUMNS,
     "clean",
 ]
 CACHE_GROWTH_COLUMNS = list(ENTRY.columns["cache_growth.csv"])  # as the registry declares them
@@ -276,15 +273,9 @@ class Recorder:
             "backend": backend,
             "status": "ok",
             "tokens": self.params.prompt_len,
-            "kernels": len(k),
-            "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
+            **kernels.profile_row(k, total=False),
             **_estimate(t),
-            "wall_ms_median": t.median,
-            "wall_ms_min": t.low,
-            "wall_ms_max": t.high,
-            "wall_ms_q1": t.q1,
-            "wall_ms_q3": t.q3,
-            "clean": t.clean,
+            **t.summary(fast=False, count=None),
         }
         self.progress(f"  {len(k)} kernels")
 
@@ -296,18 +287,10 @@ class Recorder:
             "backend": backend,
             "mode": mode,
             "status": "ok",
-            "kernels": len(k),
-            "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
-            "kernel_ns": int(k.dur_ns.sum()),
+            **kernels.profile_row(k),
             "launch_calls": launches,
             **_estimate(t),
-            "wall_ms_median": t.median,
-            "wall_ms_min": t.low,
-            "wall_ms_max": t.high,
-            "wall_ms_q1": t.q1,
-            "wall_ms_q3": t.q3,
-            "issue_ms_median": statistics.median(t.issue_ms),
-            "clean": t.clean,
+            **t.summary(fast=False, issue=True, count=None),
             "graphs_compiled_while_profiling": recompiled,
             **({"compile_s": step.compile_s} if mode == "compile" else {}),
         }

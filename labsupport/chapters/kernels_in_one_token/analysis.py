@@ -90,7 +90,7 @@ def summary(run: runs.Run, lim: hardware.Limits | None = None) -> Summary:
     walls = [float(w) for w in times.wall_ms]
     est = harness.table_estimate(times)
     model = run.results["model"]
-    busy = trace.busy_ns(k.start_ns, k.end_ns) / 1e6
+    busy = kernels.gpu_busy_ns(k) / 1e6
     wall = est.value
     mm = k[k.kind == "matrix multiply"]
     mm_ms = mm.dur_ns.sum() / 1e6
@@ -225,10 +225,10 @@ def plain_step(run: runs.Run) -> PlainStep | None:
 
 def census_beside_published(run: runs.Run) -> pd.DataFrame:
     """Our census and the published H100 one, side by side, each under its own heading."""
-    from labsupport.chapters.published import QWEN3_8B_H100_CENSUS as pub
+    from labsupport.chapters import published
 
     ours = run.table("census").set_index("kind")
-    theirs = pub.set_index("kind")
+    theirs = published.QWEN3_8B_H100_CENSUS.set_index("kind")
     gpu = run.provenance["gpu"].replace("NVIDIA ", "")
     out = pd.DataFrame(
         {

@@ -5,8 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from labsupport import figures as plots
-from labsupport import runs
+from labsupport import figures, runs
 from labsupport.measure import hardware
 from labsupport.traces.kernels import KINDS
 
@@ -16,7 +15,7 @@ def gemv_figure(g: pd.DataFrame, run: runs.Run):
     lim = hardware.run_limits(run)
     fig, ax = plt.subplots(figsize=(7, 3.6))
     labels = [f"{p}  ({s}, {b / 1e6:,.0f} MB)" for p, s, b in zip(g.projection, g["shape"], g.bytes, strict=True)]
-    ax.barh(labels, g.tbs, color=[plots.OURS if not s else "#8fb0d6" for s in g.split_k])
+    ax.barh(labels, g.tbs, color=[figures.OURS if not s else "#8fb0d6" for s in g.split_k])
     for tbs, name, style in (
         (lim.datasheet_tbs, "datasheet", "-"),
         (lim.ceiling_tbs, "practical ceiling (measured)", "--"),
@@ -30,7 +29,7 @@ def gemv_figure(g: pd.DataFrame, run: runs.Run):
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=10, frameon=False)
     ax.set_xlabel("TB/s read (weights / kernel time per call; light bars: split-K)")
     ax.set_title("Read bandwidth of each matrix-vector product of the step")
-    return plots.finish(fig, run.label)
+    return figures.finish(fig, run.label)
 
 
 def kv_cache_figure(t: pd.DataFrame, run: runs.Run):
@@ -42,31 +41,31 @@ def kv_cache_figure(t: pd.DataFrame, run: runs.Run):
         x,
         t["cat ms"] if has_cat else t["copy ms"],
         "o-",
-        color=plots.KIND_COLORS["copy/convert/concat"],
+        color=figures.KIND_COLORS["copy/convert/concat"],
         label="concatenations, dynamic cache" if has_cat else "all copies and concatenations, dynamic cache",
     )
-    ax.plot(x, t["attention ms"], "o-", color=plots.KIND_COLORS["attention"], label="attention, dynamic cache")
+    ax.plot(x, t["attention ms"], "o-", color=figures.KIND_COLORS["attention"], label="attention, dynamic cache")
     if t["GPU ms, static"].notna().any():
         ax.plot(
             x,
             t["cat ms, static"],
             "s--",
-            color=plots.KIND_COLORS["copy/convert/concat"],
+            color=figures.KIND_COLORS["copy/convert/concat"],
             label="concatenations, static cache",
         )
         ax.plot(
-            x, t["attention ms, static"], "s--", color=plots.KIND_COLORS["attention"], label="attention, static cache"
+            x, t["attention ms, static"], "s--", color=figures.KIND_COLORS["attention"], label="attention, static cache"
         )
         ax.plot(x, t["copy ms, static"], "^:", color="#555", label="all copies and conversions, static cache")
         ax.set_yscale("log")
-        plots.plain_ticks(ax, "y")
+        figures.plain_ticks(ax, "y")
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(x), [f"{v:,}" for v in x])
     ax.set_xlabel("tokens of context")
     ax.set_ylabel("GPU ms per decode step" + (" (log)" if t["GPU ms, static"].notna().any() else ""))
     ax.set_title("The KV cache: copied every step (dynamic cache) vs read once (attention)")
     ax.legend(fontsize=10)
-    return plots.finish(fig, run.label)
+    return figures.finish(fig, run.label)
 
 
 def census_figure(ours: pd.DataFrame, published: pd.DataFrame, label: str, gpu: str):
@@ -84,36 +83,42 @@ def census_figure(ours: pd.DataFrame, published: pd.DataFrame, label: str, gpu: 
         (axes[1], o["gpu_ns"] / 1e6, p["gpu_ms"], "GPU time per token (ms)"),
     ):
         ax.barh(
-            [i - h / 2 for i in y], ours_col, h, color=[plots.KIND_COLORS[k] for k in kinds], label=f"{gpu} (this run)"
+            [i - h / 2 for i in y],
+            ours_col,
+            h,
+            color=[figures.KIND_COLORS[k] for k in kinds],
+            label=f"{gpu} (this run)",
         )
-        ax.barh([i + h / 2 for i in y], pub_col, h, color=plots.THEIRS, label="H100 (published)")
+        ax.barh([i + h / 2 for i in y], pub_col, h, color=figures.THEIRS, label="H100 (published)")
         ax.set_yticks(list(y), kinds)
         ax.invert_yaxis()
         ax.set_title(title)
         ax.grid(axis="y", visible=False)
     axes[1].set_yticklabels([])
     axes[0].legend(loc="lower right", fontsize=10, frameon=False)
-    return plots.finish(fig, label)
+    return figures.finish(fig, label)
 
 
 def bandwidth_figure(values: dict[str, float], label: str):
     """Bandwidths side by side (TB/s): what the matmuls reached against the limits."""
     fig, ax = plt.subplots(figsize=(7, 2.6))
     names = list(values)
-    ax.barh(names, [values[n] for n in names], color=[plots.OURS if "reached" in n else plots.THEIRS for n in names])
+    ax.barh(
+        names, [values[n] for n in names], color=[figures.OURS if "reached" in n else figures.THEIRS for n in names]
+    )
     for i, n in enumerate(names):
         ax.text(values[n], i, f" {values[n]:.2f}", va="center", fontsize=10)
     ax.invert_yaxis()
     ax.set_xlabel("TB/s")
     ax.set_title("Memory bandwidth: reached by the matrix multiplies vs the limits")
     ax.grid(axis="y", visible=False)
-    return plots.finish(fig, label)
+    return figures.finish(fig, label)
 
 
 def layer_parts_figure(table: pd.DataFrame, label: str):
     """Kernels (bars) and GPU time (labels) of each part of one decoder layer, in order."""
     fig, ax = plt.subplots(figsize=(7, 0.36 * len(table) + 1.4))
-    ax.barh(list(table.index), table.kernels, color=plots.OURS)
+    ax.barh(list(table.index), table.kernels, color=figures.OURS)
     for i, (n, us) in enumerate(zip(table.kernels, table["GPU µs"], strict=True)):
         ax.text(n, i, f" {n} kernels, {us:.1f} µs", va="center", fontsize=10)
     ax.invert_yaxis()
@@ -121,13 +126,13 @@ def layer_parts_figure(table: pd.DataFrame, label: str):
     ax.set_xlim(0, table.kernels.max() * 1.6)
     ax.set_title("One decoder layer: kernels launched by each part")
     ax.grid(axis="y", visible=False)
-    return plots.finish(fig, label)
+    return figures.finish(fig, label)
 
 
 def attention_share_figure(sweep: pd.DataFrame, label: str):
     """Attention's share of the step's GPU time as the context grows."""
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
-    ax[0].plot(sweep.context, sweep["attention share"] * 100, "o-", color=plots.KIND_COLORS["attention"])
+    ax[0].plot(sweep.context, sweep["attention share"] * 100, "o-", color=figures.KIND_COLORS["attention"])
     ax[0].set_xscale("log", base=2)
     ax[0].set_xlabel("tokens in the KV cache")
     ax[0].set_ylabel("attention share of GPU time (%)")
@@ -136,7 +141,7 @@ def attention_share_figure(sweep: pd.DataFrame, label: str):
         sweep.context,
         sweep["GPU ms"] - sweep["attention ms"],
         sweep["attention ms"],
-        colors=["#c9d6e8", plots.KIND_COLORS["attention"]],
+        colors=["#c9d6e8", figures.KIND_COLORS["attention"]],
         labels=["everything else", "attention"],
     )
     ax[1].set_xscale("log", base=2)
@@ -146,4 +151,4 @@ def attention_share_figure(sweep: pd.DataFrame, label: str):
     ax[1].legend(loc="upper left", fontsize=10, frameon=False)
     for a in ax:
         a.set_xticks(list(sweep.context), [f"{c // 1024}k" if c >= 1024 else str(c) for c in sweep.context])
-    return plots.finish(fig, label)
+    return figures.finish(fig, label)

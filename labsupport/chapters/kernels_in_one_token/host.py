@@ -15,8 +15,7 @@ import re
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from labsupport import figures as plots
-from labsupport import runs
+from labsupport import figures, runs
 from labsupport.chapters.kernels_in_one_token.analysis import clean_times
 from labsupport.chapters.kernels_in_one_token.params import CHAPTER
 
@@ -77,7 +76,7 @@ def probe_figure(trials: pd.DataFrame, label: str):
     if trials.empty:
         ax.text(0.5, 0.5, "no kept run has eager-step trials with host-probe readings yet", ha="center", va="center")
         ax.set_axis_off()
-        return plots.finish(fig, label)
+        return figures.finish(fig, label)
     for (rid, reading), g in trials.groupby(["run", "reading"], sort=False):
         marker = "o" if reading == PER_TRIAL else "x"
         ax.scatter(g.probe_ms, g.wall_ms, s=14, marker=marker, alpha=0.7, label=f"run {rid} ({reading})")
@@ -85,4 +84,4 @@ def probe_figure(trials: pd.DataFrame, label: str):
     ax.set_ylabel("eager decode step, wall ms")
     ax.set_title("A host-bound step follows the CPU")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, fontsize=9, frameon=False)
-    return plots.finish(fig, label)
+    return figures.finish(fig, label)

@@ -163,17 +163,13 @@ def context_row(k: pd.DataFrame, t: harness.Timing) -> dict:
     quartiles and range of all the trials)."""
     attention = k.kind == "attention"
     return {
-        "kernels": len(k),
-        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
-        "kernel_ns": int(k.dur_ns.sum()),
+        **kernels.profile_row(k),
         "attention_ns": int(k.loc[attention, "dur_ns"].sum()),
         "attention_kernels": int(attention.sum()),
         "attention_names": ";".join(sorted(set(k.loc[attention, "short_name"]))),
         "copy_ns": int(k.loc[k.kind == "copy/convert/concat", "dur_ns"].sum()),
         "cat_ns": int(k.loc[k.op == "aten::cat", "dur_ns"].sum()),
-        **harness.spread(t.wall_ms, "wall_ms", t.probe_ms or None),  # _estimate (the estimator), _fast_*, _min, ...
-        "wall_repeats": len(t.wall_ms),
-        "wall_clean": t.clean,
+        **t.summary(count="wall_repeats", clean="wall_clean"),  # _estimate (the estimator), _fast_*, _min, ...
     }
 
 
@@ -192,18 +188,7 @@ def profiler_effect_table(procs, clean: harness.Timing, after: harness.Timing, s
         for p in procs
     ]
     for cond, t in (("before profiling", clean), ("after profiling", after)):
-        rows.append(
-            {
-                "condition": cond,
-                "process": -1,
-                "wall_ms_median": t.median,
-                "wall_ms_min": t.low,
-                "wall_ms_q1": t.q1,
-                "wall_ms_q3": t.q3,
-                "wall_ms_max": t.high,
-                "repeats": len(t.wall_ms),
-            }
-        )
+        rows.append({"condition": cond, "process": -1, **t.summary(fast=False, count="repeats", clean=None)})
     rows.append(
         {
             "condition": "inside the profiler",

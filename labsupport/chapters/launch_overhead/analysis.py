@@ -209,26 +209,26 @@ def eager_summary(run: runs.Run, vals: dict | None = None) -> EagerSummary:
     v = run.table("variants").set_index("variant")
     span = float(v.loc["eager", "profiled_step_ns"]) / 1e6 if "eager" in v.index else nan
     if vals is not None:
-        kernels, busy = int(vals["eager_kernels"].value), float(vals["eager_gpu_busy_ms"].value)
+        count, busy = int(vals["eager_kernels"].value), float(vals["eager_gpu_busy_ms"].value)
         wall, issue = float(vals["eager_wall_ms"].value), float(vals["eager_issue_ms"].value)
         mean = float(vals["eager_kernel_mean_us"].value)
     else:
         t = run.table("step_times")
         t = t[t.variant == "eager"]
-        kernels, busy = len(k), trace.busy_ns(k.start_ns, k.end_ns) / 1e6
+        count, busy = len(k), kernels.gpu_busy_ns(k) / 1e6
         wall = harness.table_estimate(t).value if len(t) else nan
         issue = harness.table_estimate(t, "issue_ms").value if len(t) else nan
         mean = float(k.dur_ns.mean() / 1e3)
     interval = float(starts.diff().dropna().mean() / 1e3)
     launch = float(k.launch_dur_ns.median() / 1e3)
     return EagerSummary(
-        kernels=kernels,
+        kernels=count,
         gpu_busy_ms=busy,
         wall_ms=wall,
         idle_ms=wall - busy,
         issue_ms=issue,
-        wall_per_kernel_us=wall * 1e3 / kernels,
-        cpu_per_kernel_us=issue * 1e3 / kernels,
+        wall_per_kernel_us=wall * 1e3 / count,
+        cpu_per_kernel_us=issue * 1e3 / count,
         kernel_mean_us=mean,
         kernel_interval_us=interval,
         launch_call_us=launch,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from labsupport import figures as plots
+from labsupport import figures
 from labsupport.chapters.launch_overhead.params import VARIANTS
 
 
@@ -13,7 +13,7 @@ def breakdown_figure(df: pd.DataFrame, label: str):
     """Where each variant's profiled step went (stacked horizontal bars), from breakdown()."""
     parts = [
         ("before first kernel ms", "#c9c9c9"),
-        ("kernels running ms", plots.OURS),
+        ("kernels running ms", figures.OURS),
         ("gaps between kernels ms", "#f2b880"),
         ("after last kernel ms", "#8c8c8c"),
     ]
@@ -28,5 +28,5 @@ def breakdown_figure(df: pd.DataFrame, label: str):
     ax.legend(ncol=4, fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     ax.grid(axis="y", visible=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    plots.footer(fig, label)
+    figures.footer(fig, label)
     return fig

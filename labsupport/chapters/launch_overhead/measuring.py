@@ -3,14 +3,12 @@ by cell, the status a variant that fails gets, and the row of each profiled vari
 
 from __future__ import annotations
 
-import statistics
-
 import pandas as pd
 
 from labsupport.chapters.launch_overhead.params import CHAPTER, VARIANT_COLUMNS, VARIANTS, Params, progress
 from labsupport.measure import harness, recording
 from labsupport.measure.steps import CompiledStep
-from labsupport.traces import trace
+from labsupport.traces import kernels
 
 
 def pending_run(params: Params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
@@ -39,30 +37,29 @@ def failure(when: str, e: Exception) -> str:
     return f"{when}: {first_line(e)}"
 
 
+# The timing columns of a variant this chapter profiles but does not time.
+UNTIMED = {
+    **dict.fromkeys(
+        ("wall_ms_median", "wall_ms_min", "wall_ms_q1", "wall_ms_q3", "wall_ms_max", "issue_ms_median"), float("nan")
+    ),
+    "clean": "",
+}
+
+
 def variant_row(
     variant: str, k: pd.DataFrame, t: harness.Timing | None, span_ns: int, compiled: int, step, device: str
 ) -> dict:
     """The row of variants.csv of a variant profiled (kernels `k`, the profiled step's span,
     graphs Dynamo compiled while profiling) and, for the forms this chapter times, timed (`t`;
     None for the eager steps, whose wall times are "The kernels in one token"'s)."""
-    nan = float("nan")
     launches = int((k.launch_api != "").groupby(k.correlation).ngroups) if device == "cuda" else len(k)
     row = {
         "variant": variant,
         "status": "ok",
-        "kernels": len(k),
-        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
-        "first_kernel_ns": int(k.start_ns.min()),
-        "last_kernel_end_ns": int(k.end_ns.max()),
+        **kernels.profile_row(k, total=False, bounds=True),
         "profiled_step_ns": span_ns,
         "launch_calls": launches,
-        "wall_ms_median": t.median if t else nan,
-        "wall_ms_min": t.low if t else nan,
-        "wall_ms_q1": t.q1 if t else nan,
-        "wall_ms_q3": t.q3 if t else nan,
-        "wall_ms_max": t.high if t else nan,
-        "issue_ms_median": statistics.median(t.issue_ms) if t else nan,
-        "clean": t.clean if t else "",
+        **(t.summary(fast=False, issue=True, count=None) if t else UNTIMED),
         "graphs_compiled_while_profiling": compiled,
     }
     if isinstance(step, CompiledStep):

@@ -11,7 +11,7 @@ import pandas as pd
 from labsupport import runs
 from labsupport.chapters.launch_overhead.analysis import kernel_table
 from labsupport.chapters.launch_overhead.params import trace_file
-from labsupport.traces import trace
+from labsupport.traces import kernels, trace
 
 
 def call_paths(run: runs.Run, variant: str) -> pd.DataFrame:
@@ -144,8 +144,8 @@ def static_cache_summary(run: runs.Run) -> StaticCacheSummary:
     return StaticCacheSummary(
         eager_kernels=len(a),
         static_kernels=len(b),
-        eager_busy_ms=trace.busy_ns(a.start_ns, a.end_ns) / 1e6,
-        static_busy_ms=trace.busy_ns(b.start_ns, b.end_ns) / 1e6,
+        eager_busy_ms=kernels.gpu_busy_ns(a) / 1e6,
+        static_busy_ms=kernels.gpu_busy_ns(b) / 1e6,
         graph_busy_ms=float(graph.gpu_busy_ns) / 1e6 if graph_ok else None,
         layers=layers,
         eager_layer_kernels=len(la),

@@ -5,10 +5,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from labsupport import figures as plots
+from labsupport import figures
 
 # The generic palette, with a colour for the kind this chapter brings (collectives between GPUs).
-COLORS = plots.KIND_COLORS  # communication (NCCL) included
+COLORS = figures.KIND_COLORS  # communication (NCCL) included
 
 
 def allreduce_figure(curves: dict[str, pd.DataFrame], label: str):
@@ -16,7 +16,7 @@ def allreduce_figure(curves: dict[str, pd.DataFrame], label: str):
     launching it ({name: allreduce_curve}; empty ones left out), the decode step's message
     size marked on each."""
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(9, 3.8))  # 9 in: legible on a phone
-    styles = iter([("o-", plots.OURS), ("s--", "0.45")])
+    styles = iter([("o-", figures.OURS), ("s--", "0.45")])
     for name, curve in ((n, c) for n, c in curves.items() if len(c)):
         style, color = next(styles)
         kb = curve.bytes / 1024
@@ -36,14 +36,14 @@ def allreduce_figure(curves: dict[str, pd.DataFrame], label: str):
                 fontsize=10,
             )
         ax.set_xlabel("message size (KB)")
-        plots.plain_ticks(ax, "x")
-    plots.plain_ticks(lat, "y")
+        figures.plain_ticks(ax, "x")
+    figures.plain_ticks(lat, "y")
     lat.legend(fontsize=10, frameon=False)
     lat.set_ylabel("µs per all-reduce")
     lat.set_title("Latency")
     bw.set_ylabel("bus bandwidth (GB/s)")
     bw.set_title("Bus bandwidth")
-    return plots.finish(fig, label)
+    return figures.finish(fig, label)
 
 
 def ranks_timeline(layers: dict[str, pd.DataFrame], label: str, title: str):
@@ -61,7 +61,7 @@ def ranks_timeline(layers: dict[str, pd.DataFrame], label: str, title: str):
     ax.set_xlabel("time since the layer's first kernel (µs)")
     ax.set_title(title)
     ax.grid(axis="y", visible=False)
-    plots.kind_legend(ax, seen, below=0.35)
+    figures.kind_legend(ax, seen, below=0.35)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    plots.footer(fig, label)
+    figures.footer(fig, label)
     return fig

@@ -125,8 +125,8 @@ def relaunch_eager(params: Params, tp: int, out: Path, why: BaseException, sweep
     return out
 
 
-def collect(run: recording.PendingRun, out: Path, tp: int) -> None:
-    """Add every rank's tables, traces and facts under `out` (one folder per rank) to `run`."""
+def collect(w: recording.PendingRun, out: Path, tp: int) -> None:
+    """Add every rank's tables, traces and facts under `out` (one folder per rank) to `w`, the run being written."""
     ranks = sorted((p for p in Path(out).glob("rank*") if p.is_dir()), key=lambda p: int(p.name[4:]))
     if len(ranks) != tp:
         raise RuntimeError(f"{CHAPTER}: TP={tp} wrote {len(ranks)} rank folders under {out}")
@@ -135,18 +135,18 @@ def collect(run: recording.PendingRun, out: Path, tp: int) -> None:
         for name in ("variants", "step_times", "collectives", "allreduce"):
             if (folder / f"{name}.csv").is_file():
                 df = pd.read_csv(folder / f"{name}.csv")
-                old = run.tables.get(name)
-                run.tables[name] = df if old is None else pd.concat([old, df], ignore_index=True)
+                old = w.tables.get(name)
+                w.tables[name] = df if old is None else pd.concat([old, df], ignore_index=True)
         for trace in folder.glob("trace-*.json.gz"):
             variant = trace.name.removeprefix("trace-").removesuffix(".json.gz")
-            shutil.copyfile(trace, run.path / trace_file(tp, rank, variant))
+            shutil.copyfile(trace, w.path / trace_file(tp, rank, variant))
         info = json.loads((folder / "info.json").read_text())
-        run.extra.setdefault("ranks", []).append({"tp": tp, **{k: v for k, v in info.items() if k != "method"}})
-        run.extra.setdefault("model", info["model"])
-        run.extra.setdefault("worker_method", info["method"])
+        w.extra.setdefault("ranks", []).append({"tp": tp, **{k: v for k, v in info.items() if k != "method"}})
+        w.extra.setdefault("model", info["model"])
+        w.extra.setdefault("worker_method", info["method"])
 
 
-def record_topology(run: recording.PendingRun) -> None:
+def record_topology(w: recording.PendingRun) -> None:
     """`nvidia-smi topo -m` into the run (topology.txt) and the link between GPU 0 and 1 into its
     results; nothing on a box without nvidia-smi (a CPU)."""
     exe = shutil.which("nvidia-smi")
@@ -154,6 +154,6 @@ def record_topology(run: recording.PendingRun) -> None:
         return
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         text = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=60, check=True).stdout
-        (run.path / "topology.txt").write_text(text)
+        (w.path / "topology.txt").write_text(text)
         link = link_between(text)
-        run.extra["interconnect"] = {"gpu0_gpu1": link, "means": interconnect(link)}
+        w.extra["interconnect"] = {"gpu0_gpu1": link, "means": interconnect(link)}

@@ -91,17 +91,17 @@ def collect_split(out: Path, tp: int, tables: dict | None = None) -> tuple[dict,
     return tables, facts
 
 
-def record_split(run, out: Path, tp: int) -> None:
-    """Add the hand-split step's rank folders under `out` (degree `tp`) to `run`, a
+def record_split(w, out: Path, tp: int) -> None:
+    """Add the hand-split step's rank folders under `out` (degree `tp`) to `w`, a
     recording.PendingRun: the split_* tables, every rank's traces (trace_name), the ranks' facts
     (results' "split_ranks"), and, where rank 0 kept the float32 reference, the answer of each
     all-reduce choice against it (split_answer)."""
-    tables, facts = collect_split(out, tp, run.tables)
+    tables, facts = collect_split(out, tp, w.tables)
     for f in facts:
         for trace in Path(f["folder"]).glob("trace-*.json.gz"):
             choice = trace.name.removeprefix("trace-").removesuffix(".json.gz")
-            shutil.copyfile(trace, run.path / trace_name(tp, f["rank"], choice))
-        run.extra.setdefault("split_ranks", []).append({k: v for k, v in f.items() if k != "folder"})
+            shutil.copyfile(trace, w.path / trace_name(tp, f["rank"], choice))
+        w.extra.setdefault("split_ranks", []).append({k: v for k, v in f.items() if k != "folder"})
     reference = Path(facts[0]["folder"]) / "reference.npy"
     if reference.is_file():
         answer = same_answer(facts, np.load(reference))

@@ -15,7 +15,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.measure import hardware, harness
-from labsupport.traces import kernels, trace
+from labsupport.traces import kernels
 
 from .measuring import (
     GEMM_MODULES,
@@ -169,7 +169,7 @@ def phases(run: runs.Run) -> dict[str, Phase]:
         walls = times.loc[times["phase"] == ph, "wall_ms"]
         est = harness.table_estimate(times[times["phase"] == ph])  # the fast-host median (old runs: minimum)
         wall = est.value
-        busy = trace.busy_ns(k.start_ns, k.end_ns) / 1e6
+        busy = kernels.gpu_busy_ns(k) / 1e6
         mm = k[k.kind == MATMUL]
         work = phase_work(sh, ph, n)
         tflops, tflops_busy = work.flops / wall / 1e9, work.flops / busy / 1e9  # FLOP/ms / 1e9 = TFLOP/s
@@ -289,26 +289,20 @@ def utilisation(run: runs.Run) -> pd.DataFrame:
     mbu_col = f"MBU vs {bandwidth(limits(run)).short}"
     rows = []
     for ph, p in phases(run).items():
-        rows.append(
-            {
-                "phase": ph,
-                "time": "wall",
-                "MFU vs datasheet": p.mfu_datasheet or nan,
-                "MFU vs measured GEMM": p.mfu_gemm or nan,
-                "MBU vs datasheet": p.mbu_datasheet or nan,
-                mbu_col: p.mbu_measured or nan,
-            }
-        )
-        rows.append(
-            {
-                "phase": ph,
-                "time": "busy",
-                "MFU vs datasheet": p.mfu_busy_datasheet or nan,
-                "MFU vs measured GEMM": p.mfu_busy_gemm or nan,
-                "MBU vs datasheet": p.mbu_busy_datasheet or nan,
-                mbu_col: p.mbu_busy_measured or nan,
-            }
-        )
+        for time, mfu_sheet, mfu_gemm, mbu_sheet, mbu_measured in (
+            ("wall", p.mfu_datasheet, p.mfu_gemm, p.mbu_datasheet, p.mbu_measured),
+            ("busy", p.mfu_busy_datasheet, p.mfu_busy_gemm, p.mbu_busy_datasheet, p.mbu_busy_measured),
+        ):
+            rows.append(
+                {
+                    "phase": ph,
+                    "time": time,
+                    "MFU vs datasheet": mfu_sheet or nan,
+                    "MFU vs measured GEMM": mfu_gemm or nan,
+                    "MBU vs datasheet": mbu_sheet or nan,
+                    mbu_col: mbu_measured or nan,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -436,11 +430,17 @@ def layer_gemm_table(run: runs.Run) -> pd.DataFrame:
         out[(ph, "µs")] = x["dur_ns"] / 1e3
         out[(ph, "TFLOP/s")] = x["tflops"]
         out[(ph, "TB/s")] = x["tbs"]
-    first = g[g.phase == PHASES[0]].set_index("module")
-    t = pd.DataFrame(out)
+    return side_by_side(out, g, "matrix")
+
+
+def side_by_side(columns: dict, rows: pd.DataFrame, index: str) -> pd.DataFrame:
+    """Columns keyed (phase, heading) as one table under a two-level header, with each weight's
+    shape (in × out, from the first phase's `rows`) in front; the rows' index is named `index`."""
+    first = rows[rows.phase == PHASES[0]].set_index("module")
+    t = pd.DataFrame(columns)
     t.columns = pd.MultiIndex.from_tuples(t.columns)
     t.insert(0, ("weight", "in × out"), [f"{a:,} × {b:,}" for a, b in zip(first["in"], first["out"], strict=True)])
-    t.index.name = "matrix"
+    t.index.name = index
     return t
 
 

@@ -27,6 +27,7 @@ from .analysis import (
     prompt_sweep,
     ratio,
     shape,
+    side_by_side,
 )
 from .measuring import GEMM_MODULES, LM_HEAD, MATMUL, PHASES, ROOFLINE_MODULES, SHORT, tokens_at_intensity
 
@@ -210,12 +211,7 @@ def roofline_table(run: runs.Run) -> pd.DataFrame:
         else:
             out[(ph, "TB/s")] = x["tbs"]
         out[(ph, "of roof")] = x["of_datasheet_roof"]
-    first = pts[pts.phase == PHASES[0]].set_index("module")
-    t = pd.DataFrame(out)
-    t.columns = pd.MultiIndex.from_tuples(t.columns)
-    t.insert(0, ("weight", "in × out"), [f"{a:,} × {b:,}" for a, b in zip(first["in"], first["out"], strict=True)])
-    t.index.name = "module"
-    return t
+    return side_by_side(out, pts, "module")
 
 
 # The GPUs whose ridge the chapter shows beside the run's own: the H100 SXM (the GPU of the
@@ -471,10 +467,11 @@ def ceiling_notes(run: runs.Run) -> dict[str, str]:
             "library picks a kernel for each shape, and some shapes run a little faster."
         )
         if lim.datasheet_tflops:
-            notes["gemm"] += f" The hardware's limit is the datasheet's {lim.datasheet_tflops:.0f} TFLOP/s, " + (
-                "which none of them reaches."
-                if not top["above datasheet"]
-                else f"and {top.value:.0f} TFLOP/s is above even that: a measurement to distrust."
+            notes["gemm"] += datasheet_note(
+                f"{lim.datasheet_tflops:.0f} TFLOP/s",
+                f"{top.value:.0f} TFLOP/s",
+                top["above datasheet"],
+                ", which none of them reaches.",
             )
     else:
         notes["gemm"] = (
@@ -494,14 +491,20 @@ def ceiling_notes(run: runs.Run) -> dict[str, str]:
             f"{bw.name}, {bw.tbs:.2f} TB/s. {why}"
         )
         if lim.datasheet_tbs:
-            notes["bandwidth"] += f" The hardware's limit is the datasheet's {lim.datasheet_tbs:.2f} TB/s" + (
-                "."
-                if not top["above datasheet"]
-                else f", and {top.value:.2f} TB/s is above even that: a measurement to distrust."
+            notes["bandwidth"] += datasheet_note(
+                f"{lim.datasheet_tbs:.2f} TB/s", f"{top.value:.2f} TB/s", top["above datasheet"], "."
             )
     else:
         notes["bandwidth"] = f"No figure here is above the {bw.name}, {bw.tbs:.2f} TB/s."
     return notes
+
+
+def datasheet_note(limit: str, top: str, above: bool, below: str) -> str:
+    """The sentence that closes a note on the figures above a measured ceiling: the datasheet's
+    `limit`, then `below` where the top figure stays under it, else that `top` is above even that."""
+    return f" The hardware's limit is the datasheet's {limit}" + (
+        f", and {top} is above even that: a measurement to distrust." if above else below
+    )
 
 
 def headline(run: runs.Run) -> dict:

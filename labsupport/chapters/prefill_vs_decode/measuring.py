@@ -10,7 +10,6 @@ The order of the measurements is the notebook's (every wall time before the firs
 from __future__ import annotations
 
 import re
-import statistics
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
@@ -62,22 +61,10 @@ def kernels_table_name(phase: str) -> str:
     return f"kernels-{phase}"
 
 
-# The columns of the kernel tables (kernels-prefill.csv, kernels-decode.csv), and those read as text.
-KERNEL_COLUMNS = [
-    "name",
-    "start_ns",
-    "end_ns",
-    "dur_ns",
-    "stream",
-    "grid",
-    "block",
-    "op",
-    "module",
-    "kind",
-    "short_name",
-    "layer",
-    "part",
-]
+# The columns of the kernel tables (kernels-prefill.csv, kernels-decode.csv): a trace's kernel table
+# without the launch details, with the annotations (kernels.annotate); then those read as text.
+LAUNCH_DETAILS = ("registers", "shared_mem", "correlation", "launch_api", "launch_ns", "launch_dur_ns")
+KERNEL_COLUMNS = [c for c in trace.KERNEL_COLUMNS if c not in LAUNCH_DETAILS] + ["kind", "short_name", "layer", "part"]
 TEXT_COLUMNS = ["name", "stream", "grid", "block", "op", "module", "kind", "short_name", "part"]
 
 
@@ -240,17 +227,6 @@ def model_record(model, preset: str) -> dict:
     }
 
 
-def merge(what: str, timings: list[harness.Timing]) -> harness.Timing:
-    """Several timings of one region, as one (their repeats in order)."""
-    return harness.Timing(
-        what=what,
-        wall_ms=[x for t in timings for x in t.wall_ms],
-        issue_ms=[x for t in timings for x in t.issue_ms],
-        gpu_ms=[x for t in timings for x in t.gpu_ms],
-        clean=all(t.clean for t in timings),
-    )
-
-
 def time_passes(
     model, prompts: dict, prompt_len: int, rounds: int, device: str, warmup: int = 2, progress=print
 ) -> tuple[harness.Timing, dict[int, harness.Timing | str]]:
@@ -343,14 +319,9 @@ def sweep_row(n: int, k: pd.DataFrame, t: harness.Timing) -> dict:
     return {
         "prompt_len": n,
         "status": "ok",
-        "kernels": len(k),
-        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
-        "kernel_ns": int(k.dur_ns.sum()),
+        **kernels.profile_row(k),
         **by_kind,
-        **harness.spread(t.wall_ms, "wall_ms", t.probe_ms or None),  # _estimate: the book's estimator
-        "wall_repeats": len(t.wall_ms),
-        "issue_ms_median": statistics.median(t.issue_ms),
-        "wall_clean": t.clean,
+        **t.summary(issue=True, count="wall_repeats", clean="wall_clean"),  # _estimate: the book's estimator
     }
 
 

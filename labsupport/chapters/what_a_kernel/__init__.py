@@ -2,7 +2,7 @@
 its launch configuration, the same add on vectors too large for the L2 cache, and the
 asynchronous queue between the CPU and the GPU.
 
-The notebook measures (live) with the harness and the helpers of `measure`, writes the run,
+The notebook measures (live) with the harness and the helpers of `measuring`, writes the run,
 then reads it back with `analysis` and draws with `figures`."""
 
 # ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
@@ -16,7 +16,7 @@ from .analysis import (
 from .figures import (
     queue,
 )
-from .measure import (
+from .measuring import (
     BURST_TRACE, CHAPTER, l2_cache_bytes, load, OUR_ADD, Params, per_call_row, PROFILE_REGION, progress, SYNC_IDLE,
     SYNC_ITEM, SYNC_TINY, TORCH_ADD, wait_row,
 )

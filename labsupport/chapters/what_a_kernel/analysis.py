@@ -13,7 +13,7 @@ from labsupport.chapters import shared
 from labsupport.measure import hardware
 from labsupport.traces import kernels, trace
 
-from .measure import BURST_TRACE, OUR_ADD, TORCH_ADD
+from .measuring import BURST_TRACE, OUR_ADD, TORCH_ADD
 
 
 def _dims_product(s) -> float:

@@ -34,7 +34,7 @@ from .measuring import (
     SETUP_PREFILL, step_for, SWEEP_METHOD, sweep_row, time_batches, time_matvec_cpu, time_matvec_gpu,
 )
 from .read_kernels import (
-    CUBLAS, record as record_read_kernels, step_matrices, time_read_kernels, TRITON,
+    CUBLAS, record_read_kernels, step_matrices, time_read_kernels, TRITON,
 )
 from .one_token import (
     arithmetic, arithmetic_display, ceilings, ceilings_label, counts, DATASHEET, matvec, Matvec, matvec_summary,

@@ -4,8 +4,7 @@ explorer of the sweep (not shown in the web book).
 
 from __future__ import annotations
 
-from labsupport import figures as plots
-from labsupport import runs
+from labsupport import figures, runs
 from labsupport.measure import hardware
 
 from .batch_sweep import COMPUTE, MEMORY, OVERHEAD, bound_at, ridge, sweep
@@ -23,12 +22,12 @@ def bytes_figure(run: runs.Run):
     s = sweep(run)
     x = range(len(s))
     fig, ax = plt.subplots(figsize=(7.5, 3.4))
-    ax.bar(x, s["weights bytes"] / 1e9, color=plots.KIND_COLORS["matrix multiply"], label="weights")
+    ax.bar(x, s["weights bytes"] / 1e9, color=figures.KIND_COLORS["matrix multiply"], label="weights")
     ax.bar(
         x,
         s["KV bytes"] / 1e9,
         bottom=s["weights bytes"] / 1e9,
-        color=plots.KIND_COLORS["attention"],
+        color=figures.KIND_COLORS["attention"],
         label="KV cache (read by attention)",
     )
     ax.set_xticks(list(x), [str(b) for b in s.batch])
@@ -37,7 +36,7 @@ def bytes_figure(run: runs.Run):
     ax.set_title("Bytes one decode step must read: the weights once, each sequence's KV cache once")
     ax.grid(axis="x", visible=False)
     ax.legend(fontsize=10, frameon=False, loc="upper left")
-    return plots.finish(fig, run.label)
+    return figures.finish(fig, run.label)
 
 
 def _batch_axis(ax, batches) -> None:
@@ -60,7 +59,7 @@ def limits_figure(run: runs.Run):
     r = ridge(run)
     lim = hardware.run_limits(run)
     ceil_tbs = practical_ceiling_tbs(run)
-    mem, math = plots.KIND_COLORS["copy/convert/concat"], plots.KIND_COLORS["reduction"]
+    mem, math = figures.KIND_COLORS["copy/convert/concat"], figures.KIND_COLORS["reduction"]
     sheet = f"{lim.datasheet_name} datasheet" if lim.datasheet_name else "datasheet"
     fig, ax = plt.subplots(1, 2, figsize=(9, 6), sharey=True)
     b = s.batch
@@ -87,46 +86,23 @@ def limits_figure(run: runs.Run):
         ),
     )
     for a, col, label, mem_col, math_col, read_col, gemm_col, title in panels:
-        a.plot(b, s[col], "o-", color=plots.OURS, label=label, zorder=3)
+        a.plot(b, s[col], "o-", color=figures.OURS, label=label, zorder=3)
+        lines = []  # (column, style, colour, width, legend text) of each limit this run knows
         if lim.datasheet_tbs:
-            a.plot(
-                b,
-                s[mem_col],
-                "-",
-                color=mem,
-                lw=1.5,
-                label=f"floor: bytes at {lim.datasheet_tbs:.2f} TB/s ({sheet})",
-            )
+            lines.append((mem_col, "-", mem, 1.5, f"floor: bytes at {lim.datasheet_tbs:.2f} TB/s ({sheet})"))
         if lim.datasheet_tflops:
-            a.plot(
-                b,
-                s[math_col],
-                "-",
-                color=math,
-                lw=1.5,
-                label=f"math limit: operations at {lim.datasheet_tflops:.0f} TFLOP/s ({sheet})",
-            )
+            text = f"math limit: operations at {lim.datasheet_tflops:.0f} TFLOP/s ({sheet})"
+            lines.append((math_col, "-", math, 1.5, text))
         if ceil_tbs:
-            a.plot(
-                b,
-                s[read_col],
-                "--",
-                color=mem,
-                lw=1,
-                label=f"bytes at the practical ceiling ({ceil_tbs:.2f} TB/s, this run)",
-            )
+            lines.append((read_col, "--", mem, 1, f"bytes at the practical ceiling ({ceil_tbs:.2f} TB/s, this run)"))
         if gemm_col and lim.gemm_tflops:
-            a.plot(
-                b,
-                s[gemm_col],
-                "--",
-                color=math,
-                lw=1,
-                label=f"operations at the measured GEMM rate ({lim.gemm_tflops:.0f} TFLOP/s, this run)",
-            )
+            text = f"operations at the measured GEMM rate ({lim.gemm_tflops:.0f} TFLOP/s, this run)"
+            lines.append((gemm_col, "--", math, 1, text))
+        for column, style, colour, width, text in lines:
+            a.plot(b, s[column], style, color=colour, lw=width, label=text)
         _batch_axis(a, b)
         a.set_yscale("log")
-        plots.plain_ticks(a, "y")
+        figures.plain_ticks(a, "y")
         a.set_title(title)
     ax[0].axvline(r.measured_batch, color="#555", lw=1)
     ax[0].text(
@@ -163,7 +139,7 @@ def limits_figure(run: runs.Run):
     if lim.datasheet_tbs:
         lo = min(lo, s["matmul memory limit ms"].min())
     ax[0].set_ylim(lo * 0.3, s["GPU ms"].max() * 4)
-    return plots.finish(fig, run.label)
+    return figures.finish(fig, run.label)
 
 
 def _shade_regimes(ax, s) -> None:
@@ -201,17 +177,17 @@ def throughput_figure(run: runs.Run):
     s = sweep(run)
     fig, ax = plt.subplots(figsize=(7, 4))
     _shade_regimes(ax, s)
-    ax.plot(s.batch, s["GPU tokens/s"], "o-", color=plots.OURS, label="if the GPU never waited (GPU busy)")
+    ax.plot(s.batch, s["GPU tokens/s"], "o-", color=figures.OURS, label="if the GPU never waited (GPU busy)")
     ax.plot(s.batch, s["tokens/s"], "s--", color="#555", ms=4, label="measured wall time (eager, minimum)")
     _batch_axis(ax, s.batch)
     ax.set_xlim(*ax.get_xlim())
     ax.set_yscale("log")
-    plots.plain_ticks(ax, "y")
+    figures.plain_ticks(ax, "y")
     ax.set_ylabel("tokens per second")
     ax.set_title("Throughput grows with the batch", pad=8)
     ax.set_ylim(top=ax.get_ylim()[1] * 6)  # room for the regimes' names
     ax.legend(fontsize=10, frameon=False, loc="lower right")
-    return plots.finish(fig, run.label)
+    return figures.finish(fig, run.label)
 
 
 def explorer(run: runs.Run):

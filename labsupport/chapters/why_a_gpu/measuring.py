@@ -17,7 +17,7 @@ import pandas as pd
 
 from labsupport import chapters
 from labsupport.measure import harness
-from labsupport.traces import kernels, trace
+from labsupport.traces import kernels
 
 ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
 CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
@@ -296,25 +296,16 @@ def batch_matmuls(batch: int, k: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
-def sweep_row(batch: int, timing: harness.Timing, context_end: int, k: pd.DataFrame, context_profiled: int) -> dict:
+def sweep_row(batch: int, timing: harness.Timing, k: pd.DataFrame, context_profiled: int) -> dict:
     """One batch size of the sweep: GPU times from its profiled step, wall times from its
     timed steps (the minimum, the book's estimator, with the quartiles, median and range)."""
     return {
         "batch": batch,
         "status": "ok",
-        "kernels": len(k),
-        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
-        "kernel_ns": int(k.dur_ns.sum()),
+        **kernels.profile_row(k),
         "matmul_ns": int(k.loc[k.kind == "matrix multiply", "dur_ns"].sum()),
         "attention_ns": int(k.loc[k.kind == "attention", "dur_ns"].sum()),
-        "wall_ms_median": timing.median,
-        "wall_ms_min": timing.low,
-        "wall_ms_q1": timing.q1,
-        "wall_ms_q3": timing.q3,
-        "wall_ms_max": timing.high,
-        "issue_ms_median": float(pd.Series(timing.issue_ms).median()),
-        "wall_repeats": len(timing.wall_ms),
-        "wall_clean": timing.clean,
-        "context_end": context_end,
+        **timing.summary(fast=False, issue=True, count="wall_repeats", clean="wall_clean"),
+        "context_end": context_profiled,  # the same under its older name (older runs have only this one)
         "context_profiled": context_profiled,
     }

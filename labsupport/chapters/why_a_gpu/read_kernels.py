@@ -21,20 +21,7 @@ def step_matrices(preset: str) -> dict[str, tuple[int, int]]:
     """The distinct weight shapes (rows N, columns K) one token's matmuls read in a decode step of
     `preset`, separate and fused as the book's own step runs them, and the LM head; matrices of one
     shape share a row, named together."""
-    c = models.preset_config(preset)
-    h, i = c["hidden_size"], c["intermediate_size"]
-    head = c.get("head_dim") or h // c["num_attention_heads"]
-    q, kv = c["num_attention_heads"] * head, c["num_key_value_heads"] * head
-    named = {
-        "q_proj": (q, h),
-        "k_proj / v_proj": (kv, h),
-        "o_proj": (h, q),
-        "gate_proj / up_proj": (i, h),
-        "down_proj": (h, i),
-        "qkv (fused)": (q + 2 * kv, h),
-        "gate_up (fused)": (2 * i, h),
-        "lm_head": (c["vocab_size"], h),
-    }
+    named = models.weight_shapes(models.preset_config(preset))
     by_shape: dict[tuple[int, int], list[str]] = {}
     for name, shape in named.items():
         by_shape.setdefault(shape, []).append(name)
@@ -97,11 +84,11 @@ def time_read_kernels(preset: str, dtype: str = "bfloat16", repeats: int = 20, p
     return table(rows)
 
 
-def record(writer, preset: str, dtype: str = "bfloat16", progress=print) -> pd.DataFrame:
+def record_read_kernels(w, preset: str, dtype: str = "bfloat16", progress=print) -> pd.DataFrame:
     """Time the read kernels and write them as the run's read_kernels table (returned)."""
     progress("timing the GEMVs of the decode step's weight matrices (cuBLAS, and our Triton GEMV's configurations)")
     t = time_read_kernels(preset, dtype, progress=progress)
-    writer.write_table(hardware.READ_KERNELS, t)
+    w.write_table(hardware.READ_KERNELS, t)
     top = t.loc[t.tbs.idxmax()]
     progress(f"  fastest read: {top.tbs:.2f} TB/s ({top.kernel} {top.config}, {top.matrix})")
     return t

@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 
 from labsupport.measure import decode, harness, models, steps
 from labsupport.measure.distributed import allreduce
-from labsupport.traces import kinds, trace
+from labsupport.traces import kernels, kinds, trace
 
 COLUMNWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
@@ -136,21 +135,13 @@ def variant_row(variant: str, k: pd.DataFrame, t: harness.Timing, path: Path) ->
     return {
         "variant": variant,
         "status": "ok",
-        "kernels": len(k),
-        "gpu_busy_ns": trace.busy_ns(k.start_ns, k.end_ns),
-        "kernel_ns": int(k.dur_ns.sum()),
+        **kernels.profile_row(k),
         "comm_kernels": len(comm),
         "comm_ns": int(comm.dur_ns.sum()),
         "allreduce_calls": calls,
         "allreduce_call_ns": calls_ns,
         "profiled_step_ns": trace.origin_span_ns(trace.load_events(path)),
-        "wall_ms_median": t.median,
-        "wall_ms_min": t.low,
-        "wall_ms_max": t.high,
-        "wall_ms_q1": t.q1,
-        "wall_ms_q3": t.q3,
-        "issue_ms_median": statistics.median(t.issue_ms),
-        "clean": t.clean,
+        **t.summary(fast=False, issue=True, count=None),
     }
 
 

@@ -124,6 +124,25 @@ def preset_config(name: str) -> dict:
         raise UnknownPresetError(f"unknown model preset {name!r}; known presets: {known}") from None
 
 
+def weight_shapes(config: dict) -> dict[str, tuple[int, int]]:
+    """The weight matrices of one decoder layer (separate, and fused as our own decode step runs
+    them) and the LM head, by name: (rows N, columns K), as a matmul of one token reads them.
+    `config`: a preset's (preset_config) or a loaded model's (`model.config.to_dict()`)."""
+    h, i = config["hidden_size"], config["intermediate_size"]
+    head = config.get("head_dim") or h // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * head, config["num_key_value_heads"] * head
+    return {
+        "q_proj": (q, h),
+        "k_proj / v_proj": (kv, h),
+        "o_proj": (h, q),
+        "gate_proj / up_proj": (i, h),
+        "down_proj": (h, i),
+        "qkv (fused)": (q + 2 * kv, h),
+        "gate_up (fused)": (2 * i, h),
+        "lm_head": (config["vocab_size"], h),
+    }
+
+
 def hf_config(name: str):
     """A transformers configuration object for preset `name`."""
     from transformers import AutoConfig
