@@ -14,8 +14,7 @@ import papermill as pm
 import pytest
 from markdown_it import MarkdownIt
 
-from labsupport import chapters, runs
-from labsupport import glue as book
+from labsupport import chapters, glue, runs
 from labsupport.chapters import kernels_in_one_token as one_token
 from labsupport.ops import drift, status
 
@@ -61,10 +60,10 @@ def test_the_layer_table_styler_escapes(tampered):
     run = runs.load_run(CH, root=tampered)
     df = one_token.layer_kernels(run, one_token.middle_layer(run))
     # The chapter's own call: formats for some columns must leave the others escaped too.
-    assert_escaped(book.table(df, {"start µs": "{:.1f}", "µs": "{:.2f}"}).data)
-    html = book.styled(df, {"start µs": "{:.1f}", "µs": "{:.2f}"}).hide(axis="index").to_html()
+    assert_escaped(glue.table(df, {"start µs": "{:.1f}", "µs": "{:.2f}"}).data)
+    html = glue.styled(df, {"start µs": "{:.1f}", "µs": "{:.2f}"}).hide(axis="index").to_html()
     assert_escaped(html)
-    html = book.styled(df.set_index("operator"), "{:.2f}", subset=["µs"]).to_html()  # labels too
+    html = glue.styled(df.set_index("operator"), "{:.2f}", subset=["µs"]).to_html()  # labels too
     assert_escaped(html)
 
 
@@ -143,9 +142,9 @@ def test_drift_reports_escape_kernel_names(tampered, tmp_path, monkeypatch):
 
 
 def test_glued_markdown_keeps_code_spans_and_escapes_the_rest():
-    assert book.md_safe(f"GPU {NAME}, kernel `{NAME}` **bold**") == (
+    assert glue.md_safe(f"GPU {NAME}, kernel `{NAME}` **bold**") == (
         "GPU &lt;img src=x onerror=alert(1)&gt;&amp;evil_kernel&lt;script&gt;alert(2)&lt;/script&gt;, "
         f"kernel `{NAME}` **bold**"
     )
-    html = MarkdownIt("commonmark").render(book.md_safe(f"GPU {NAME}, kernel `{NAME}`"))
+    html = MarkdownIt("commonmark").render(glue.md_safe(f"GPU {NAME}, kernel `{NAME}`"))
     assert "<img" not in html and "<script>" not in html and "<code>&lt;img" in html

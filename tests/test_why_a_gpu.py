@@ -481,12 +481,12 @@ def test_matmul_choice_per_batch(run):
 
 
 def test_figures_build(any_run):
-    from labsupport import figures as plots
+    from labsupport import figures
 
     for fig in (ch.bytes_figure(any_run), ch.throughput_figure(any_run), ch.limits_figure(any_run)):
         assert fig.axes
         # Readable: no text under 9 px on a 1280 px page.
-        small = [(round(px, 1), t) for px, t in plots.text_heights_px(fig, 1280) if px < 9]
+        small = [(round(px, 1), t) for px, t in figures.text_heights_px(fig, 1280) if px < 9]
         assert not small, small
         plt.close(fig)
     fig = ch.limits_figure(any_run)
