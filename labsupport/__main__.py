@@ -75,6 +75,17 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _printed(lines, refusal: type[Exception], command: str) -> int:
+    """Print the lines `lines()` gives (exit 0), or the one line of its `refusal` (exit 1)."""
+    try:
+        out = lines()
+    except refusal as e:
+        print(f"{command} refused: {e}; nothing was written", file=sys.stderr)
+        return 1
+    print("\n".join(out))
+    return 0
+
+
 def _run(args) -> int:
     from labsupport import chapters, runs
     from labsupport.ops import params
@@ -134,25 +145,14 @@ def _run(args) -> int:
     if args.cmd == "gallery":
         from labsupport.ops import gallery
 
-        try:
-            lines = [gallery.add(args.archive)] if args.gallery_cmd == "add" else gallery.listing()
-        except gallery.GalleryError as e:
-            print(f"gallery {args.gallery_cmd} refused: {e}; nothing was written", file=sys.stderr)
-            return 1
-        print("\n".join(lines))
-        return 0
+        listing = (lambda: [gallery.add(args.archive)]) if args.gallery_cmd == "add" else gallery.listing
+        return _printed(listing, gallery.GalleryError, f"gallery {args.gallery_cmd}")
     if args.cmd == "replay":
         from pathlib import Path
 
         from labsupport.ops import replay
 
-        try:
-            lines = replay.replay(args.chapter, args.runs, Path(args.out))
-        except replay.ReplayError as e:
-            print(f"replay refused: {e}; nothing was written", file=sys.stderr)
-            return 1
-        print("\n".join(lines))
-        return 0
+        return _printed(lambda: replay.replay(args.chapter, args.runs, Path(args.out)), replay.ReplayError, "replay")
     if args.cmd == "recover":
         from labsupport.ops import leftovers, live, nightly
         from labsupport.runs import lock

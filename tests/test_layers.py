@@ -148,7 +148,7 @@ def test_no_private_names_of_other_modules(path):
 def test_chapter_named_like_its_notebook_and_run_folder(chapter):
     stem = chapter.slug.replace("-", "_")
     assert Path(chapter.notebook).stem == stem == chapter.module
-    assert (PACKAGE / "chapters" / f"{stem}.py").exists() or (PACKAGE / "chapters" / stem / "__init__.py").exists()
+    assert (PACKAGE / "chapters" / stem / "__init__.py").exists(), "a chapter is a folder (a package)"
 
 
 @pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
