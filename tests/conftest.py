@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -202,6 +203,21 @@ def wait_while_running(proc, ready, limit_s: float = 600) -> bool:
     while time.time() < deadline and proc.poll() is None and not ready():
         time.sleep(0.05)
     return ready()
+
+
+def wait_until_measuring(proc, logs: Path, chapter: str) -> None:
+    """Wait until a live or nightly command's notebook is seen measuring (its log under `logs`
+    shows the tiny model being built); fail the test, ending the command, if it never is."""
+
+    def measuring():
+        found = list(logs.glob(f"*/{chapter}.log"))
+        return bool(found) and "building tiny" in found[0].read_text(errors="replace")
+
+    if not wait_while_running(proc, measuring) or proc.poll() is not None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+        pytest.fail(f"the notebook was never seen measuring (exit {proc.returncode}): {err[-2000:]}")
 
 
 # --- the session's one book build ---------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 from labsupport.ops import children
 from labsupport.runs import lock
 
-from .conftest import REPO, cpu_args, tree_bytes, wait_while_running
+from .conftest import REPO, cpu_args, tree_bytes, wait_until_measuring
 
 CHAPTER = "kernels-in-one-token"
 
@@ -44,15 +44,7 @@ def test_a_stopped_live_command_ends_its_kernel_and_releases_its_lock(copied_run
         start_new_session=True,
     )
 
-    def measuring():  # the notebook's log shows the model being built
-        found = list(logs.glob(f"*/{CHAPTER}.log"))
-        return bool(found) and "building tiny" in found[0].read_text(errors="replace")
-
-    if not wait_while_running(p, measuring) or p.poll() is not None:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate(timeout=60)
-        pytest.fail(f"the notebook was never seen measuring (exit {p.returncode}): {err[-2000:]}")
+    wait_until_measuring(p, logs, CHAPTER)  # the notebook's log shows the model being built
     below = children.descendants(p.pid)  # the kernel and whatever it started
     assert below, "a kernel runs the notebook"
     assert (copied_runs / lock.NAME).is_file()

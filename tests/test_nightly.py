@@ -11,7 +11,7 @@ import pytest
 
 from labsupport import runs
 
-from .conftest import REPO, cpu_args, tree_bytes, wait_while_running
+from .conftest import REPO, cpu_args, tree_bytes, wait_until_measuring
 
 pytestmark = pytest.mark.live
 
@@ -130,15 +130,7 @@ def test_an_interrupted_night(env, copied_runs, tmp_path):
     # folder itself is written whole by the notebook's last cell, in milliseconds, too brief
     # a window to wait for.) Before the notebook starts, the nightly checks every published run
     # and papermill starts a kernel that imports torch.
-    def measuring():
-        logs = list((tmp_path / "nightly-logs").glob("*/kernels-in-one-token.log"))
-        return bool(logs) and "building tiny" in logs[0].read_text(errors="replace")
-
-    if not wait_while_running(p, measuring) or p.poll() is not None:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate(timeout=60)
-        pytest.fail(f"the notebook was never seen measuring (exit {p.returncode}): {err[-2000:]}")
+    wait_until_measuring(p, tmp_path / "nightly-logs", "kernels-in-one-token")
     os.kill(p.pid, signal.SIGTERM)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 1 and "nightly failed: interrupted" in err, err[-2000:]

@@ -127,23 +127,25 @@ def test_other_chapters_checks():
     assert got == {"launch-overhead": {"max_autotune": False}, "kernels-in-one-token": {}}
 
 
-@pytest.mark.parametrize("cmd", ["live", "nightly"])
-def test_the_command_stops_before_anything_runs(copied_runs, tmp_path, cmd):
-    before = tree_bytes(copied_runs)
-    env = {
-        **os.environ,
-        "LABSUPPORT_RUNS": str(copied_runs),
-        "PYTHONPATH": str(REPO),
-        "LABSUPPORT_NIGHTLY_DIR": str(tmp_path / "logs"),
-    }
-    r = subprocess.run(
-        [sys.executable, "-m", "labsupport", cmd, "kernels-in-one-token", "--allow-cpu", "--param", "repeat=50"],
+def _command(runs_root, tmp_path, cmd: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m labsupport <cmd> kernels-in-one-token --allow-cpu <args>` on `runs_root`, its logs
+    under tmp_path/logs."""
+    env = {**os.environ, "LABSUPPORT_RUNS": str(runs_root), "PYTHONPATH": str(REPO)}
+    env["LABSUPPORT_NIGHTLY_DIR"] = str(tmp_path / "logs")
+    return subprocess.run(
+        [sys.executable, "-m", "labsupport", cmd, "kernels-in-one-token", "--allow-cpu", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+@pytest.mark.parametrize("cmd", ["live", "nightly"])
+def test_the_command_stops_before_anything_runs(copied_runs, tmp_path, cmd):
+    before = tree_bytes(copied_runs)
+    r = _command(copied_runs, tmp_path, cmd, "--param", "repeat=50")
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
     assert r.stderr.startswith("error: --param repeat: no such parameter")
     assert r.stderr.strip().endswith("nothing was run, the published run is unchanged")
@@ -177,16 +179,7 @@ def test_the_nightlys_options_take_only_sensible_finite_values(check, good, bad)
 @pytest.mark.parametrize("option", [["--timing-threshold", "nan"], ["--min-kernels", "-5"]], ids=["nan", "-5"])
 def test_the_nightly_stops_on_a_bad_option_in_one_line_before_anything_runs(copied_runs, tmp_path, option):
     before = tree_bytes(copied_runs)
-    env = {**os.environ, "LABSUPPORT_RUNS": str(copied_runs), "PYTHONPATH": str(REPO)}
-    env["LABSUPPORT_NIGHTLY_DIR"] = str(tmp_path / "logs")
-    r = subprocess.run(
-        [sys.executable, "-m", "labsupport", "nightly", "kernels-in-one-token", "--allow-cpu", *option],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _command(copied_runs, tmp_path, "nightly", *option)
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
     assert r.stderr.startswith(f"error: {' '.join(option)}: must be "), r.stderr
     assert not (tmp_path / "logs").exists() and tree_bytes(copied_runs) == before
