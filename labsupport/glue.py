@@ -70,6 +70,22 @@ def glue_text(name: str, text: str) -> None:
     glue(name, Markdown(md_safe(text)))
 
 
+def glue_page(page) -> None:
+    """Glue every field of a chapter's `Page` (a dataclass whose field names are the page's glue names):
+    text as markdown for `{glue:md}` (escaped, glue_text), any other value as it is. A field whose
+    metadata says {"glue": False} (a table or frame the page's display cells show) is not glued."""
+    import dataclasses
+
+    for f in dataclasses.fields(page):
+        if not f.metadata.get("glue", True):
+            continue
+        value = getattr(page, f.name)
+        if isinstance(value, str):
+            glue_text(f.name, value)
+        else:
+            glue(f.name, value)
+
+
 def perfetto_link(href: str, title: str) -> str:
     """An "Open in Perfetto" link (HTML) for the trace served at `href`, relative to the page:
     book/_static/perfetto.js fetches the trace and posts it to a ui.perfetto.dev window it

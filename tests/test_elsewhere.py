@@ -248,3 +248,12 @@ def test_built_pages_open_each_trace_in_perfetto(built_book):
         assert re.search(r'<script src="\.\./_static/perfetto\.js', html), chapter.slug
         seen += len(opened)
     assert seen > 0
+
+
+def test_about_this_run_is_one_closed_box_with_provenance_host_and_files(published):
+    html = data_files.about_this_run(published).data
+    assert html.startswith('<details class="about-run"><summary>About this run: ')
+    assert html.count("<details") == 1 and "<details open" not in html, "closed until a reader opens it"
+    assert f"<code>{published.run_id}</code>" in html and published.provenance["gpu"] in html
+    assert "Host probe" in html or "host probe" in html
+    assert all(f"<code>{n}</code>" in html for n in published.meta["files"]), "every file of the run is listed"

@@ -61,3 +61,21 @@ def test_csv_download_carries_the_whole_table_in_the_link():
     back = pd.read_csv(io.StringIO(base64.b64decode(data).decode()))
     pd.testing.assert_frame_equal(back, df)
     assert 'download="a&lt;b&gt;.csv"' in h and "every &lt;number&gt;" in h and "(19 rows, CSV)" in h
+
+
+def test_glue_page_glues_each_field_by_its_name_text_as_markdown(monkeypatch):
+    from dataclasses import dataclass, field
+
+    glued = {}
+    monkeypatch.setattr(glue, "glue", lambda name, value, display=False: glued.__setitem__(name, value))
+
+    @dataclass
+    class Page:
+        best_text: str
+        wall_ms: float
+        frame: object = field(default=None, metadata={"glue": False})
+
+    glue.glue_page(Page("<b>fast</b> `x<y`", 4.2, pd.DataFrame({"a": [1]})))
+    assert set(glued) == {"best_text", "wall_ms"}, "a field marked glue=False is left to the display cells"
+    assert glued["wall_ms"] == 4.2
+    assert glued["best_text"].data == "&lt;b&gt;fast&lt;/b&gt; `x<y`", "text is markdown, escaped outside code"

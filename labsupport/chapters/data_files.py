@@ -34,12 +34,34 @@ def describe(chapter: str, name: str) -> str | None:
 
 
 def data_list(run):
-    """The chapter's closing list of data: every file of its run, linked for download, with its
-    size and one line on what it holds, and how to record a run of one's own (HTML, for the last
-    cell of a chapter)."""
+    """The chapter's closing list of data (HTML): every file of its run, linked for download, with its
+    size and one line on what it holds, the host's speed, and how to record a run of one's own."""
+    from IPython.display import HTML
+
+    return HTML(_data_list_html(run))
+
+
+def about_this_run(run):
+    """One folded box for the end of a chapter, "About this run": its provenance (GPU, driver,
+    versions, commit, time), the host probe's readings, and every file of the run (data_list). What a
+    reader checks, not what a reader reads first; so it is closed until opened."""
     import html
 
     from IPython.display import HTML
+
+    rows = [*run.provenance.items(), ("run", run.run_id)]
+    provenance = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    gpu, day = run.provenance.get("gpu", "?"), str(run.provenance.get("utc_time", ""))[:10]
+    return HTML(
+        '<details class="about-run"><summary>About this run: '
+        f"{html.escape(str(gpu))}, run <code>{html.escape(run.run_id)}</code>, {html.escape(day)}</summary>"
+        f'<table class="provenance"><tbody>{provenance}</tbody></table>'
+        f"{_data_list_html(run)}</details>"
+    )
+
+
+def _data_list_html(run) -> str:
+    import html
 
     names = ["meta.json", *sorted(run.meta["files"])]
     rows = []
@@ -55,7 +77,7 @@ def data_list(run):
             f'<tr><td><a href="{html.escape(href)}" download><code>{html.escape(name)}</code></a>{opens}</td>'
             f"<td>{size}</td><td>{html.escape(what)}</td></tr>"
         )
-    return HTML(
+    return (
         f"<p>Run <code>{html.escape(run.run_id)}</code> of <code>{html.escape(run.chapter)}</code>; "
         "CSV tables open in any spreadsheet, traces in <a href='https://ui.perfetto.dev'>Perfetto</a> "
         "(<em>Open in Perfetto</em> hands the served trace to a Perfetto window in your browser).</p>"
