@@ -11,6 +11,14 @@ stretch's softmax maximum, sum and weighted values. The second combines the stre
 head. (The new position's k and v come from registers, not from the cache another program is
 writing.)
 
+`decode_attention_one` does the same in ONE kernel, the way a megakernel would: one program per
+(K/V head, stretch) serves the query heads that share that K/V head (reading each cached k and v
+once for all of them), and the last program to finish for a K/V head (a counter, incremented
+atomically after each program has written its stretch) combines that head group's stretches, so
+no second kernel is launched. Launched with programmatic dependent launch (`pdl`) it reads the
+cached positions before the new token, which nothing in this step writes, before it waits for the
+kernel before it (the QKV GEMV) to finish.
+
 Triton is imported on first use; on a CPU set TRITON_INTERPRET=1 first (no bfloat16 there).
 """
 
@@ -52,7 +60,7 @@ def _kernel():
         cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)
         sin = tl.load(sin_ptr + pos * D + d).to(tl.float32)
         q = norm_rope(qkv_ptr + h * D, qn_ptr, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)
-        k = norm_rope(qkv_ptr + (H + kvh) * D, kn_ptr, d, d_rot, sign, cos, sin, eps, D)
+        k = norm_rope(qkv_ptr + (H + kvh) * D, kn_ptr, d, d_rot, sign, cos, sin, eps, D)  # noqa: F821 (a global)
         v = tl.load(qkv_ptr + (H + KVH + kvh) * D + d)
         cache_at = kvh * SLOTS * D
         if (h % (H // KVH) == 0) & (part == 0):  # one program per K/V head writes the new position
@@ -93,6 +101,111 @@ def _kernel():
     return triton, attention_part_kernel, attention_combine_kernel
 
 
+@cache
+def _one_kernel():
+    import triton
+    import triton.language as tl
+
+    _kernel()  # norm_rope, among this module's globals
+
+    @triton.jit
+    def norm_rope_rows(x_ptr, w_ptr, d, d_rot, sign, cos, sin, eps, D: tl.constexpr):
+        # norm_rope of G rows at once: x_ptr a [G] column of row starts
+        x = tl.load(x_ptr[:, None] + d[None, :])
+        xf, xr = x.to(tl.float32), tl.load(x_ptr[:, None] + d_rot[None, :]).to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / D + eps)
+        n = ((xf * r[:, None]).to(x.dtype) * tl.load(w_ptr + d)[None, :]).to(tl.float32)
+        nr = ((xr * r[:, None]).to(x.dtype) * tl.load(w_ptr + d_rot)[None, :]).to(tl.float32)
+        return (n * cos[None, :] + sign[None, :] * nr * sin[None, :]).to(x.dtype)
+
+    globals()["norm_rope_rows"] = norm_rope_rows
+
+    @triton.jit
+    def attention_kernel(
+        qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, count_ptr, out_ptr, eps,
+        scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
+        CHUNK: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        G: tl.constexpr = H // KVH
+        kvh, part = tl.program_id(0), tl.program_id(1)
+        parts = tl.num_programs(1)
+        d = tl.arange(0, D)
+        g = tl.arange(0, G)
+        heads = kvh * G + g
+        # Before the wait: the cached positions before the new token (written by earlier steps).
+        pos = tl.load(pos_ptr)
+        s = part * BLOCK_S + tl.arange(0, BLOCK_S)
+        cache_at = kvh * SLOTS * D
+        at = cache_at + s[:, None] * D + d[None, :]
+        old = (s < pos)[:, None]
+        kt = tl.load(kc_ptr + at, mask=old, other=0.0).to(tl.float32)
+        vt = tl.load(vc_ptr + at, mask=old, other=0.0).to(tl.float32)
+        if PDL:  # the QKV GEMV's output is read from here on
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        d_rot = (d + D // 2) % D
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)
+        sin = tl.load(sin_ptr + pos * D + d).to(tl.float32)
+        q = norm_rope_rows(qkv_ptr + heads * D, qn_ptr, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)
+        k = norm_rope(qkv_ptr + (H + kvh) * D, kn_ptr, d, d_rot, sign, cos, sin, eps, D)  # noqa: F821 (a global)
+        v = tl.load(qkv_ptr + (H + KVH + kvh) * D + d)
+        if part == 0:  # one program per K/V head writes the new position
+            tl.store(kc_ptr + cache_at + pos * D + d, k)
+            tl.store(vc_ptr + cache_at + pos * D + d, v)
+        now = (s == pos)[:, None]
+        kt = tl.where(now, k.to(tl.float32)[None, :], kt)
+        vt = tl.where(now, v.to(tl.float32)[None, :], vt)
+        scores = tl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale  # [G, BLOCK_S]
+        scores = tl.where((s <= pos)[None, :], scores, float("-inf"))
+        m = tl.max(scores, axis=1)
+        p = tl.exp(scores - tl.where(m == float("-inf"), 0.0, m)[:, None])
+        rows = part_ptr + (heads * parts + part) * (D + 2)  # [G]
+        tl.store(rows[:, None] + d[None, :], tl.sum(p[:, :, None] * vt[None, :, :], axis=1))
+        tl.store(rows + D, m)
+        tl.store(rows + D + 1, tl.sum(p, axis=1))
+        # The last program of this K/V head combines its group's stretches (acq_rel: every other
+        # program's stores above are visible to it), then resets the counter for the next call.
+        if tl.atomic_add(count_ptr + kvh, 1) == parts - 1:
+            first = heads * parts * (D + 2)  # [G]: each head's first stretch
+            top = tl.full((G,), float("-inf"), tl.float32)
+            for c in range(0, parts, CHUNK):
+                i = c + tl.arange(0, CHUNK)
+                at_i = first[:, None] + i[None, :] * (D + 2)
+                top = tl.maximum(
+                    top, tl.max(tl.load(part_ptr + at_i + D, mask=(i < parts)[None, :], other=float("-inf")), axis=1)
+                )
+            num = tl.zeros((G, D), tl.float32)
+            den = tl.zeros((G,), tl.float32)
+            for c in range(0, parts, CHUNK):
+                i = c + tl.arange(0, CHUNK)
+                ok = (i < parts)[None, :]
+                at_i = first[:, None] + i[None, :] * (D + 2)
+                weight = tl.exp(tl.load(part_ptr + at_i + D, mask=ok, other=float("-inf")) - top[:, None])
+                den += tl.sum(weight * tl.load(part_ptr + at_i + D + 1, mask=ok, other=0.0), axis=1)
+                acc = tl.load(part_ptr + at_i[:, :, None] + d[None, None, :], mask=ok[:, :, None], other=0.0)
+                num += tl.sum(weight[:, :, None] * acc, axis=1)
+            out = num / den[:, None]
+            tl.store(out_ptr + heads[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty))
+            tl.atomic_xchg(count_ptr + kvh, 0)
+
+    return triton, attention_kernel
+
+
+_COUNTERS: dict = {}
+
+
+def counters(kv_heads: int, device):
+    """The int32 counters of decode_attention_one, one per K/V head: zeroed once, made on first use
+    (the warm-up runs before any CUDA-graph capture), and zeroed again by each head's last program."""
+    import torch
+
+    key = (kv_heads, str(device))
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(kv_heads, device=device, dtype=torch.int32)
+    return _COUNTERS[key]
+
+
 def decode_attention(
     qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads: int, eps: float, block_s: int = 32
 ):  # fmt: skip
@@ -110,4 +223,29 @@ def decode_attention(
     )  # fmt: skip
     out = torch.empty(heads * head_dim, device=qkv.device, dtype=qkv.dtype)
     combine_kernel[(heads,)](partial, out, parts, D=head_dim, BLOCK_P=triton.next_power_of_2(parts), num_warps=4)
+    return out
+
+
+def decode_attention_one(
+    qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads: int, eps: float, block_s: int = 32,
+    pdl: bool = False, chunk: int = 16,
+):  # fmt: skip
+    """decode_attention's result in one kernel (module docstring); `pdl`: launched with
+    programmatic dependent launch, the cached positions read before the wait."""
+    import torch
+
+    _, kv_heads, slots, head_dim = k_cache.shape
+    group = heads // kv_heads
+    if group * kv_heads != heads or group & (group - 1):
+        raise ValueError(f"one-kernel attention needs a power of two query heads per K/V head, not {heads}/{kv_heads}")
+    triton, kernel = _one_kernel()
+    parts = triton.cdiv(slots, block_s)
+    partial = torch.empty(heads, parts, head_dim + 2, device=qkv.device, dtype=torch.float32)
+    out = torch.empty(heads * head_dim, device=qkv.device, dtype=qkv.dtype)
+    extra = {"launch_pdl": True} if pdl else {}
+    kernel[(kv_heads, parts)](
+        qkv.reshape(-1), q_norm, k_norm, cos, sin, k_cache, v_cache, pos, partial, counters(kv_heads, qkv.device),
+        out, eps, head_dim**-0.5, H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=block_s, CHUNK=chunk,
+        PDL=pdl, num_warps=4, **extra,
+    )  # fmt: skip
     return out

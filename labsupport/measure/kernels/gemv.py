@@ -24,7 +24,10 @@ Three launch options, for the last rungs:
   and zeroes the buffer again for the next call. More programs for the small matrices;
 - programmatic dependent launch (`pdl`): the kernel is launched so that it may start while the
   kernel before it drains (Hopper and later); it waits (`gdc_wait`) before reading anything,
-  then lets the kernel after it be launched (`gdc_launch_dependents`).
+  then lets the kernel after it be launched (`gdc_launch_dependents`);
+- weights first (`early`): each program issues the load of its first tile of W before that wait.
+  The weights depend on no kernel of the step, only x does, so with `pdl` the first stretch of
+  W streams in while the kernel before is still finishing, instead of after it.
 
 `tune()` times a list of block shapes on the GPU and keeps the fastest per weight shape and
 fusion. Triton has its own autotuner (`triton.autotune`), but it keeps only the winner; the
@@ -102,15 +105,26 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
+    def accumulate(acc, sq, w, x_ptr, norm_w_ptr, cols, col_ok, NORM: tl.constexpr):
+        # one BLOCK_K stretch of the product: x's stretch (normed on the way), times W's tile
+        xv = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if NORM:  # the sum of squares on the way; the norm's weight now, its scale at the end
+            sq += xv * xv
+            xv = xv * tl.load(norm_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * xv[None, :]
+        return acc, sq
+
+    # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
+    globals()["accumulate"] = accumulate
+
+    @triton.jit
     def gemv_kernel(
         x_ptr, w_ptr, y_ptr, norm_w_ptr, res_ptr, scale_ptr, ws_ptr, N, K, eps,
         NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SCALE: tl.constexpr = False, SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False,
+        EARLY: tl.constexpr = False,
     ):  # fmt: skip
-        if PDL:  # wait for the kernel before (its writes visible), then let the next one launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
         acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
@@ -120,15 +134,24 @@ def _kernel():
             chunk = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
             lo = tl.program_id(1) * chunk
             hi = lo + chunk
-        for k in range(lo, hi, BLOCK_K):
+        start = lo
+        if EARLY:  # W's first tile depends on no kernel of the step: its load is issued before the wait
+            first_cols = lo + tl.arange(0, BLOCK_K)
+            first_ok = first_cols < K
+            w_first = tl.load(
+                w_ptr + rows[:, None] * K + first_cols[None, :], mask=row_ok[:, None] & first_ok[None, :], other=0.0
+            )
+        if PDL:  # wait for the kernel before (its writes visible), then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        if EARLY:
+            acc, sq = accumulate(acc, sq, w_first, x_ptr, norm_w_ptr, first_cols, first_ok, NORM)
+            start = lo + BLOCK_K
+        for k in range(start, hi, BLOCK_K):
             cols = k + tl.arange(0, BLOCK_K)
             col_ok = cols < K
-            xv = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            if NORM:  # the sum of squares on the way; the norm's weight now, its scale at the end
-                sq += xv * xv
-                xv = xv * tl.load(norm_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            acc += w.to(tl.float32) * xv[None, :]
+            acc, sq = accumulate(acc, sq, w, x_ptr, norm_w_ptr, cols, col_ok, NORM)
         y = tl.sum(acc, axis=1)
         if SCALE:  # FP8 weights: each row's scale
             y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
@@ -222,11 +245,11 @@ def choose(n: int, k: int, fusion: Fusion, fp8: bool = False, split: bool = Fals
 
 def launch(
     x, w, out, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, residual=None, config=None,
-    scale=None, split: bool = False, pdl: bool = False,
+    scale=None, split: bool = False, pdl: bool = False, early: bool = False,
 ):  # fmt: skip
     """Run the kernel: out = W @ f(x) (+ residual), or silu(gate) * up of its row pairs; `scale`:
     W is FP8 with these row scales; `split`: split-K configs allowed; `pdl`: launched with
-    programmatic dependent launch (module docstring)."""
+    programmatic dependent launch; `early`: W's first tile loaded before the wait (module docstring)."""
     triton, kernel = _kernel()
     n, k = w.shape
     fusion = Fusion(norm_weight is not None, silu, residual is not None)
@@ -239,7 +262,7 @@ def launch(
         scale if scale is not None else out, ws,
         n, k, eps,
         NORM=fusion.norm, SILU=silu, RESIDUAL=fusion.residual,
-        BLOCK_N=c.block_n, BLOCK_K=c.block_k, SCALE=scale is not None, SPLIT_K=c.split_k, PDL=pdl,
+        BLOCK_N=c.block_n, BLOCK_K=c.block_k, SCALE=scale is not None, SPLIT_K=c.split_k, PDL=pdl, EARLY=early,
         num_warps=c.num_warps, num_stages=c.num_stages, **extra,
     )  # fmt: skip
     if c.split_k > 1:
@@ -254,10 +277,10 @@ def launch(
 
 def gemv(
     x, w, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, residual=None, config=None,
-    scale=None, split: bool = False, pdl: bool = False,
+    scale=None, split: bool = False, pdl: bool = False, early: bool = False,
 ):  # fmt: skip
     """W @ f(x) for one vector x (any leading dimensions of size 1), in F.linear's convention
-    (W of shape [N, K]); with `silu`, N/2 outputs; `scale`, `split`, `pdl`: launch's."""
+    (W of shape [N, K]); with `silu`, N/2 outputs; `scale`, `split`, `pdl`, `early`: launch's."""
     import math
 
     import torch
@@ -270,7 +293,7 @@ def gemv(
     res = residual.reshape(n) if residual is not None else None
     launch(
         x.reshape(-1), w, out, norm_weight=norm_weight, eps=eps, silu=silu, residual=res, config=config,
-        scale=scale, split=split, pdl=pdl,
+        scale=scale, split=split, pdl=pdl, early=early,
     )  # fmt: skip
     return out.reshape(*lead, n)
 

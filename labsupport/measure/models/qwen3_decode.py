@@ -8,6 +8,9 @@ forward pass in one screen, using the weights of a transformers model, so that e
     Options.fused_attention  q/k norms, rotary, cache write and attention in two kernels of ours
     Options.split_k    with "triton": the tuned split-K configs allowed (the smaller matrices)
     Options.pdl        with "triton": our GEMVs launched with programmatic dependent launch
+    Options.early_weights  with pdl: each GEMV loads its first tile of weights before it waits
+    Options.one_attention  with fused_attention and pdl: attention in one kernel, PDL-launched, the
+                       cached positions read before it waits (decode_attention.decode_attention_one)
     Options.fp8        with fuse_gemv: every matrix in FP8 E4M3 with row scales (gemv_fp8)
 
 VerifyStep runs the same decoder on T tokens at once (a verify pass of speculative decoding):
@@ -40,6 +43,8 @@ class Options:
     split_k: bool = False
     pdl: bool = False
     fp8: bool = False
+    early_weights: bool = False
+    one_attention: bool = False
 
     def __post_init__(self):
         if self.matmul not in ("torch", "triton"):
@@ -52,6 +57,10 @@ class Options:
             raise ValueError("split_k and pdl are options of our GEMV: they need matmul='triton'")
         if self.fp8 and not self.fuse_gemv:
             raise ValueError("fp8 needs fuse_gemv=True (our GEMV reads the FP8 weights)")
+        if self.early_weights and not self.pdl:
+            raise ValueError("early_weights needs pdl=True (without a wait there is nothing to load before)")
+        if self.one_attention and not (self.fused_attention and self.pdl):
+            raise ValueError("one_attention needs fused_attention=True and pdl=True")
 
 
 @cache
@@ -67,28 +76,33 @@ def ops():
         "labsupport::gemv",
         mutates_args=(),
         schema="(Tensor x, Tensor w, Tensor? norm_weight, float eps, bool silu, Tensor? residual, Tensor? scale, "
-        "bool split, bool pdl) -> Tensor",
+        "bool split, bool pdl, bool early) -> Tensor",
     )
-    def gemv_op(x, w, norm_weight, eps, silu, residual, scale, split, pdl):
+    def gemv_op(x, w, norm_weight, eps, silu, residual, scale, split, pdl, early):
         return gemv.gemv(
-            x, w, norm_weight=norm_weight, eps=eps, silu=silu, residual=residual, scale=scale, split=split, pdl=pdl
-        )
+            x, w, norm_weight=norm_weight, eps=eps, silu=silu, residual=residual, scale=scale, split=split, pdl=pdl,
+            early=early,
+        )  # fmt: skip
 
     @gemv_op.register_fake
-    def _(x, w, norm_weight, eps, silu, residual, scale, split, pdl):
+    def _(x, w, norm_weight, eps, silu, residual, scale, split, pdl, early):
         return x.new_empty(*x.shape[:-1], w.shape[0] // 2 if silu else w.shape[0])
 
     @torch.library.custom_op(
         "labsupport::decode_attention",
         mutates_args=("k_cache", "v_cache"),
         schema="(Tensor qkv, Tensor q_norm, Tensor k_norm, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
-        "Tensor(b!) v_cache, Tensor pos, int heads, float eps) -> Tensor",
+        "Tensor(b!) v_cache, Tensor pos, int heads, float eps, bool one) -> Tensor",
     )
-    def attention_op(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps):
+    def attention_op(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, one):
+        if one:  # one kernel, PDL-launched
+            return decode_attention.decode_attention_one(
+                qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, pdl=True
+            )
         return decode_attention.decode_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps)
 
     @attention_op.register_fake
-    def _(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps):
+    def _(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, one):
         return qkv.new_empty(heads * k_cache.shape[-1])
 
     return gemv_op, attention_op
@@ -144,14 +158,15 @@ def layer(
     def mm(v, weight, norm=None, silu=False, residual=None, scale=None):
         if gemv is None:
             return F.linear(v, weight if scale is None else gemv_fp8.dequantize(weight, scale, v.dtype))
-        return gemv(v, weight, norm, eps, silu, residual, scale, opts.split_k, opts.pdl)
+        return gemv(v, weight, norm, eps, silu, residual, scale, opts.split_k, opts.pdl, opts.early_weights)
 
     fuse = opts.fuse_gemv and gemv is not None
     red = (lambda t: t) if reduce is None else reduce
     h = x if fuse else rmsnorm(x, in_norm, eps)
     qkv = [mm(h, wi, norm=in_norm if fuse else None, scale=sc[0]) for wi in attn_in]
     if opts.fused_attention and one_token:
-        a = kernels[1](qkv[0], q_norm, k_norm, cos, sin, k_cache, v_cache, pos, s.heads, eps).view(1, 1, -1)
+        a = kernels[1](qkv[0], q_norm, k_norm, cos, sin, k_cache, v_cache, pos, s.heads, eps, opts.one_attention)
+        a = a.view(1, 1, -1)
     else:
         a = attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s, opts.fused)
     res = x if residual else None
@@ -316,7 +331,10 @@ class Qwen3Decoder:
         else:
             x = rmsnorm(x, self.norm, eps)
         o = self.opts
-        return self.kernels[0](x, self.lm_head, None, eps, False, None, self.lm_scale, o.split_k, o.pdl)[:, -1]
+        head = self.kernels[0](
+            x, self.lm_head, None, eps, False, None, self.lm_scale, o.split_k, o.pdl, o.early_weights
+        )  # fmt: skip
+        return head[:, -1]
 
 
 class Captured:

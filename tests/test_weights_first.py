@@ -1,0 +1,126 @@
+"""The kernels of the rungs past PDL compute what PyTorch computes (on a CPU, in float32, in
+Triton's interpreter, which has no grid dependency control: the wait itself runs only on a Hopper
+GPU): the GEMV that loads its first tile of weights before the wait, and attention in one kernel."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is built
+
+from labsupport.measure.models import qwen3_decode  # noqa: E402
+
+pytest.importorskip("triton")
+from labsupport.measure.kernels import decode_attention, gemv  # noqa: E402
+
+pytestmark = pytest.mark.unit
+CLOSE = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [gemv.Config(2, 64, 4, 2), gemv.Config(8, 32, 4, 2), gemv.Config(2, 32, 4, 2, 3), gemv.Config(4, 128, 4, 2)],
+    ids=["two-tiles", "three-tiles", "split-k", "one-tile-past-k"],
+)
+def test_the_gemv_with_its_first_tile_loaded_early_gives_the_same_products(config):
+    g = torch.Generator().manual_seed(7)
+    k, i = 96, 24  # K not a multiple of the block: the first tile's mask matters too
+    x, nw = torch.randn(1, 1, k, generator=g), torch.randn(k, generator=g)
+    gate, up = torch.randn(i, k, generator=g), torch.randn(i, k, generator=g)
+    w = torch.cat([gate, up])
+    for _ in range(2):  # split-K: the second call finds its buffer zeroed
+        torch.testing.assert_close(gemv.gemv(x, w, config=config, early=True), x @ w.T, **CLOSE)
+    normed = qwen3_decode.rmsnorm(x, nw, 1e-6)
+    torch.testing.assert_close(gemv.gemv(x, w, norm_weight=nw, config=config, early=True), normed @ w.T, **CLOSE)
+    act = torch.nn.functional.silu(normed @ gate.T) * (normed @ up.T)
+    fused = gemv.gemv(x, gemv.interleave(gate, up), norm_weight=nw, silu=True, config=config, early=True)
+    torch.testing.assert_close(fused, act, **CLOSE)
+    r = torch.randn(1, 1, 2 * i, generator=g)
+    torch.testing.assert_close(gemv.gemv(x, w, residual=r, config=config, early=True), r + x @ w.T, **CLOSE)
+
+
+def _attention_case(heads, kv_heads, d, slots, pos, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(1, 1, (heads + 2 * kv_heads) * d, generator=g)
+    qn, kn = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    cos, sin = torch.randn(slots, d, generator=g), torch.randn(slots, d, generator=g)
+    kc, vc = torch.randn(1, kv_heads, slots, d, generator=g), torch.randn(1, kv_heads, slots, d, generator=g)
+    return qkv, qn, kn, cos, sin, kc, vc, torch.tensor([pos])
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "slots", "pos", "chunk"),
+    [(4, 2, 40, 37, 16), (8, 2, 70, 37, 2), (4, 4, 100, 0, 2), (4, 1, 64, 63, 1)],
+    ids=["two-stretches", "chunked-combine", "first-position", "last-slot"],
+)
+def test_attention_in_one_kernel_matches_pytorch_and_resets_its_counters(heads, kv_heads, slots, pos, chunk):
+    d = 16
+    qkv, qn, kn, cos, sin, kc, vc, p = _attention_case(heads, kv_heads, d, slots, pos)
+    shape = qwen3_decode.Shape(heads, kv_heads, d, 1e-6)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    ref = qwen3_decode.attention([qkv], p, cos, sin, kc_ref, vc_ref, qn, kn, shape, fused=True)
+    for _ in range(2):  # the second call finds every counter back at zero, or it would never combine
+        out = decode_attention.decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, p, heads, 1e-6, chunk=chunk)
+        torch.testing.assert_close(out.reshape(ref.shape), ref, **CLOSE)
+        torch.testing.assert_close(kc, kc_ref)  # the new k and v written where PyTorch writes them
+        torch.testing.assert_close(vc, vc_ref)
+        assert (decode_attention.counters(kv_heads, "cpu") == 0).all()
+
+
+def test_attention_in_one_kernel_needs_a_power_of_two_group():
+    qkv, qn, kn, cos, sin, kc, vc, p = _attention_case(6, 2, 16, 40, 3)
+    with pytest.raises(ValueError, match="power of two"):
+        decode_attention.decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, p, 6, 1e-6)
+
+
+@pytest.fixture
+def waits_as_no_ops(monkeypatch):
+    """Triton's interpreter has no grid dependency control; it runs one program after another, each
+    kernel to its end before the next, so a wait that does nothing is exact there."""
+    import triton.language.extra.cuda as cuda
+
+    monkeypatch.setattr(cuda, "gdc_wait", lambda *a, **k: None)
+    monkeypatch.setattr(cuda, "gdc_launch_dependents", lambda *a, **k: None)
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("extra", [{"early_weights": True}, {"early_weights": True, "one_attention": True}])
+def test_our_decoder_with_the_new_options_gives_transformers_logits(waits_as_no_ops, monkeypatch, extra):
+    from labsupport.chapters import closing_the_gap as ch
+    from labsupport.measure import decode, models
+
+    calls = {"early": 0, "one": 0}
+    launch, one = gemv.launch, decode_attention.decode_attention_one
+
+    def counted_launch(*a, **k):
+        calls["early"] += bool(k.get("early") and k.get("pdl"))
+        return launch(*a, **k)
+
+    def counted_one(*a, **k):
+        calls["one"] += bool(k.get("pdl"))
+        return one(*a, **k)
+
+    monkeypatch.setattr(gemv, "launch", counted_launch)
+    monkeypatch.setattr(decode_attention, "decode_attention_one", counted_one)
+
+    torch.manual_seed(0)
+    model = models.build_model("tiny", device="cpu", dtype=torch.float32)
+    prompt = decode.Prompt.random(model.config.vocab_size, 1, 40, "cpu")
+    ref = ch.reference(model, prompt)
+    opts = qwen3_decode.Options(**ch.OWN_OPTIONS["pdl"], **extra)
+    logits, token = qwen3_decode.OwnStep(model, prompt.ids, ref.token, opts, compile=False, graph=False)()
+    torch.testing.assert_close(logits, ref.logits, **CLOSE)
+    assert int(token) == int(ref.next_token)
+    layers = model.config.num_hidden_layers
+    steps, rest = divmod(calls["early"], 4 * layers + 1)  # the step runs more than once (its warm-up)
+    assert steps and not rest, "every GEMV of each step, the LM head's too, loads its weights first"
+    assert calls["one"] == (steps * layers if "one_attention" in extra else 0), "one attention kernel a layer"
+
+
+def test_the_new_options_need_what_they_build_on():
+    with pytest.raises(ValueError, match="early_weights needs pdl"):
+        qwen3_decode.Options(fused=True, matmul="triton", early_weights=True)
+    with pytest.raises(ValueError, match="one_attention needs"):
+        qwen3_decode.Options(fused=True, matmul="triton", pdl=True, one_attention=True)
