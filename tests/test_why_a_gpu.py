@@ -8,7 +8,6 @@ with the tiny model: every time before the first profile, and a batch that runs 
 import dataclasses
 import json
 import math
-import re
 import shutil
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from labsupport.chapters import why_a_gpu as ch
 from labsupport.measure import hardware, harness, models
 
 from .conftest import FIXTURES, fixture_run
+from .notebook_cells import glue_names_in_prose
 
 pytestmark = pytest.mark.unit
 
@@ -674,13 +674,6 @@ def test_the_notebook_shows_its_measuring_code_and_reads_no_other_chapters_modul
 # The page ------------------------------------------------------------------------------------
 
 
-def glue_names_in_prose(notebook: Path) -> set[str]:
-    """Every glue name the notebook's markdown uses ({glue:text}`name:.2f`, {glue:md}`name`, ...)."""
-    cells = json.loads(notebook.read_text())["cells"]
-    prose = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    return set(re.findall(r"\{glue(?::\w+)?\}`([^`:]+)", prose))
-
-
 @pytest.fixture(scope="module")
 def shared_values(run):
     from labsupport.chapters import shared
@@ -743,5 +736,5 @@ def test_every_glue_name_of_the_prose_is_a_page_field_or_a_shared_quantity():
 
     fields = {f.name for f in dataclasses.fields(ch.Page) if f.metadata.get("glue", True)}
     shared_names = set(shared.QUANTITIES) | {f"shared_run_{o.replace('-', '_')}" for o in shared.OWNERS}
-    used = glue_names_in_prose(NOTEBOOK)
+    used = glue_names_in_prose(NOTEBOOK.name)
     assert len(used) > 60 and used <= fields | shared_names, used - fields - shared_names
