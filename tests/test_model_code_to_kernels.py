@@ -2,7 +2,9 @@
 recorded decode step it reads (tests/fixtures), and the notebook's measuring cells run live on
 a CPU (tiny model) to check that every time is taken before a profile."""
 
+import dataclasses
 import functools
+import math
 
 import pytest
 import torch
@@ -11,8 +13,8 @@ from labsupport.chapters import model_code_to_kernels as ch
 from labsupport.measure import decode, environment, harness
 from labsupport.measure.kernels import triton_kernels
 
-from .conftest import fixture_run
-from .notebook_cells import assert_times_before_profiles, run_live
+from .conftest import FIXTURES, fixture_run
+from .notebook_cells import assert_times_before_profiles, glue_names_in_prose, run_live
 
 pytestmark = pytest.mark.unit
 
@@ -129,3 +131,50 @@ def test_the_answer_comes_before_the_measuring_code():
     ]
     live = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
     assert len(md) == 1 and md[0] < live
+
+
+# The page ------------------------------------------------------------------------------------
+
+
+def test_the_page_quotes_the_runs_tables(run):
+    page = ch.page(run, root=FIXTURES)
+    kernels = run.table("mlp_kernels")
+    times = run.table("rmsnorm_times").set_index("variant")
+    by_line = kernels.groupby("module")
+    assert page.mlp_kernels == len(kernels) and page.ew_kernels == by_line.size()[ch.ACT] == 2
+    assert page.mlp_us == pytest.approx(kernels.dur_ns.sum() / 1e3)
+    assert page.gemm_us == pytest.approx(by_line.dur_ns.sum()[ch.GATE] / 1e3)
+    assert page.tk_gemm_share == pytest.approx(1 - by_line.dur_ns.sum()[ch.ACT] / kernels.dur_ns.sum())
+    assert page.rms_us == times.loc[ch.AS_WRITTEN, "us_min"] and page.fused_us == times.loc[ch.OURS, "us_min"]
+    assert page.tk_call_saved == pytest.approx(times.loc[ch.AS_WRITTEN, "us_min"] - times.loc[ch.OURS, "us_min"])
+    assert (page.rms_kernels, page.fused_kernels) == (8, 1) and page.fused_err == 0.0
+    assert page.rms_gpu_speedup == pytest.approx(page.rms_gpu_us / page.fused_gpu_us)
+    assert page.tokens == run.parameters["tokens"] and page.matrices_dtype.startswith("BF16")
+    # one cuBLAS kernel per matrix multiply in this run (no split-K pair)
+    assert page.gemm_kernels == 1 and page.gemm_text.startswith(
+        "Each matrix multiply is one kernel from cuBLAS (`nvjet"
+    )
+    # the decoder layer, from the fixture decode step of "The kernels in one token"
+    decode_run = fixture_run(ch.DECODE_CHAPTER)
+    assert page.decode_label == f"run `{decode_run.run_id}` of the chapter *The kernels in one token*"
+    assert page.layer_kernels == page.layer_table.kernels.sum() > 0
+    assert list(page.rmsnorm_gpu_us.index) == list(times.index)
+
+
+def test_the_page_without_a_recorded_decode_step(run, tmp_path):
+    page = ch.page(run, root=tmp_path)
+    assert math.isnan(page.layer_kernels) and page.layer_table is None
+    assert page.decode_label.startswith("no recorded decode step: ")
+
+
+def test_gemm_text_names_a_split_k_pair():
+    text = ch.gemm_text(["gemv_split", "splitKreduce_kernel"])
+    assert text.startswith("Each matrix multiply is 2 kernels here (`gemv_split`, `splitKreduce_kernel`)")
+
+
+def test_every_glue_name_of_the_prose_is_a_page_field_or_a_shared_quantity():
+    from labsupport.chapters import shared
+
+    fields = {f.name for f in dataclasses.fields(ch.Page) if f.metadata.get("glue", True)}
+    used = glue_names_in_prose("model_code_to_kernels.ipynb")
+    assert len(used) > 20 and used <= fields | set(shared.QUANTITIES), used - fields - set(shared.QUANTITIES)

@@ -2,6 +2,7 @@
 sentences for runs without the cache's size or the add out of the cache, and the notebook's
 measuring cells run live on a CPU to check that every time is taken before a profile."""
 
+import dataclasses
 import functools
 import math
 import shutil
@@ -17,7 +18,7 @@ from labsupport.measure.kernels import triton_kernels
 from labsupport.traces import kernels
 
 from .conftest import fixture_run
-from .notebook_cells import assert_times_before_profiles, definitions, run_live
+from .notebook_cells import assert_times_before_profiles, definitions, glue_names_in_prose, run_live
 
 pytestmark = pytest.mark.unit
 
@@ -191,3 +192,40 @@ def test_the_answer_comes_before_the_measuring_code():
     ]
     live = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
     assert len(md) == 1 and md[0] < live
+
+
+# The page ------------------------------------------------------------------------------------
+
+
+def test_the_page_quotes_the_runs_tables(run):
+    page = ch.page(run)
+    times = run.table("add_times").set_index("implementation")
+    launched = run.table("add_kernels", dtype={"grid": str, "block": str}).set_index("implementation")
+    waits = run.table("sync").set_index("what").us_min
+    assert page.n == run.parameters["n"] == times.loc[ch.TORCH_ADD, "n"]
+    assert page.torch_us == pytest.approx(times.loc[ch.TORCH_ADD, "ms_min"] * 1e3)  # the least of the calls
+    assert page.ours_us_median == pytest.approx(times.loc[ch.OUR_ADD, "ms_median"] * 1e3)
+    assert page.torch_kernel_us == pytest.approx(launched.loc[ch.TORCH_ADD, "dur_ns"] / 1e3)
+    assert page.tk_kernel_share == pytest.approx(page.torch_kernel_us / page.torch_us)
+    grid, block = (int(launched.loc[ch.OUR_ADD, col].split(",")[0]) for col in ("grid", "block"))
+    assert (page.ours_blocks, page.ours_tpb) == (grid, block)
+    assert page.per_thread == pytest.approx(page.n / page.torch_threads)
+    assert page.ours_kernel == "`add_kernel`" and page.torch_kernel.startswith("`") and page.kernels_torch == 1
+    assert page.match == "exactly the same numbers as"  # the run's results say the two adds agreed
+    assert page.sync_us == waits[ch.SYNC_IDLE] and page.item_us == waits[ch.SYNC_ITEM]
+    assert page.burst == run.parameters["burst"] and page.burst_m == run.parameters["burst_n"] / 1e6
+    assert set(page.sync_formats) == set(page.sync_table.columns) - {"what"}
+    assert list(page.hbm_table.implementation) == [ch.TORCH_ADD, ch.OUR_ADD]
+    assert page.hbm_text == ch.hbm_text(run) and "L2" in page.l2_text
+    assert "def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):" in ch.triton_add_source()
+
+
+def test_the_page_of_a_run_without_the_add_out_of_the_cache(run, tmp_path):
+    old = without(run, tmp_path, files=("hbm_add.csv",))
+    assert ch.hbm_display(old) is None and len(ch.hbm_display(run)) == len(run.table("hbm_add"))
+
+
+def test_every_glue_name_of_the_prose_is_a_page_field():
+    fields = {f.name for f in dataclasses.fields(ch.Page) if f.metadata.get("glue", True)}
+    used = glue_names_in_prose(NOTEBOOK)
+    assert len(used) > 30 and used <= fields, used - fields

@@ -5,6 +5,7 @@ with the parameters a smoke run sets, and its measuring cells run live on the CP
 GPU-only parts replaced by CPU stand-ins, profiling as on a GPU, to check that every time is
 taken before a profile."""
 
+import dataclasses
 import functools
 import re
 import shutil
@@ -17,8 +18,8 @@ from labsupport.chapters import where_kernels_come_from as ch
 from labsupport.measure import decode, environment, harness
 from labsupport.traces import kernels, replay
 
-from .conftest import fixture_run
-from .notebook_cells import code_cells, run_live
+from .conftest import FIXTURES, fixture_run
+from .notebook_cells import code_cells, glue_names_in_prose, run_live
 
 pytestmark = pytest.mark.unit
 
@@ -259,3 +260,44 @@ def test_the_answer_comes_before_the_measuring_code():
     ]
     live = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
     assert len(md) == 1 and md[0] < live
+
+
+# The page ------------------------------------------------------------------------------------
+
+
+def test_the_page_quotes_the_runs_tables(run):
+    page = ch.page(run, root=FIXTURES)
+    times = run.table("fusion_times").set_index("variant")  # a run from before the interleaved timing: medians
+    backends = run.table("attention_backends")
+    assert (page.rms_eager_kernels, page.rms_compiled_kernels) == (8, 1) == tuple(times.kernels)
+    assert page.eager_us == times.loc[ch.EAGER, "us_median"] and page.compiled_us == times.loc[ch.COMPILED, "us_median"]
+    assert page.try_fusion_call_ratio == pytest.approx(page.eager_us / page.compiled_us)
+    gpu_us = run.table("fusion_kernels").groupby("variant").dur_ns.sum() / 1e3
+    assert page.try_fusion_gpu_ratio == pytest.approx(gpu_us[ch.EAGER] / gpu_us[ch.COMPILED])
+    assert page.fusion_err == run.results["fusion_max_abs_diff"]
+    assert page.backends_tried == backends.backend.nunique() == 4
+    assert page.backends_ok == backends[backends.status == "ok"].backend.nunique()
+    longest = backends[(backends.status == "ok") & (backends.context == backends.context.max())]
+    fastest = longest.loc[longest.us_median.idxmin()]
+    assert page.try_fastest_text.startswith(f"At {fastest.context:,d} tokens, *{fastest.backend}*: ")
+    assert page.fused_name.startswith("`triton_") and page.fused_name.count("`") == 2
+    assert page.v_decode_kernels == 902 and page.v_eager_kernels == 2464  # published, not measured
+    assert "per call µs" in page.attention_table and "gpu_ns" not in page.attention_table
+    # the decode step by source, from the fixture decode step of "The kernels in one token"
+    decode_run = fixture_run(ch.DECODE_CHAPTER)
+    assert page.decode_run.run_id == decode_run.run_id and page.sources_found == ", ".join(page.sources.index)
+    assert page.sources["GPU ms"].sum() == pytest.approx(decode_run.table("kernels").dur_ns.sum() / 1e6)
+
+
+def test_the_page_without_a_recorded_decode_step_or_a_backend_that_ran(run, tmp_path):
+    page = ch.page(run, root=tmp_path)
+    assert page.sources is None and page.sources_found == "none"
+    assert page.decode_label.startswith("no recorded decode step (")
+    none_ran = ch.attention_backends(run).assign(status="not available: test")
+    assert ch.fastest_text(none_ran) == "No backend ran in this run"
+
+
+def test_every_glue_name_of_the_prose_is_a_page_field():
+    fields = {f.name for f in dataclasses.fields(ch.Page) if f.metadata.get("glue", True)}
+    used = glue_names_in_prose(NOTEBOOK)
+    assert len(used) > 25 and used <= fields, used - fields

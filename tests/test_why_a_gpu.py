@@ -5,6 +5,7 @@ ridge and irregular points, the published H100 figure, the figures and the explo
 and arithmetic; no timings as pass/fail). Then the notebook's measuring cells, live on a CPU
 with the tiny model: every time before the first profile, and a batch that runs out of memory."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -19,7 +20,8 @@ from labsupport import runs
 from labsupport.chapters import why_a_gpu as ch
 from labsupport.measure import hardware, harness, models
 
-from .conftest import fixture_run
+from .conftest import FIXTURES, fixture_run
+from .notebook_cells import glue_names_in_prose
 
 pytestmark = pytest.mark.unit
 
@@ -662,9 +664,77 @@ def test_the_notebook_shows_its_measuring_code_and_reads_no_other_chapters_modul
     assert not [src for src, tags in code if "remove-input" in tags or "hide-output" in tags]
     assert [src for src, tags in code if "remove-cell" in tags] == ["ch.explorer(run)"]  # a live widget only
     imports = [line for src, _ in code for line in src.splitlines() if "labsupport.chapters" in line]
-    # its own chapter module, the shared quantities, and the closing list of the run's data (and the host banner)
+    # its own chapter module (its page glues the shared quantities), and the host banner and the box about the run
     assert sorted(set(imports)) == [
         "from labsupport.chapters import data_files",
-        "from labsupport.chapters import shared",
         "from labsupport.chapters import why_a_gpu as ch",
     ]
+
+
+# The page ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shared_values(run):
+    from labsupport.chapters import shared
+
+    return shared.values(given={ch.CHAPTER: run}, root=FIXTURES)
+
+
+def test_the_page_quotes_the_runs_tables(run, prefill, shared_values):
+    page = ch.page(run, shared_values, prefill)
+    sweep_csv = run.table("batch_sweep").query("status == 'ok'").set_index("batch")
+    matvec_csv = run.table("matvec").set_index(["device", "dtype", "timing"])
+    assert page.bmax == sweep_csv.index.max() == 512 and page.param_prompt_len == 256
+    assert page.b1_gpu_ms == pytest.approx(sweep_csv.loc[1, "gpu_busy_ns"] / 1e6)
+    assert page.b1_wall_ms == pytest.approx(sweep_csv.loc[1, "wall_ms_min"])
+    cpu = matvec_csv.loc[("CPU (16 threads)", "float32", "host clock"), "ms_median"]
+    per_call = matvec_csv.loc[("NVIDIA H200", "bfloat16", "per call (CUDA events)"), "ms_median"]
+    assert page.tk_cpu_x == pytest.approx(cpu / per_call)
+    assert page.mv_shape == "12288 x 4096" and page.mv_mb == pytest.approx(MATVEC_BYTES / 1e6)
+    assert page.tk_tokens_x == pytest.approx(page.bmax_tokens / page.b1_tokens)
+    assert page.s_kv_kb_per_token == run.results["kv_bytes_per_token"] / 1e3
+    # batch 1 against the shared eager step, from the fixture run of "The kernels in one token"
+    eager = {name: shared_values[name].value for name in ("eager_wall_ms", "eager_gpu_busy_ms")}
+    assert page.tk_b1_busy == pytest.approx(eager["eager_gpu_busy_ms"] / eager["eager_wall_ms"])
+    ratio = sweep_csv.loc[1, "wall_ms_min"] / eager["eager_wall_ms"]  # the old method's sweep: flagged
+    assert page.b1_note.startswith(f"{sweep_csv.loc[1, 'wall_ms_min']:.1f} ms, {ratio:.1f} times the eager step")
+    assert "over the 5 timed steps" in page.steps_note  # the old method: one growing cache
+    assert page.run_label == f"NVIDIA H200, run `{run.run_id}`, {run.provenance['utc_time'][:10]}"
+    assert page.sheet_name.endswith("datasheet") and page.sheet_ratio > 100  # memory, not math
+    # the tables leave out what the prose gives or does not use; the explorer has one panel per batch size
+    assert "kernels" not in page.sweep_table and "weights GB" not in page.bytes_table
+    assert list(page.sweep_panels) == list(sweep_csv.index)
+    assert f"{sweep_csv.loc[512, 'gpu_busy_ns'] / 1e6:.2f} ms per step" in page.sweep_panels[512]
+
+
+def test_the_page_without_the_other_chapters_runs(run, shared_values):
+    own = {name: value for name, value in shared_values.items() if value.quantity.owner == ch.CHAPTER}
+    page = ch.page(run, own, None)
+    assert page.b1_note == "the shared eager step's run is not available here, so this page cannot set it beside it."
+    assert math.isnan(page.tk_b1_busy) and page.irregular_text == ch.irregular_text(run, None)
+
+
+def test_the_shared_quantities_show_a_dash_without_the_other_owners_runs(run, monkeypatch):
+    from labsupport import glue
+    from labsupport.chapters import shared
+
+    def missing(given=None):
+        raise runs.RunError("no published run")
+
+    glued = {}
+    monkeypatch.setattr(shared, "glue_values", missing)
+    monkeypatch.setattr(glue, "glue", lambda name, value, display=False: glued.__setitem__(name, str(value)))
+    values = ch.glue_shared(run)
+    assert set(glued) == set(shared.QUANTITIES) | {f"shared_run_{o.replace('-', '_')}" for o in shared.OWNERS}
+    assert {n for n, text in glued.items() if text != "–"} == set(values) | {"shared_run_why_a_gpu"}
+    assert glued["eager_wall_ms"] == "–" and glued["shared_run_why_a_gpu"] == run.run_id
+
+
+def test_every_glue_name_of_the_prose_is_a_page_field_or_a_shared_quantity():
+    from labsupport.chapters import shared
+
+    fields = {f.name for f in dataclasses.fields(ch.Page) if f.metadata.get("glue", True)}
+    shared_names = set(shared.QUANTITIES) | {f"shared_run_{o.replace('-', '_')}" for o in shared.OWNERS}
+    used = glue_names_in_prose(NOTEBOOK.name)
+    assert len(used) > 60 and used <= fields | shared_names, used - fields - shared_names

@@ -3,7 +3,8 @@ shapes, profiled line by line, RMSNorm as one fused kernel, and a whole decoder 
 recorded decode step (the run of "The kernels in one token"), operator by operator.
 
 The notebook measures (live) with the harness and the helpers here: every time is taken
-before the first profile of the process, then the profiles. The rest reads a run back."""
+before the first profile of the process, then the profiles. The rest reads a run back, and
+`page` gives every number and text the page glues, and its tables."""
 
 from __future__ import annotations
 
@@ -193,3 +194,6 @@ def rmsnorm_table(run: runs.Run) -> pd.DataFrame:
             "max |difference|": t.max_abs_diff_vs_transformers,
         }
     )
+
+
+from .page import TABLE_FORMATS, Page, gemm_text, page  # noqa: E402, F401 (public names; page.py reads those above)

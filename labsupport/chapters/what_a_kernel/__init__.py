@@ -3,7 +3,8 @@ its launch configuration, the same add on vectors too large for the L2 cache, an
 asynchronous queue between the CPU and the GPU.
 
 The notebook measures (live) with the harness and the helpers of `measuring`, writes the run,
-then reads it back with `analysis` and draws with `figures`."""
+then reads it back with `analysis`, draws with `figures`, and `page` gives every number and text
+the page glues, and its tables."""
 
 # ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
 from __future__ import annotations
@@ -19,5 +20,8 @@ from .figures import (
 from .measuring import (
     BURST_TRACE, CHAPTER, l2_cache_bytes, load, OUR_ADD, Params, per_call_row, PROFILE_REGION, progress, SYNC_IDLE,
     SYNC_ITEM, SYNC_TINY, TORCH_ADD, wait_row,
+)
+from .page import (
+    hbm_display, Page, page, TABLE_FORMATS, triton_add_source,
 )
 # fmt: on

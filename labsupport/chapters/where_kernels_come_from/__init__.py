@@ -16,6 +16,8 @@ Replay: the analysis below reads the run's tables:
     trace-rmsnorm-compiled.json.gz  (newer runs) the profiled compiled call, with its host events
     fused_rmsnorm_source.py  the code torch.compile generated
     attention_backends.csv   per backend and context: status, kernels, GPU time, µs per call
+
+`page` gives every number and text the page glues, and its tables.
 """
 
 from __future__ import annotations
@@ -336,3 +338,6 @@ def fusion_table(run: runs.Run) -> pd.DataFrame:
             "per call µs (CUDA events)": t[per_call_column(t)],
         }
     )
+
+
+from .page import TABLE_FORMATS, Page, attention_display, fastest_text, page  # noqa: E402, F401 (public names; page.py reads those above)

@@ -6,8 +6,9 @@ The notebook's visible cells measure (with the helpers of `measuring`) and write
 `read_kernels` times the kernels that read the step's weights (the practical ceiling's); the rest reads
 it: `one_token` (one token's arithmetic, the matrix-vector product),
 `batch_sweep` (the sweep, its limits and ridge), `comparisons` (the sweep's irregular points,
-and its ridge with the KV cache beside the published H100 figure) and `figures` (with the live
-notebook's explorer). Their public names are the package's."""
+and its ridge with the KV cache beside the published H100 figure), `figures` (with the live
+notebook's explorer) and `page` (every number and text the page glues, and its tables). Their
+public names are the package's."""
 
 # ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .comparisons import (
     ridge_comparison, ridge_display, ridge_pair_text, ridge_text, split_k_evidence, split_k_per_layer, SplitK,
 )
 from .figures import (
-    bytes_figure, explorer, limits_figure, throughput_figure,
+    arithmetic_figure, bytes_figure, explorer, limits_figure, throughput_figure,
 )
 from .measuring import (
     batch_matmuls, batch_prompt, CHAPTER, copied_step, copy_of, DECODE_WARMUP, free, fresh_step,
@@ -37,7 +38,10 @@ from .read_kernels import (
     CUBLAS, record_read_kernels, step_matrices, time_read_kernels, TRITON,
 )
 from .one_token import (
-    arithmetic, arithmetic_display, ceilings, ceilings_label, counts, DATASHEET, matvec, Matvec, matvec_summary,
-    matvec_text, MEASURED, memory_ceiling_text, per_token_arithmetic, practical_ceiling_tbs, shared,
+    arithmetic, arithmetic_display, arithmetic_rows, ceilings, ceilings_label, counts, DATASHEET, matvec, Matvec,
+    matvec_summary, matvec_text, MEASURED, memory_ceiling_text, per_token_arithmetic, practical_ceiling_tbs, shared,
+)
+from .page import (
+    batch1_note, glue_shared, Page, page, published_prefill, steps_note, sweep_panels, TABLE_FORMATS,
 )
 # fmt: on

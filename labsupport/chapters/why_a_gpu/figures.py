@@ -8,7 +8,7 @@ from labsupport import figures, runs
 from labsupport.measure import hardware
 
 from .batch_sweep import COMPUTE, MEMORY, OVERHEAD, bound_at, ridge, sweep
-from .one_token import practical_ceiling_tbs
+from .one_token import arithmetic_rows, practical_ceiling_tbs
 
 # The shading of each regime in the throughput figure.
 REGIME_SHADES = {OVERHEAD: "#eeeeee", MEMORY: "#deebf7", COMPUTE: "#fde0c5"}
@@ -210,3 +210,24 @@ def explorer(run: runs.Run):
     out = widgets.HTML(show(first))
     slider.observe(lambda change: setattr(out, "value", show(change["new"])), names="value")
     return widgets.VBox([slider, out])
+
+
+def arithmetic_figure(run: runs.Run):
+    """One token's math against reading its weights, at the datasheet's rates and at the rates
+    measured in the run (the arithmetic table's two rows), as bars on a linear scale."""
+    sheet, measured = arithmetic_rows(run)
+    return figures.hbars(
+        [
+            "math at peak (datasheet)",
+            "memory: the floor (datasheet)",
+            "math (measured GEMM)",
+            "memory (practical ceiling)",
+        ],
+        [sheet["math ms"], sheet["memory ms"], measured["math ms"], measured["memory ms"]],
+        run.label,
+        f"One token of Qwen3-8B: reading the weights takes {sheet['memory ms'] / sheet['math ms']:.0f}× "
+        f"(datasheet), {measured['memory ms'] / measured['math ms']:.0f}× (measured) the math",
+        "ms (linear scale)",
+        colors=[figures.KIND_COLORS["reduction"], figures.OURS] * 2,
+        fmt="{:.3f}",
+    )

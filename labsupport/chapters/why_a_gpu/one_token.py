@@ -96,6 +96,14 @@ def ceilings_label(run: runs.Run, key: str) -> str:
     return "measured on this GPU"
 
 
+def arithmetic_rows(run: runs.Run) -> tuple[pd.Series, pd.Series]:
+    """The arithmetic table's datasheet row and measured row; a row of NaN where the run has no
+    datasheet or no ceilings (a CPU run)."""
+    ar = arithmetic(run).set_index("ceilings")
+    nan_row = pd.Series(float("nan"), index=ar.columns)
+    return tuple(ar.loc[key] if key in ar.index else nan_row for key in (DATASHEET, MEASURED))
+
+
 def arithmetic_display(run: runs.Run) -> pd.DataFrame:
     """The arithmetic table as the chapter shows it: rows named by their labels."""
     ar = arithmetic(run)
