@@ -252,6 +252,10 @@ def test_live_cells_on_cpu_write_a_valid_run(copied_runs, monkeypatch):
     assert set(run.table("context_census").cache) == {"dynamic", "static"}
     assert list(run.table("context_sweep").status) == ["ok", "ok"]
     assert not list(copied_runs.rglob(".incomplete-*")) and not list(run.path.glob(".*"))
+    # The page of a CPU run: every context has its attention share, the one fresh process is said.
+    p = one_token.page(run, shared.values(given={one_token.CHAPTER: run}), shared.limits())
+    assert p.try_ctx_last == 32 and p.fresh_n == 1 and p.fresh_note.startswith("In 1 fresh processes")
+    assert p.static_copies is not None and len(p.timeline_kernels) == p.kernels_per_layer
 
 
 def test_live_mode_without_a_gpu_is_refused(runs_root):
