@@ -4,6 +4,7 @@ cells on a CPU (tiny model, the plain PyTorch rungs), and the analysis of its fi
 recorded on the H200."""
 
 import os
+import re
 
 import pandas as pd
 import pytest
@@ -19,6 +20,7 @@ from labsupport.measure.models import qwen3_decode  # noqa: E402
 
 from .conftest import fixture_run, with_shared_owners  # noqa: E402
 from .live_cells import run_live_cells, watch_harness  # noqa: E402
+from .page_names import unglued  # noqa: E402
 
 pytest.importorskip("triton")
 from labsupport.measure.kernels import decode_attention, gemv  # noqa: E402
@@ -406,6 +408,59 @@ def test_matmul_launches_read_the_launch_shapes_of_the_trace(run):
     cublas = theirs[theirs.kernel.str.startswith("nvjet")]
     assert (cublas.blocks <= run.provenance["gpu_sms"]).all()  # what the chapter says of cuBLAS here
     assert (theirs["grid / SMs"] == theirs.blocks / run.provenance["gpu_sms"]).all()
+
+
+@pytest.fixture(scope="module")
+def fixture_page(run):
+    vals = ch.shared_values()  # the published owners' runs, as the page and ch.ladder read them
+    return vals, ch.page(run, vals)
+
+
+def test_the_page_of_the_fixture_run(run, fixture_page):
+    """The page's numbers against the run's own rungs.csv and matmuls.csv and the shared quantities;
+    the rungs the run predates (split-K, dependent launch, FP8, tokens per forward) said so."""
+    vals, p = fixture_page
+    rungs = pd.read_csv(run.path / "rungs.csv").set_index("rung")
+    ours = rungs[~rungs.index.isin(list(ch.SHARED_RUNGS)) & rungs.passed.astype(str).eq("True")]
+    fastest = ours.wall_ms_min.idxmin()  # faster than every shared rung here, as the ladder shows
+    assert fastest == "fused-attention" and p.best == ch.RUNGS[fastest]
+    assert p.best_wall == ours.loc[fastest, "wall_ms_min"] and p.best_median == ours.loc[fastest, "wall_ms_median"]
+    assert p.best_kernels == ours.loc[fastest, "kernels"] and p.best_busy == ours.loc[fastest, "gpu_busy_ns"] / 1e6
+    assert p.best_idle == pytest.approx(p.best_wall - p.best_busy)
+    assert p.best_x == pytest.approx(p.best_wall / vals["floor_ms"].value, rel=1e-3)  # floor_ms is rounded bytes
+    assert p.speedup == pytest.approx(vals["eager_wall_ms"].value / p.best_wall)
+    assert p.try_best_tokens == pytest.approx(1e3 / p.best_wall)
+    assert (p.eager_err, p.max_logit) == (rungs.loc["eager", "eager_abs_err"], rungs.loc["eager", "max_abs_logit"])
+    assert p.tolerance_text == "2 times eager's own" and p.token_note == ""
+    for rung in ("split-k", "pdl", "fp8-weights"):
+        assert f"*{ch.RUNGS[rung]}*: not in this run" in p.failed_text
+    assert p.fp8_text == "this run has no FP8 numbers: not in this run (recorded before this rung existed)."
+    assert p.fp8_table is None and p.tokens_table is None and p.tokens_text.startswith("this run has no such")
+    assert p.overlap_text.startswith("(Programmatic dependent launch, rung 11, has no trace here: not in this run")
+    shapes = pd.read_csv(run.path / "matmuls.csv")
+    assert f"cuBLAS read between {shapes.cublas_tbs.min():.2f} and {shapes.cublas_tbs.max():.2f} TB/s" in p.matmul_text
+    assert f"our GEMV between {shapes.triton_tbs.min():.2f} and" in p.matmul_text
+    compiled = ours.compile_s.dropna()  # our rungs' (transformers' compile is Launch overhead's)
+    assert len(compiled) == 5 and len(re.findall(r"\d s[,.]", p.compile_text)) == 5
+    assert all(f"{ch.RUNG_SHORT[rung]} {took:.1f} s" in p.compile_text for rung, took in compiled.items())
+    k = ch.kernel_table(run, fastest)
+    assert p.rem_span == pytest.approx((k.end_ns.max() - k.start_ns.min()) / 1e6)
+    assert f"{ch.matmul_launches(run, 'triton-gemv').blocks.max():,}" in p.launch_text
+    assert p.ladder_table["ms (minimum)"].iloc[0] == vals["eager_wall_ms"].text  # a shared rung in its own text
+    assert p.ladder_table.set_index("rung").loc[ch.RUNGS[fastest], "ms (minimum)"] == f"{p.best_wall:.2f}"
+    assert len(p.timeline_kernels) == len(k) // run.results["model"]["layers"]
+    assert p.best_trace == "trace-fused-attention.json.gz"
+
+
+def test_every_glue_name_of_the_prose_is_glued(fixture_page):
+    _, p = fixture_page
+    assert unglued(NOTEBOOK, p) == set()
+
+
+def test_the_ladder_says_which_rungs_have_no_numbers():
+    ladder = pd.DataFrame({"rung": ["eager", "pdl"], "status": ["ok", "failed: out of memory"]})
+    assert ch.failed_text(ladder) == f"Not every rung has numbers: *{ch.RUNGS['pdl']}*: failed: out of memory."
+    assert ch.failed_text(ladder.head(1)) == "Every rung has numbers."
 
 
 @pytest.mark.live

@@ -9,8 +9,9 @@ import torch
 from labsupport.chapters import kernels_in_one_token as one_token
 from labsupport.measure import decode, environment, hardware, harness
 
-from .conftest import tree_bytes
+from .conftest import FIXTURES, tree_bytes
 from .live_cells import run_live_cells, watch_harness
+from .page_names import unglued
 
 pytestmark = pytest.mark.unit
 
@@ -251,6 +252,10 @@ def test_live_cells_on_cpu_write_a_valid_run(copied_runs, monkeypatch):
     assert set(run.table("context_census").cache) == {"dynamic", "static"}
     assert list(run.table("context_sweep").status) == ["ok", "ok"]
     assert not list(copied_runs.rglob(".incomplete-*")) and not list(run.path.glob(".*"))
+    # The page of a CPU run: every context has its attention share, the one fresh process is said.
+    p = one_token.page(run, shared.values(given={one_token.CHAPTER: run}), shared.limits())
+    assert p.try_ctx_last == 32 and p.fresh_n == 1 and p.fresh_note.startswith("In 1 fresh processes")
+    assert p.static_copies is not None and len(p.timeline_kernels) == p.kernels_per_layer
 
 
 def test_live_mode_without_a_gpu_is_refused(runs_root):
@@ -346,3 +351,73 @@ def test_the_plain_script_is_skipped_where_the_repository_is_not(tmp_path, monke
     monkeypatch.setattr(provenance, "REPO_ROOT", tmp_path)
     params = one_token.Params(device="cpu", prompt_len=8)
     assert one_token.plain_eager_step(params, tmp_path / "plain.csv", trials=2, tiny=True) is None
+
+
+# The page, on the fixture run ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fixture_page(published):
+    from labsupport.chapters import shared
+
+    vals = shared.values(given={one_token.CHAPTER: published}, root=FIXTURES)
+    return vals, one_token.page(published, vals, shared.limits(root=FIXTURES))
+
+
+def test_the_page_of_the_fixture_run(published, fixture_page):
+    """The page's numbers against the run's own CSV tables, the published profile and the shared quantities."""
+    from labsupport.chapters import published as published_profiles
+
+    vals, p = fixture_page
+    csv = published.path
+    census = pd.read_csv(csv / "census.csv").set_index("kind").kernels
+    theirs = published_profiles.QWEN3_8B_H100_CENSUS.set_index("kind").kernels
+    assert (p.d_elementwise, p.d_copy) == (
+        census["elementwise"] - theirs["elementwise"],
+        census["copy/convert/concat"] - theirs["copy/convert/concat"],
+    )
+    assert p.p_kernels == theirs["total"] == 2398 and p.p_token_ms == 29.3
+    kernels = pd.read_csv(csv / "kernels.csv")
+    elementwise = kernels[kernels.kind == "elementwise"]
+    assert p.try_elementwise_n == len(elementwise) == census["elementwise"]
+    assert p.try_elementwise_share == pytest.approx(elementwise.dur_ns.sum() / kernels.dur_ns.sum())
+    assert p.kernel_ms == pytest.approx(kernels.dur_ns.sum() / 1e6)
+    assert p.kernels_per_layer == kernels.dropna(subset=["layer"]).groupby("layer").size().mode().min() == 61
+    assert p.layers == published.results["model"]["layers"] == p.attention_kernels
+    sweep = pd.read_csv(csv / "context_sweep.csv")
+    longest = sweep[sweep.status == "ok"].iloc[-1]
+    assert p.try_ctx_last == longest.context == 32768
+    assert p.try_attn_share_last == pytest.approx(longest.attention_ns / longest.kernel_ns)
+    fresh = pd.read_csv(csv / "fresh_processes.csv")
+    assert p.fresh_n == len(fresh) == published.parameters["fresh_processes"]
+    assert all(f"{low:.1f}" in p.fresh_note for low in fresh.wall_ms_min)
+    effect = pd.read_csv(csv / "profiler_effect.csv").set_index("condition")
+    assert p.profiled_span_ms == effect.loc["inside the profiler", "wall_ms_median"]
+    assert p.profiled_ratio == pytest.approx(p.profiled_span_ms / vals["eager_wall_ms"].value)
+    assert f"{p.profiled_span_ms:.1f} ms" in p.timeline_note and f"{p.profiled_span_ms:.1f} ms" in p.timeline_title
+    walls = pd.read_csv(csv / "step_times.csv").wall_ms
+    assert (
+        p.estimator_text
+        == f"minimum of {len(walls)} trials (a run recorded before each trial carried a host-probe reading)"
+    )
+    assert p.try_wall_tokens == pytest.approx(1e3 / walls.min())
+    assert (
+        p.plain_text.startswith("This run was recorded before the plain script") and p.plain_wall_ms != p.plain_wall_ms
+    )
+    assert p.static_copies is None and "recorded the copies by kind only" in p.kv_text  # no context_ops.csv
+    assert (p.param_prompt_len, p.param_repeats, p.param_context_repeats) == (256, 20, 5)
+    assert p.run_label == f"NVIDIA H200, run `{published.run_id}`, 2026-11-30" and p.datasheet_name == "H200 SXM"
+    assert (p.timeline_kernels.layer == 18).all() and len(p.timeline_kernels) == p.kernels_per_layer
+    assert list(p.gemv_table.projection) == list(one_token.PROJECTIONS)
+    assert list(p.fresh_table.columns) == ["process", "min ms", "median ms", "max ms", "CPU", "load (1 min) before"]
+
+
+def test_every_glue_name_of_the_prose_is_glued(fixture_page):
+    _, p = fixture_page
+    assert unglued(NOTEBOOK, p) == set()
+
+
+def test_a_run_without_fresh_processes_says_so():
+    assert one_token.fresh_note(None).startswith("This run predates the timing in fresh processes")
+    assert "did not record by how much" in one_token.timeline_note(float("nan"), 26.6)
+    assert one_token.timeline_title(18, float("nan"), 26.6).endswith("(profiled: gaps wider than unprofiled)")

@@ -8,10 +8,12 @@ import pytest
 
 from labsupport import runs
 from labsupport.chapters import launch_overhead as lo
+from labsupport.chapters import shared
 from labsupport.measure import hardware, harness, steps
 
-from .conftest import fixture_run
+from .conftest import FIXTURES, fixture_run
 from .live_cells import run_live_cells, watch_harness
+from .page_names import unglued
 
 pytestmark = pytest.mark.unit
 
@@ -106,6 +108,14 @@ def test_analysis_of_a_cpu_run(tmp_path_factory):
     parts = b[["before first kernel ms", "kernels running ms", "gaps between kernels ms", "after last kernel ms"]]
     assert (parts.sum(axis=1) - b["profiled step ms"]).abs().max() < 1e-9
     assert (b["profiled / unprofiled"] == b["profiled step ms"] / b["unprofiled wall ms"]).all()
+    p = lo.page(run, vals, shared.limits())
+    assert p.n_failed == 3 and p.failed_text.startswith("Not every variant ran: ")
+    assert (
+        p.failed_text.count("not run: needs a CUDA GPU") == 3
+        and "*CUDA graph of the static-cache step*" in p.failed_text
+    )
+    assert p.best in (lo.VARIANTS["eager"], lo.VARIANTS["eager-static"])
+    assert p.timing_note == "This run timed none of the forms this chapter owns (they need a CUDA GPU)."
 
 
 def test_a_variant_failing_in_its_profile_leaves_no_half_row(tmp_path_factory):
@@ -435,3 +445,67 @@ def test_eager_summary_and_layer_labels():
     sel, what = lo.one_layer(k, 36)
     census = one_token.summary(fixture_run("kernels-in-one-token"))
     assert what.startswith("decoder layer") and len(sel) == census.kernels_per_layer
+
+
+# The page, on the fixture run ---------------------------------------------------------------
+
+
+def _fixture_page():
+    run = fixture_run("launch-overhead")
+    vals = shared.values(given={lo.CHAPTER: run}, root=FIXTURES)
+    return run, vals, lo.page(run, vals, shared.limits(root=FIXTURES))
+
+
+def test_the_page_of_the_fixture_run():
+    """The page's numbers against the run's own CSV tables and the shared quantities."""
+    import pandas as pd
+
+    run, vals, p = _fixture_page()
+    table = pd.read_csv(run.path / "variants.csv").set_index("variant")
+    trials = pd.read_csv(run.path / "step_times.csv")
+    walls = trials.groupby("variant").wall_ms.min()  # the estimator of a run without probe readings
+    walls["eager"], walls["eager-static"] = vals["eager_wall_ms"].value, vals["static_wall_ms"].value
+    best = walls.idxmin()
+    assert best == "compile-reduce-overhead" and p.best == lo.VARIANTS[best]
+    assert p.best_wall.text == vals["compiled_wall_ms"].text
+    assert p.best_speedup == pytest.approx(walls["eager"] / walls[best])
+    assert p.best_tokens == pytest.approx(1e3 / walls[best]) and p.eager_tokens == pytest.approx(1e3 / walls["eager"])
+    assert (p.try_best_kernels, p.try_best_launch_calls) == (
+        table.loc[best, "kernels"],
+        table.loc[best, "launch_calls"],
+    )
+    assert p.try_best_wall_per_kernel_us == pytest.approx(walls[best] * 1e3 / table.loc[best, "kernels"])
+    eager = table.loc["eager"]
+    gaps = eager.last_kernel_end_ns - eager.first_kernel_ns - eager.gpu_busy_ns
+    assert p.try_eager_gap_share == pytest.approx(gaps / max(eager.profiled_step_ns, eager.last_kernel_end_ns))
+    assert p.busy_pct == pytest.approx(vals["eager_gpu_busy_ms"].value / vals["eager_wall_ms"].value)
+    assert p.n_failed == 0 and p.failed_text == "Every variant ran."
+    assert p.prompt_len == run.parameters["prompt_len"] == 256
+    assert p.run_label == f"NVIDIA H200, run `{run.run_id}`, 2026-11-30"
+    assert f"({shared.limits(root=FIXTURES).ceiling_tbs:.2f} TB/s)" in p.measured_text
+    assert "one variant after another" in p.timing_note
+    # what the static cache adds, against the profiled steps' rows
+    extra = int(table.loc["eager-static", "kernels"] - eager.kernels)
+    assert f"{extra:+,d} kernels" in p.sc_open_text
+    slower = walls["eager-static"] > walls["eager"]
+    assert p.sc_open_text.startswith("The static cache is the one change" if slower else "The static cache changes")
+    assert p.sc_end_text.endswith("once the addresses stay put.")  # the graph is faster than eager here
+    assert p.static_diff is not None and "row" not in p.static_diff
+    assert list(p.breakdown.variant) == list(table.index)
+    assert list(p.fixed.index) == list(table.index)
+    assert p.fixes.loc[p.fixes.variant == lo.VARIANTS[best], "kernels / launch calls"].item() == "834 / 2"
+
+
+def test_every_glue_name_of_the_prose_is_glued():
+    _, _, p = _fixture_page()
+    assert unglued(NOTEBOOK, p) == set()
+
+
+def test_the_failed_text_names_each_variant_that_did_not_run():
+    import pandas as pd
+
+    table = pd.DataFrame({"variant": ["eager", "cuda-graph"], "status": ["ok", "not run: needs a CUDA GPU"]})
+    assert (
+        lo.failed_text(table)
+        == "Not every variant ran: *CUDA graph of the static-cache step*: not run: needs a CUDA GPU."
+    )

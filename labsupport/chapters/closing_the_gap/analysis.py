@@ -11,17 +11,15 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters.closing_the_gap.params import (
-    ERROR_FACTOR,
     FP8_ERROR_FACTOR,
     FP8_ERROR_FACTORS,
     FP8_RUNGS,
-    RUNG_SHORT,
     RUNGS,
     SHARED_CONFIG,
     SHARED_RUNGS,
     trace_file,
 )
-from labsupport.measure import hardware, models
+from labsupport.measure import hardware
 from labsupport.traces import kernels, trace
 
 
@@ -254,55 +252,6 @@ def fidelity_table(run: runs.Run) -> pd.DataFrame:
     ).reset_index(drop=True)
 
 
-def token_note(run: runs.Run) -> str:
-    """What the rungs whose greedy token is not eager's mean (Markdown; empty when every rung
-    chose eager's). Random weights make the top logits close, so two tokens can be a near tie
-    that BF16's rounding alone swaps: a run records, per rung, how far apart the float32 step
-    puts the two tokens (`tie_gap`); an older run did not, and cannot tell a tie from a fault."""
-    r = run.table("rungs")
-    r = r[(r.status == "ok") & ~r.same_token.astype(str).eq("True")]
-    if r.empty:
-        return ""
-    eager_err = float(run.table("rungs").set_index("rung").loc["eager", "eager_abs_err"])
-    names = ", ".join(f"*{RUNGS.get(x, x)}*" for x in r.rung)
-    text = f"{names} chose another greedy token than eager. "
-    if "tie_gap" not in r or r.tie_gap.isna().all():
-        return text + (
-            "This run did not record how far apart the float32 step puts the two tokens (runs recorded since do: "
-            "the column `tie_gap`), so it cannot tell a near tie, which BF16's rounding alone can swap, from a "
-            f"fault; the rule counts them as failed. Their largest error against float32 was "
-            f"{r.max_abs_err.max():.3f}, eager's own {eager_err:.3f}, and their logits' cosine with eager's "
-            f"{r.cosine.min():.4f}: the numbers of a correct step, but the rule does not pass a rung on them."
-        )
-    half = models.dtype_label(models.run_dtype(run))
-    ties = r[r.tie_gap <= eager_err]
-    if len(ties):
-        text += (
-            f"For {', '.join(f'*{RUNGS.get(x, x)}*' for x in ties.rung)} float32 puts the two tokens "
-            f"{ties.tie_gap.max():.3f} apart at most, less than eager's own error ({eager_err:.3f}): a near tie that "
-            f"{half}'s rounding alone can swap, which the rule passes when the error is within its bound. "
-        )
-    far = r[r.tie_gap > eager_err]
-    # A rung of coarser weights (FP8) rounds more than eager: a gap within its own error is a tie at its precision.
-    own = far[far.rung.isin(FP8_RUNGS) & (far.tie_gap <= far.max_abs_err)]
-    for _, x in own.iterrows():
-        text += (
-            f"For *{RUNGS.get(x.rung, x.rung)}* float32 puts the two tokens {x.tie_gap:.3f} apart: more than eager's "
-            f"own error ({eager_err:.3f}), so {half}'s rounding cannot swap them, but less than this rung's own error "
-            f"({x.max_abs_err:.3f}), so rounding the weights to 8 bits can. Random weights put the top logits close "
-            "together, and FP8's precision alone is enough to change the greedy token here; the rule (eager's token, "
-            f"or a near tie within eager's error) fails the rung, and a run on random weights cannot tell this from "
-            "a fault. "
-        )
-    far = far[~far.rung.isin(own.rung)]
-    if len(far):
-        text += (
-            f"For {', '.join(f'*{RUNGS.get(x, x)}*' for x in far.rung)} float32 puts the two tokens further apart than "
-            "the rung's own error: no rounding explains it, and the rung fails."
-        )
-    return text.strip()
-
-
 def matmuls(run: runs.Run) -> pd.DataFrame:
     """Each weight shape's matmul for one token: cuBLAS against our Triton GEMV, µs and TB/s,
     and each as a fraction of the datasheet's bandwidth (the limit) and of the practical ceiling."""
@@ -379,18 +328,10 @@ def headline(run: runs.Run) -> dict:
     }
 
 
-def tolerance_text() -> str:
-    return f"{ERROR_FACTOR:g} times eager's own"
-
-
 def fp8_error_factor(run: runs.Run | None = None) -> float:
     """The FP8 rung's allowed error over eager's in `run`'s dtype (a run without one: BF16)."""
     dtype = (run.parameters or {}).get("dtype", "bfloat16") if run is not None else "bfloat16"
     return FP8_ERROR_FACTOR if dtype == "bfloat16" else FP8_ERROR_FACTORS[dtype]
-
-
-def fp8_tolerance_text(run: runs.Run | None = None) -> str:
-    return f"{fp8_error_factor(run):g} times eager's own"
 
 
 def next_to_published(run: runs.Run, published: pd.DataFrame) -> pd.DataFrame:
@@ -464,28 +405,6 @@ def matmul_launches(run: runs.Run, rung: str) -> pd.DataFrame:
     )
     out.insert(4, "grid / SMs", out.blocks / sms if sms else float("nan"))
     return out.sort_values("µs", ascending=False).reset_index(drop=True)
-
-
-def overlap_text(run: runs.Run, rung: str = "pdl", without: str = "split-k") -> str:
-    """What the trace of the dependent-launch rung shows (Markdown): how many kernels overlap the
-    one before them, against the same kernels launched without it (rung `without`)."""
-    o = overlaps(kernel_table(run, rung))
-    text = (
-        f"With programmatic dependent launch (rung {RUNG_SHORT[rung].split()[0]}) {o['overlapping']:,} of its "
-        f"{o['kernels']:,} kernels started before the kernel before them had ended ({o['overlap_us']:,.0f} µs "
-        "shared in all)"
-    )
-    if without in set(run.table("rungs").query("status == 'ok'").rung) and trace_file(without) in run.meta["files"]:
-        o0 = overlaps(kernel_table(run, without))
-        text += (
-            f", against {o0['overlapping']:,} of {o0['kernels']:,} for the same kernels launched without it "
-            f"(rung {RUNG_SHORT[without].split()[0]})"
-        )
-    return text + (
-        ". A kernel launched this way starts early and waits (`gdc_wait`) for the one before it, and the trace counts "
-        "the wait in its duration: where the best rung is this one, the rates per kernel in the table read low, and "
-        "the row *kernels overlapping each other* of the table above takes the shared time back out."
-    )
 
 
 def overlaps(k: pd.DataFrame) -> dict:

@@ -12,6 +12,7 @@ the context sweep (kernels by call path). Replay: every table and number of the 
     analysis     kernel table, summary, census beside the published one, layers, context sweep
     matrices     the weight matrices by shape, the KV cache's traffic by context
     figures      the chapter's figures
+    page         Page and page(): every number and fragment the page glues, the frames it shows, its prose
 """
 
 # ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
@@ -19,16 +20,19 @@ from __future__ import annotations
 
 # fmt: off
 from .analysis import (
-    attention_kernel_names, census_beside_published, clean_times, context_ops, context_sweep, context_wall_text,
-    estimator_text, fresh_processes, headline, kernel_table, plain_step, plain_text, PlainStep, layer_kernels,
-    layer_parts, middle_layer, outside_layers, per_layer,
+    attention_kernel_names, census_beside_published, clean_times, context_ops, context_sweep, fresh_processes,
+    headline, kernel_table, plain_step, PlainStep, layer_kernels, layer_parts, middle_layer, outside_layers, per_layer,
     profiler_effect, recompute_census, shared, static_at_prompt, static_copies, Summary, summary,
 )
 from .figures import (
     attention_share_figure, bandwidth_figure, census_figure, gemv_figure, kv_cache_figure, layer_parts_figure,
 )
 from .matrices import (
-    gemv_by_shape, kv_bytes_per_token, kv_cache_text, kv_cache_traffic, projection_shapes, PROJECTIONS,
+    gemv_by_shape, kv_bytes_per_token, kv_cache_traffic, projection_shapes, PROJECTIONS,
+)
+from .page import (
+    census_table, context_wall_text, estimator_text, fresh_note, fresh_table, gemv_table, gemv_text, kv_cache_text,
+    kv_table, page, Page, plain_text, static_copies_text, timeline_note, timeline_title, try_answers,
 )
 from .host import kept_trials, probe_figure, step_trials
 from .measuring import (

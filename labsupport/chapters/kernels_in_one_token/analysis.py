@@ -158,38 +158,6 @@ def profiler_effect(run: runs.Run) -> pd.DataFrame | None:
     return run.table("profiler_effect")
 
 
-def estimator_text(basis: str, fast: int, trials: int) -> str:
-    """How a host-timed number was estimated, as a fragment of a sentence: the median of the
-    fast-host trials, or, for a run recorded before per-trial probe readings, the minimum (said so)."""
-    from labsupport.measure import harness
-
-    if basis == harness.ESTIMATOR:
-        return f"median of the {fast} trials of {trials} taken on a fast host"
-    return f"minimum of {trials} trials (a run recorded before each trial carried a host-probe reading)"
-
-
-def plain_text(run: runs.Run) -> str:
-    """The plain script's step beside the book's, as a sentence (said plainly when the run has none)."""
-    p = plain_step(run)
-    if p is None:
-        return "This run was recorded before the plain script ran beside the book's measurement."
-    if not p.plain.trials or not p.book.trials:
-        return (
-            "The same step was also timed by a plain transformers script outside the book's harness "
-            "(`benchmarks/plain_eager_step.py`, in a fresh process), but the host ran at another speed then: "
-            f"{p.plain.trials} of its {p.plain.of} trials and {p.book.trials} of the book's {p.book.of} were taken "
-            f"within {FAST_WITHIN:.0%} of the best probe reading of the two, {p.plain.best_probe_ms:.2f} ms, so the "
-            "two are not compared."
-        )
-    verdict = "they agree" if p.agree else f"they differ by more than {PLAIN_AGREEMENT:.0%}"
-    return (
-        f"The same step timed by a plain transformers script outside the book's harness "
-        f"(`benchmarks/plain_eager_step.py`, in a fresh process, {p.plain.trials} fast-host trials of "
-        f"{p.plain.of}) took {p.plain.value:.1f} ms by the same estimator, {p.ratio:.2f} times the book's "
-        f"{p.book.value:.1f} ms: {verdict}."
-    )
-
-
 @dataclass(frozen=True)
 class PlainStep:
     """The book's shared eager step beside the same step timed by the plain script
@@ -209,7 +177,6 @@ class PlainStep:
 
 
 PLAIN_AGREEMENT = 0.10  # the plain script and the book's step agree within this, by the same estimator
-FAST_WITHIN = harness.FAST_HOST - 1
 
 
 def plain_step(run: runs.Run) -> PlainStep | None:
@@ -299,42 +266,6 @@ def context_sweep(run: runs.Run) -> pd.DataFrame:
     ok["static wall ms (median)"] = ok.static_wall_ms_median if has_static else float("nan")
     ok["static GPU busy ms"] = ok.static_gpu_busy_ns / 1e6 if has_static else float("nan")
     return ok.reset_index(drop=True)
-
-
-SLOW = 1.25  # a median this many times the estimate: the slow trials are the host's, not the step's
-
-
-def context_wall_text(run: runs.Run) -> str:
-    """What the wall times across contexts show: the estimate against the GPU's busy time, and
-    any context whose median of all trials stands far above its estimate (slow trials), said from
-    the run."""
-    sw = context_sweep(run)
-    first, last = sw.iloc[0], sw.iloc[-1]
-    new = "wall_ms_estimate" in sw  # runs with per-trial probe readings: the fast-host median
-    by = "the book's estimator" if new else "the minimum of its trials"
-    text = (
-        f"By {by}, the dynamic cache's step took {first['wall ms']:.1f} ms at "
-        f"{int(first.context):,} tokens and {last['wall ms']:.1f} ms at {int(last.context):,}, while the GPU's busy "
-        f"time grew from {first['GPU busy ms']:.2f} to {last['GPU busy ms']:.2f} ms: the GPU still waits for the "
-        "CPU most of the step, so the wall time barely moves."
-    )
-    slow = sw[sw["wall ms (median)"] > SLOW * sw["wall ms"]]
-    for _, r in slow.iterrows():
-        n = int(r.get("wall_repeats", 0) or 0) or int(run.parameters.get("context_repeats", 0) or 0)
-        text += (
-            f" At {int(r.context):,} tokens the median of all {n or 'few'} trials, {r.wall_ms_median:.1f} ms, "
-            f"is {r.wall_ms_median / r['wall ms']:.1f} times {'the estimate' if new else 'their minimum'}, "
-            f"{r['wall ms']:.1f} ms (slowest "
-            f"{r.wall_ms_max:.1f} ms), while the GPU's busy time there, {r.gpu_busy_ns / 1e6:.2f} ms, is in "
-            "line with its neighbours': the step did not get slower, the host did during those trials"
-        )
-        text += (
-            " (this run timed each context's trials one block after another; runs since interleave the two caches "
-            "in rounds, so that a slow spell of the host touches both alike)."
-            if "wall_ms_q1" not in sw
-            else "."
-        )
-    return text
 
 
 def context_ops(run: runs.Run) -> pd.DataFrame | None:

@@ -12,6 +12,7 @@ profiled step and what the static cache adds, all computed from the run here.
     measuring     pending_run (the run the cells fill), failure, variant_row, variants_table
     analysis      the fixes table, the eager step's summary, the breakdown of each profiled step
     static_cache  the two eager steps compared call path by call path
+    page          Page and page(): every number and fragment the page glues, and the frames it shows
     figures       the breakdown figure
 """
 
@@ -22,8 +23,8 @@ from labsupport.measure.steps import StaticStep, graphs_compiled  # what tests/t
 
 # fmt: off
 from .analysis import (
-    breakdown, eager_summary, EagerSummary, headline, kernel_table, measured_column, one_layer, profiled_note,
-    shared, timing_note, variants, wall_stats,
+    breakdown, eager_summary, EagerSummary, headline, kernel_table, measured_column, one_layer, shared, variants,
+    wall_stats,
 )
 from .figures import (
     breakdown_figure,
@@ -36,5 +37,8 @@ from .params import (
 )
 from .static_cache import (
     call_paths, STATIC_CACHE_CALLS, static_cache_diff, static_cache_summary, StaticCacheSummary, what_call,
+)
+from .page import (
+    failed_text, fixes_table, measured_text, page, Page, profiled_note, static_cache_texts, timing_note,
 )
 # fmt: on

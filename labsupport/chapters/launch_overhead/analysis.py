@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from labsupport import runs
-from labsupport.chapters.launch_overhead.params import SHARED_PREFIX, VARIANTS, trace_file
+from labsupport.chapters.launch_overhead.params import SHARED_PREFIX, trace_file
 from labsupport.measure import hardware, harness
 from labsupport.traces import kernels, trace
 
@@ -35,41 +35,6 @@ def one_layer(k: pd.DataFrame, layers: int) -> tuple[pd.DataFrame, str]:
 def measured_column(run: runs.Run, lim: hardware.Limits | None = None) -> str:
     """The name of the fixes table's column for the fraction of the practical ceiling."""
     return "of practical ceiling"
-
-
-def timing_note(run: runs.Run) -> str:
-    """How the run's wall times were taken: interleaved in rounds before any profile (the
-    harness), one variant after another before any profile, or, in runs recorded before the
-    harness, each right after its own profile, with CUPTI attached."""
-    t = run.table("step_times")
-    if "clean" not in t:
-        return (
-            "This run is older than the book's measuring harness: each variant was timed right after its "
-            "own profile, in the same process, so its wall times carry the profiler's after-effect (CUPTI "
-            "stays attached and every later launch pays for it; the methodology page measures how much). "
-            "Runs recorded with the current code time every variant before profiling any."
-        )
-    if t.empty:
-        return "This run timed none of the forms this chapter owns (they need a CUDA GPU)."
-    if t.clean.astype(str).eq("True").all():
-        n = int(t.groupby("variant").size().max())
-        how = (
-            f"interleaved in {n} rounds (one step of each form per round, in a rotating order, so that a slow "
-            "spell of the host touches every form alike)"
-            if "round" in t and t["round"].notna().any()
-            else f"{n} repeats per variant, one variant after another"
-        )
-        return f"Every wall time this run took was taken before the first profile in the process, {how}; the table " + (
-            "gives the median of the trials taken while the host probe read within "
-            f"{harness.FAST_HOST - 1:.0%} of its best reading, the book's estimator, with their quartiles."
-            if "probe_ms" in t
-            else "gives the minimum, the book's estimator when it was recorded (its trials carry no host-probe "
-            "readings), with the quartiles."
-        )
-    return (
-        "Some wall times in this run were taken after a profile in the same process (see `clean` in "
-        "`step_times.csv`); they carry the profiler's after-effect."
-    )
 
 
 def wall_stats(run: runs.Run) -> pd.DataFrame:
@@ -157,28 +122,6 @@ def breakdown(run: runs.Run, walls: pd.Series | None = None) -> pd.DataFrame:
         out["unprofiled wall ms"] = out.variant.map(walls).astype(float)
         out["profiled / unprofiled"] = out["profiled step ms"] / out["unprofiled wall ms"]
     return out
-
-
-def profiled_note(bd: pd.DataFrame, texts: dict | None = None) -> str:
-    """One sentence for a profiled figure: how much longer the profiled steps were than the
-    unprofiled ones (breakdown() with walls), so that no reader takes a profiled gap for a real one.
-    `texts`: variant -> the unprofiled wall time as the page shows it (a shared quantity's text)."""
-    texts = texts or {}
-    b = bd.dropna(subset=["profiled / unprofiled"]) if "profiled / unprofiled" in bd else bd.head(0)
-    if b.empty:
-        return "These are profiled steps: the profiler slows the CPU side, so their gaps are wider than unprofiled."
-    parts = [
-        f"{VARIANTS[r.variant]} {r['profiled step ms']:.1f} ms against "
-        f"{texts.get(r.variant, format(r['unprofiled wall ms'], '.2f'))} ms unprofiled "
-        f"({r['profiled / unprofiled']:.1f}×)"
-        for _, r in b.iterrows()
-    ]
-    return (
-        "Profiled steps: the profiler adds its own work on the CPU to every launch, so the gaps in a profiled "
-        "step are wider than in an unprofiled one, by as much as its span exceeds the unprofiled wall time: "
-        + "; ".join(parts)
-        + "."
-    )
 
 
 @dataclass

@@ -1,0 +1,249 @@
+"""The page's sentences that depend on the run: which rungs failed or chose another token, the
+tolerances, the FP8 rung against its own floor, several tokens per forward, the matmuls shape by
+shape and how they were launched, what torch.compile did to them, the compile times and the
+overlap of dependent launches. Each returns Markdown the page glues; the rest of the prose is in
+the notebook's markdown."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from labsupport import runs
+from labsupport.chapters.closing_the_gap.analysis import Floor, fp8_error_factor, kernel_table, overlaps
+from labsupport.chapters.closing_the_gap.params import ERROR_FACTOR, FP8_RUNGS, RUNG_SHORT, RUNGS, trace_file
+from labsupport.measure import models
+
+
+def failed_text(ladder: pd.DataFrame) -> str:
+    """Every rung has numbers, or which have none and why (ladder(): one row per rung)."""
+    failed = ladder[ladder.status != "ok"]
+    if failed.empty:
+        return "Every rung has numbers."
+    return (
+        "Not every rung has numbers: " + "; ".join(f"*{RUNGS[r.rung]}*: {r.status}" for r in failed.itertuples()) + "."
+    )
+
+
+def token_note(run: runs.Run) -> str:
+    """What the rungs whose greedy token is not eager's mean (Markdown; empty when every rung
+    chose eager's). Random weights make the top logits close, so two tokens can be a near tie
+    that BF16's rounding alone swaps: a run records, per rung, how far apart the float32 step
+    puts the two tokens (`tie_gap`); an older run did not, and cannot tell a tie from a fault."""
+    r = run.table("rungs")
+    r = r[(r.status == "ok") & ~r.same_token.astype(str).eq("True")]
+    if r.empty:
+        return ""
+    eager_err = float(run.table("rungs").set_index("rung").loc["eager", "eager_abs_err"])
+    names = ", ".join(f"*{RUNGS.get(x, x)}*" for x in r.rung)
+    text = f"{names} chose another greedy token than eager. "
+    if "tie_gap" not in r or r.tie_gap.isna().all():
+        return text + (
+            "This run did not record how far apart the float32 step puts the two tokens (runs recorded since do: "
+            "the column `tie_gap`), so it cannot tell a near tie, which BF16's rounding alone can swap, from a "
+            f"fault; the rule counts them as failed. Their largest error against float32 was "
+            f"{r.max_abs_err.max():.3f}, eager's own {eager_err:.3f}, and their logits' cosine with eager's "
+            f"{r.cosine.min():.4f}: the numbers of a correct step, but the rule does not pass a rung on them."
+        )
+    half = models.dtype_label(models.run_dtype(run))
+    ties = r[r.tie_gap <= eager_err]
+    if len(ties):
+        text += (
+            f"For {', '.join(f'*{RUNGS.get(x, x)}*' for x in ties.rung)} float32 puts the two tokens "
+            f"{ties.tie_gap.max():.3f} apart at most, less than eager's own error ({eager_err:.3f}): a near tie that "
+            f"{half}'s rounding alone can swap, which the rule passes when the error is within its bound. "
+        )
+    far = r[r.tie_gap > eager_err]
+    # A rung of coarser weights (FP8) rounds more than eager: a gap within its own error is a tie at its precision.
+    own = far[far.rung.isin(FP8_RUNGS) & (far.tie_gap <= far.max_abs_err)]
+    for _, x in own.iterrows():
+        text += (
+            f"For *{RUNGS.get(x.rung, x.rung)}* float32 puts the two tokens {x.tie_gap:.3f} apart: more than eager's "
+            f"own error ({eager_err:.3f}), so {half}'s rounding cannot swap them, but less than this rung's own error "
+            f"({x.max_abs_err:.3f}), so rounding the weights to 8 bits can. Random weights put the top logits close "
+            "together, and FP8's precision alone is enough to change the greedy token here; the rule (eager's token, "
+            f"or a near tie within eager's error) fails the rung, and a run on random weights cannot tell this from "
+            "a fault. "
+        )
+    far = far[~far.rung.isin(own.rung)]
+    if len(far):
+        text += (
+            f"For {', '.join(f'*{RUNGS.get(x, x)}*' for x in far.rung)} float32 puts the two tokens further apart than "
+            "the rung's own error: no rounding explains it, and the rung fails."
+        )
+    return text.strip()
+
+
+def tolerance_text() -> str:
+    return f"{ERROR_FACTOR:g} times eager's own"
+
+
+def fp8_tolerance_text(run: runs.Run | None = None) -> str:
+    return f"{fp8_error_factor(run):g} times eager's own"
+
+
+def overlap_text(run: runs.Run, rung: str = "pdl", without: str = "split-k") -> str:
+    """What the trace of the dependent-launch rung shows (Markdown): how many kernels overlap the
+    one before them, against the same kernels launched without it (rung `without`)."""
+    o = overlaps(kernel_table(run, rung))
+    text = (
+        f"With programmatic dependent launch (rung {RUNG_SHORT[rung].split()[0]}) {o['overlapping']:,} of its "
+        f"{o['kernels']:,} kernels started before the kernel before them had ended ({o['overlap_us']:,.0f} µs "
+        "shared in all)"
+    )
+    if without in set(run.table("rungs").query("status == 'ok'").rung) and trace_file(without) in run.meta["files"]:
+        o0 = overlaps(kernel_table(run, without))
+        text += (
+            f", against {o0['overlapping']:,} of {o0['kernels']:,} for the same kernels launched without it "
+            f"(rung {RUNG_SHORT[without].split()[0]})"
+        )
+    return text + (
+        ". A kernel launched this way starts early and waits (`gdc_wait`) for the one before it, and the trace counts "
+        "the wait in its duration: where the best rung is this one, the rates per kernel in the table read low, and "
+        "the row *kernels overlapping each other* of the table above takes the shared time back out."
+    )
+
+
+def fp8_rounding_text(run: runs.Run) -> str:
+    """How far rounding to FP8 moved this run's weights (measured on them when recorded)."""
+    rounding = (run.results.get("fp8") or {}).get("rounding_error")
+    if not rounding:
+        return (
+            "This run did not measure the rounding error on its weights (runs recorded since keep it in meta.json: "
+            "`fp8.rounding_error`)."
+        )
+    return (
+        f"Measured on this run's weights (every matrix rounded as the FP8 rung stores it), rounding moved a weight by "
+        f"{rounding['mean']:.2%} of itself on average and by {rounding['max_normal']:.1%} at most within the normal "
+        f"range; {rounding['subnormal_share']:.3%} of the weights lie below it, in E4M3's subnormals, and lose more "
+        f"(up to {rounding['max']:.0%})."
+    )
+
+
+def fp8_text(run: runs.Run, fp8: pd.Series, fp8_floor: Floor, best: pd.Series) -> str:
+    """The FP8 rung against its own floor, beside the best BF16 rung (`fp8`, `best`: their ladder
+    rows), with its error and its greedy token by the book's rule."""
+    fidelity = run.table("rungs").set_index("rung").loc["fp8-weights"]
+    gap = float(fidelity.get("tie_gap", float("nan")))
+    if str(fidelity.same_token) == "True":
+        token = "eager's"
+    else:
+        token = "not eager's" + (
+            f", float32 putting the two {gap:.3f} apart (eager's own error: {fidelity.eager_abs_err:.3f})"
+            if gap == gap  # recorded (runs since the tie_gap column)
+            else ""
+        )
+    verdict = "gives the same answer." if str(fidelity.passed) == "True" else "does not give the same answer."
+    return (
+        f"it reads {fp8_floor.decode_bytes / 1e9:.2f} GB, a floor of {fp8_floor.floor_ms:.2f} ms, and took "
+        f"{fp8.ms:.2f} ms ({fp8['x floor']:.2f}× its floor, {fp8['TB/s']:.2f} TB/s), against {best.ms:.2f} ms for "
+        f"the best BF16 rung. Its largest logit error against float32 was "
+        f"{fidelity.max_abs_err / fidelity.eager_abs_err:.1f} times eager's (allowed: {fp8_error_factor(run):g}), "
+        f"and its greedy token was {token}: by the book's rule (*Same answers* above) it {verdict}"
+    )
+
+
+def tokens_text(measured: pd.DataFrame | None) -> str:
+    """What one forward on several tokens costs (tokens_per_forward(), its rows that ran; None: not measured)."""
+    if measured is None or measured.empty:
+        return "this run has no such measurement (it was recorded before it)."
+    one, top = measured.iloc[0], measured.iloc[-1]
+    return (
+        f"one token took {one.ms_min:.2f} ms per forward, {int(top.tokens)} tokens {top.ms_min:.2f} ms: "
+        f"{top['ms per token']:.3f} ms per token, {top['token x floor']:.2f}× the floor of one forward. The time per "
+        "forward grows far slower than the tokens, because the weights dominate the bytes; it grows at all because "
+        "more tokens mean more attention over the cache and more arithmetic per weight read."
+    )
+
+
+def matmul_text(shapes: pd.DataFrame | None, tuned: pd.DataFrame | None, floor: Floor) -> str:
+    """cuBLAS against our GEMV shape by shape (matmuls()), with how many configurations the tuner
+    tried (tuning()), against the datasheet and the practical ceiling."""
+    if shapes is None:
+        return "This run timed no matmuls shape by shape (a run on a CPU cannot)."
+    winners = tuned[tuned.chosen]
+    tried = int(tuned.groupby(["n", "k", "fusion"]).size().max())
+    slowest = shapes.loc[shapes.cublas_tbs.idxmin()]
+    small, top = shapes.loc[shapes.triton_tbs.idxmin()], shapes.loc[shapes.triton_tbs.idxmax()]
+    text = (
+        f"cuBLAS read between {shapes.cublas_tbs.min():.2f} and {shapes.cublas_tbs.max():.2f} TB/s across the shapes, "
+        f"slowest on `{slowest.matrix}` ({slowest.cublas_us:.1f} µs for {slowest.bytes / 1e6:,.0f} MB); our GEMV "
+        f"between {shapes.triton_tbs.min():.2f} and {shapes.triton_tbs.max():.2f} TB/s, having tried up to {tried} "
+        f"configurations on each of {len(winners)} cases (shape and fusion). Not every shape gets close: the "
+        f"smallest matrix, `{small.matrix}` ({small.bytes / 1e6:,.0f} MB), is read in "
+        f"{small.triton_us:.1f} µs by ours, {small.triton_tbs:.2f} TB/s"
+    )
+    if floor.datasheet_tbs:
+        text += f" ({small.triton_tbs / floor.datasheet_tbs:.0%} of the datasheet's {floor.datasheet_tbs:.2f} TB/s)"
+    text += (
+        ": a kernel that short spends much of its time starting up and draining, and the larger shapes "
+        f"do better, up to {top.triton_tbs:.2f} TB/s on `{top.matrix}`."
+    )
+    if floor.ceiling_tbs and top.triton_tbs > floor.ceiling_tbs:
+        text += (
+            f" That is above the practical ceiling, {floor.ceiling_tbs:.2f} TB/s, the best read rate *Why a GPU*'s run "
+            "recorded: that run timed no kernel at this rate."
+        )
+    if floor.datasheet_tbs:
+        share = top.triton_tbs / floor.datasheet_tbs
+        text += (
+            f" It stays below the datasheet's {floor.datasheet_tbs:.2f} TB/s ({share:.0%}), the limit no kernel beats."
+        )
+    return text
+
+
+def launch_text(run: runs.Run, theirs: pd.DataFrame | None, ours: pd.DataFrame | None) -> str:
+    """How cuBLAS's matmul kernels and our GEMV were launched (matmul_launches() of the last cuBLAS
+    rung and of the first with ours; None: the run cannot compare them)."""
+    if theirs is None or ours is None:
+        return "This run has no launch shapes to compare (it ran on a CPU, or without both rungs)."
+    # the weight matmuls: attention's two batched products per layer are the short ones (under 5 µs)
+    cublas = theirs[~theirs.kernel.str.contains("splitKreduce") & (theirs["µs"] >= 5)]
+    reduce_kernels = int(theirs[theirs.kernel.str.contains("splitKreduce")].kernels.sum())
+    gemv_rows = ours[ours.kernel == "gemv_kernel"]
+    return (
+        f"cuBLAS ran the weight matmuls (the two kernels under 5 µs per layer are attention's batched products) "
+        f"with {cublas.blocks.min():,}–{cublas.blocks.max():,} thread blocks of "
+        f"{cublas.threads.min():,} threads, each holding {cublas['shared KB'].min():.0f} KB or more of shared memory "
+        "(its pipeline of weight tiles), so one block fits on an SM (a Hopper SM has 228 KB) and a matmul uses at "
+        f"most {cublas.blocks.max():,} of the GPU's {run.provenance['gpu_sms']} SMs; its split-K matmuls add a "
+        f"reduction kernel after them ({reduce_kernels} in the step). Our GEMV runs {gemv_rows.blocks.min():,}–"
+        f"{gemv_rows.blocks.max():,} programs of {gemv_rows.threads.max():,} threads with "
+        f"{gemv_rows['shared KB'].max():.0f} KB of shared memory: several on every SM at once, each "
+        "streaming a few rows, so that every SM keeps loads in flight."
+    )
+
+
+def compile_matmul_text(lo_run: runs.Run, reduce_overhead: dict | None, autotune: dict | None) -> str:
+    """What torch.compile did to the matmuls in each mode (compiled_matmuls() of *Launch overhead*'s run)."""
+    if not (reduce_overhead and autotune):
+        return (
+            f"(*Launch overhead*'s run `{lo_run.run_id}` has no profile of both compiled modes to count their matmuls.)"
+        )
+    ro, at = reduce_overhead, autotune
+    return (
+        f'In mode "reduce-overhead" (rung 3) it fuses the elementwise work around the matmuls (norms, rotary '
+        f"embedding, SiLU × up, residual adds) into generated Triton kernels and leaves the matmuls to the "
+        f"library: {ro['library']:,} of the {ro['kernels']:,} matrix-multiply kernels of its profiled step are library "
+        'kernels (cuBLAS, CUTLASS). In mode "max-autotune" (rung 4) it also writes the matmuls itself: '
+        f"{at['generated']:,} of the "
+        f"{at['kernels']:,} matrix-multiply kernels of its step are Triton kernels Inductor generated (names "
+        f"`triton_red_fused_..._mm_...`), {at['fused']:,} of them with other operations fused in (their names "
+        f"list an `add`, the `mean` of a norm or a `silu`), and {at['library']:,} are library kernels; the matmuls "
+        f"took {at['gpu_ms']:.2f} ms of GPU time there, "
+        f"against {ro['gpu_ms']:.2f} ms in reduce-overhead (run `{lo_run.run_id}`)."
+    )
+
+
+def compile_text(run: runs.Run, ladder: pd.DataFrame) -> str:
+    """How long compiling and warming each of our rungs took, and tuning our GEMV."""
+    times = [
+        f"{RUNG_SHORT[r.rung]} {r['compile s']:.1f} s" for _, r in ladder.iterrows() if r["compile s"] == r["compile s"]
+    ]
+    tuned = run.results.get("tuning_s") or {}
+    return (
+        "Compiling and warming each of our rungs took: "
+        + ", ".join(times)
+        + "."
+        + (f" Tuning our GEMV took {tuned['bf16']:.0f} s (BF16, with split-K)" if "bf16" in tuned else "")
+        + (f" and {tuned['fp8']:.0f} s (FP8)." if "fp8" in tuned else ("." if "bf16" in tuned else ""))
+    )

@@ -1,0 +1,35 @@
+"""The glue names a chapter notebook's prose uses, against what its cells glue: a chapter's Page
+(one field per glue name), the shared quantities (shared.glue_values) and a code cell's own glue."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+from labsupport.chapters import shared
+
+from .conftest import REPO
+
+GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`([^`:]+)")  # {glue:text}`name:.2f`, {glue:md}`name`, ...
+
+
+def prose_names(notebook: str) -> set[str]:
+    """Every glue name the notebook's markdown cells use."""
+    cells = json.loads((REPO / notebook).read_text())["cells"]
+    return {name for c in cells if c["cell_type"] == "markdown" for name in GLUE_ROLE.findall("".join(c["source"]))}
+
+
+def page_names(page) -> set[str]:
+    """The names glue.glue_page glues of a Page: its fields, less those marked {"glue": False}."""
+    return {f.name for f in dataclasses.fields(page) if f.metadata.get("glue", True)}
+
+
+def unglued(notebook: str, page) -> set[str]:
+    """The prose's glue names that neither `page`, nor the shared quantities, nor a glue call in one of
+    the notebook's code cells (the name as a string literal) provides."""
+    cells = json.loads((REPO / notebook).read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    shared_names = set(shared.QUANTITIES) | {f"shared_run_{owner.replace('-', '_')}" for owner in shared.OWNERS}
+    rest = prose_names(notebook) - page_names(page) - shared_names
+    return {name for name in rest if not re.search(rf"glue\w*\(\s*f?[\"']{re.escape(name)}[\"']", code)}
