@@ -24,7 +24,7 @@ are compared, and how each kind of number was taken (`method`; newer runs).
 The modules, one concern each: measuring (the chapter's names, the FLOP and byte model, what the
 live cells call), analysis (a loaded run's tables, each phase, the layer's matrix multiplies and
 the prompt sweep), ceilings (every rate against the ceilings: roofline, ridges, headline) and
-figures, and page (what the page glues and the tables it shows). Their public names are the package's.
+figures, page (what the page glues) and tables (the tables it shows). Their public names are the package's.
 """
 
 # ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
@@ -50,8 +50,8 @@ from .measuring import (
     model_shape, ModelShape, ORIGIN, Params, phase_work, PHASES, preset_shape, profile_prefill, profile_sweep,
     progress, ROOFLINE_MODULES, SHORT, sweep_row, time_passes, tokens_at_intensity, trace_file, Work,
 )
-from .page import (
-    census_shown, layer_gemms_shown, layer_kernels_shown, Page, page, passes_download, prefill_timing_note,
-    ridges_shown, roofline_shown, sweep_shown, wall_host_text,
+from .page import Page, page, prefill_timing_note, wall_host_text
+from .tables import (
+    census_shown, layer_gemms_shown, layer_kernels_shown, passes_download, ridges_shown, roofline_shown, sweep_shown,
 )
 # fmt: on
