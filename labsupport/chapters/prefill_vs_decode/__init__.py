@@ -41,7 +41,7 @@ from .ceilings import (
     RIDGE_GPUS, ridge_table, ridge_text, ridges, roofline_clusters, roofline_table, RooflineCluster,
 )
 from .figures import (
-    gemm_rates, layer_gemm_figure, phase_census_bars, prompt_sweep_figure, prompt_sweep_of, roofline_figure,
+    gemm_rates, layer_gemm_figure, phase_census_bars, prompt_sweep_figure, roofline_figure, sweep_figure,
     utilisation_bars,
 )
 from .measuring import (

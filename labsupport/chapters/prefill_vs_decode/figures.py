@@ -391,7 +391,7 @@ def layer_gemm_figure(run: runs.Run):
     )
 
 
-def prompt_sweep_of(run: runs.Run):
+def sweep_figure(run: runs.Run):
     """prompt_sweep_figure() of the run: its sweep under its roofline, with its crossover and ridges."""
     from .analysis import crossover, prompt_sweep, roofline
 
