@@ -419,3 +419,65 @@ def test_the_answer_comes_before_the_measuring_code():
     ]
     measuring = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
     assert len(heads) == 1 and heads[0] < measuring
+
+
+# --- the page: every number and text the prose glues ------------------------------------------
+
+
+def test_every_glue_name_of_the_prose_is_a_page_field():
+    """The page cell glues the Page's fields, and nothing else glues: every name the markdown uses is one."""
+    from dataclasses import fields
+
+    from .test_prefill_vs_decode import markdown_glue_names
+
+    page_names = {f.name for f in fields(hybrid.Page)}
+    used = markdown_glue_names(REPO / NOTEBOOK)
+    assert used == page_names, (used - page_names, page_names - used)
+
+
+def test_page_of_the_recorded_run_against_its_tables(h200_run):
+    p = hybrid.page(h200_run)
+    steps = h200_run.table("variants").set_index(["backend", "mode"])
+    estimate = harness.estimate_column(steps.columns)
+    ran = steps[steps.status == "ok"]
+    assert p.ref_kernels == steps.loc[("reference", "eager"), "kernels"]
+    assert p.ref_wall == steps.loc[("reference", "eager"), estimate]
+    assert p.ref_busy == steps.loc[("reference", "eager"), "gpu_busy_ns"] / 1e6
+    fastest = ran[estimate].idxmin()
+    assert p.best_wall == ran.loc[fastest, estimate] and p.best_kernels == ran.loc[fastest, "kernels"]
+    assert p.best == f"{fastest[0]}; {hybrid.MODES[fastest[1]]}" == p.idle_variant
+    assert p.best_speedup == pytest.approx(p.ref_wall / p.best_wall)
+    assert len(ran) == len(steps) and p.failed_text == "Every backend and mode ran."
+    model = h200_run.results["model"]
+    assert (p.n_linear, p.n_full, p.layers) == (48, 16, model["layers"])
+    assert p.decode_gb == model["decode_bytes"] / 1e9
+    growth = h200_run.table("cache_growth")
+    full = growth[growth.layer_type == "full_attention"].set_index("context").bytes
+    assert p.ctx_last == growth.context.max() and p.try_ctx_10x == 10 * p.ctx_last
+    assert p.kv_mb_last == pytest.approx(full.loc[p.ctx_last] / 1e6)
+    assert p.p_decode_ms == published.HYBRID_27B_VLLM_HEADLINE["decode_ms"]
+    assert p.head_rows == model["lm_head_rows"] and p.head_largest.startswith("is the longest kernel")
+    # flash-linear-attention ran in this run: the section names its version and both kernel counts
+    assert f"fla-core {h200_run.results['backend_versions']['fla']}" in p.fla_section
+    assert f"{steps.loc[('fla', 'eager'), 'kernels']:,.0f}" in p.fla_section
+    assert p.run_label.startswith(h200_run.provenance["gpu"]) and h200_run.run_id in p.run_label
+
+
+def test_page_says_what_was_not_measured(h200_run, tmp_path):
+    """Without flash-linear-attention's rows the page says they were not measured, and why, and the
+    prompt phase has no comparison."""
+    import shutil
+
+    copy = tmp_path / hybrid.CHAPTER / h200_run.run_id
+    shutil.copytree(h200_run.path, copy)
+    steps = pd.read_csv(copy / "variants.csv")
+    steps.loc[steps.backend == "fla", "status"] = "not run: fla-core is not installed"
+    steps.to_csv(copy / "variants.csv", index=False)
+    prompts = pd.read_csv(copy / "prefill.csv")
+    prompts[prompts.backend != "fla"].to_csv(copy / "prefill.csv", index=False)
+    p = hybrid.page(runs.load_run(hybrid.CHAPTER, h200_run.run_id, root=tmp_path, verify=False))
+    assert p.fla_section == (
+        "flash-linear-attention's kernels were **not measured** in this run: not run: fla-core is not installed."
+    )
+    assert p.prefill_text == ""
+    assert p.failed_text == "Not everything ran; each row that did not says why in its *status*."

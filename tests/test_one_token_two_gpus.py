@@ -555,3 +555,64 @@ def test_the_page_says_whose_cost_the_ratio_is_and_shows_no_own_one_gpu_wall():
     ]
     live = next(i for i, c in enumerate(nb["cells"]) if 'if mode == "live":' in "".join(c["source"]))
     assert len(md) == 1 and md[0] < live
+
+
+# --- the page: every number and text the prose glues ------------------------------------------
+
+
+def test_every_glue_name_of_the_prose_is_a_page_field_or_a_shared_quantity():
+    """The page cell glues the Page's fields and the book's shared quantities; nothing else glues."""
+    from dataclasses import fields
+
+    from .conftest import REPO
+    from .test_prefill_vs_decode import markdown_glue_names
+
+    page_names = {f.name for f in fields(ch.Page) if f.metadata.get("glue", True)}
+    used = markdown_glue_names(REPO / NOTEBOOK)
+    assert used - page_names - set(shared_names()) == set()
+    assert page_names <= used, page_names - used
+    assert not page_names & set(shared_names())
+
+
+def test_page_of_the_recorded_run_against_its_tables(h200_run):
+    from labsupport.chapters import shared
+
+    values = shared.values()
+    p = ch.page(h200_run, values)
+    assert p.tp == 2 and p.form_short == ch.SHORT["cuda-graph"] and p.form_name == ch.VARIANTS["cuda-graph"]
+    # the one-GPU walls are the book's shared ones, the ideal split half of them
+    assert p.one_gpu_ms == {form: values[name].value for form, name in ch.SHARED_ONE_GPU.items()}
+    assert p.a_ideal_ms == values["graph_wall_ms"].value / 2
+    assert p.one_gpu_from["eager"].startswith("The kernels in one token, run ")
+    # the split rows: the slower rank's wall of this run's variants.csv
+    recorded = h200_run.table("variants")
+    split = recorded[(recorded.tp == 2) & (recorded.status == "ok")].groupby("variant").wall_ms_min.max()
+    assert (p.a_wall_ms_n, p.e_wall_ms_n, p.k_wall_ms_n) == (split["cuda-graph"], split["eager"], split["compile"])
+    assert p.k_issue_n == recorded[(recorded.tp == 2) & (recorded.variant == "compile")].issue_ms_median.max()
+    # the all-reduces of one step, from collectives.csv (rank 0 of the split)
+    comm = h200_run.table("collectives")
+    rank0 = comm[(comm.tp == 2) & (comm["rank"] == 0)]
+    assert p.ar_bytes == 8192 and p.ar_16x_bytes == 16 * 8192
+    assert p.ar_step_bytes == rank0.bytes.sum() and p.ar_per_layer == p.ar_per_step / p.layers
+    curve = h200_run.table("allreduce")
+    assert p.ar_largest_bytes_mb == curve.bytes.max() / 2**20
+    assert p.failed_text == "Every form of the step ran at every degree."
+    assert p.interconnect_text.startswith("`nvidia-smi topo -m` lists `NV")
+    assert p.fast_us == min(ch.published_allreduce_us().values())
+
+
+def test_page_of_a_run_whose_compiled_split_step_failed(h200_run, tmp_path):
+    """A form that did not run at the split degree: the page names it with its status, and its numbers are NaN."""
+    import shutil
+
+    from labsupport import runs
+
+    copy = tmp_path / ch.CHAPTER / h200_run.run_id
+    shutil.copytree(h200_run.path, copy)
+    recorded = pd.read_csv(copy / "variants.csv")
+    recorded.loc[(recorded.tp == 2) & (recorded.variant == "compile"), "status"] = "failed: out of memory"
+    recorded.to_csv(copy / "variants.csv", index=False)
+    p = ch.page(runs.load_run(ch.CHAPTER, h200_run.run_id, root=tmp_path, verify=False))
+    assert p.failed_text == f"Not every form ran: *{ch.VARIANTS['compile']}* at TP=2: failed: out of memory."
+    assert p.k_wall_ms_n != p.k_wall_ms_n and p.k_speedup != p.k_speedup and p.k_idle_n != p.k_idle_n
+    assert p.a_wall_ms_n == p.a_wall_ms_n  # the main form still ran

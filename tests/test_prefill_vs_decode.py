@@ -652,3 +652,76 @@ def test_the_passes_table_holds_every_number_of_the_page_table_unrounded(recorde
     assert t.loc["mbu_busy_measured", "decode"] == p["decode"].mbu_busy_measured
     assert t.loc["datasheet_tflops", "prefill"] == lim.datasheet_tflops
     assert t.loc["measured_tbs", "decode"] == ch.bandwidth(lim).tbs
+
+
+# --- the page: every number and text the prose glues ------------------------------------------
+
+
+def markdown_glue_names(notebook) -> set[str]:
+    """Every glue name the notebook's markdown uses ({glue:text}`name:fmt`, {glue:md}`name`, and the
+    ```{glue:md} name``` directive)."""
+    nb = json.loads(notebook.read_text())
+    prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    return set(re.findall(r"\{glue(?::\w+)?\}`([A-Za-z0-9_]+)", prose)) | set(
+        re.findall(r"\{glue:\w+\}\s+([A-Za-z0-9_]+)", prose)
+    )
+
+
+def test_every_glue_name_of_the_prose_is_a_page_field_or_a_shared_quantity():
+    """The page cell glues the Page's fields and the book's shared quantities; nothing else glues."""
+    from dataclasses import fields
+
+    from labsupport.chapters import shared
+
+    page_names = {f.name for f in fields(ch.Page)}
+    used = markdown_glue_names(NOTEBOOK)
+    shared_names = set(shared.QUANTITIES) | {f"shared_run_{o.replace('-', '_')}" for o in shared.OWNERS}
+    assert used - page_names - shared_names == set()
+    assert page_names <= used, page_names - used  # no field the prose does not show
+    assert not page_names & shared_names  # a shared quantity is glued under its name once, by shared
+
+
+def test_page_of_the_recorded_run_against_its_tables(recorded):
+    from labsupport.chapters import shared
+
+    values = shared.values()
+    p = ch.page(recorded, values)
+    times = recorded.table("phase_times")
+    for phase, prefix in (("prefill", "p"), ("decode", "d")):
+        assert getattr(p, f"{prefix}_kernels") == len(recorded.table(ch.kernels_table_name(phase)))
+        assert getattr(p, f"{prefix}_wall_ms") == harness.table_estimate(times[times.phase == phase]).value
+        assert getattr(p, f"{prefix}_wall_repeats") == (times.phase == phase).sum()
+    assert p.param_prompt_len == p.gate_rows == recorded.parameters["prompt_len"]
+    assert p.busy_ratio == pytest.approx(p.p_gpu_busy_ms / p.d_gpu_busy_ms)
+    assert recorded.run_id in p.run_label and p.run_label.startswith(recorded.provenance["gpu"])
+    sweep = recorded.table("prompt_sweep")
+    ran = sweep[sweep.status == "ok"]
+    assert (p.s_first_len, p.s_last_len) == (ran.prompt_len.min(), ran.prompt_len.max())
+    assert len(ran) == len(sweep) and p.sweep_status == "Every prompt length ran."
+    assert p.try_floor_x_wall == p.d_wall_ms / values["floor_ms"].value
+    us_per_token = ran[harness.estimate_column(ran.columns)] * 1e3 / ran.prompt_len
+    assert p.try_us_target == pytest.approx(2 * us_per_token.min(), rel=1e-12)
+    cheapest = ran.prompt_len[us_per_token < p.try_us_target].min()
+    assert p.try_sweep_answer.startswith(f"{cheapest:,d} tokens")
+    assert p.bw_short == "practical ceiling" and f"{p.bw_tbs:.2f} TB/s" in p.bw_sentence
+    assert p.datasheet_name == f"{hardware.datasheet(recorded.provenance['gpu']).name} datasheet"
+    assert p.rd_slowest.startswith("`") and p.rp_fastest.startswith("`")
+    assert p.r_other_gpu != recorded.provenance["gpu"] and "H100" in p.r_other_gpu
+    # the launch-bound prompts: the GPU idle more than a fifth of their wall time
+    shown = ch.prompt_sweep(recorded).set_index("prompt_len")
+    bound = shown[shown["GPU ms"] / shown["wall ms"] < 0.8]
+    assert p.s_bound_text == f"launch-bound up to {bound.index.max():,d} tokens here"
+    assert p.s_host_text.startswith(f"Up to {bound.index.max():,d} tokens")
+
+
+@pytest.mark.live
+def test_page_of_a_run_on_a_cpu_says_what_it_lacks(tiny_run):
+    """A run without a datasheet or measured ceilings: the page says so instead of a number."""
+    from labsupport.chapters import shared
+
+    p = ch.page(tiny_run, shared.values())
+    assert p.datasheet_name == "no datasheet known for this GPU"
+    assert p.bw_sentence == "no bandwidth (this run measured no ceilings)"
+    assert p.ridge_sheet != p.ridge_sheet and p.bw_tbs != p.bw_tbs  # NaN: no limit known
+    assert p.param_prompt_len == TINY["prompt_len"] and p.s_last_len == max(TINY["prompt_lens"])
+    assert p.prefill_timing_note.startswith("The prefill's wall time is one measurement")

@@ -9,7 +9,8 @@ of them; then measure how the cache grows with the context (measuring.py, which 
 names of the run's tables, columns, modes and traces).
 Replay: every table of the chapter is computed from the run: the run's own tables, its kernels
 and the published vLLM profile beside it (analysis.py), the host's side and where the idle time
-sits (idle.py), and the chapter's figures (figures.py). Their public names are the package's.
+sits (idle.py), the chapter's figures (figures.py), what its page glues (page.py; its conditional
+paragraphs, prose.py) and the tables it shows (tables.py). Their public names are the package's.
 """
 
 # ruff: noqa: F401, I001 (these imports are the package's public names, wrapped to read as a list)
@@ -23,7 +24,7 @@ from .analysis import (
     variants_compact,
 )
 from .figures import (
-    cache_growth_figure, csv_link, stacked_parts,
+    cache_growth_figure, csv_link, groups_figure, stacked_parts, time_budget_figure,
 )
 from .idle import (
     GAP_NS, host_before_first_kernel, host_call, HostCall, idle_places, idle_summary, IdleSummary,
@@ -33,5 +34,14 @@ from .measuring import (
     ARTIFACTS, CACHE_GROWTH_COLUMNS, cache_rows, CHAPTER, check_backends, GROUPS, load, model_facts, MODES,
     MODES_SHORT, OUTSIDE, Params, PREFILL_COLUMNS, progress, Recorder, STEP_TIME_COLUMNS, trace_file,
     VARIANT_COLUMNS, wall_column,
+)
+from .page import Page, page
+from .prose import (
+    beside_published_texts, fla_section, gpus_text, graph_text, host_text, inside_graph_text, prefill_text,
+)
+from .tables import (
+    beside_published_shown, census_shown, groups_shown, host_events_shown, idle_places_shown, largest_kernels_shown,
+    layer_types_shown, mixer_kernel_links, mixer_shown, prefill_shown, published_shown, time_budget_shown,
+    variants_shown,
 )
 # fmt: on

@@ -65,3 +65,34 @@ def csv_link(df: pd.DataFrame, filename: str, text: str):
         f'<p><a href="data:text/csv;base64,{data}" download="{html.escape(filename)}">'
         f"{html.escape(text)}</a> ({len(df)} rows, CSV)</p>"
     )
+
+
+def groups_figure(run):
+    """The eager reference step's GPU time by the part of the model that launched each kernel."""
+    from labsupport.figures import hbars
+
+    from .analysis import census_by_group, kernel_table
+
+    groups = census_by_group(kernel_table(run, "reference", "eager"))
+    return hbars(
+        list(groups.index),
+        list(groups["GPU ms"]),
+        run.label,
+        "Eager decode step, reference Gated DeltaNet: GPU time by part of the model",
+        "GPU ms",
+    )
+
+
+def time_budget_figure(run):
+    """stacked_parts() of every variant's time: matrix multiplies, other kernels, GPU idle."""
+    from .analysis import time_budget
+    from .measuring import MODES
+
+    budget = time_budget(run)
+    return stacked_parts(
+        budget.assign(variant=[f"{b}: {MODES[m]}" for b, m in zip(budget.backend, budget["mode"], strict=True)]),
+        ["matrix multiplies ms", "other kernels ms", "GPU idle ms"],
+        run.label,
+        "Where the time of one decode step goes",
+        "ms per token",
+    )

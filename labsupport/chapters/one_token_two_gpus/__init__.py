@@ -12,7 +12,9 @@ communication kind, the curve, and the answer, all computed from the run here.
     topology   link_between, interconnect, recorded_interconnect (nvidia-smi topo -m)
     analysis   steps, main_form, census, collectives, allreduce_curve, answer, best, time_split,
                references, headline
-    figures    allreduce_figure, ranks_timeline
+    figures    allreduce_figure, ranks_timeline (and of a run: allreduce_curves_figure, layer_lanes_figure)
+    page       Page, page: every number and short text the page glues
+    tables     the tables the page shows
     split      the hand-split step (measure.tp_split): split_command, split_options, collect_split,
                record_split, split_summary, same_answer (recorded live; not on the page yet)
 """
@@ -27,7 +29,7 @@ from .analysis import (
     split_degree, steps, steps_shown, time_split,
 )
 from .figures import (
-    allreduce_figure, COLORS, ranks_timeline,
+    allreduce_curves_figure, allreduce_figure, COLORS, layer_lanes_figure, ranks_timeline,
 )
 from .measuring import (
     collect, gpus_here, launch, pending_run, record_topology, relaunch_eager, require_gpus, TooFewGPUs,
@@ -43,4 +45,6 @@ from .split import (
 from .topology import (
     interconnect, link_between, recorded_interconnect,
 )
+from .page import Page, page
+from .tables import allreduce_shown, census_shown, references_shown, steps_table, time_split_shown
 # fmt: on

@@ -65,3 +65,24 @@ def ranks_timeline(layers: dict[str, pd.DataFrame], label: str, title: str):
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     figures.footer(fig, label)
     return fig
+
+
+def layer_lanes_figure(run):
+    """ranks_timeline() of the middle decoder layer of the profiled main form, every rank of the split in
+    its own lane."""
+    from .analysis import layer_kernels, main_form, split_degree
+    from .params import SHORT
+
+    tp, form = split_degree(run), main_form(run)
+    layer = run.results["model"]["layers"] // 2
+    lanes = {f"rank {rank}": layer_kernels(run, tp, rank, form, layer) for rank in range(tp)}
+    return ranks_timeline(lanes, run.label, f"TP={tp}, {SHORT[form]}: decoder layer {layer} on each rank")
+
+
+def allreduce_curves_figure(run):
+    """allreduce_figure() of the run's curves, launched one by one and replayed from a CUDA graph."""
+    from .analysis import allreduce_curve
+
+    return allreduce_figure(
+        {"one by one": allreduce_curve(run), "CUDA graph": allreduce_curve(run, "CUDA graph")}, run.label
+    )

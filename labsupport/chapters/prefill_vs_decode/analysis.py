@@ -258,24 +258,6 @@ def prefill_timing(run: runs.Run) -> PrefillTiming:
     return PrefillTiming(n, est, len(walls), float(r[harness.estimate_column(row.columns)]), reps, shared)
 
 
-def wall_host_text(run: runs.Run) -> str:
-    """Which host the wall times of the phase table come from: the trials the estimator rests on,
-    and the host probe's readings while they were taken."""
-    t = run.table("phase_times")
-    d = harness.table_estimate(t[t["phase"] == "decode"])
-    if d.basis != harness.ESTIMATOR:
-        return (
-            f"These wall times are the minimum of each pass's {d.of} trials: the run was recorded before each "
-            "trial carried a host-probe reading, so which speed of the host they come from is known only from "
-            "the probe's readings around them (listed with the run's files below)."
-        )
-    return (
-        f"These wall times are the median of the trials taken while the host probe read within "
-        f"{harness.FAST_HOST - 1:.0%} of its best reading in the run, {d.best_probe_ms:.2f} ms ({d.trials} of the "
-        f"decode step's {d.of} trials): the host at its fast speed, as in the other chapters' wall times."
-    )
-
-
 # Display labels of utilisation()'s `time` keys.
 TIME_LABELS = {"wall": "wall time", "busy": "GPU busy"}
 

@@ -371,3 +371,38 @@ def roofline_figure(run: runs.Run):
     ax.legend(fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)
     finish(fig, run.label)
     return fig
+
+
+def layer_gemm_figure(run: runs.Run):
+    """gemm_rates() of the run's compared decoder layer, against the run's limits."""
+    from .analysis import layer_gemms
+
+    lim = limits(run)
+    measured = bandwidth(lim)
+    return gemm_rates(
+        layer_gemms(run),
+        run.label,
+        lim.datasheet_tflops,
+        lim.gemm_tflops,
+        lim.datasheet_tbs,
+        measured.tbs,
+        f", decoder layer {int(run.results['gemm_layer'])}",
+        bandwidth_label=measured.short,
+    )
+
+
+def sweep_figure(run: runs.Run):
+    """prompt_sweep_figure() of the run: its sweep under its roofline, with its crossover and ridges."""
+    from .analysis import crossover, prompt_sweep, roofline
+
+    lim, cross = limits(run), crossover(run)
+    return prompt_sweep_figure(
+        prompt_sweep(run),
+        roofline(run),
+        run.label,
+        lim.datasheet_tflops,
+        lim.gemm_tflops,
+        cross.measured_tokens,
+        cross.datasheet_tokens,
+        cross.measured_ridge_tokens,
+    )
