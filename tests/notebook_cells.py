@@ -46,12 +46,3 @@ def assert_times_before_profiles(order):
     assert "time" in kinds and "profile" in kinds
     first_profile = kinds.index("profile")
     assert "time" not in kinds[first_profile:], f"a time after a profile: {order[first_profile:]}"
-
-
-def glue_names_in_prose(notebook: str) -> set[str]:
-    """Every glue name a chapter notebook's markdown uses ({glue:text}`name:.2f`, {glue:md}`name`, ...)."""
-    import re
-
-    nb = nbformat.read(REPO / "notebooks" / notebook, as_version=4)
-    prose = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    return set(re.findall(r"\{glue(?::\w+)?\}`([^`:]+)", prose))

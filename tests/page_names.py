@@ -12,16 +12,19 @@ from labsupport.chapters import shared
 from .conftest import REPO
 
 GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`([^`:]+)")  # {glue:text}`name:.2f`, {glue:md}`name`, ...
+GLUE_DIRECTIVE = re.compile(r"\{glue:\w+\}\s+([A-Za-z0-9_]+)")  # ```{glue:md} name
 
 
-def prose_names(notebook: str) -> set[str]:
-    """Every glue name the notebook's markdown cells use."""
+def prose_names(notebook) -> set[str]:
+    """Every glue name the notebook's markdown cells use (`notebook`: its path from the repository root)."""
     cells = json.loads((REPO / notebook).read_text())["cells"]
-    return {name for c in cells if c["cell_type"] == "markdown" for name in GLUE_ROLE.findall("".join(c["source"]))}
+    prose = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return set(GLUE_ROLE.findall(prose)) | set(GLUE_DIRECTIVE.findall(prose))
 
 
 def page_names(page) -> set[str]:
-    """The names glue.glue_page glues of a Page: its fields, less those marked {"glue": False}."""
+    """The names glue.glue_page glues of a Page (the class or one page): its fields, less those marked
+    {"glue": False}."""
     return {f.name for f in dataclasses.fields(page) if f.metadata.get("glue", True)}
 
 
@@ -33,3 +36,8 @@ def unglued(notebook: str, page) -> set[str]:
     shared_names = set(shared.QUANTITIES) | {f"shared_run_{owner.replace('-', '_')}" for owner in shared.OWNERS}
     rest = prose_names(notebook) - page_names(page) - shared_names
     return {name for name in rest if not re.search(rf"glue\w*\(\s*f?[\"']{re.escape(name)}[\"']", code)}
+
+
+def unshown(notebook, page) -> set[str]:
+    """The Page's glued fields that the notebook's prose never uses."""
+    return page_names(page) - prose_names(notebook)

@@ -257,3 +257,4 @@ def test_about_this_run_is_one_closed_box_with_provenance_host_and_files(publish
     assert f"<code>{published.run_id}</code>" in html and published.provenance["gpu"] in html
     assert "Host probe" in html or "host probe" in html
     assert all(f"<code>{n}</code>" in html for n in published.meta["files"]), "every file of the run is listed"
+    assert "How the numbers were taken" in html and html.count("<th>host: ") == len(published.results["method"]["host"])

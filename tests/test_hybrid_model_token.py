@@ -426,13 +426,9 @@ def test_the_answer_comes_before_the_measuring_code():
 
 def test_every_glue_name_of_the_prose_is_a_page_field():
     """The page cell glues the Page's fields, and nothing else glues: every name the markdown uses is one."""
-    from dataclasses import fields
+    from .page_names import unglued, unshown
 
-    from .test_prefill_vs_decode import markdown_glue_names
-
-    page_names = {f.name for f in fields(hybrid.Page)}
-    used = markdown_glue_names(REPO / NOTEBOOK)
-    assert used == page_names, (used - page_names, page_names - used)
+    assert unglued(NOTEBOOK, hybrid.Page) == set() and unshown(NOTEBOOK, hybrid.Page) == set()
 
 
 def test_page_of_the_recorded_run_against_its_tables(h200_run):

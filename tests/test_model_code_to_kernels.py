@@ -2,7 +2,6 @@
 recorded decode step it reads (tests/fixtures), and the notebook's measuring cells run live on
 a CPU (tiny model) to check that every time is taken before a profile."""
 
-import dataclasses
 import functools
 import math
 
@@ -14,7 +13,8 @@ from labsupport.measure import decode, environment, harness
 from labsupport.measure.kernels import triton_kernels
 
 from .conftest import FIXTURES, fixture_run
-from .notebook_cells import assert_times_before_profiles, glue_names_in_prose, run_live
+from .notebook_cells import assert_times_before_profiles, run_live
+from .page_names import prose_names, unglued
 
 pytestmark = pytest.mark.unit
 
@@ -173,8 +173,6 @@ def test_gemm_text_names_a_split_k_pair():
 
 
 def test_every_glue_name_of_the_prose_is_a_page_field_or_a_shared_quantity():
-    from labsupport.chapters import shared
 
-    fields = {f.name for f in dataclasses.fields(ch.Page) if f.metadata.get("glue", True)}
-    used = glue_names_in_prose("model_code_to_kernels.ipynb")
-    assert len(used) > 20 and used <= fields | set(shared.QUANTITIES), used - fields - set(shared.QUANTITIES)
+    notebook = "notebooks/model_code_to_kernels.ipynb"
+    assert len(prose_names(notebook)) > 20 and unglued(notebook, ch.Page) == set()

@@ -562,16 +562,11 @@ def test_the_page_says_whose_cost_the_ratio_is_and_shows_no_own_one_gpu_wall():
 
 def test_every_glue_name_of_the_prose_is_a_page_field_or_a_shared_quantity():
     """The page cell glues the Page's fields and the book's shared quantities; nothing else glues."""
-    from dataclasses import fields
+    from .page_names import page_names, unglued, unshown
 
-    from .conftest import REPO
-    from .test_prefill_vs_decode import markdown_glue_names
-
-    page_names = {f.name for f in fields(ch.Page) if f.metadata.get("glue", True)}
-    used = markdown_glue_names(REPO / NOTEBOOK)
-    assert used - page_names - set(shared_names()) == set()
-    assert page_names <= used, page_names - used
-    assert not page_names & set(shared_names())
+    assert unglued(NOTEBOOK, ch.Page) == set()
+    assert unshown(NOTEBOOK, ch.Page) == set()
+    assert not page_names(ch.Page) & set(shared_names())
 
 
 def test_page_of_the_recorded_run_against_its_tables(h200_run):

@@ -657,28 +657,17 @@ def test_the_passes_table_holds_every_number_of_the_page_table_unrounded(recorde
 # --- the page: every number and text the prose glues ------------------------------------------
 
 
-def markdown_glue_names(notebook) -> set[str]:
-    """Every glue name the notebook's markdown uses ({glue:text}`name:fmt`, {glue:md}`name`, and the
-    ```{glue:md} name``` directive)."""
-    nb = json.loads(notebook.read_text())
-    prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    return set(re.findall(r"\{glue(?::\w+)?\}`([A-Za-z0-9_]+)", prose)) | set(
-        re.findall(r"\{glue:\w+\}\s+([A-Za-z0-9_]+)", prose)
-    )
-
-
 def test_every_glue_name_of_the_prose_is_a_page_field_or_a_shared_quantity():
     """The page cell glues the Page's fields and the book's shared quantities; nothing else glues."""
-    from dataclasses import fields
 
     from labsupport.chapters import shared
 
-    page_names = {f.name for f in fields(ch.Page)}
-    used = markdown_glue_names(NOTEBOOK)
+    from .page_names import page_names, unglued, unshown
+
     shared_names = set(shared.QUANTITIES) | {f"shared_run_{o.replace('-', '_')}" for o in shared.OWNERS}
-    assert used - page_names - shared_names == set()
-    assert page_names <= used, page_names - used  # no field the prose does not show
-    assert not page_names & shared_names  # a shared quantity is glued under its name once, by shared
+    assert unglued(NOTEBOOK, ch.Page) == set()
+    assert unshown(NOTEBOOK, ch.Page) == set()  # no field the prose does not show
+    assert not page_names(ch.Page) & shared_names  # a shared quantity is glued under its name once, by shared
 
 
 def test_page_of_the_recorded_run_against_its_tables(recorded):

@@ -2,7 +2,6 @@
 sentences for runs without the cache's size or the add out of the cache, and the notebook's
 measuring cells run live on a CPU to check that every time is taken before a profile."""
 
-import dataclasses
 import functools
 import math
 import shutil
@@ -18,7 +17,8 @@ from labsupport.measure.kernels import triton_kernels
 from labsupport.traces import kernels
 
 from .conftest import fixture_run
-from .notebook_cells import assert_times_before_profiles, definitions, glue_names_in_prose, run_live
+from .notebook_cells import assert_times_before_profiles, definitions, run_live
+from .page_names import prose_names, unglued
 
 pytestmark = pytest.mark.unit
 
@@ -226,6 +226,5 @@ def test_the_page_of_a_run_without_the_add_out_of_the_cache(run, tmp_path):
 
 
 def test_every_glue_name_of_the_prose_is_a_page_field():
-    fields = {f.name for f in dataclasses.fields(ch.Page) if f.metadata.get("glue", True)}
-    used = glue_names_in_prose(NOTEBOOK)
-    assert len(used) > 30 and used <= fields, used - fields
+    notebook = f"notebooks/{NOTEBOOK}"
+    assert len(prose_names(notebook)) > 30 and unglued(notebook, ch.Page) == set()

@@ -5,7 +5,6 @@ ridge and irregular points, the published H100 figure, the figures and the explo
 and arithmetic; no timings as pass/fail). Then the notebook's measuring cells, live on a CPU
 with the tiny model: every time before the first profile, and a batch that runs out of memory."""
 
-import dataclasses
 import json
 import math
 import shutil
@@ -21,7 +20,7 @@ from labsupport.chapters import why_a_gpu as ch
 from labsupport.measure import hardware, harness, models
 
 from .conftest import FIXTURES, fixture_run
-from .notebook_cells import glue_names_in_prose
+from .page_names import prose_names, unglued
 
 pytestmark = pytest.mark.unit
 
@@ -732,9 +731,4 @@ def test_the_shared_quantities_show_a_dash_without_the_other_owners_runs(run, mo
 
 
 def test_every_glue_name_of_the_prose_is_a_page_field_or_a_shared_quantity():
-    from labsupport.chapters import shared
-
-    fields = {f.name for f in dataclasses.fields(ch.Page) if f.metadata.get("glue", True)}
-    shared_names = set(shared.QUANTITIES) | {f"shared_run_{o.replace('-', '_')}" for o in shared.OWNERS}
-    used = glue_names_in_prose(NOTEBOOK.name)
-    assert len(used) > 60 and used <= fields | shared_names, used - fields - shared_names
+    assert len(prose_names(NOTEBOOK)) > 60 and unglued(NOTEBOOK, ch.Page) == set()

@@ -43,20 +43,26 @@ def data_list(run):
 
 def about_this_run(run):
     """One folded box for the end of a chapter, "About this run": its provenance (GPU, driver,
-    versions, commit, time), the host probe's readings, and every file of the run (data_list). What a
-    reader checks, not what a reader reads first; so it is closed until opened."""
+    versions, commit, time), how each kind of number was taken (results["method"]), the host
+    probe's readings, and every file of the run (data_list). What a reader checks, not what a reader
+    reads first; so it is closed until opened."""
     import html
 
     from IPython.display import HTML
 
-    rows = [*run.provenance.items(), ("run", run.run_id)]
-    provenance = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    def table(rows) -> str:
+        cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+        return f'<table class="provenance"><tbody>{cells}</tbody></table>'
+
+    method = dict(run.results.get("method", {}))  # how each kind of number was taken (the harness's record)
+    host = method.pop("host", {})
+    method_rows = [*method.items(), *((f"host: {k}", v) for k, v in host.items())]
+    taken = f"<p>How the numbers were taken:</p>{table(method_rows)}" if method_rows else ""
     gpu, day = run.provenance.get("gpu", "?"), str(run.provenance.get("utc_time", ""))[:10]
     return HTML(
         '<details class="about-run"><summary>About this run: '
         f"{html.escape(str(gpu))}, run <code>{html.escape(run.run_id)}</code>, {html.escape(day)}</summary>"
-        f'<table class="provenance"><tbody>{provenance}</tbody></table>'
-        f"{_data_list_html(run)}</details>"
+        f"{table([*run.provenance.items(), ('run', run.run_id)])}{taken}{_data_list_html(run)}</details>"
     )
 
 
