@@ -222,10 +222,16 @@ def test_derive_migrates_a_gallery_run_and_keeps_its_pack_json_true(tmp_path, ca
     assert set(entry.run.meta["derived"]) == set(json.loads((GALLERY_RUN / "meta.json").read_text())["derived"])
 
 
-def test_derive_refuses_a_gallery_run_whose_pack_json_is_not_its_own(tmp_path, capsys):
+@pytest.mark.parametrize("wrong", ["extra files", "a digest"])
+def test_derive_refuses_a_gallery_run_whose_pack_json_is_not_its_own(tmp_path, capsys, wrong):
     folder = tmp_path / "gallery" / "nvidia-h200" / "launch-overhead" / GALLERY_RUN.name
     shutil.copytree(GALLERY_RUN, folder)
-    as_format_1(folder)  # pack.json still lists the meta.json of before
+    meta = as_format_1(folder)  # pack.json still lists the replay tables of before
+    if wrong == "a digest":
+        manifest = json.loads((folder / pack.PACK_JSON).read_text())
+        manifest["files"] = {n: e for n, e in manifest["files"].items() if n in meta["files"] or n == "meta.json"}
+        manifest["files"]["step_times.csv"]["sha256"] = "0" * 64
+        (folder / pack.PACK_JSON).write_text(json.dumps(manifest))
     before = tree_bytes(tmp_path)
     assert derive.main([], tmp_path) == 1
     assert "pack.json does not list the run's files as its meta.json does" in capsys.readouterr().err
