@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     except params.ParamError as e:
         print(f"error: {e}; nothing was run, the published run is unchanged", file=sys.stderr)
         return 1
-    except (runs.RunError, lock.Busy, promotion.PromotionError) as e:
+    except (runs.RunError, lock.LockError, promotion.PromotionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # a folder missing, read-only or full that the command did not check itself

@@ -12,7 +12,7 @@ import pytest
 from labsupport import __main__ as cli
 from labsupport import runs
 from labsupport.ops import derive, gallery, pack
-from labsupport.runs import formats, provenance
+from labsupport.runs import formats, lock, provenance
 from labsupport.runs.load import OlderFormat
 from labsupport.traces import derived, replay
 
@@ -166,7 +166,7 @@ def test_derive_leaves_a_damaged_run_as_it_was(old_run, capsys):
     before = tree_bytes(old_run.parent.parent)
     assert derive.main([CHAPTER], old_run.parent.parent) == 1
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and err[0].startswith(f"error: {CHAPTER}/{SOURCE.name}: refused, left as it was: ")
+    assert len(err) == 1 and err[0].startswith(f"error: {CHAPTER}/{SOURCE.name}: refused, left as it was: ")
     assert "add_times.csv does not match its checksum" in err[0]
     assert tree_bytes(old_run.parent.parent) == before
 
@@ -263,3 +263,13 @@ def test_a_derive_stopped_before_pack_json_is_finished_by_the_next(tmp_path, mon
     gallery._check_listed(folder, "finished")
     once = tree_bytes(tmp_path)
     assert derive.main([], tmp_path) == 0 and tree_bytes(tmp_path) == once
+
+
+def test_derive_waits_for_no_one_while_another_command_holds_the_runs_folder(old_run, capsys):
+    root = old_run.parent.parent
+    with lock.held(root, "nightly"):
+        before = tree_bytes(root)
+        with pytest.raises(lock.Busy, match="another nightly"):
+            derive.main([], root)
+        assert tree_bytes(root) == before
+    assert derive.main([], root) == 0 and not (root / lock.NAME).exists()

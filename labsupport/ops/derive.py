@@ -22,7 +22,7 @@ from pathlib import Path
 from labsupport import runs
 from labsupport.ops import pack
 from labsupport.ops.gallery import GALLERY
-from labsupport.runs import formats, provenance
+from labsupport.runs import formats, lock, provenance
 from labsupport.runs.load import OlderFormat
 from labsupport.runs.paths import CHAPTER_PATTERN
 from labsupport.runs.writer import fsync_dir, sha256, write_atomic
@@ -151,7 +151,8 @@ def runs_folders(root: Path) -> dict[str, Path]:
 def main(chapter_slugs: list[str], root: Path | None = None, say=print, complain=None) -> int:
     """Migrate the runs of each chapter named (all by default), one line per run; a run that is
     refused is one line (`complain`, stderr by default), the others go on. Exit status 1 if any
-    was refused. A missing runs folder or a chapter with no runs is one RunError."""
+    was refused. A missing runs folder or a chapter with no runs is one RunError; another command
+    holding the runs folder's lock (a nightly, say) is lock.Busy, with nothing changed."""
     complain = complain or (lambda line: print(line, file=sys.stderr))
     root = root or runs.runs_root()
     if not root.is_dir():
@@ -167,18 +168,17 @@ def main(chapter_slugs: list[str], root: Path | None = None, say=print, complain
     if unknown:
         raise runs.RunError(f"no runs of {', '.join(sorted(unknown))} under {root}")
     refused = 0
-    for prefix, folders in found.items():
-        for folder in folders:
-            if wanted and folder.name not in wanted:
-                continue
-            runs.check_real_dir(folder, "derive")
-            for run_id in runs.list_runs(folder.name, folder.parent):
-                where = f"{prefix}{folder.name}/{run_id}"
-                try:
-                    say(f"{where}: {derive_run(folder.name, run_id, folder.parent)}")
-                except runs.RunError as e:
-                    refused += 1
-                    complain(f"error: {where}: refused, left as it was: {e}")
-    if refused:
-        complain(f"error: derive: {refused} run{'s' if refused > 1 else ''} refused (above); the others are done")
+    with lock.held(root, "derive"):  # no nightly or live writes, publishes or prunes runs meanwhile
+        for prefix, folders in found.items():
+            for folder in folders:
+                if wanted and folder.name not in wanted:
+                    continue
+                runs.check_real_dir(folder, "derive")
+                for run_id in runs.list_runs(folder.name, folder.parent):
+                    where = f"{prefix}{folder.name}/{run_id}"
+                    try:
+                        say(f"{where}: {derive_run(folder.name, run_id, folder.parent)}")
+                    except runs.RunError as e:
+                        refused += 1
+                        complain(f"error: {where}: refused, left as it was: {e}")
     return 1 if refused else 0
