@@ -265,7 +265,7 @@ def test_a_derive_stopped_before_pack_json_is_finished_by_the_next(tmp_path, mon
     assert derive.main([], tmp_path) == 0 and tree_bytes(tmp_path) == once
 
 
-def test_derive_waits_for_no_one_while_another_command_holds_the_runs_folder(old_run, capsys):
+def test_derive_refuses_while_another_command_holds_the_runs_folder(old_run, capsys):
     root = old_run.parent.parent
     with lock.held(root, "nightly"):
         before = tree_bytes(root)

@@ -121,7 +121,8 @@ def migrate(run: runs.Run) -> str:
 
 def derive_run(chapter: str, run_id: str, root: Path) -> str:
     """Load one run checked and migrate it if it is older; returns what was done. A run that does
-    not load (damaged, newer) or cannot be written is one RunError, its meta.json unchanged."""
+    not load (damaged, newer) is one RunError, untouched; so is one that cannot be written, which
+    stays the old run until its meta.json is replaced."""
     try:
         run = runs.load_run(chapter, run_id, root)
     except OlderFormat as e:
@@ -133,7 +134,7 @@ def derive_run(chapter: str, run_id: str, root: Path) -> str:
         return migrate(run)
     except OSError as e:
         raise runs.RunError(
-            f"it cannot be written ({e.strerror or e}: {e.filename or run.path}); its meta.json is unchanged"
+            f"it cannot be written ({e.strerror or e}: {e.filename or run.path}); derive again finishes it"
         ) from None
 
 
