@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("chapter")
     rp.add_argument("--runs", help="a runs folder, or the zip the book serves for the chapter (default: runs/)")
     rp.add_argument("--out", default="figures", help="folder the figures are written to (default: figures)")
-    derive = sub.add_parser("derive", help="write the replay tables of runs recorded before runs stored them")
+    derive = sub.add_parser("derive", help="bring runs of an older format (meta.json: format) to the current one")
     derive.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
     return ap
 
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     except params.ParamError as e:
         print(f"error: {e}; nothing was run, the published run is unchanged", file=sys.stderr)
         return 1
-    except (runs.RunError, lock.Busy, promotion.PromotionError) as e:
+    except (runs.RunError, lock.LockError, promotion.PromotionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # a folder missing, read-only or full that the command did not check itself

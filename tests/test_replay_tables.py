@@ -1,7 +1,8 @@
 """Replay reads the tables stored beside each trace (labsupport.traces.replay) instead of parsing
 the trace: they equal what the exact parser gives on the committed traces, a tampered, stale or
-unlisted table is refused in one line, validation re-derives them, `derive` writes them for runs
-recorded before them, and replay with them does not call the parser."""
+unlisted table is refused in one line, and so is a trace of a run without them; validation re-derives
+them, `derive` writes them for runs recorded before them, and replay with them does not call the
+parser."""
 
 import gzip
 import hashlib
@@ -59,12 +60,11 @@ def test_the_stored_tables_equal_the_parsed_trace(path):
     assert derived.check(path) is None
 
 
-def test_every_published_and_fixture_trace_has_its_tables_listed():
-    """The runs a book or a test replays have their tables; an older, unpublished run keeps only
-    its trace (the drift report parses it), which keeps the repository small."""
-    published = json.loads((RUNS / "published.json").read_text())
-    metas = [RUNS / chapter / run_id / "meta.json" for chapter, run_id in sorted(published.items())]
-    metas += sorted(FIXTURES.glob("*/*/meta.json"))
+def test_every_committed_trace_has_its_tables_listed():
+    """Every run committed (published or not, the gallery's, the fixtures) is of the current
+    format, whose traces all have their tables (`python -m labsupport derive` wrote the missing ones)."""
+    metas = sorted(RUNS.rglob("meta.json")) + sorted((REPO_ROOT / "tests" / "fixtures").rglob("meta.json"))
+    assert len(metas) > 30
     missing = []
     for meta_path in metas:
         meta = json.loads(meta_path.read_text())
@@ -142,10 +142,22 @@ def test_replay_with_stored_tables_does_not_parse_the_trace(small_run, monkeypat
     monkeypatch.setattr(trace, "parse_events", no_parsing)
     pd.testing.assert_frame_equal(trace.read_kernels(trace_path, origin="burst"), expected)
     assert trace.load_events(trace_path)
-    for name in [n for n in json.loads((small_run / "meta.json").read_text())["derived"]]:
-        (small_run / name).unlink()  # a run from before the tables: parsed, as before
+    scratch = small_run.parent / "scratch"  # a trace being measured, outside any run: parsed
+    scratch.mkdir()
+    shutil.copyfile(trace_path, scratch / trace_path.name)
     with pytest.raises(AssertionError, match="parsed"):
-        trace.read_kernels(trace_path, origin="burst")
+        trace.read_kernels(scratch / trace_path.name, origin="burst")
+
+
+def test_a_trace_of_a_run_without_its_tables_is_refused_not_parsed(small_run, monkeypatch):
+    """Every trace of a run of the current format has its tables: one without them is a damaged
+    run, never a silent fall-back to parsing the trace."""
+    monkeypatch.setattr(trace, "parse_events", lambda path: pytest.fail(f"parsed {path}"))
+    for name in json.loads((small_run / "meta.json").read_text())["derived"]:
+        (small_run / name).unlink()
+    with pytest.raises(trace.TraceError, match="has no replay tables beside it") as e:
+        trace.read_kernels(small_run / "burst_trace.json.gz", origin="burst")
+    assert "\n" not in str(e.value)
 
 
 def test_derive_writes_the_tables_of_a_run_recorded_before_them(small_run, capsys):
@@ -155,7 +167,8 @@ def test_derive_writes_the_tables_of_a_run_recorded_before_them(small_run, capsy
     for name in committed:
         (small_run / name).unlink()
         del meta["files"][name]
-    del meta["derived"]
+    for key in ("derived", "format", "migrated"):  # a run of format 1, recorded before the tables
+        del meta[key]
     meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     assert replay.stored(small_run / "burst_trace.json.gz") is None
     assert cli.main(["derive", "what-a-kernel"]) == 0

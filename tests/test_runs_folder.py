@@ -21,6 +21,7 @@ from labsupport.runs import lock, promotion
 from . import nightly_driver as driver
 from .conftest import REPO, cpu_args
 from .test_nightly_failures import Night
+from .test_run_format import as_format_1
 from .test_trust import NIGHT, _plan, everything
 
 pytestmark = pytest.mark.unit
@@ -225,6 +226,7 @@ def test_derive_on_a_read_only_runs_folder_is_one_line(tmp_path, monkeypatch, ca
     from labsupport import __main__ as cli
 
     n = Night(tmp_path)
+    as_format_1(n.root / CHAPTER / n.old_run)  # a run recorded before the replay tables: derive writes them
     monkeypatch.setenv("LABSUPPORT_RUNS", str(n.root))
     before = everything(n.root)
 
@@ -234,6 +236,6 @@ def test_derive_on_a_read_only_runs_folder_is_one_line(tmp_path, monkeypatch, ca
     monkeypatch.setattr(Path, "write_bytes", read_only)  # how labsupport.traces.derived writes a table
     assert cli.main(["derive"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{CHAPTER}/{n.old_run}: its replay tables cannot be written" in err[0], err
+    assert len(err) == 1 and f"{CHAPTER}/{n.old_run}: refused, left as it was: it cannot be written" in err[0], err
     assert "Read-only file system" in err[0]
     assert everything(n.root) == before

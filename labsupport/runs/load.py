@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from labsupport.runs import provenance
+from labsupport.runs import formats, provenance
 from labsupport.runs.paths import FILE_PATTERN, MANIFEST, RunError, check_chapter, check_run_id, run_dir, runs_root
 from labsupport.runs.tables import check_table, declared_columns, first_line, read_table
 from labsupport.runs.writer import sha256
@@ -173,7 +173,38 @@ def load_run(chapter: str, run_id: str | None = None, root: Path | None = None, 
                 raise RunError(
                     f"run {run_id!r} of chapter {chapter!r} is corrupt: {name} does not match its checksum in meta.json"
                 )
-    return Run(chapter=chapter, run_id=run_id, path=path, meta=meta)
+    return current_format(Run(chapter=chapter, run_id=run_id, path=path, meta=meta))
+
+
+class OlderFormat(RunError):
+    """A run of a format older than this code's, loaded (and verified, unless told not to): the
+    refusal every reader of it gets, and the run that derive brings up to date (`run`)."""
+
+    def __init__(self, message: str, run: Run):
+        super().__init__(message)
+        self.run = run
+
+
+def current_format(run: Run) -> Run:
+    """`run` if its meta.json records this code's format (formats.CURRENT); else one line naming
+    the fix: derive for an older run, a newer labsupport for a newer one."""
+    fmt = formats.of(run.meta)
+    where = f"run {run.run_id!r} of chapter {run.chapter!r}"
+    if fmt is None:
+        shown = repr(run.meta["format"])[:40]
+        raise RunError(f"{run.path / 'meta.json'} is corrupt: its format {shown} is not a format number")
+    if fmt > formats.CURRENT:
+        raise RunError(
+            f"{where} is of format {fmt}, newer than this code's {formats.CURRENT}: "
+            "read it with the labsupport that wrote it, or a later one"
+        )
+    if fmt < formats.CURRENT:
+        raise OlderFormat(
+            f"{where} is of format {fmt}, older than this code's {formats.CURRENT}: "
+            f"bring it up to date with `python -m labsupport derive {run.chapter}`",
+            run,
+        )
+    return run
 
 
 def check_published(root: Path | None = None) -> dict[str, Run]:

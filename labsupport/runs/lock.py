@@ -23,7 +23,7 @@ from labsupport.runs import paths, provenance
 
 NAME = ".lock"
 MAX_BYTES = 1 << 16
-WHAT = ("nightly", "live", "live --no-publish", "recover", "test")
+WHAT = ("nightly", "live", "live --no-publish", "recover", "derive", "test")
 
 
 class LockError(RuntimeError):

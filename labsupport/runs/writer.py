@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from labsupport.runs import provenance
+from labsupport.runs import formats, provenance
 from labsupport.runs.paths import FILE_PATTERN, RUN_ID_PATTERN, RunError, check_chapter, new_run_id, runs_root
 
 
@@ -118,6 +118,7 @@ class RunWriter:
             self._check_tables(files)
             meta = {
                 "chapter": self.chapter,
+                "format": formats.CURRENT,
                 "run_id": self.run_id,
                 "parameters": self.parameters,
                 "provenance": self.meta.get("provenance") or provenance.collect(),

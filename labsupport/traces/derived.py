@@ -89,13 +89,16 @@ def check(trace_path: Path, device: str | None = None) -> str | None:
     return None
 
 
-def derive_folder(folder: Path, device: str) -> dict[str, dict]:
-    """Write the stored tables of every profiler trace in a run's folder; returns the "derived"
-    records for its meta.json. A .json file that is not a Chrome trace gets none."""
+def derive_folder(folder: Path, device: str, traces: set[str] | None = None) -> dict[str, dict]:
+    """Write the stored tables of every profiler trace in a run's folder (of those named in
+    `traces`, if given); returns the "derived" records for its meta.json. A .json file that is not
+    a Chrome trace gets none."""
     folder = Path(folder)
     out = {}
     for p in sorted(folder.iterdir()):
         if p.name.startswith(".") or not p.is_file() or trace_base(p.name) is None:
+            continue
+        if traces is not None and p.name not in traces:
             continue
         try:
             evs = trace.parse_events(p)

@@ -14,8 +14,10 @@ meta.json lists each under "files" (SHA-256) and under "derived" ({table: {"from
 "trace_sha256": the trace's digest, "device": ...}}). A table is used only when meta.json lists
 it, its digest matches and it was derived from the trace as it is now; a table beside a trace that
 fails any of these is a TraceError in one line, never a silent fall-back to parsing. Validation
-re-derives every table from its trace and compares (check). A trace with no stored tables (a run
-recorded before them, a scratch trace being measured) is parsed as before.
+re-derives every table from its trace and compares (check). Every trace a run lists has them from
+run format 2 on (labsupport.runs.formats; `python -m labsupport derive` brings an older run to it):
+one without them is a TraceError too. Only a trace outside a run (a scratch trace being measured,
+before its run is written) has none, and is parsed.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 FORMAT = 1
+TABLES_SINCE = 2  # the run format (labsupport.runs.formats) from which every trace a run lists has its tables
 SUFFIXES = ("events", "kernels", "regions")
 ARG_KEYS = ("correlation", "stream", "grid", "block", "registers per thread", "shared memory", "bytes", "device")
 EVENT_COLUMNS = ["cat", "name", "pid", "tid", "ts", "dur", "args"]
@@ -85,18 +88,25 @@ def _meta(folder: Path) -> dict | None:
 
 def stored(path: Path) -> dict | None:
     """{"events": Path, "kernels": Path, "regions": Path, "device": ...} of the stored tables of the
-    trace at `path`, checked against its run's meta.json; None when the trace has none (no table
-    beside it). A table beside it that its meta.json does not list, whose digest differs, or that was
-    derived from another trace, is a StoredTableError (one line)."""
+    trace at `path`, checked against its run's meta.json; None when the trace is outside a run (no
+    table beside it, and no meta.json of format TABLES_SINCE or later listing it). A table beside it
+    that its meta.json does not list, whose digest differs, or that was derived from another trace,
+    and a trace of a run that lacks them, is a StoredTableError (one line)."""
     path = Path(path)
     names = table_names(path.name)
     present = {s: path.parent / n for s, n in names.items() if (path.parent / n).exists()}
-    if not present:
-        return None
     meta = _meta(path.parent) or {}
     files, derived = meta.get("files", {}), meta.get("derived", {})
     if not isinstance(files, dict) or not isinstance(derived, dict):
         files, derived = {}, {}
+    if not present:
+        run_format = meta.get("format")
+        if path.name in files and isinstance(run_format, int) and run_format >= TABLES_SINCE:
+            raise StoredTableError(
+                f"{path} has no replay tables beside it, which every trace of a run of format {run_format} has; "
+                "the run is damaged"
+            )
+        return None
     out: dict = {}
     for s, n in names.items():
         p = path.parent / n
