@@ -151,13 +151,13 @@ def test_analysis_of_a_cpu_run(tiny_run):
 def test_every_file_of_the_run_is_described_and_the_run_validates(tiny_run):
     from labsupport.ops import validate
 
-    assert validate.check_run(chapters.ONE_TOKEN_TWO_GPUS, tiny_run) == []
-    missing = [n for n in tiny_run.meta["files"] if not data_files.describe(ch.CHAPTER, n)]
+    assert validate.check_run(ch.DECLARATION, tiny_run) == []
+    missing = [n for n in tiny_run.meta["files"] if not data_files.describe(ch.DECLARATION, n)]
     assert not missing
-    assert all(data_files.describe(ch.CHAPTER, a) for a in chapters.ONE_TOKEN_TWO_GPUS.artifacts)
-    for name, cols in chapters.ONE_TOKEN_TWO_GPUS.columns.items():
-        if name in tiny_run.meta["files"]:
-            assert set(cols) <= set(pd.read_csv(tiny_run.path / name).columns), name
+    assert all(data_files.describe(ch.DECLARATION, a) for a in ch.DECLARATION.artifacts)
+    for f in ch.DECLARATION.files:
+        if f.name in tiny_run.meta["files"]:
+            assert set(f.columns) <= set(pd.read_csv(tiny_run.path / f.name).columns), f.name
 
 
 @pytest.mark.live
@@ -250,7 +250,7 @@ def test_live_mode_stops_in_one_line_without_the_gpus(runs_root, monkeypatch):
 
 def test_the_nightly_skips_a_chapter_that_needs_more_gpus(monkeypatch, capsys):
     one = chapters.by_slug("launch-overhead")
-    two = chapters.ONE_TOKEN_TWO_GPUS
+    two = ch.DECLARATION
     monkeypatch.setattr(live, "gpus_here", lambda: 1)
     assert live.fitting([one, two], allow_cpu=False, who="nightly") == [one]
     assert capsys.readouterr().out == "[nightly] one-token-two-gpus: skipped: needs 2 GPUs, this box has 1\n"

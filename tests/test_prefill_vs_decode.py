@@ -237,7 +237,7 @@ def test_a_different_sweep_timing_is_not_called_the_same_measurement(tiny_run, t
 
     root = tmp_path / "runs"
     shutil.copytree(tiny_run.path, root / ch.CHAPTER / tiny_run.run_id)
-    run = runs.load_run(ch.CHAPTER, tiny_run.run_id, root=root, verify=False)
+    run = runs.load_run(ch.DECLARATION, tiny_run.run_id, root=root, verify=False)
     s = run.table("prompt_sweep")
     s.loc[s.prompt_len == TINY["prompt_len"], harness.estimate_column(s.columns)] *= 1.5
     s.to_csv(run.path / "prompt_sweep.csv", index=False)
@@ -319,7 +319,7 @@ def test_out_of_memory_rows_are_kept_and_skipped(tiny_run, tmp_path):
 
     root = tmp_path / "runs"
     shutil.copytree(tiny_run.path, root / ch.CHAPTER / tiny_run.run_id)
-    run = runs.load_run(ch.CHAPTER, tiny_run.run_id, root=root, verify=False)
+    run = runs.load_run(ch.DECLARATION, tiny_run.run_id, root=root, verify=False)
     s = run.table("prompt_sweep")
     oom = pd.DataFrame([{"prompt_len": 32, "status": "out of memory"}])  # as record() writes it
     s = pd.concat([s[s.prompt_len != 32], oom], ignore_index=True)

@@ -156,7 +156,7 @@ def test_compiled_call_tied_to_the_host(run, tmp_path):
 def _copy(run, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(run.path, root / ch.CHAPTER / run.run_id)
-    return runs.load_run(ch.CHAPTER, run.run_id, root=root, verify=False)
+    return runs.load_run(ch.DECLARATION, run.run_id, root=root, verify=False)
 
 
 def test_timing_note_says_how_the_times_were_taken(run, tmp_path):

@@ -30,7 +30,9 @@ MATVEC_BYTES = 12288 * 4096 * 2  # Qwen3-8B's gate projection in BF16
 def derived_run(run, root, tables=None, drop_files=(), drop_results=()):
     """A copy of `run` under `root` with some tables replaced, and some files and results left out."""
     tables = tables or {}
-    with runs.RunWriter(run.chapter, run.parameters, run.run_id, root=root, meta={"provenance": run.provenance}) as w:
+    with runs.RunWriter(
+        run.declaration, run.parameters, run.run_id, root=root, meta={"provenance": run.provenance}
+    ) as w:
         for name in run.meta["files"]:
             if name in drop_files or name.removesuffix(".csv") in tables:
                 continue
@@ -41,7 +43,7 @@ def derived_run(run, root, tables=None, drop_files=(), drop_results=()):
         for name, df in tables.items():
             w.write_table(name, df)
         w.extra.update({k: v for k, v in run.results.items() if k not in drop_results})
-    return runs.load_run(run.chapter, run.run_id, root=root)
+    return runs.load_run(run.declaration, run.run_id, root=root)
 
 
 def old_style(run, root):

@@ -1,7 +1,7 @@
 """Open a new run of a chapter, the one way every chapter notebook does: the checks every live
 chapter makes before it measures, then a run that is written only when the measuring is done.
 
-    w = recording.PendingRun("launch-overhead", params, run_id, ceilings=False)
+    w = recording.PendingRun(ch.DECLARATION, params, run_id, ceilings=False)  # the chapter's declaration
     ...                           # measure, in one cell or several: w.write_table("variants", df),
                                   # w.extra["key"] = value, traces under w.path
     run_id = w.write()            # here runs/launch-overhead/<run id>/ exists, whole
@@ -23,8 +23,9 @@ from labsupport.runs import provenance
 from labsupport.traces import derived
 
 
-def writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool = False) -> runs.RunWriter:
-    """The writer of a new live run of `chapter`, after the checks every chapter makes first:
+def writer(declaration, params, run_id: str | None = None, allow_cpu: bool = False) -> runs.RunWriter:
+    """The writer of a new live run of the chapter `declaration` declares (its tables are checked
+    against it when written), after the checks every chapter makes first:
     a known model preset (if the parameters name one), a GPU to measure (a CPU only for the
     tests' tiny model), provenance collected now, and a run id naming the GPU."""
     if getattr(params, "preset", None):
@@ -32,7 +33,7 @@ def writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool = Fa
     decode.require_device(params.device, allow_cpu=allow_cpu and getattr(params, "preset", "").startswith("tiny"))
     prov = provenance.collect()
     run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
-    w = runs.RunWriter(chapter, asdict(params), run_id, meta={"provenance": prov})
+    w = runs.RunWriter(declaration, asdict(params), run_id, meta={"provenance": prov})
     # Beside each profiler trace, the tables replay reads instead of parsing it.
     w.derive = functools.partial(derived.derive_folder, device=prov["device"])
     return w
@@ -52,7 +53,7 @@ class PendingRun:
 
     def __init__(
         self,
-        chapter: str,
+        declaration,
         params,
         run_id: str | None = None,
         *,
@@ -60,11 +61,12 @@ class PendingRun:
         ceilings: bool = True,
         progress=print,
     ):
+        chapter = declaration.slug
         harness.for_chapter(chapter)
         hostprobe.reset()
         hostprobe.read("run opened")
         self.chapter = chapter
-        self.writer = writer(chapter, params, run_id, allow_cpu=allow_cpu)
+        self.writer = writer(declaration, params, run_id, allow_cpu=allow_cpu)
         self.tables: dict[str, pd.DataFrame] = {}
         self.extra: dict = {"method": harness.method()}
         self._scratch = tempfile.TemporaryDirectory(prefix=f"{chapter}-")

@@ -44,7 +44,7 @@ def main(chapter_slugs: list[str], root: Path | None = None, say=print) -> int:
             continue
         runs.check_real_dir(folder, "derive")
         for run_id in runs.list_runs(folder.name, root):
-            run = runs.load_run(folder.name, run_id, root)
+            run = runs.open_run(folder.name, run_id, root)
             try:
                 written = derive_run(run)
             except OSError as e:

@@ -177,7 +177,7 @@ def run_chapter(
         reason = next((ln for ln in reversed(first) if ln.strip()), type(e).__name__)
         raise LiveRunError(f"{chapter.slug}: notebook failed ({reason}); executed notebook kept at {out}") from None
     try:
-        runs.load_run(chapter.slug, run_id, root)  # the notebook must have written a whole run
+        chapter.load(run_id, root)  # the notebook must have written a whole run
     except runs.RunError as e:
         raise LiveRunError(f"{chapter.slug}: {e}") from None
     return out
@@ -321,7 +321,7 @@ def _live(lk, root: Path, selected, per_chapter: dict, publish: bool) -> int:
                 run_logged(ch, run_id, per_chapter[ch.slug], log_dir, root)  # the kernel's stderr in its log
                 seconds = time.perf_counter() - t
                 if publish:
-                    publish_run(root, ch, runs.load_run(ch.slug, run_id, root), seconds)
+                    publish_run(root, ch, ch.load(run_id, root), seconds)
             except (LiveRunError, runs.RunError) as e:
                 print(f"error: {e}; the published runs are unchanged", file=sys.stderr)
                 return 1
@@ -400,7 +400,7 @@ def smoke(names: list[str], parameters: dict, allow_cpu: bool = False) -> int:
         t = time.perf_counter()
         try:
             run_logged(ch, run_id, plans[ch.slug], SMOKE_DIR / run_id, root)
-            problems = validate.check_run(ch, runs.load_run(ch.slug, run_id, root))
+            problems = validate.check_run(ch, ch.load(run_id, root))
             status, note = ("pass", "") if not problems else ("fail", f"validation: {problems[0]}")
         except (LiveRunError, runs.RunError) as e:
             status, note = "fail", str(e)

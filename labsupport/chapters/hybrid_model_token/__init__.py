@@ -31,7 +31,10 @@ from .idle import (
 )
 from .measuring import (
     ARTIFACTS, CACHE_GROWTH_COLUMNS, cache_rows, CHAPTER, check_backends, GROUPS, load, model_facts, MODES,
-    MODES_SHORT, OUTSIDE, Params, PREFILL_COLUMNS, progress, Recorder, STEP_TIME_COLUMNS, trace_file,
+    MODES_SHORT, OUTSIDE, PREFILL_COLUMNS, progress, Recorder, STEP_TIME_COLUMNS, trace_file,
     VARIANT_COLUMNS, wall_column,
+)
+from .declaration import (
+    DECLARATION, Params,
 )
 # fmt: on

@@ -34,7 +34,7 @@ from .measuring import (
     torchrun_command,
 )
 from .params import (
-    ALLREDUCE_COLUMNS, CHAPTER, COLLECTIVE_COLUMNS, load, Params, progress, SHORT, STEP_TIME_COLUMNS, trace_file,
+    ALLREDUCE_COLUMNS, CHAPTER, COLLECTIVE_COLUMNS, load, progress, SHORT, STEP_TIME_COLUMNS, trace_file,
     VARIANT_COLUMNS, VARIANTS,
 )
 from .split import (
@@ -42,5 +42,8 @@ from .split import (
 )
 from .topology import (
     interconnect, link_between, recorded_interconnect,
+)
+from .declaration import (
+    DECLARATION, Params,
 )
 # fmt: on

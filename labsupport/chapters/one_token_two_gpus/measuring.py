@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from labsupport.chapters.one_token_two_gpus.params import CHAPTER, Params, progress, trace_file
+from labsupport.chapters.one_token_two_gpus.declaration import Params
+from labsupport.chapters.one_token_two_gpus.params import CHAPTER, DECLARATION, progress, trace_file
 from labsupport.chapters.one_token_two_gpus.topology import interconnect, link_between
 from labsupport.measure import decode, recording
 from labsupport.runs.provenance import REPO_ROOT
@@ -56,7 +57,7 @@ def pending_run(params: Params, run_id: str | None = None, allow_cpu: bool = Fal
     """The chapter's run, filled cell by cell and written by the last live cell
     (recording.PendingRun), after the check that the box has the GPUs."""
     require_gpus(params, allow_cpu)
-    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, progress=progress)
+    return recording.PendingRun(DECLARATION, params, run_id, allow_cpu=allow_cpu, progress=progress)
 
 
 def torchrun_command(params: Params, tp: int, out: Path, sweep: bool) -> list[str]:

@@ -44,9 +44,12 @@ from .figures import (
     gemm_rates, phase_census_bars, prompt_sweep_figure, roofline_figure, utilisation_bars,
 )
 from .measuring import (
-    annotate, annotated_kernels, ARTIFACTS, census_table, CHAPTER, COLUMNS, forward_work, free, GEMM_MODULES,
+    annotate, annotated_kernels, ARTIFACTS, census_table, CHAPTER, forward_work, free, GEMM_MODULES,
     kernels_table_name, kind_column, KIND_COLUMNS, LM_HEAD, load, MATMUL, matmul_intensity, model_record,
-    model_shape, ModelShape, ORIGIN, Params, phase_work, PHASES, preset_shape, profile_prefill, profile_sweep,
+    model_shape, ModelShape, ORIGIN, phase_work, PHASES, preset_shape, profile_prefill, profile_sweep,
     progress, ROOFLINE_MODULES, SHORT, sweep_row, time_passes, tokens_at_intensity, trace_file, Work,
+)
+from .declaration import (
+    DECLARATION, Params,
 )
 # fmt: on

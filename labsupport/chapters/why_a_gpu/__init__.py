@@ -30,7 +30,7 @@ from .figures import (
 from .measuring import (
     batch_matmuls, batch_prompt, CHAPTER, copied_step, copy_of, DECODE_WARMUP, free, fresh_step,
     gpu_matvec_operands, HOST_CLOCK, KEEP_SHARE, keeps_prefills, KERNEL_TIME, kv_bytes_per_token, load,
-    matvec_table, Params, PER_CALL, prefill_once, profile_batch, profile_matvec_gpu, progress, SETUP_COPY,
+    matvec_table, PER_CALL, prefill_once, profile_batch, profile_matvec_gpu, progress, SETUP_COPY,
     SETUP_PREFILL, step_for, SWEEP_METHOD, sweep_row, time_batches, time_matvec_cpu, time_matvec_gpu,
 )
 from .read_kernels import (
@@ -39,5 +39,8 @@ from .read_kernels import (
 from .one_token import (
     arithmetic, arithmetic_display, ceilings, ceilings_label, counts, DATASHEET, matvec, Matvec, matvec_summary,
     matvec_text, MEASURED, memory_ceiling_text, per_token_arithmetic, practical_ceiling_tbs, shared,
+)
+from .declaration import (
+    DECLARATION, Params,
 )
 # fmt: on
