@@ -20,7 +20,7 @@ from labsupport.measure import decode, models
 from labsupport.measure.models import qwen3_decode  # noqa: E402
 
 from .conftest import fixture_run, with_shared_owners  # noqa: E402
-from .live_cells import run_live_cells, watch_harness  # noqa: E402
+from .live_cells import parameters, run_live_cells, watch_harness  # noqa: E402
 
 pytest.importorskip("triton")
 from labsupport.measure.kernels import decode_attention, gemv  # noqa: E402
@@ -425,7 +425,7 @@ def test_notebook_runs_live_on_cpu_through_papermill(runs_root, monkeypatch, tmp
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     out = tmp_path / "closing_the_gap.ipynb"
     nb_path = REPO / NOTEBOOK
-    params = {"mode": "live", "preset": "tiny", "prompt_len": 16, "repeats": 2, "allow_cpu": True}
+    params = parameters(preset="tiny", prompt_len=16, repeats=2, allow_cpu=True)
     pm.execute_notebook(
         str(nb_path), str(out), parameters=params, cwd=str(nb_path.parent), kernel_name="python3", progress_bar=False
     )

@@ -5,12 +5,14 @@ and its load() and progress(); the registry only lists the chapters, in the book
 import ast
 import dataclasses
 import importlib
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
 from labsupport import chapters
+from labsupport.chapters import cells
 
 pytestmark = pytest.mark.unit
 
@@ -126,3 +128,29 @@ def test_a_family_of_files_is_one_pattern():
     assert two.describe("trace-tp2-rank1-cuda-graph.json.gz") == "the raw trace of rank 1's CUDA-graph replay at TP=2"
     assert two.describe("trace-split-tp2-rank0-symm-mem.json.gz").endswith("at TP=2, all-reduce symm-mem")
     assert two.describe("trace-tp2-rank1-other.json.gz") is None and two.describe("trace-tp2.json.gz") is None
+
+
+def _code_cells(chapter) -> list[dict]:
+    nb = json.loads(chapter.path.read_text())
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def _source(cell) -> str:
+    return "".join(cell["source"])
+
+
+@pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
+def test_every_notebook_opens_with_the_cells_written_once_in_the_package(chapter):
+    """The install cell, the parameters cell (mode, run_id, overrides: nothing else), the
+    environment check and the cell that shows the run's Params are labsupport.chapters.cells' texts,
+    exactly; the live cells read every parameter from `params`."""
+    code = _code_cells(chapter)
+    assert _source(code[0]) == cells.BOOTSTRAP and code[0]["metadata"].get("tags") == ["hide-input"]
+    (parameters,) = [c for c in code if "parameters" in c["metadata"].get("tags", [])]
+    assert _source(parameters) == cells.PARAMETERS and len(cells.PARAMETERS.splitlines()) <= 6
+    env = [c for c in code if "environment.check(" in _source(c)]
+    assert [_source(c) for c in env] == [cells.ENVIRONMENT.replace("{slug}", chapter.slug)]
+    imports = next(i for i, c in enumerate(code) if f"import {chapter.module} as ch" in _source(c))
+    assert _source(code[imports + 1]) == cells.PARAMS and not code[imports + 1]["metadata"].get("tags")
+    before_load = code[: next(i for i, c in enumerate(code) if "run = ch.load(run_id)" in _source(c))]
+    assert not any("allow_cpu" in _source(c) or "ch.Params(" in _source(c) for c in before_load[imports + 2 :])

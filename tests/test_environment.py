@@ -202,7 +202,7 @@ def _first_cell(chapter):
 @pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
 def test_the_first_cell_says_in_one_line_what_is_missing(chapter, monkeypatch, capsys):
     params, first = _first_cell(chapter)
-    assert f'env_notes = environment.check("{chapter.slug}", mode' in first
+    assert f'env_notes = environment.check(\n    "{chapter.slug}", mode, overrides.get("preset")' in first
     ns = {}
     exec(params, ns)
     exec(first, ns)  # replay, everything installed: silent

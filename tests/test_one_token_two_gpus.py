@@ -235,7 +235,7 @@ def test_live_mode_stops_in_one_line_without_the_gpus(runs_root, monkeypatch):
     from labsupport.measure import environment
 
     with pytest.raises(ch.TooFewGPUs) as e:
-        ch.require_gpus(ch.Params(gpus=2), allow_cpu=False)
+        ch.require_gpus(ch.Params(gpus=2))
     assert str(e.value).count("\n") == 0 and "needs 2 GPUs and this box has 0" in str(e.value)
     monkeypatch.setattr(measuring, "gpus_here", lambda: 1)
     with pytest.raises(ch.TooFewGPUs, match="^one-token-two-gpus needs 2 GPUs and this box has 1; use mode='replay'"):
@@ -245,7 +245,7 @@ def test_live_mode_stops_in_one_line_without_the_gpus(runs_root, monkeypatch):
         run_live_cells(NOTEBOOK, **{**TINY, "allow_cpu": False})
     assert not any(runs_root.rglob("meta.json"))
     with pytest.raises(ValueError, match="gpus must be at least 2"):
-        ch.require_gpus(ch.Params(gpus=1, device="cpu"), allow_cpu=True)
+        ch.require_gpus(ch.Params(gpus=1, device="cpu", preset="tiny"))
 
 
 def test_the_nightly_skips_a_chapter_that_needs_more_gpus(monkeypatch, capsys):

@@ -20,6 +20,7 @@ from labsupport.chapters import why_a_gpu as ch
 from labsupport.measure import hardware, harness, models
 
 from .conftest import fixture_run
+from .live_cells import parameters
 
 pytestmark = pytest.mark.unit
 
@@ -528,7 +529,7 @@ def run_live_cells(**given):
         src = "".join(cell["source"])
         exec(compile(src, str(NOTEBOOK), "exec"), ns)
         if "parameters" in cell["metadata"].get("tags", []):
-            ns.update(given)
+            ns.update(parameters(**given))
         if "ch.load(run_id)" in src:
             return ns["run"]
     raise AssertionError("no cell of the notebook loads the run")

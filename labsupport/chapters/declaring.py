@@ -67,6 +67,27 @@ CEILINGS_LINE = (
 _UNSET = object()
 
 
+class UnknownParameter(TypeError):
+    """A parameter a chapter's Params has no field for (the message is one line naming the known ones)."""
+
+
+class _NamedFieldsOnly(type):
+    """Params(**overrides) with a name Params has no field for stops in one line naming its fields
+    (a dataclass's own error would be a bare "unexpected keyword argument")."""
+
+    def __call__(cls, *args, **kwargs):
+        known = [f.name for f in fields(cls)]
+        unknown = [k for k in kwargs if k not in known]
+        if unknown:
+            chapter = cls.__module__.split(".")[2].replace("_", "-")  # labsupport.chapters.<package>.declaration
+            raise UnknownParameter(f"{unknown[0]!r} is not a parameter of {chapter} (parameters: {', '.join(known)})")
+        return super().__call__(*args, **kwargs)
+
+
+class Parameters(metaclass=_NamedFieldsOnly):
+    """The base of every chapter's Params (a dataclass of `param` fields)."""
+
+
 def param(default, *, check: Rule | None = None, smoke=_UNSET, cpu=_UNSET):
     """A field of a chapter's Params: its default (what the notebook runs with), the check a
     `--param` value must pass, its smallest value for `live --smoke`, its value on a CPU with the

@@ -23,14 +23,14 @@ from labsupport.runs import provenance
 from labsupport.traces import derived
 
 
-def writer(declaration, params, run_id: str | None = None, allow_cpu: bool = False) -> runs.RunWriter:
+def writer(declaration, params, run_id: str | None = None) -> runs.RunWriter:
     """The writer of a new live run of the chapter `declaration` declares (its tables are checked
     against it when written), after the checks every chapter makes first:
     a known model preset (if the parameters name one), a GPU to measure (a CPU only for the
     tests' tiny model), provenance collected now, and a run id naming the GPU."""
     if getattr(params, "preset", None):
         models.preset_config(params.preset)
-    decode.require_device(params.device, allow_cpu=allow_cpu and getattr(params, "preset", "").startswith("tiny"))
+    decode.require_device(params.device, allow_cpu=getattr(params, "preset", "").startswith("tiny"))
     prov = provenance.collect()
     run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
     w = runs.RunWriter(declaration, asdict(params), run_id, meta={"provenance": prov})
@@ -57,7 +57,6 @@ class PendingRun:
         params,
         run_id: str | None = None,
         *,
-        allow_cpu: bool = False,
         ceilings: bool = True,
         progress=print,
     ):
@@ -66,7 +65,7 @@ class PendingRun:
         hostprobe.reset()
         hostprobe.read("run opened")
         self.chapter = chapter
-        self.writer = writer(declaration, params, run_id, allow_cpu=allow_cpu)
+        self.writer = writer(declaration, params, run_id)
         self.tables: dict[str, pd.DataFrame] = {}
         self.extra: dict = {"method": harness.method()}
         self._scratch = tempfile.TemporaryDirectory(prefix=f"{chapter}-")

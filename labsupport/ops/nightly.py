@@ -158,7 +158,7 @@ def main(
     selected = live.fitting(chapters.find(names), allow_cpu, "nightly")  # one line per chapter skipped
     if not selected:
         return 0
-    per_chapter = labsupport.ops.params.resolve(selected, params, allow_cpu)  # ParamError: nothing has run
+    per_chapter = labsupport.ops.params.resolve(selected, params)  # ParamError: nothing has run
     root = runs.runs_root()
     try:
         leftovers.check_runs_folder(root)  # before the lock: a folder that is not one gets no .lock either

@@ -13,13 +13,14 @@ from labsupport.chapters.declaring import (
     TOKENS,
     Chapter,
     File,
+    Parameters,
     param,
 )  # fmt: skip
 from labsupport.chapters.rules import preset
 
 
 @dataclass
-class Params:
+class Params(Parameters):
     preset: str = param("qwen3-8b", check=preset("qwen3-8b", "tiny"), smoke="tiny", cpu="tiny")
     prompt_len: int = param(256, check=TOKENS, smoke=64, cpu=16)
     dtype: str = param("bfloat16", check=DTYPE)  # or "float16"; a GPU without BF16 (T4, V100) runs float16

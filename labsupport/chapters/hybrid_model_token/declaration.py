@@ -14,6 +14,7 @@ from labsupport.chapters.declaring import (
     TOKENS,
     Chapter,
     File,
+    Parameters,
     param,
 )  # fmt: skip
 from labsupport.chapters.rules import preset, subset_of
@@ -22,7 +23,7 @@ BACKENDS = subset_of("reference", "fla")  # Gated DeltaNet's code: transformers'
 
 
 @dataclass
-class Params:
+class Params(Parameters):
     """What one run of the chapter measures."""
 
     preset: str = param("qwen3.5-27b", check=preset(), cpu="tiny-hybrid")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labsupport.chapters.declaring import DEVICE, DTYPE, KERNELS, REPEATS, TOKENS, Chapter, File, param
+from labsupport.chapters.declaring import DEVICE, DTYPE, KERNELS, REPEATS, TOKENS, Chapter, File, Parameters, param
 from labsupport.chapters.rules import preset
 
 
 @dataclass
-class Params:
+class Params(Parameters):
     preset: str = param("qwen3-8b", check=preset())
     dtype: str = param("bfloat16", check=DTYPE)  # or "float16"; a GPU without BF16 (T4, V100) runs float16
     tokens: int = param(1, check=TOKENS)  # rows of x: 1 is one decode step at batch 1

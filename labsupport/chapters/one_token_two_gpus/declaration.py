@@ -16,6 +16,7 @@ from labsupport.chapters.declaring import (
     TOKENS,
     Chapter,
     File,
+    Parameters,
     param,
 )  # fmt: skip
 from labsupport.chapters.rules import between, preset, subset_of
@@ -25,7 +26,7 @@ _STEP = ("tp", "rank", "variant", "repeat", "wall_ms")
 
 
 @dataclass
-class Params:
+class Params(Parameters):
     preset: str = param("qwen3-8b", check=preset(), cpu="tiny")
     prompt_len: int = param(256, check=TOKENS, cpu=16)
     dtype: str = param("bfloat16", check=DTYPE)  # or "float16"; a GPU without BF16 (T4, V100) runs float16

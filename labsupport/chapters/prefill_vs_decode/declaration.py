@@ -15,13 +15,14 @@ from labsupport.chapters.declaring import (
     TOKENS,
     Chapter,
     File,
+    Parameters,
     param,
 )  # fmt: skip
 from labsupport.chapters.rules import preset
 
 
 @dataclass
-class Params:
+class Params(Parameters):
     """What one run of the chapter measures."""
 
     preset: str = param("qwen3-8b", check=preset(), cpu="tiny")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labsupport.chapters.declaring import CEILINGS_LINE, DEVICE, KERNELS, REPEATS, Chapter, File, param
+from labsupport.chapters.declaring import CEILINGS_LINE, DEVICE, KERNELS, REPEATS, Chapter, File, Parameters, param
 from labsupport.chapters.rules import between
 
 
 @dataclass
-class Params:
+class Params(Parameters):
     n: int = param(1 << 20, check=between(1, 1 << 31))  # elements of the vector add (fits in the L2 cache)
     block: int = param(1024, check=between(32, 8192))  # elements per program of our Triton kernel
     num_warps: int = param(4, check=between(1, 32))

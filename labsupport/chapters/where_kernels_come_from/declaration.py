@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labsupport.chapters.declaring import DEVICE, DTYPE, KERNELS, LENGTHS, REPEATS, Chapter, File, param
+from labsupport.chapters.declaring import DEVICE, DTYPE, KERNELS, LENGTHS, REPEATS, Chapter, File, Parameters, param
 from labsupport.chapters.rules import preset
 
 
 @dataclass
-class Params:
+class Params(Parameters):
     """What one run of the chapter measures."""
 
     preset: str = param("qwen3-8b", check=preset())

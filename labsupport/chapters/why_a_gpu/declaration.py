@@ -13,13 +13,14 @@ from labsupport.chapters.declaring import (
     TOKENS,
     Chapter,
     File,
+    Parameters,
     param,
 )  # fmt: skip
 from labsupport.chapters.rules import each_between, preset
 
 
 @dataclass
-class Params:
+class Params(Parameters):
     """The parameters a live run records (meta.json)."""
 
     preset: str = param("qwen3-8b", check=preset(), cpu="tiny")
