@@ -36,6 +36,24 @@ def test_a_written_run_loads_back(tmp_path):
     assert runs.list_runs("ch", root=tmp_path) == [rid]
 
 
+def test_a_table_is_read_only_against_its_chapters_declaration(tmp_path):
+    """Nothing is declared to the runs layer at import: its tables are checked against the
+    declaration the loader is handed (a column it names is required); a run opened without one
+    (runs.open_run, for publishing and copying) refuses to read a table rather than read it unchecked."""
+    rid = write_run(tmp_path)
+    wants_y = dataclasses.replace(TOY, files=(chapters.File("t.csv", "a toy table", ("x", "y")),))
+    with pytest.raises(runs.RunError, match="t.csv lacks column y"):
+        runs.load_run(wants_y, rid, root=tmp_path).table("t")
+    opened = runs.open_run("ch", rid, root=tmp_path)
+    assert opened.results == {"answer": 42}
+    with pytest.raises(runs.RunError, match="opened without its chapter's declaration"):
+        opened.table("t")
+    runs.publish("ch", rid, root=tmp_path)
+    with pytest.raises(runs.RunError, match="publishes chapter 'ch', which no chapter declares"):
+        runs.check_published(chapters.CHAPTERS, tmp_path)
+    assert set(runs.check_published([TOY], tmp_path)) == {"ch"}
+
+
 def test_a_failed_run_leaves_nothing_and_the_published_one_untouched(tmp_path):
     rid = write_run(tmp_path)
     runs.publish("ch", rid, root=tmp_path)

@@ -381,7 +381,7 @@ def test_ridge_text_on_a_gpu_without_a_datasheet(run, tmp_path):
     other = derived_run(run, tmp_path)
     meta = other.meta
     meta["provenance"] = {**meta["provenance"], "gpu": "NVIDIA Imaginary GPU"}
-    unknown = runs.Run(chapter=other.chapter, run_id=other.run_id, path=other.path, meta=meta)
+    unknown = runs.Run(other.chapter, other.run_id, other.path, meta, declaration=ch.DECLARATION)
     assert "no datasheet" in ch.ridge_text(unknown)
     s = ch.sweep(unknown)
     assert s["limit ms"].isna().all()
