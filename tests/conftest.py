@@ -181,7 +181,7 @@ def copied_runs(tmp_path, monkeypatch):
 
 def cpu_args(slug: str) -> list[str]:
     """Command-line arguments that run chapter `slug` live on a CPU with its tiny parameters
-    (the registry's `cpu` entry), for `python -m labsupport live/nightly`."""
+    (its Params fields' `cpu` values, device="cpu" among them), for `python -m labsupport live/nightly`."""
     from labsupport import chapters
 
     args = [slug, "--allow-cpu"]

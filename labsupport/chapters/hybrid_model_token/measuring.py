@@ -54,7 +54,7 @@ PREFILL_COLUMNS = [
     *WALL_COLUMNS,
     "clean",
 ]
-CACHE_GROWTH_COLUMNS = list(DECLARATION.columns_of("cache_growth.csv"))  # as the registry declares them
+CACHE_GROWTH_COLUMNS = list(DECLARATION.columns_of("cache_growth.csv"))  # as its declaration names them
 MODES = {
     "eager": "eager, dynamic cache (as written)",
     "cuda-graph": "CUDA graph (static cache)",

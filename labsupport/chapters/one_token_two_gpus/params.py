@@ -13,10 +13,10 @@ VARIANTS = {
     "compile": 'torch.compile, mode "reduce-overhead"',
 }
 SHORT = {"eager": "eager step", "cuda-graph": "CUDA-graph step", "compile": "compiled step"}  # for sentences
-STEP_TIME_COLUMNS = DECLARATION.columns_of("step_times.csv")  # as the registry declares them
+STEP_TIME_COLUMNS = DECLARATION.columns_of("step_times.csv")  # as its declaration names them
 VARIANT_COLUMNS = DECLARATION.columns_of("split_variants.csv")  # the key columns every variants table has
-COLLECTIVE_COLUMNS = DECLARATION.columns_of("collectives.csv")  # as the registry declares them
-ALLREDUCE_COLUMNS = DECLARATION.columns_of("allreduce.csv")  # as the registry declares them
+COLLECTIVE_COLUMNS = DECLARATION.columns_of("collectives.csv")  # as its declaration names them
+ALLREDUCE_COLUMNS = DECLARATION.columns_of("allreduce.csv")  # as its declaration names them
 
 
 def trace_file(tp: int, rank: int, variant: str) -> str:

@@ -17,7 +17,7 @@ One number per configuration: the prefill of `prompt_len` tokens is timed and pr
 once; the phase table and the sweep's row for that length are the same measurement.
 
 Replay: every table and number of the chapter is computed from the run's files (ARTIFACTS,
-from the registry, and ceilings.csv on a GPU) and meta.json's results: the model's shape
+from its declaration, and ceilings.csv on a GPU) and meta.json's results: the model's shape
 (for FLOP and byte counts), the weight shapes of the decoder layer whose matrix multiplies
 are compared, and how each kind of number was taken (`method`; newer runs).
 

@@ -1,4 +1,4 @@
-"""What the chapter measures and how: its names (run folder and files from the registry, its two phases, the keys its
+"""What the chapter measures and how: its names (run folder and files from its declaration, its two phases, the keys its
 tables use for the matrices they compare; display labels in SHORT), the FLOP and byte model of a forward pass of batch 1
 (the model's shape, a pass's work, the arithmetic intensity of a prefill's matrix multiplies), and what the notebook's
 live cells call to measure: the parameters of a run, the model's description for meta.json, the interleaved timing of
