@@ -84,7 +84,7 @@ def test_too_little_memory_names_the_largest_preset_that_fits(gpu, monkeypatch):
     assert "\n" not in line
     assert line.startswith(f"preset 'qwen3-8b' needs about {need:.1f} GB of GPU memory")
     assert "8.0 GB usable (LABSUPPORT_GPU_MEMORY_GB=8;" in line
-    assert line.endswith("the largest preset that fits is 'qwen3-1.7b' (set preset = 'qwen3-1.7b')")
+    assert line.endswith("the largest preset that fits is 'qwen3-1.7b' (overrides = {'preset': 'qwen3-1.7b'})")
     assert gpu["fraction"] == pytest.approx(8e9 / gpu["total"])  # the allocator is capped too
     assert environment.check("kernels-in-one-token", "live", "qwen3-1.7b") == []  # and that one runs
 
