@@ -89,6 +89,19 @@ def test_too_little_memory_names_the_largest_preset_that_fits(gpu, monkeypatch):
     assert environment.check("kernels-in-one-token", "live", "qwen3-1.7b") == []  # and that one runs
 
 
+def test_a_live_run_of_the_default_preset_is_checked_for_memory_when_it_opens(gpu, monkeypatch, runs_root):
+    """The notebook's first check knows only the preset its overrides name; the run's opening
+    (recording.writer) checks the preset it will build, the default included, and caps the
+    allocator, before any model is built or any run written."""
+    from labsupport.chapters import launch_overhead
+    from labsupport.measure import recording
+
+    monkeypatch.setenv(environment.MEMORY_VARIABLE, "8")
+    with pytest.raises(environment.EnvironmentProblem, match=r"^preset 'qwen3-8b' needs about .*'qwen3-1\.7b'"):
+        recording.writer(launch_overhead.DECLARATION, launch_overhead.Params())
+    assert gpu["fraction"] == pytest.approx(8e9 / gpu["total"]) and not any(runs_root.iterdir())
+
+
 def test_free_memory_counts_without_a_cap_and_nothing_may_fit(gpu, monkeypatch):
     gpu["free"] = 2e9  # another process holds the rest
     with pytest.raises(environment.EnvironmentProblem, match=r"2\.0 GB free of 143\.0 GB: no preset of it fits$"):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from labsupport import runs
-from labsupport.measure import compiling, decode, hardware, harness, hostprobe, models
+from labsupport.measure import compiling, decode, environment, hardware, harness, hostprobe, models
 from labsupport.runs import provenance
 from labsupport.traces import derived
 
@@ -27,10 +27,17 @@ def writer(declaration, params, run_id: str | None = None) -> runs.RunWriter:
     """The writer of a new live run of the chapter `declaration` declares (its tables are checked
     against it when written), after the checks every chapter makes first:
     a known model preset (if the parameters name one), a GPU to measure (a CPU only for the
-    tests' tiny model), provenance collected now, and a run id naming the GPU."""
+    tests' tiny model) with the memory for the model, provenance collected now, and a run id
+    naming the GPU."""
     if getattr(params, "preset", None):
         models.preset_config(params.preset)
     decode.require_device(params.device, allow_cpu=getattr(params, "preset", "").startswith("tiny"))
+    if params.device == "cuda" and getattr(params, "preset", None):
+        # The model fits in the GPU's memory (LABSUPPORT_GPU_MEMORY_GB caps the allocator here): the
+        # notebook's first check knew only the preset its overrides name, not the default.
+        stop, _ = environment.gpu_lines(params.preset, getattr(params, "dtype", None))
+        if stop:
+            raise environment.EnvironmentProblem("; ".join(stop))
     prov = provenance.collect()
     run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
     w = runs.RunWriter(declaration, asdict(params), run_id, meta={"provenance": prov})
