@@ -15,7 +15,8 @@ import sys
 
 def _chapters_command(sub, name: str, what: str) -> argparse.ArgumentParser:
     """A command that runs chapter notebooks live (live, nightly): the chapters' slugs, their
-    parameters, and the tests' --allow-cpu (the tiny model on a CPU)."""
+    parameters (the notebook's overrides), and the tests' --allow-cpu (no GPU needed: the tiny
+    model on a CPU, with --param device="cpu" and the fields' other CPU values)."""
     command = sub.add_parser(name, help=what)
     command.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
     command.add_argument(
@@ -23,7 +24,7 @@ def _chapters_command(sub, name: str, what: str) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="notebook parameter, e.g. --param repeats=50 (value parsed as JSON)",
+        help="a parameter of the chapter (a field of its Params), e.g. --param repeats=50 (value parsed as JSON)",
     )
     command.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
     return command

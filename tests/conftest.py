@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 from labsupport import runs  # noqa: E402
+from labsupport.chapters import Chapter, File  # noqa: E402
 from labsupport.chapters import kernels_in_one_token as one_token  # noqa: E402
 from labsupport.measure import harness  # noqa: E402
 
@@ -118,10 +120,23 @@ def _unit_tier_executes_no_notebook(request, monkeypatch):
     monkeypatch.setattr(papermill, "execute_notebook", refused)
 
 
-def fixture_run(chapter: str) -> runs.Run:
-    """The recorded run of `chapter` kept under tests/fixtures/runs/ (the newest, if several)."""
-    ids = sorted(p.name for p in (FIXTURES / chapter).iterdir() if p.is_dir())
-    return runs.load_run(chapter, ids[-1], root=FIXTURES)
+def fixture_run(chapter) -> runs.Run:
+    """The recorded run of `chapter` (its slug or its declaration) kept under tests/fixtures/runs/
+    (the newest, if several)."""
+    from labsupport import chapters
+
+    declaration = chapters.by_slug(chapter) if isinstance(chapter, str) else chapter
+    ids = sorted(p.name for p in (FIXTURES / declaration.slug).iterdir() if p.is_dir())
+    return runs.load_run(declaration, ids[-1], root=FIXTURES)
+
+
+@dataclasses.dataclass
+class ToyParams:
+    a: int = 1
+
+
+# A chapter of no book, for the tests of the runs layer: one table, t.csv.
+TOY = Chapter("ch", "notebooks/ch.ipynb", (File("t.csv", "a toy table", ("x",)),), ToyParams)
 
 
 @pytest.fixture(autouse=True)
@@ -166,7 +181,7 @@ def copied_runs(tmp_path, monkeypatch):
 
 def cpu_args(slug: str) -> list[str]:
     """Command-line arguments that run chapter `slug` live on a CPU with its tiny parameters
-    (the registry's `cpu` entry), for `python -m labsupport live/nightly`."""
+    (its Params fields' `cpu` values, device="cpu" among them), for `python -m labsupport live/nightly`."""
     from labsupport import chapters
 
     args = [slug, "--allow-cpu"]

@@ -13,16 +13,25 @@ from .conftest import REPO
 LOAD = "run = ch.load(run_id)"
 
 
+def parameters(**given) -> dict:
+    """What papermill would put in a notebook's parameters cell for `given`: mode, run_id and the
+    overrides of the chapter's Params (allow_cpu=True: the CPU, device="cpu")."""
+    overrides = {k: v for k, v in given.items() if k not in ("mode", "run_id", "allow_cpu")}
+    if given.get("allow_cpu"):
+        overrides["device"] = "cpu"
+    return {"mode": given.get("mode", "live"), "run_id": given.get("run_id"), "overrides": overrides}
+
+
 def run_live_cells(notebook: str, **params) -> dict:
     """Execute the code cells of `notebook` (a path from the repository root) up to the cell
-    that loads the run, with mode="live" and `params` in place of the parameters cell's values;
+    that loads the run, with mode="live" and `params` as its overrides (parameters());
     returns the notebook's variables (`run` is the run its cells recorded)."""
     nb = nbformat.read(REPO / notebook, as_version=4)
     ns: dict = {"__name__": "__notebook__"}
     for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
         exec(compile(cell.source, f"{notebook}, code cell {i}", "exec"), ns)  # noqa: S102
         if "parameters" in cell.metadata.get("tags", []):
-            ns.update(mode="live", **params)
+            ns.update(parameters(**params))
         if LOAD in cell.source:
             return ns
     raise AssertionError(f"{notebook}: no cell loads the run ({LOAD!r})")

@@ -56,11 +56,11 @@ def fake_run_chapters(selected, run_id, params, out_dir):
     """Record, as run `run_id` of each chapter, a copy of its published run."""
     seconds = {}
     for ch in selected:
-        src = runs.load_run(ch.slug)
+        src = runs.load_run(ch)
         # recorded now, at this checkout's commit (a run must name a commit of the history to pass)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         prov = {**src.provenance, "utc_time": now, "git_commit": provenance.git_commit()}
-        with runs.RunWriter(ch.slug, src.parameters, run_id, meta={"provenance": prov}) as w:
+        with runs.RunWriter(ch, src.parameters, run_id, meta={"provenance": prov}) as w:
             for name in src.meta["files"]:
                 shutil.copyfile(src.path / name, w.path / name)
             w.extra.update(src.results)

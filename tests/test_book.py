@@ -4,14 +4,14 @@ import re
 
 import pytest
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.chapters import kernels_in_one_token as one_token
 
 pytestmark = pytest.mark.book
 
 
 def test_book_shows_the_recorded_numbers(built_book):
-    published = runs.load_run(one_token.CHAPTER)  # the run the book was built from, in runs/
+    published = runs.load_run(one_token.DECLARATION)  # the run the book was built from, in runs/
     html = (built_book / "notebooks" / "kernels_in_one_token.html").read_text()
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
     from labsupport.chapters import shared
@@ -60,7 +60,6 @@ def test_a_reader_can_download_what_a_chapter_needs(built_book):
     for link in links:
         assert (built_book / "book" / link).resolve().is_file(), link
     # Each chapter's published run (and those it reads) as one zip: runs/ with a published.json.
-    from labsupport import chapters
 
     zips = {Path(u).stem: (built_book / "book" / u).resolve() for u in links if u.endswith(".zip")}
     assert set(zips) == {c.slug for c in chapters.CHAPTERS}

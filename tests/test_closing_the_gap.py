@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
+from labsupport import chapters
+
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is built
 
@@ -19,7 +21,7 @@ from labsupport.measure import decode, models
 from labsupport.measure.models import qwen3_decode  # noqa: E402
 
 from .conftest import fixture_run, with_shared_owners  # noqa: E402
-from .live_cells import run_live_cells, watch_harness  # noqa: E402
+from .live_cells import parameters, run_live_cells, watch_harness  # noqa: E402
 from .page_names import unglued  # noqa: E402
 
 pytest.importorskip("triton")
@@ -197,7 +199,7 @@ def test_another_token_passes_only_as_a_near_tie_of_the_float32_step(tiny):
 def test_the_page_says_a_run_without_tie_gaps_cannot_tell_a_tie_from_a_fault():
     from labsupport import runs
 
-    run = runs.load_run("closing-the-gap", "20261201T230816Z-h200")
+    run = runs.load_run(chapters.by_slug("closing-the-gap"), "20261201T230816Z-h200")
     note = ch.token_note(run)
     assert "cannot tell a near tie" in note and "attention in two kernels of ours" in note
     assert ch.token_note(fixture_run("closing-the-gap")) == ""  # every rung chose eager's token there
@@ -326,7 +328,7 @@ def test_a_new_run_reports_our_rungs_by_their_cuda_event_times(run, tmp_path):
     meta = json.loads((new / "meta.json").read_text())
     meta["files"]["rungs.csv"] = hashlib.sha256((new / "rungs.csv").read_bytes()).hexdigest()
     (new / "meta.json").write_text(json.dumps(meta))
-    lad = ch.ladder(runs.load_run("closing-the-gap", run.run_id, root=tmp_path)).set_index("rung")
+    lad = ch.ladder(runs.load_run(chapters.by_slug("closing-the-gap"), run.run_id, root=tmp_path)).set_index("rung")
     want = r.set_index("rung")
     for rung in want.index[ours.to_numpy()]:
         assert lad.loc[rung, "ms"] == want.loc[rung, "gpu_ms_min"] and lad.loc[rung, "timed by"] == "CUDA events"
@@ -478,7 +480,7 @@ def test_notebook_runs_live_on_cpu_through_papermill(runs_root, monkeypatch, tmp
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     out = tmp_path / "closing_the_gap.ipynb"
     nb_path = REPO / NOTEBOOK
-    params = {"mode": "live", "preset": "tiny", "prompt_len": 16, "repeats": 2, "allow_cpu": True}
+    params = parameters(preset="tiny", prompt_len=16, repeats=2, allow_cpu=True)
     pm.execute_notebook(
         str(nb_path), str(out), parameters=params, cwd=str(nb_path.parent), kernel_name="python3", progress_bar=False
     )
@@ -638,7 +640,7 @@ def test_the_fp8_rung_has_its_own_floor_and_is_never_the_best(run, tmp_path):
     for name in ("rungs.csv", "trace-fp8-weights.json.gz"):
         meta["files"][name] = hashlib.sha256((new / name).read_bytes()).hexdigest()
     (new / "meta.json").write_text(json.dumps(meta))
-    fake = runs.load_run("closing-the-gap", run.run_id, root=tmp_path)
+    fake = runs.load_run(chapters.by_slug("closing-the-gap"), run.run_id, root=tmp_path)
     lad = ch.ladder(fake).set_index("rung")
     f, f8 = ch.floor(fake), ch.fp8_floor(fake)
     assert f8.floor_ms == pytest.approx(7.6e9 / f.datasheet_tbs / 1e9) and f8.floor_ms < f.floor_ms

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.measure import compiling, recording
 from labsupport.ops import live
 
@@ -77,7 +77,7 @@ class _Params:
 
 
 def test_a_recorded_run_holds_what_the_compiler_did(runs_root):
-    w = recording.PendingRun("what-a-kernel", _Params(), allow_cpu=True, ceilings=False)
-    run = runs.load_run("what-a-kernel", w.write(), runs_root)
+    w = recording.PendingRun(chapters.by_slug("what-a-kernel"), _Params(), ceilings=False)
+    run = runs.load_run(chapters.by_slug("what-a-kernel"), w.write(), runs_root)
     assert set(compiling.COUNTERS) <= set(run.results["compile"]["counters"])
     assert run.results["compile"]["caches"].keys() == {*compiling.CACHE_VARIABLES, "force_disable_caches"}

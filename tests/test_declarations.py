@@ -1,87 +1,87 @@
-"""One declaration per chapter: the registry entry (labsupport.chapters) is the only place that names
-a chapter's files, columns and descriptions, its load() and progress(); a notebook's `parameters`
-cell and its chapter's Params dataclass cannot disagree."""
+"""One declaration per chapter, in its own folder (labsupport/chapters/<package>/declaration.py): the
+only place that names a chapter's files, columns and descriptions, its parameters with their checks,
+and its load() and progress(); the registry only lists the chapters, in the book's order."""
 
 import ast
 import dataclasses
 import importlib
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from labsupport import chapters
-from labsupport.ops import params as notebook_params
+from labsupport.chapters import cells
 
 pytestmark = pytest.mark.unit
 
 PACKAGE = Path(__file__).resolve().parent.parent / "labsupport"
 REGISTRY = PACKAGE / "chapters" / "__init__.py"
 # What the book compares against (published figures), not a run of ours: its tables may share
-# a run's column names.
-NOT_A_RUN = {PACKAGE / "chapters" / "published.py"}
-# Params fields that no notebook parameter sets: what the chapter fixes for every run (sizes of
-# its kernels, the model's single token) and the device, which the notebook derives from allow_cpu.
-FIXED = {
-    "what-a-kernel": {"n", "block", "num_warps", "burst_n", "device"},
-    "model-code-to-kernels": {"tokens", "device"},
-    "kernels-in-one-token": {"context_repeats", "device"},
-    "one-token-two-gpus": {"sweep_iters", "device"},
-}
+# a run's column names. And the declarations themselves.
+NOT_A_RUN = {PACKAGE / "chapters" / "published.py", PACKAGE / "chapters" / "declaring.py"}
 
 
 def chapter_module(chapter):
     return importlib.import_module(f"labsupport.chapters.{chapter.module}")
 
 
-def defaults(cls) -> dict:
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-        else:
-            out[f.name] = dataclasses.MISSING
-    return out
+def test_the_registry_lists_the_chapters_in_the_order_of_the_table_of_contents():
+    toc = yaml.safe_load((PACKAGE.parent / "_toc.yml").read_text())
+    listed = [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    in_book = [f for f in listed if f.startswith("notebooks/") and f != "notebooks/status"]
+    assert [c.notebook.removesuffix(".ipynb") for c in chapters.CHAPTERS] == in_book
+
+
+def test_the_registry_is_short_and_registers_nothing():
+    """At most 200 lines: the types, the ordered list, the look-ups; no chapter is declared in it."""
+    source = REGISTRY.read_text()
+    assert len(source.splitlines()) <= 200
+    assert "Chapter(" not in source and "File(" not in source
 
 
 @pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
-def test_notebook_parameters_and_params_agree(chapter):
-    """Every parameter of the notebook (but mode, run_id and allow_cpu, which the command sets) is a
-    field of the chapter's Params with the same default; every other field is one the chapter fixes."""
-    given = {k: v for k, v in notebook_params.notebook_parameters(chapter).items() if k not in notebook_params.RESERVED}
-    cls = getattr(chapter_module(chapter), "Params", None)
-    if cls is None:
-        return
-    fields = defaults(cls)
-    assert set(given) <= set(fields), f"{chapter.slug}: notebook parameters not in Params: {set(given) - set(fields)}"
-    differ = {k: (given[k], fields[k]) for k in given if given[k] != fields[k]}
-    assert not differ, f"{chapter.slug}: notebook default != Params default: {differ}"
-    extra = set(fields) - set(given)
-    assert extra == FIXED.get(chapter.slug, {"device"}) - set(given), f"{chapter.slug}: Params only: {extra}"
-    for name in chapter.checks:
-        assert name in given, f"{chapter.slug}: a check on {name}, which the notebook does not define"
+def test_chapter_declares_itself_in_its_folder(chapter):
+    path = PACKAGE / "chapters" / chapter.module / "declaration.py"
+    m = importlib.import_module(f"labsupport.chapters.{chapter.module}.declaration")
+    assert path.is_file() and m.DECLARATION is chapter and chapter.params is m.Params
+    assert chapter_module(chapter).Params is m.Params and chapter_module(chapter).DECLARATION is chapter
 
 
 @pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
-def test_chapter_module_takes_its_name_load_and_progress_from_the_registry(chapter):
+def test_chapter_module_takes_its_name_load_and_progress_from_its_declaration(chapter):
     m = chapter_module(chapter)
     assert chapter.slug == m.CHAPTER
     assert m.load.__self__ is chapter and m.progress.__self__ is chapter
 
 
+@pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
+def test_every_parameter_check_smoke_and_cpu_value_is_on_a_field(chapter):
+    """A parameter is written once: its field in Params carries its default, check, smoke and CPU
+    values; the chapter's checks, smoke and cpu are read from the fields."""
+    names = [f.name for f in dataclasses.fields(chapter.params)]
+    assert "device" in names and set(chapter.checks) | set(chapter.smoke) | set(chapter.cpu) <= set(names)
+    assert chapter.defaults == dataclasses.asdict(chapter.params())
+    assert not chapter.cpu or chapter.cpu["device"] == "cpu"  # a CPU path is the tiny model on the CPU
+
+
 def chapter_sources():
-    return sorted(p for p in (PACKAGE / "chapters").rglob("*.py") if p != REGISTRY and p not in NOT_A_RUN)
+    return sorted(
+        p
+        for p in (PACKAGE / "chapters").rglob("*.py")
+        if p != REGISTRY and p not in NOT_A_RUN and p.name != "declaration.py"
+    )
 
 
 def test_files_columns_and_descriptions_are_declared_once():
-    """No chapter module repeats what the registry declares: a list of a table's columns, a run's
+    """No chapter module repeats what its declaration says: a list of a table's columns, a run's
     files, a description of a file, a slug as its CHAPTER, or its own load() and progress()."""
     declared = {}
     for c in chapters.CHAPTERS:
-        declared |= {tuple(cols): f"{c.slug} {name} columns" for name, cols in c.columns.items()}
+        declared |= {tuple(f.columns): f"{c.slug} {f.name} columns" for f in c.files if f.columns}
         declared[tuple(c.artifacts)] = f"{c.slug} artifacts"
-    described = {d: c.slug for c in chapters.CHAPTERS for d in c.describes.values()}
+    described = {f.describes: c.slug for c in chapters.CHAPTERS for f in c.files}
     slugs = {c.slug for c in chapters.CHAPTERS}
     found = []
     for path in chapter_sources():
@@ -113,7 +113,44 @@ def test_files_columns_and_descriptions_are_declared_once():
 
 
 @pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
-def test_every_declared_file_is_described(chapter):
-    """Every file the registry names for a chapter (its artifacts, its tables) has its one line."""
-    for name in (*chapter.artifacts, *chapter.columns):
-        assert chapter.describes.get(name), f"{chapter.slug}: {name} has no description"
+def test_every_declared_file_is_described_once(chapter):
+    """Every file a chapter declares has its one line, and no name is declared twice."""
+    names = [f.name for f in chapter.files]
+    assert len(names) == len(set(names))
+    for f in chapter.files:
+        assert f.describes.strip(), f"{chapter.slug}: {f.name} has no description"
+        assert chapter.describe(f.name.format(tp=1, rank=0, choice="symm-mem")), f.name
+
+
+def test_a_family_of_files_is_one_pattern():
+    """One token on two GPUs' traces, one per degree, rank and form: one File each form."""
+    two = chapters.by_slug("one-token-two-gpus")
+    assert two.describe("trace-tp2-rank1-cuda-graph.json.gz") == "the raw trace of rank 1's CUDA-graph replay at TP=2"
+    assert two.describe("trace-split-tp2-rank0-symm-mem.json.gz").endswith("at TP=2, all-reduce symm-mem")
+    assert two.describe("trace-tp2-rank1-other.json.gz") is None and two.describe("trace-tp2.json.gz") is None
+
+
+def _code_cells(chapter) -> list[dict]:
+    nb = json.loads(chapter.path.read_text())
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def _source(cell) -> str:
+    return "".join(cell["source"])
+
+
+@pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
+def test_every_notebook_opens_with_the_cells_written_once_in_the_package(chapter):
+    """The install cell, the parameters cell (mode, run_id, overrides: nothing else), the
+    environment check and the cell that shows the run's Params are labsupport.chapters.cells' texts,
+    exactly; the live cells read every parameter from `params`."""
+    code = _code_cells(chapter)
+    assert _source(code[0]) == cells.BOOTSTRAP and code[0]["metadata"].get("tags") == ["hide-input"]
+    (parameters,) = [c for c in code if "parameters" in c["metadata"].get("tags", [])]
+    assert _source(parameters) == cells.PARAMETERS and len(cells.PARAMETERS.splitlines()) <= 6
+    env = [c for c in code if "environment.check(" in _source(c)]
+    assert [_source(c) for c in env] == [cells.ENVIRONMENT.replace("{slug}", chapter.slug)]
+    imports = next(i for i, c in enumerate(code) if f"import {chapter.module} as ch" in _source(c))
+    assert _source(code[imports + 1]) == cells.PARAMS and not code[imports + 1]["metadata"].get("tags")
+    before_load = code[: next(i for i, c in enumerate(code) if "run = ch.load(run_id)" in _source(c))]
+    assert not any("allow_cpu" in _source(c) or "ch.Params(" in _source(c) for c in before_load[imports + 2 :])

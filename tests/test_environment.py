@@ -84,9 +84,22 @@ def test_too_little_memory_names_the_largest_preset_that_fits(gpu, monkeypatch):
     assert "\n" not in line
     assert line.startswith(f"preset 'qwen3-8b' needs about {need:.1f} GB of GPU memory")
     assert "8.0 GB usable (LABSUPPORT_GPU_MEMORY_GB=8;" in line
-    assert line.endswith("the largest preset that fits is 'qwen3-1.7b' (set preset = 'qwen3-1.7b')")
+    assert line.endswith("the largest preset that fits is 'qwen3-1.7b' (overrides = {'preset': 'qwen3-1.7b'})")
     assert gpu["fraction"] == pytest.approx(8e9 / gpu["total"])  # the allocator is capped too
     assert environment.check("kernels-in-one-token", "live", "qwen3-1.7b") == []  # and that one runs
+
+
+def test_a_live_run_of_the_default_preset_is_checked_for_memory_when_it_opens(gpu, monkeypatch, runs_root):
+    """The notebook's first check knows only the preset its overrides name; the run's opening
+    (recording.writer) checks the preset it will build, the default included, and caps the
+    allocator, before any model is built or any run written."""
+    from labsupport.chapters import launch_overhead
+    from labsupport.measure import recording
+
+    monkeypatch.setenv(environment.MEMORY_VARIABLE, "8")
+    with pytest.raises(environment.EnvironmentProblem, match=r"^preset 'qwen3-8b' needs about .*'qwen3-1\.7b'"):
+        recording.writer(launch_overhead.DECLARATION, launch_overhead.Params())
+    assert gpu["fraction"] == pytest.approx(8e9 / gpu["total"]) and not any(runs_root.iterdir())
 
 
 def test_free_memory_counts_without_a_cap_and_nothing_may_fit(gpu, monkeypatch):
@@ -202,7 +215,7 @@ def _first_cell(chapter):
 @pytest.mark.parametrize("chapter", chapters.CHAPTERS, ids=lambda c: c.slug)
 def test_the_first_cell_says_in_one_line_what_is_missing(chapter, monkeypatch, capsys):
     params, first = _first_cell(chapter)
-    assert f'env_notes = environment.check("{chapter.slug}", mode' in first
+    assert f'env_notes = environment.check(\n    "{chapter.slug}", mode, overrides.get("preset")' in first
     ns = {}
     exec(params, ns)
     exec(first, ns)  # replay, everything installed: silent

@@ -35,7 +35,7 @@ def tampered(tmp_path_factory):
     root = tmp_path_factory.mktemp("tampered") / "runs"
     rid = runs.published(RUNS)[CH]
     shutil.copytree(RUNS, root)  # every published run: the page reads the other owners' shared quantities
-    run = runs.load_run(CH, rid, root)
+    run = runs.load_run(chapters.by_slug(CH), rid, root)
     mid = one_token.middle_layer(run)
     path = run.path / "kernels.csv"
     k = pd.read_csv(path, dtype=str, keep_default_na=False)
@@ -57,7 +57,7 @@ def assert_escaped(html: str):
 
 
 def test_the_layer_table_styler_escapes(tampered):
-    run = runs.load_run(CH, root=tampered)
+    run = runs.load_run(chapters.by_slug(CH), root=tampered)
     df = one_token.layer_kernels(run, one_token.middle_layer(run))
     # The chapter's own call: formats for some columns must leave the others escaped too.
     assert_escaped(glue.table(df, {"start µs": "{:.1f}", "µs": "{:.2f}"}).data)

@@ -14,7 +14,7 @@ import tarfile
 
 import pytest
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.ops import gallery, gallery_page, pack
 
 from .conftest import FIXTURES, REPO, tree_bytes
@@ -80,7 +80,7 @@ def test_a_good_archive_is_filed_under_the_gallery(world):
     archive, dst, run_id = world
     line = gallery.add(archive, dst)
     assert line.startswith(f"added {CHAPTER} run {run_id} (NVIDIA H200") and "\n" not in line
-    run = runs.load_run(CHAPTER, run_id, dst / "gallery" / "nvidia-h200")
+    run = runs.load_run(chapters.by_slug(CHAPTER), run_id, dst / "gallery" / "nvidia-h200")
     assert run.provenance["gpu"] == "NVIDIA H200"
     assert (dst / "published.json").read_text() == "{}", "the manifest is never touched"
     assert [e.run.run_id for e in gallery.entries(dst)] == [run_id]
@@ -252,7 +252,7 @@ def test_code_that_walks_runs_accepts_a_gallery(world):
     assert runs.prune("gallery", set(), dst) == []
     assert leftovers.set_aside(dst, run_id, dst.parent / "aside") == []
     assert leftovers.pruned_leftovers(dst) == []
-    assert runs.check_published(dst) == {}
+    assert runs.check_published(chapters.CHAPTERS, dst) == {}
     assert tree_bytes(dst / "gallery") == before
     r = subprocess.run(
         [sys.executable, "-m", "labsupport", "runs"],

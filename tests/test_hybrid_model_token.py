@@ -17,7 +17,7 @@ from labsupport.measure.models import gated_deltanet
 from labsupport.traces import kernels, trace
 
 from .conftest import REPO, fixture_run
-from .live_cells import watch_harness
+from .live_cells import parameters, watch_harness
 from .test_launch_overhead import modern_copy, replay_notebook
 
 pytestmark = pytest.mark.unit
@@ -38,7 +38,7 @@ def run_measuring_cells(params: dict) -> dict:
             continue
         exec(compile("".join(cell["source"]), f"{NOTEBOOK}:{cell.get('id')}", "exec"), ns)
         if "parameters" in cell["metadata"].get("tags", []):
-            ns.update({"mode": "live", "run_id": None, "allow_cpu": True, **params})
+            ns.update(parameters(**{"allow_cpu": True, **params}))
         if cell.get("id") == "hy-load-run":
             return ns
     raise AssertionError("the notebook has no cell hy-load-run")

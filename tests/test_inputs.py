@@ -152,7 +152,7 @@ def test_files_listed_in_meta_json_must_be_plain_names(copied_runs, run_dir, tmp
     meta["files"]["../../../../secret.txt"] = hashlib.sha256(secret.read_bytes()).hexdigest()
     (run_dir / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(runs.RunError) as e:
-        runs.load_run(CH)
+        runs.load_run(chapters.by_slug(CH))
     assert "'../../../../secret.txt', which is not a plain file name inside the run" in one_line(e)
 
 
@@ -164,7 +164,7 @@ def test_symlinks_are_refused_when_reading_and_serving(copied_runs, run_dir, tmp
     target.unlink()
     target.symlink_to(secret)  # same bytes, so the checksum matches
     with pytest.raises(runs.RunError, match="step_times.csv is a symbolic link"):
-        runs.load_run(CH)
+        runs.load_run(chapters.by_slug(CH))
     with pytest.raises(runs.RunError, match="symbolic link"):
         runs.copy_published(tmp_path / "served", link=False)
     target.unlink()
@@ -173,7 +173,7 @@ def test_symlinks_are_refused_when_reading_and_serving(copied_runs, run_dir, tmp
     shutil.move(str(copied_runs / CH), tmp_path / "elsewhere")
     (copied_runs / CH).symlink_to(tmp_path / "elsewhere")
     with pytest.raises(runs.RunError, match="is a symbolic link"):
-        runs.load_run(CH)
+        runs.load_run(chapters.by_slug(CH))
 
 
 def test_serving_copies_only_the_published_runs_listed_files(copied_runs, run_dir, tmp_path):
@@ -190,7 +190,7 @@ def test_a_table_with_the_wrong_columns_or_empty(run_dir):
     path = run_dir / "census.csv"
     path.write_text(path.read_text().replace("kind,", "kinds,", 1))
     rehash(run_dir, "census.csv")
-    run = runs.load_run(CH)
+    run = runs.load_run(chapters.by_slug(CH))
     with pytest.raises(runs.RunError) as e:
         run.table("census")
     assert f"{path} lacks column kind (it has kinds," in one_line(e)
@@ -200,7 +200,7 @@ def test_a_table_with_the_wrong_columns_or_empty(run_dir):
     path.write_text("")
     rehash(run_dir, "census.csv")
     with pytest.raises(runs.RunError) as e:
-        runs.load_run(CH).table("census")
+        runs.load_run(chapters.by_slug(CH)).table("census")
     assert one_line(e) == f"{path} is empty"
 
 
@@ -209,7 +209,7 @@ def test_provenance_without_gpu(run_dir):
     del meta["provenance"]["gpu"]
     (run_dir / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(runs.RunError) as e:
-        runs.load_run(CH)
+        runs.load_run(chapters.by_slug(CH))
     assert one_line(e) == f"{run_dir / 'meta.json'}: provenance lacks gpu"
 
 
@@ -219,12 +219,12 @@ def test_a_damaged_trace_with_a_matching_hash(run_dir, damage):
     data = trace.read_bytes()
     trace.write_bytes(data[: len(data) // 2] if damage == "truncated" else gzip.compress(b"this is not json"))
     rehash(run_dir, "trace.json.gz")
-    run = runs.load_run(CH)  # the checksum matches
+    run = runs.load_run(chapters.by_slug(CH))  # the checksum matches
     with pytest.raises(runs.RunError) as e:
         run.file("trace.json.gz")
     assert one_line(e).startswith(f"{trace} is not a readable trace: ")
     with pytest.raises(runs.RunError, match="is not a readable trace"):
-        runs.check_published()
+        runs.check_published(chapters.CHAPTERS)
     assert any("is not a readable trace" in p for p in validate.check_run(chapters.by_slug(CH), run))
 
 
@@ -260,7 +260,7 @@ def test_run_ids_and_chapter_names():
         with pytest.raises(runs.RunError):
             runs.check_chapter(bad)
     assert runs.check_run_id("20261130T002417Z-h200") and runs.check_chapter("kernels-in-one-token")
-    runs.check_published(RUNS)
+    runs.check_published(chapters.CHAPTERS, RUNS)
 
 
 @pytest.mark.parametrize(
@@ -303,10 +303,13 @@ def test_a_bad_run_id_is_refused_where_a_run_is_written_loaded_published_or_pack
     from labsupport.ops import pack
 
     with pytest.raises(runs.RunError) as e:
-        runs.RunWriter(CH, {}, bad, root=copied_runs)
+        runs.RunWriter(chapters.by_slug(CH), {}, bad, root=copied_runs)
     one_line(e)
     shutil.copytree(run_dir, copied_runs / CH / bad)
-    for load in (lambda: runs.load_run(CH, bad), lambda: pack.pack(CH, bad, out_dir=copied_runs.parent / "packs")):
+    for load in (
+        lambda: runs.load_run(chapters.by_slug(CH), bad),
+        lambda: pack.pack(CH, bad, out_dir=copied_runs.parent / "packs"),
+    ):
         with pytest.raises(runs.RunError) as e:
             load()
         assert "is not a run id" in one_line(e)

@@ -301,7 +301,7 @@ def modern_copy(run: runs.Run, root, run_id: str | None = None) -> runs.Run:
     meta["results"]["method"] = harness.method()
     meta["files"] = {name: hashlib.sha256((dst / name).read_bytes()).hexdigest() for name in meta["files"]}
     (dst / "meta.json").write_text(json.dumps(meta, indent=1))
-    return runs.load_run(run.chapter, run_id, root=root)
+    return runs.load_run(run.declaration, run_id, root=root)
 
 
 def replay_notebook(notebook: str, run: runs.Run, tmp_path) -> str:

@@ -83,9 +83,11 @@ def test_imports_follow_the_layers(path):
             assert other == me or other in ALLOWED[me], f"{path.relative_to(PACKAGE)} ({me}) imports {target}"
             if me == "chapters" and other == "chapters" and len(parts) > 2:
                 mine = path.relative_to(PACKAGE / "chapters").parts[0].removesuffix(".py")
-                if mine == "shared":
-                    continue  # the one module that reads every owner's shared quantities (lazily, by name)
-                ok = (mine, "published", "data_files", "shared", "table_keys", "rules")
+                if mine in ("shared", "__init__"):
+                    continue  # the registry, and the one module that reads every owner's shared quantities
+                if parts[3:] == ["declaration"]:
+                    continue  # another chapter's declaration: what its runs hold, to load one (never its code)
+                ok = (mine, "published", "data_files", "shared", "table_keys", "rules", "declaring")
                 assert parts[2] in ok, f"chapter {mine} imports chapter {parts[2]}"
             for n in names:
                 assert not (n.startswith("_") and n != "__version__"), f"{path.name} imports private {target}.{n}"
@@ -176,9 +178,9 @@ def test_every_file_of_a_run_is_described(chapter):
     from .conftest import fixture_run
 
     run = fixture_run(chapter.slug)
-    missing = [n for n in run.meta["files"] if not data_files.describe(chapter.slug, n)]
+    missing = [n for n in run.meta["files"] if not data_files.describe(chapter, n)]
     assert not missing, f"{chapter.slug}: no description for {missing}"
-    assert all(data_files.describe(chapter.slug, a) for a in chapter.artifacts)
+    assert all(data_files.describe(chapter, a) for a in chapter.artifacts)
     html = data_files.data_list(run).data
     assert html.count("<tr>") == len(run.meta["files"]) + 2 and "(not described)" not in html
     assert "../book/run_it_yourself.html" in html  # how to record one's own run, from every chapter
@@ -230,8 +232,8 @@ def test_no_import_circles():
 
 
 def test_runs_load_no_chapter_code():
-    """runs/ is below the chapters: importing it (and loading a run) brings in no chapter module;
-    what it checks a table against is declared to it by the registry (runs.tables.declare)."""
+    """runs/ is below the chapters: importing it brings in no chapter module, and nothing is
+    declared to it at import: whoever writes or loads a run hands it the chapter's declaration."""
     import subprocess
     import sys
 
@@ -240,6 +242,20 @@ def test_runs_load_no_chapter_code():
         "bad = sorted(m for m in sys.modules if m.startswith('labsupport.chapters')); "
         "assert not bad, bad; "
         "import labsupport.chapters as c; "
-        "assert set(r.tables.SCHEMAS) == {ch.slug for ch in c.CHAPTERS}"
+        "assert not any(hasattr(r.tables, n) for n in ('SCHEMAS', 'declare', 'declared_columns'))"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in modules() if layer(p) == "chapters"], ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_no_chapter_module_looks_modules_up_by_name(path):
+    """Every edge between chapter modules is an import the layer test sees: no importlib, no
+    __import__ (a chapter's headline and shared quantities are reached through explicit imports)."""
+    tree = ast.parse(path.read_text())
+    names = {a.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    modules_from = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "importlib" not in names | modules_from, f"{path.relative_to(PACKAGE)} imports importlib"
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "__import__"]
+    assert not calls, f"{path.relative_to(PACKAGE)} calls __import__"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.ops import leftovers
 from labsupport.runs import lock
 
@@ -164,5 +164,5 @@ sys.exit(d.main(sys.argv[1:]))
     assert first.returncode == 0, err
     nid = sorted(p.name for p in n.logs.iterdir())[-1]
     assert runs.published(n.root)[driver.CHAPTER] == nid
-    runs.check_published(n.root)
+    runs.check_published(chapters.CHAPTERS, n.root)
     assert json.loads((n.root / "nightly" / f"{nid}-drift.json").read_text())["chapters"]

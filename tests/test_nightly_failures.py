@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.ops import history, leftovers, nightly, status
 from labsupport.runs import lock, promotion
 
@@ -86,7 +86,7 @@ def run_night(capsys):
 def assert_complete(n: Night, night_id: str):
     """The night is published and complete: runs, manifest, history, report, book agree."""
     assert runs.published(n.root)[CHAPTER] == night_id
-    runs.check_published(n.root)
+    runs.check_published(chapters.CHAPTERS, n.root)
     assert (history.read(n.root).published_as == f"nightly {night_id}").sum() > 0
     assert (n.root / "nightly" / f"{night_id}-drift.md").is_file()
     assert (n.root / "nightly" / f"{night_id}-drift.json").is_file()

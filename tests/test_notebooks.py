@@ -68,7 +68,7 @@ def test_live_run_through_papermill_on_cpu_records_and_publishes(live_env, copie
     r = _live(TINY_ARGS, live_env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "[1/1] kernels-in-one-token: published run" in r.stdout
-    run = runs.load_run("kernels-in-one-token", root=copied_runs)
+    run = runs.load_run(chapters.by_slug("kernels-in-one-token"), root=copied_runs)
     assert run.provenance["device"] == "cpu" and run.parameters["preset"] == "tiny"
     assert "labsupport live" in run.provenance["command"]
 

@@ -151,13 +151,13 @@ def test_analysis_of_a_cpu_run(tiny_run):
 def test_every_file_of_the_run_is_described_and_the_run_validates(tiny_run):
     from labsupport.ops import validate
 
-    assert validate.check_run(chapters.ONE_TOKEN_TWO_GPUS, tiny_run) == []
-    missing = [n for n in tiny_run.meta["files"] if not data_files.describe(ch.CHAPTER, n)]
+    assert validate.check_run(ch.DECLARATION, tiny_run) == []
+    missing = [n for n in tiny_run.meta["files"] if not data_files.describe(ch.DECLARATION, n)]
     assert not missing
-    assert all(data_files.describe(ch.CHAPTER, a) for a in chapters.ONE_TOKEN_TWO_GPUS.artifacts)
-    for name, cols in chapters.ONE_TOKEN_TWO_GPUS.columns.items():
-        if name in tiny_run.meta["files"]:
-            assert set(cols) <= set(pd.read_csv(tiny_run.path / name).columns), name
+    assert all(data_files.describe(ch.DECLARATION, a) for a in ch.DECLARATION.artifacts)
+    for f in ch.DECLARATION.files:
+        if f.name in tiny_run.meta["files"]:
+            assert set(f.columns) <= set(pd.read_csv(tiny_run.path / f.name).columns), f.name
 
 
 @pytest.mark.live
@@ -235,7 +235,7 @@ def test_live_mode_stops_in_one_line_without_the_gpus(runs_root, monkeypatch):
     from labsupport.measure import environment
 
     with pytest.raises(ch.TooFewGPUs) as e:
-        ch.require_gpus(ch.Params(gpus=2), allow_cpu=False)
+        ch.require_gpus(ch.Params(gpus=2))
     assert str(e.value).count("\n") == 0 and "needs 2 GPUs and this box has 0" in str(e.value)
     monkeypatch.setattr(measuring, "gpus_here", lambda: 1)
     with pytest.raises(ch.TooFewGPUs, match="^one-token-two-gpus needs 2 GPUs and this box has 1; use mode='replay'"):
@@ -245,12 +245,12 @@ def test_live_mode_stops_in_one_line_without_the_gpus(runs_root, monkeypatch):
         run_live_cells(NOTEBOOK, **{**TINY, "allow_cpu": False})
     assert not any(runs_root.rglob("meta.json"))
     with pytest.raises(ValueError, match="gpus must be at least 2"):
-        ch.require_gpus(ch.Params(gpus=1, device="cpu"), allow_cpu=True)
+        ch.require_gpus(ch.Params(gpus=1, device="cpu", preset="tiny"))
 
 
 def test_the_nightly_skips_a_chapter_that_needs_more_gpus(monkeypatch, capsys):
     one = chapters.by_slug("launch-overhead")
-    two = chapters.ONE_TOKEN_TWO_GPUS
+    two = ch.DECLARATION
     monkeypatch.setattr(live, "gpus_here", lambda: 1)
     assert live.fitting([one, two], allow_cpu=False, who="nightly") == [one]
     assert capsys.readouterr().out == "[nightly] one-token-two-gpus: skipped: needs 2 GPUs, this box has 1\n"

@@ -9,6 +9,7 @@ import tarfile
 
 import pytest
 
+from labsupport import chapters
 from labsupport.ops import pack
 
 from .conftest import FIXTURES, REPO
@@ -73,7 +74,7 @@ def test_clock_fields_are_checked_where_recorded(fixture_runs):
     from labsupport import runs
 
     root, run_id = fixture_runs
-    run = runs.load_run(CHAPTER, run_id, root)
+    run = runs.load_run(chapters.by_slug(CHAPTER), run_id, root)
     run.meta["provenance"]["nvidia_smi_power_limit"] = " "
     assert "provenance field 'nvidia_smi_power_limit' is empty" in pack.check(run)
 

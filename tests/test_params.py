@@ -1,5 +1,6 @@
-"""`--param` is checked against the notebook's own parameters cell and the chapter's checks
-(chapters.py) before anything runs; each problem is one line naming the parameter."""
+"""`--param` is checked against the chapter's Params (each field's type and check, in the chapter's
+declaration.py) before anything runs, into the overrides its notebook receives; each problem is one
+line naming the parameter."""
 
 import json
 import os
@@ -22,20 +23,24 @@ def resolve(*pairs, names=("kernels-in-one-token",)):
     return params.resolve(chapters.find(list(names)), params.parse_cli(list(pairs)))
 
 
-def test_every_notebook_has_a_parameters_cell_with_mode_and_run_id():
+def test_every_default_smoke_and_cpu_value_passes_its_check():
     for ch in chapters.CHAPTERS:
-        p = params.notebook_parameters(ch)
-        assert p["mode"] == "replay" and "run_id" in p, ch.slug
-
-
-def test_every_check_smoke_and_cpu_value_names_a_real_parameter_and_passes():
-    for ch in chapters.CHAPTERS:
-        nb = params.notebook_parameters(ch)
-        for name in [*ch.checks, *ch.smoke, *ch.cpu]:
-            assert name in nb, f"{ch.slug}: chapters.py names {name!r}, which {ch.notebook} does not define"
-        # The notebook's own defaults, its smoke values and its CPU values all pass its checks.
-        params.for_chapter(ch, {k: v for k, v in nb.items() if k not in params.RESERVED})
+        # The defaults, the smoke values and the CPU values all pass the fields' checks.
+        assert params.for_chapter(ch, ch.defaults) == ch.defaults
         params.for_chapter(ch, {**ch.smoke, **ch.cpu})
+
+
+def test_an_unknown_override_in_a_notebook_is_one_line_naming_the_parameters():
+    """What papermill hands a notebook goes to ch.Params(**overrides): a name it has no field for
+    stops there in one line naming the fields, not in a bare "unexpected keyword argument"."""
+    from labsupport.chapters import launch_overhead
+
+    with pytest.raises(TypeError) as e:
+        launch_overhead.Params(repeat=3)
+    assert str(e.value) == (
+        "'repeat' is not a parameter of launch-overhead "
+        "(parameters: preset, prompt_len, dtype, repeats, max_autotune, device)"
+    )
 
 
 def numeric(default) -> bool:
@@ -46,13 +51,13 @@ def numeric(default) -> bool:
 
 @pytest.mark.parametrize("ch", chapters.CHAPTERS, ids=lambda c: c.slug)
 def test_every_numeric_parameter_has_a_check_with_an_upper_bound(ch):
-    """Every number a notebook takes (or list of numbers) has a declared check with a finite upper
+    """Every number a chapter takes (or list of numbers) has a declared check with a finite upper
     bound: the bound passes, one above it is one ParamError line, and so is NaN; no rule is of a
     kind check_rule does not know."""
     for name, rule in ch.checks.items():
         assert rule.kind in ("between", "each_between", "one_of", "subset_of", "preset"), (name, rule)
-    for name, default in params.notebook_parameters(ch).items():
-        if name in params.RESERVED or not numeric(default):
+    for name, default in ch.defaults.items():
+        if not numeric(default):
             continue
         rule = ch.checks.get(name)
         assert rule is not None and rule.kind in ("between", "each_between"), f"{ch.slug}: {name} has no bounds"
@@ -81,7 +86,7 @@ def test_good_values():
 @pytest.mark.parametrize(
     "pair,message",
     [
-        ("repeat=50", "--param repeat: no such parameter in notebooks/kernels_in_one_token.ipynb (parameters: "),
+        ("repeat=50", "--param repeat: no such parameter of kernels-in-one-token (parameters: "),
         ("no_such_param=1", "--param no_such_param: no such parameter"),
         ("repeats=abc", "--param repeats=abc: not a JSON value"),
         ("repeats=-5", "--param repeats=-5: must be a number from 1 to 10000"),
@@ -101,7 +106,8 @@ def test_good_values():
         ("run_id=20990101T000000Z-x", "--param run_id: not a parameter you may set (the command chooses the run id)"),
         ("run_id=", "--param run_id: not a parameter you may set"),
         ("mode=replay", "--param mode: not a parameter you may set"),
-        ("allow_cpu=true", "--param allow_cpu: not a parameter you may set (use --allow-cpu)"),
+        ("overrides={}", "--param overrides: not a parameter you may set (give each parameter as --param NAME=VALUE)"),
+        ("allow_cpu=true", "--param allow_cpu: no such parameter of kernels-in-one-token"),
         ("repeats", "expected NAME=VALUE"),
         ("../x=1", "expected NAME=VALUE"),
         ("repeats\n=3", "expected NAME=VALUE"),

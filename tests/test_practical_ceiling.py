@@ -64,7 +64,7 @@ def test_without_read_kernels_the_ceiling_is_the_best_read_never_the_copy():
 
 
 def test_with_read_kernels_the_ceiling_is_the_fastest_kernel(root, closing):
-    owner = runs.load_run(shared.CEILINGS, root=root)
+    owner = shared.owner_run(shared.CEILINGS, root=root)
     rk = owner.table(hardware.READ_KERNELS)
     lim = hardware.run_limits(owner)
     assert lim.ceiling_tbs == pytest.approx(rk.tbs.max()) and lim.ceiling_tbs > lim.read_tbs
@@ -85,20 +85,20 @@ def test_with_read_kernels_the_ceiling_is_the_fastest_kernel(root, closing):
 
 
 def test_validation_passes_a_run_under_the_ceiling(root, closing):
-    run = runs.load_run(closing.chapter, root=root)
+    run = runs.load_run(closing.declaration, root=root)
     assert validate.check_ceiling(run) == []
 
 
 def test_validation_refuses_a_kernel_above_the_ceiling(root, closing):
     m = closing.table("matmuls")
-    lim = hardware.run_limits(runs.load_run(shared.CEILINGS, root=root))
+    lim = hardware.run_limits(shared.owner_run(shared.CEILINGS, root=root))
     head = m.matrix == "lm_head"
     m.loc[head, "triton_us"] = m.loc[head, "bytes"] / (lim.ceiling_tbs * 1.02 * 1e6)  # 2% above the ceiling
     m["triton_tbs"] = m.bytes / m.triton_us / 1e6
     problems = validate.check_ceiling(tampered(root, closing, m, "fast"))
     assert len(problems) == 1, problems
     assert problems[0].startswith("Triton GEMV at lm_head reads") and f"{lim.ceiling_tbs:.3f} TB/s" in problems[0]
-    fast = runs.load_run(closing.chapter, closing.run_id, root=root.parent / "fast")
+    fast = runs.load_run(closing.declaration, closing.run_id, root=root.parent / "fast")
     assert problems[0] in validate.check_run(chapters.by_slug(closing.chapter), fast)
     # Within the declared noise it passes.
     m.loc[head, "triton_us"] = m.loc[head, "bytes"] / (lim.ceiling_tbs * 1.005 * 1e6)
@@ -122,7 +122,7 @@ def test_validation_waits_for_a_ceiling_with_read_kernels(tmp_path, closing):
     for run in (fixture_run("why-a-gpu"), closing):
         shutil.copytree(run.path, root / run.chapter / run.run_id)
     runs.publish_many({"why-a-gpu": fixture_run("why-a-gpu").run_id, closing.chapter: closing.run_id}, root)
-    run = runs.load_run(closing.chapter, root=root)
+    run = runs.load_run(closing.declaration, root=root)
     assert max(t for _, t in validate._read_rates(run)) > hardware.run_limits(fixture_run("why-a-gpu")).ceiling_tbs
     assert validate.check_ceiling(run) == []
 

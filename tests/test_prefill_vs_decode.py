@@ -15,12 +15,14 @@ import pytest
 import torch
 
 from labsupport import chapters, runs
+from labsupport.chapters import cells
 from labsupport.chapters import prefill_vs_decode as ch
 from labsupport.measure import decode, environment, hardware, harness, models
 from labsupport.ops import validate
 from labsupport.traces import kernels, trace
 
 from .conftest import FIXTURES, REPO, fixture_run, with_shared_owners
+from .live_cells import parameters
 
 pytestmark = pytest.mark.unit
 
@@ -107,7 +109,7 @@ def run_live_cells(**params) -> runs.Run:
     end = next(i for i, src in enumerate(code) if "run = ch.load(run_id)" in src)
     ns: dict = {}
     exec(code[first], ns)  # the cells before it install labsupport where it is missing: here it is not
-    ns.update({"mode": "live", **params})
+    ns.update(parameters(**params))
     for src in code[first + 1 : end + 1]:
         exec(src, ns)
     return ns["run"]
@@ -237,7 +239,7 @@ def test_a_different_sweep_timing_is_not_called_the_same_measurement(tiny_run, t
 
     root = tmp_path / "runs"
     shutil.copytree(tiny_run.path, root / ch.CHAPTER / tiny_run.run_id)
-    run = runs.load_run(ch.CHAPTER, tiny_run.run_id, root=root, verify=False)
+    run = runs.load_run(ch.DECLARATION, tiny_run.run_id, root=root, verify=False)
     s = run.table("prompt_sweep")
     s.loc[s.prompt_len == TINY["prompt_len"], harness.estimate_column(s.columns)] *= 1.5
     s.to_csv(run.path / "prompt_sweep.csv", index=False)
@@ -319,7 +321,7 @@ def test_out_of_memory_rows_are_kept_and_skipped(tiny_run, tmp_path):
 
     root = tmp_path / "runs"
     shutil.copytree(tiny_run.path, root / ch.CHAPTER / tiny_run.run_id)
-    run = runs.load_run(ch.CHAPTER, tiny_run.run_id, root=root, verify=False)
+    run = runs.load_run(ch.DECLARATION, tiny_run.run_id, root=root, verify=False)
     s = run.table("prompt_sweep")
     oom = pd.DataFrame([{"prompt_len": 32, "status": "out of memory"}])  # as record() writes it
     s = pd.concat([s[s.prompt_len != 32], oom], ignore_index=True)
@@ -355,8 +357,7 @@ def test_notebook_shows_its_measuring_code():
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
     code = [c for c in nb.cells if c.cell_type == "code"]
     (params,) = [c for c in code if "parameters" in c.metadata.get("tags", [])]
-    for line in ('mode = "replay"', "run_id = None", 'preset = "qwen3-8b"', "allow_cpu = False"):
-        assert line in params.source
+    assert params.source == cells.PARAMETERS and ch.Params().preset == "qwen3-8b"
     assert not [c for c in code if {"remove-input", "remove-cell"} & set(c.metadata.get("tags", []))]
     live = [c for c in code if 'if mode == "live":' in c.source]
     assert len(live) == 4 and not any(c.metadata.get("tags") for c in live)
@@ -387,14 +388,7 @@ def test_notebook_runs_live_on_cpu_through_papermill(runs_root, tmp_path, monkey
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     with_shared_owners(runs_root)
     out = tmp_path / NOTEBOOK.name
-    params = {
-        "mode": "live",
-        "preset": "tiny",
-        "prompt_len": 16,
-        "prompt_lens": [1, 8, 32],
-        "repeats": 2,
-        "allow_cpu": True,
-    }
+    params = parameters(preset="tiny", prompt_len=16, prompt_lens=[1, 8, 32], repeats=2, allow_cpu=True)
     pm.execute_notebook(
         str(NOTEBOOK), str(out), parameters=params, cwd=str(NOTEBOOK.parent), kernel_name="python3", progress_bar=False
     )

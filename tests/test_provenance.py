@@ -8,11 +8,11 @@ import tarfile
 import pandas as pd
 import pytest
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.ops import live, validate
 from labsupport.runs import provenance
 
-from .conftest import FIXTURES, REPO
+from .conftest import FIXTURES, REPO, TOY
 
 pytestmark = pytest.mark.unit
 
@@ -93,7 +93,7 @@ def _run_with_commit(root, commit: str) -> runs.Run:
     meta["provenance"]["git_commit"] = commit
     meta_path.write_text(json.dumps(meta))
     (root / "published.json").write_text("{}")
-    return runs.load_run("what-a-kernel", src.name, root)
+    return runs.load_run(chapters.by_slug("what-a-kernel"), src.name, root)
 
 
 @needs_git
@@ -161,9 +161,9 @@ def test_a_recorded_run_holds_the_digest_of_this_tree(tmp_path, monkeypatch):
     monkeypatch.delenv("LABSUPPORT_GIT_COMMIT", raising=False)
     prov = provenance.collect()
     assert prov["tree_digest"] == provenance.tree_digest()
-    with runs.RunWriter("ch", {}, "20260101T000000Z-test", root=tmp_path, meta={"provenance": prov}) as w:
+    with runs.RunWriter(TOY, {}, "20260101T000000Z-test", root=tmp_path, meta={"provenance": prov}) as w:
         w.write_table("t", pd.DataFrame({"x": [1]}))
-    assert runs.load_run("ch", "20260101T000000Z-test", tmp_path).provenance["tree_digest"] == prov["tree_digest"]
+    assert runs.load_run(TOY, "20260101T000000Z-test", tmp_path).provenance["tree_digest"] == prov["tree_digest"]
 
 
 @needs_git

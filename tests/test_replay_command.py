@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.__main__ import main
 from labsupport.measure import environment
 from labsupport.ops import replay
@@ -62,7 +62,7 @@ def test_replay_from_the_served_zip_prints_the_headline_and_writes_the_figures(z
     monkeypatch.chdir(tmp_path)
     rc, out, err = _replay(capsys, CHAPTER, "--runs", str(zips[CHAPTER]), "--out", "figs")
     assert rc == 0, err
-    run = runs.load_run(CHAPTER, _fixture_manifest()[CHAPTER], FIXTURES)
+    run = runs.load_run(chapters.by_slug(CHAPTER), _fixture_manifest()[CHAPTER], FIXTURES)
     from labsupport.chapters import kernels_in_one_token as ch
 
     for name, value in ch.headline(run).items():

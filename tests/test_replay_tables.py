@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from labsupport import __main__ as cli
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.ops import validate
 from labsupport.runs.provenance import REPO_ROOT
 from labsupport.traces import derived, replay, trace
@@ -111,7 +111,7 @@ def test_a_tampered_table_with_a_matching_checksum_fails_validation(small_run):
     meta = json.loads((small_run / "meta.json").read_text())
     meta["files"][path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
     (small_run / "meta.json").write_text(json.dumps(meta))
-    run = runs.load_run("what-a-kernel", small_run.name, small_run.parent.parent)
+    run = runs.load_run(chapters.by_slug("what-a-kernel"), small_run.name, small_run.parent.parent)
     problems = validate.check_run(chapters.by_slug("what-a-kernel"), run)
     assert [p for p in problems if "burst_trace.kernels.csv.gz differs from the table its trace" in p], problems
     assert all("\n" not in p for p in problems)
@@ -174,14 +174,14 @@ def test_derive_writes_the_tables_of_a_run_recorded_before_them(small_run, capsy
     assert cli.main(["derive", "what-a-kernel"]) == 0
     assert "what-a-kernel/" in capsys.readouterr().out
     assert {n: (small_run / n).read_bytes() for n in committed} == committed
-    run = runs.load_run("what-a-kernel", small_run.name, small_run.parent.parent)
+    run = runs.load_run(chapters.by_slug("what-a-kernel"), small_run.name, small_run.parent.parent)
     assert set(committed) <= set(run.meta["files"]) and set(run.meta["derived"]) == set(committed)
     assert derived.check(small_run / "burst_trace.json.gz") is None
 
 
 def test_a_new_run_stores_the_tables_of_its_traces(tmp_path):
     src = RUNS / "what-a-kernel" / PUBLISHED["what-a-kernel"] / "burst_trace.json.gz"
-    w = runs.RunWriter("what-a-kernel", {}, "20990101T000000Z-test", root=tmp_path)
+    w = runs.RunWriter(chapters.by_slug("what-a-kernel"), {}, "20990101T000000Z-test", root=tmp_path)
     w.derive = lambda folder: derived.derive_folder(folder, "cuda")
     with w:
         shutil.copyfile(src, w.path / src.name)

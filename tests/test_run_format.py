@@ -67,7 +67,7 @@ def test_a_new_run_records_the_current_format(tmp_path):
     with runs.RunWriter("ch", {}, "20260101T000000Z-test", root=tmp_path, meta={"provenance": prov}) as w:
         w.write_table("t", pd.DataFrame({"x": [1]}))
     assert json.loads((w.final / "meta.json").read_text())["format"] == formats.CURRENT
-    assert runs.load_run("ch", "20260101T000000Z-test", tmp_path).meta["format"] == formats.CURRENT
+    assert runs.open_run("ch", "20260101T000000Z-test", tmp_path).meta["format"] == formats.CURRENT
 
 
 def test_a_run_without_a_format_is_refused_naming_derive(root):
@@ -75,7 +75,7 @@ def test_a_run_without_a_format_is_refused_naming_derive(root):
     del meta["format"]
     _write_meta(root / CHAPTER / SOURCE.name, meta)
     with pytest.raises(OlderFormat) as e:
-        runs.load_run(CHAPTER, SOURCE.name, root)
+        runs.open_run(CHAPTER, SOURCE.name, root)
     assert _one_line(e).endswith(
         f"older than this code's {formats.CURRENT}: bring it up to date with `python -m labsupport derive {CHAPTER}`"
     )
@@ -86,14 +86,14 @@ def test_a_run_of_an_older_format_is_refused(root):
     meta = json.loads((root / CHAPTER / SOURCE.name / "meta.json").read_text())
     _write_meta(root / CHAPTER / SOURCE.name, {**meta, "format": formats.CURRENT - 1})
     with pytest.raises(OlderFormat, match=f"python -m labsupport derive {CHAPTER}"):
-        runs.load_run(CHAPTER, SOURCE.name, root)
+        runs.open_run(CHAPTER, SOURCE.name, root)
 
 
 def test_a_run_of_a_newer_format_is_refused(root):
     meta = json.loads((root / CHAPTER / SOURCE.name / "meta.json").read_text())
     _write_meta(root / CHAPTER / SOURCE.name, {**meta, "format": formats.CURRENT + 1})
     with pytest.raises(runs.RunError) as e:
-        runs.load_run(CHAPTER, SOURCE.name, root)
+        runs.open_run(CHAPTER, SOURCE.name, root)
     assert not isinstance(e.value, OlderFormat)
     assert f"newer than this code's {formats.CURRENT}" in _one_line(e)
 
@@ -103,7 +103,7 @@ def test_a_format_that_is_not_a_format_number_is_refused(root, bad):
     meta = json.loads((root / CHAPTER / SOURCE.name / "meta.json").read_text())
     _write_meta(root / CHAPTER / SOURCE.name, {**meta, "format": bad})
     with pytest.raises(runs.RunError, match="is not a format number") as e:
-        runs.load_run(CHAPTER, SOURCE.name, root)
+        runs.open_run(CHAPTER, SOURCE.name, root)
     _one_line(e)
 
 
@@ -112,7 +112,7 @@ def test_every_committed_run_is_of_the_current_format():
     loads checked (the gallery's GPU folders and the fixture folders are runs folders too)."""
     folders = [REPO / "runs", *(REPO / "runs" / "gallery").iterdir(), FIXTURES, FIXTURES.parent / "small-runs"]
     loaded = [
-        runs.load_run(ch.name, run_id, folder)
+        runs.open_run(ch.name, run_id, folder)
         for folder in folders
         for ch in sorted(folder.iterdir())
         if ch.is_dir() and ch.name not in ("gallery", "nightly")
@@ -130,7 +130,7 @@ def test_derive_brings_an_older_run_to_the_current_format(old_run, capsys):
         f"{CHAPTER}/{SOURCE.name}: format 1 -> {formats.CURRENT}: 3 replay tables written "
         f"({sum((old_run / n).stat().st_size for n in TABLES) / 1e6:.2f} MB)\n"
     )
-    run = runs.load_run(CHAPTER, SOURCE.name, old_run.parent.parent)
+    run = runs.open_run(CHAPTER, SOURCE.name, old_run.parent.parent)
     after = tree_bytes(old_run)
     # every file it had, measured tables and traces, byte for byte; only meta.json and the new tables differ
     assert {n: b for n, b in after.items() if n in before and n != "meta.json"} == {
@@ -192,10 +192,10 @@ def test_an_interrupted_derive_leaves_the_old_run_and_a_second_finishes_it(old_r
     assert "No space left on device" in capsys.readouterr().err
     assert (old_run / "meta.json").read_bytes() == meta_before
     with pytest.raises(OlderFormat):
-        runs.load_run(CHAPTER, SOURCE.name, old_run.parent.parent)
+        runs.open_run(CHAPTER, SOURCE.name, old_run.parent.parent)
     monkeypatch.undo()
     assert derive.main([], old_run.parent.parent) == 0
-    assert runs.load_run(CHAPTER, SOURCE.name, old_run.parent.parent).meta["format"] == formats.CURRENT
+    assert runs.open_run(CHAPTER, SOURCE.name, old_run.parent.parent).meta["format"] == formats.CURRENT
 
 
 def test_derive_migrates_a_gallery_run_and_keeps_its_pack_json_true(tmp_path, capsys):

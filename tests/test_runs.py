@@ -1,5 +1,6 @@
 """Recording runs atomically, publishing them, and clear errors for bad runs."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -12,14 +13,14 @@ from labsupport import chapters, runs
 from labsupport.chapters import table_keys
 from labsupport.runs import provenance
 
-from .conftest import FIXTURES, REPO, tree_bytes
+from .conftest import FIXTURES, REPO, TOY, tree_bytes
 
 pytestmark = pytest.mark.unit
 
 PROV = {**{k: "x" for k in provenance.REQUIRED_FIELDS}, "git_commit": provenance.git_commit()}  # publishable
 
 
-def write_run(root, run_id="20260101T000000Z-test", chapter="ch"):
+def write_run(root, run_id="20260101T000000Z-test", chapter=TOY):
     with runs.RunWriter(chapter, {"a": 1}, run_id, root=root, meta={"provenance": PROV}) as w:
         w.write_table("t", pd.DataFrame({"x": [1, 2]}))
         w.extra["answer"] = 42
@@ -28,11 +29,29 @@ def write_run(root, run_id="20260101T000000Z-test", chapter="ch"):
 
 def test_a_written_run_loads_back(tmp_path):
     rid = write_run(tmp_path)
-    run = runs.load_run("ch", rid, root=tmp_path)
+    run = runs.load_run(TOY, rid, root=tmp_path)
     assert run.table("t")["x"].tolist() == [1, 2]
     assert run.parameters == {"a": 1} and run.results == {"answer": 42}
     assert set(run.meta["files"]) == {"t.csv"}
     assert runs.list_runs("ch", root=tmp_path) == [rid]
+
+
+def test_a_table_is_read_only_against_its_chapters_declaration(tmp_path):
+    """Nothing is declared to the runs layer at import: its tables are checked against the
+    declaration the loader is handed (a column it names is required); a run opened without one
+    (runs.open_run, for publishing and copying) refuses to read a table rather than read it unchecked."""
+    rid = write_run(tmp_path)
+    wants_y = dataclasses.replace(TOY, files=(chapters.File("t.csv", "a toy table", ("x", "y")),))
+    with pytest.raises(runs.RunError, match="t.csv lacks column y"):
+        runs.load_run(wants_y, rid, root=tmp_path).table("t")
+    opened = runs.open_run("ch", rid, root=tmp_path)
+    assert opened.results == {"answer": 42}
+    with pytest.raises(runs.RunError, match="opened without its chapter's declaration"):
+        opened.table("t")
+    runs.publish("ch", rid, root=tmp_path)
+    with pytest.raises(runs.RunError, match="publishes chapter 'ch', which no chapter declares"):
+        runs.check_published(chapters.CHAPTERS, tmp_path)
+    assert set(runs.check_published([TOY], tmp_path)) == {"ch"}
 
 
 def test_a_failed_run_leaves_nothing_and_the_published_one_untouched(tmp_path):
@@ -41,7 +60,7 @@ def test_a_failed_run_leaves_nothing_and_the_published_one_untouched(tmp_path):
     before = tree_bytes(tmp_path)
     with (
         pytest.raises(KeyboardInterrupt),
-        runs.RunWriter("ch", {}, "20260102T000000Z-x", root=tmp_path, meta={"provenance": PROV}) as w,
+        runs.RunWriter(TOY, {}, "20260102T000000Z-x", root=tmp_path, meta={"provenance": PROV}) as w,
     ):
         w.write_table("t", pd.DataFrame({"x": [3]}))
         raise KeyboardInterrupt
@@ -51,10 +70,10 @@ def test_a_failed_run_leaves_nothing_and_the_published_one_untouched(tmp_path):
 
 def test_missing_run_and_missing_pointer(tmp_path):
     with pytest.raises(runs.RunError, match="no published run for chapter 'ch'"):
-        runs.load_run("ch", root=tmp_path)
+        runs.load_run(TOY, root=tmp_path)
     write_run(tmp_path)
     with pytest.raises(runs.RunError, match="not found"):
-        runs.load_run("ch", "20990101T000000Z", root=tmp_path)
+        runs.load_run(TOY, "20990101T000000Z", root=tmp_path)
 
 
 def test_corrupt_runs_are_refused(tmp_path):
@@ -62,16 +81,16 @@ def test_corrupt_runs_are_refused(tmp_path):
     d = tmp_path / "ch" / rid
     (d / "t.csv").write_text("x\n1\n999\n")
     with pytest.raises(runs.RunError, match="t.csv does not match its checksum"):
-        runs.load_run("ch", rid, root=tmp_path)
+        runs.load_run(TOY, rid, root=tmp_path)
     (d / "t.csv").unlink()
     with pytest.raises(runs.RunError, match="t.csv is missing"):
-        runs.load_run("ch", rid, root=tmp_path)
+        runs.load_run(TOY, rid, root=tmp_path)
     (d / "meta.json").write_text("{not json")
     with pytest.raises(runs.RunError, match="meta.json"):
-        runs.load_run("ch", rid, root=tmp_path)
+        runs.load_run(TOY, rid, root=tmp_path)
     (d / "meta.json").unlink()
     with pytest.raises(runs.RunError, match="incomplete: no meta.json"):
-        runs.load_run("ch", rid, root=tmp_path)
+        runs.load_run(TOY, rid, root=tmp_path)
 
 
 def test_publishing_a_bad_run_keeps_the_pointer(tmp_path):
@@ -94,7 +113,7 @@ def test_run_ids_are_checked():
     assert runs.RUN_ID_PATTERN.match(runs.new_run_id(" H200 SXM "))
     assert runs.new_run_id("H200").endswith("-h200")
     with pytest.raises(runs.RunError, match="bad run id"):
-        runs.RunWriter("ch", {}, "../escape")
+        runs.RunWriter(TOY, {}, "../escape")
 
 
 def test_published_run_has_complete_provenance(published):
@@ -133,19 +152,19 @@ def test_profiler_teardown_setting_is_set_kept_and_recorded(monkeypatch):
 
 
 def test_a_run_holds_plain_files_only(tmp_path):
-    with runs.RunWriter("ch", {}, "20260101T000000Z-a", root=tmp_path, meta={"provenance": PROV}) as w:
+    with runs.RunWriter(TOY, {}, "20260101T000000Z-a", root=tmp_path, meta={"provenance": PROV}) as w:
         w.write_table("t", pd.DataFrame({"x": [1]}))
         (w.path / ".scratch.json.gz").write_text("half a trace")  # left behind by a recorder
-    assert set(runs.load_run("ch", "20260101T000000Z-a", root=tmp_path).meta["files"]) == {"t.csv"}
+    assert set(runs.load_run(TOY, "20260101T000000Z-a", root=tmp_path).meta["files"]) == {"t.csv"}
     assert not (tmp_path / "ch" / "20260101T000000Z-a" / ".scratch.json.gz").exists()
     with (
         pytest.raises(runs.RunError, match="'sub' is not a plain file name"),
-        runs.RunWriter("ch", {}, "20260101T000000Z-b", root=tmp_path, meta={"provenance": PROV}) as w,
+        runs.RunWriter(TOY, {}, "20260101T000000Z-b", root=tmp_path, meta={"provenance": PROV}) as w,
     ):
         (w.path / "sub").mkdir()
     assert runs.list_runs("ch", root=tmp_path) == ["20260101T000000Z-a"]
     with pytest.raises(runs.RunError, match="not a chapter name"):
-        runs.RunWriter("../ch", {}, "20260101T000000Z-c", root=tmp_path)
+        runs.RunWriter(dataclasses.replace(TOY, slug="../ch"), {}, "20260101T000000Z-c", root=tmp_path)
 
 
 def test_history_rows_are_appended_to_the_bytes_as_they_were(tmp_path):
@@ -173,7 +192,7 @@ def committed_runs():
 def test_every_committed_table_keeps_its_declared_key(root, chapter, run_id):
     """The keys (chapters.table_keys) are right for every run recorded so far: a committed table
     that repeats a key means the declared key is wrong, never the data."""
-    run = runs.load_run(chapter, run_id, root)
+    run = runs.load_run(chapters.by_slug(chapter), run_id, root)
     for name in run.meta["files"]:
         if name.endswith(".csv"):
             run.table(name[:-4])
@@ -182,12 +201,13 @@ def test_every_committed_table_keeps_its_declared_key(root, chapter, run_id):
 def test_every_table_has_a_key_unless_it_lists_events():
     events = []
     for ch in chapters.CHAPTERS:
-        for name in ch.describes:
-            if name.endswith(".csv") and ch.key_of(name) is None:
-                assert set(chapters.KERNELS) <= set(ch.columns.get(name, ())), f"{ch.slug} {name} has no key"
-                events.append(f"{ch.slug}:{name}")
+        for f in ch.files:
+            if f.name.endswith(".csv") and ch.key_of(f.name) is None:
+                assert set(chapters.KERNELS) <= set(f.columns), f"{ch.slug} {f.name} has no key"
+                events.append(f"{ch.slug}:{f.name}")
         declared = set(table_keys.KEYS.get(ch.slug, {}))
-        assert declared <= set(ch.describes), f"{ch.slug}: keys of files it never holds: {declared - set(ch.describes)}"
+        holds = {f.name for f in ch.files}
+        assert declared <= holds, f"{ch.slug}: keys of files it never holds: {declared - holds}"
     assert "launch-overhead:variants.csv" not in events and "kernels-in-one-token:kernels.csv" in events
 
 
@@ -216,7 +236,7 @@ def test_a_repeated_key_is_refused_in_one_line_wherever_tables_are_checked(tmp_p
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines + lines[1:2]))
     reseal(run_dir, "variants.csv")
-    run = runs.load_run("launch-overhead", root=tmp_path)
+    run = runs.load_run(chapters.by_slug("launch-overhead"), root=tmp_path)
     with pytest.raises(runs.RunError) as e:
         run.table("variants")
     variant = pd.read_csv(path).variant.iloc[0]
@@ -237,9 +257,11 @@ def test_a_table_of_one_row_and_a_key_over_several_columns(tmp_path):
     with pytest.raises(
         runs.RunError, match=rf"step_times.csv: rows 1 and {len(df)} repeat the key variant=.*, repeat="
     ):
-        runs.load_run("launch-overhead", root=tmp_path).table("step_times")
+        runs.load_run(chapters.by_slug("launch-overhead"), root=tmp_path).table("step_times")
     with (
         pytest.raises(runs.RunError, match="ceilings.csv: 2 rows, where the table holds one"),
-        runs.RunWriter("why-a-gpu", {}, "20260101T000000Z-a", root=tmp_path, meta={"provenance": PROV}) as w,
+        runs.RunWriter(
+            chapters.by_slug("why-a-gpu"), {}, "20260101T000000Z-a", root=tmp_path, meta={"provenance": PROV}
+        ) as w,
     ):
         w.write_table("ceilings", pd.concat([pd.read_csv(run_dir / "ceilings.csv")] * 2))

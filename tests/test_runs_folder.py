@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.ops import leftovers
 from labsupport.runs import lock, promotion
 
@@ -84,7 +84,7 @@ def test_set_aside_prune_and_load_refuse_a_linked_chapter_folder(linked_chapter,
         leftovers.pruned_leftovers(n.root)
     assert runs.prune(CHAPTER, set(), n.root) == [] and runs.list_runs(CHAPTER, n.root) == []
     with pytest.raises(runs.RunError, match="is a symbolic link"):
-        runs.load_run(CHAPTER, RID, n.root)
+        runs.load_run(chapters.by_slug(CHAPTER), RID, n.root)
     assert everything(tmp_path) == before
 
 

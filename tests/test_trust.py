@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.ops import leftovers
 from labsupport.runs import lock, promotion
 
@@ -354,7 +354,7 @@ def test_a_bad_step_time_stops_the_book_and_validation_in_one_line(world, value)
         bookbuild.check_runs(n.root)
     msg = str(e.value)
     assert "\n" not in msg and str(path) in msg and "column wall_ms, row 3" in msg, msg
-    run = runs.load_run(CHAPTER, n.old_run, n.root)
+    run = runs.load_run(chapters.by_slug(CHAPTER), n.old_run, n.root)
     problems = validate.check_run(chapters.by_slug(CHAPTER), run)
     assert any("column wall_ms, row 3" in p for p in problems), problems
     with pytest.raises(runs.RunError, match="column wall_ms, row 3"):
@@ -366,7 +366,10 @@ def test_a_bad_value_is_refused_when_the_run_is_recorded(world):
 
     n, victim = world
     bad = r"step_times.csv: column wall_ms, row 2: -1.0 is outside"
-    with pytest.raises(runs.RunError, match=bad), runs.RunWriter(CHAPTER, {}, NIGHT, root=n.root) as w:
+    with (
+        pytest.raises(runs.RunError, match=bad),
+        runs.RunWriter(chapters.by_slug(CHAPTER), {}, NIGHT, root=n.root) as w,
+    ):
         w.write_table("step_times", pd.DataFrame({"repeat": [0, 1], "wall_ms": [1.0, -1.0]}))
     assert runs.list_runs(CHAPTER, n.root) == [n.old_run] and not (n.root / CHAPTER / f".incomplete-{NIGHT}").exists()
 

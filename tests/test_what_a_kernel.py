@@ -32,12 +32,14 @@ def run():
 
 def without(run, root, files=(), results=None):
     """A copy of `run` under `root` without some of its files, with some results replaced."""
-    with runs.RunWriter(run.chapter, run.parameters, run.run_id, root=root, meta={"provenance": run.provenance}) as w:
+    with runs.RunWriter(
+        run.declaration, run.parameters, run.run_id, root=root, meta={"provenance": run.provenance}
+    ) as w:
         for name in run.meta["files"]:
             if name not in files:
                 shutil.copy(run.path / name, w.path / name)
         w.extra.update({**run.results, **(results or {})})
-    return runs.load_run(run.chapter, run.run_id, root=root)
+    return runs.load_run(run.declaration, run.run_id, root=root)
 
 
 def test_vector_add_launches(run):

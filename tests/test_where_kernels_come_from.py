@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from labsupport import runs
+from labsupport.chapters import cells
 from labsupport.chapters import where_kernels_come_from as ch
 from labsupport.measure import decode, environment, harness
 from labsupport.traces import kernels, replay
@@ -157,7 +158,7 @@ def test_compiled_call_tied_to_the_host(run, tmp_path):
 def _copy(run, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(run.path, root / ch.CHAPTER / run.run_id)
-    return runs.load_run(ch.CHAPTER, run.run_id, root=root, verify=False)
+    return runs.load_run(ch.DECLARATION, run.run_id, root=root, verify=False)
 
 
 def test_timing_note_says_how_the_times_were_taken(run, tmp_path):
@@ -179,10 +180,9 @@ def test_notebook_has_the_parameters_a_smoke_run_sets():
     assert all(not c.outputs and c.execution_count is None for c in code)
     (params,) = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert params is code[1] and 'find_spec("labsupport")' in code[0].source  # after the install cell
-    for name in ("mode", "run_id", "preset", "contexts", "repeats"):
-        assert f"\n{name} = " in "\n" + params.source, name
-    params_call = "ch.Params(preset=preset, contexts=contexts, repeats=repeats, dtype=environment.dtype_here(dtype))"
-    assert params_call in "".join(c.source for c in code)
+    assert params.source == cells.PARAMETERS  # the smoke run's values go to the fields of ch.Params
+    assert set(ch.DECLARATION.smoke) == {"contexts", "repeats"} and "preset" in ch.DECLARATION.defaults
+    assert "params.dtype = environment.dtype_here(params.dtype, params.device)" in "".join(c.source for c in code)
 
 
 @pytest.mark.live

@@ -20,6 +20,7 @@ from labsupport.chapters import why_a_gpu as ch
 from labsupport.measure import hardware, harness, models
 
 from .conftest import FIXTURES, fixture_run
+from .live_cells import parameters
 from .page_names import prose_names, unglued
 
 pytestmark = pytest.mark.unit
@@ -31,7 +32,9 @@ MATVEC_BYTES = 12288 * 4096 * 2  # Qwen3-8B's gate projection in BF16
 def derived_run(run, root, tables=None, drop_files=(), drop_results=()):
     """A copy of `run` under `root` with some tables replaced, and some files and results left out."""
     tables = tables or {}
-    with runs.RunWriter(run.chapter, run.parameters, run.run_id, root=root, meta={"provenance": run.provenance}) as w:
+    with runs.RunWriter(
+        run.declaration, run.parameters, run.run_id, root=root, meta={"provenance": run.provenance}
+    ) as w:
         for name in run.meta["files"]:
             if name in drop_files or name.removesuffix(".csv") in tables:
                 continue
@@ -42,7 +45,7 @@ def derived_run(run, root, tables=None, drop_files=(), drop_results=()):
         for name, df in tables.items():
             w.write_table(name, df)
         w.extra.update({k: v for k, v in run.results.items() if k not in drop_results})
-    return runs.load_run(run.chapter, run.run_id, root=root)
+    return runs.load_run(run.declaration, run.run_id, root=root)
 
 
 def old_style(run, root):
@@ -379,7 +382,7 @@ def test_ridge_text_on_a_gpu_without_a_datasheet(run, tmp_path):
     other = derived_run(run, tmp_path)
     meta = other.meta
     meta["provenance"] = {**meta["provenance"], "gpu": "NVIDIA Imaginary GPU"}
-    unknown = runs.Run(chapter=other.chapter, run_id=other.run_id, path=other.path, meta=meta)
+    unknown = runs.Run(other.chapter, other.run_id, other.path, meta, declaration=ch.DECLARATION)
     assert "no datasheet" in ch.ridge_text(unknown)
     s = ch.sweep(unknown)
     assert s["limit ms"].isna().all()
@@ -527,7 +530,7 @@ def run_live_cells(**given):
         src = "".join(cell["source"])
         exec(compile(src, str(NOTEBOOK), "exec"), ns)
         if "parameters" in cell["metadata"].get("tags", []):
-            ns.update(given)
+            ns.update(parameters(**given))
         if "ch.load(run_id)" in src:
             return ns["run"]
     raise AssertionError("no cell of the notebook loads the run")

@@ -1,5 +1,5 @@
 """The list of data at the end of each chapter: each file a chapter's run holds with the line its
-registry entry gives it (labsupport.chapters, `describes`); a file without one is listed as
+chapter's declaration gives it (its File's `describes`); a file without one is listed as
 undescribed, and a test fails on it. And the host's speed while the run was recorded."""
 
 from __future__ import annotations
@@ -21,16 +21,14 @@ def is_trace(name: str) -> bool:
     return name.endswith(".json.gz")
 
 
-def describe(chapter: str, name: str) -> str | None:
-    """The line on file `name` of a run of `chapter` (meta.json's for any chapter), or None."""
+def describe(declaration, name: str) -> str | None:
+    """The line on file `name` of a run of the chapter `declaration` declares (meta.json's for any
+    chapter), or None."""
     if name == "meta.json":
         return META
     if is_derived(name):  # the replay tables beside each trace (labsupport.traces.replay)
         return DERIVED[name.rsplit(".", 3)[1]]
-    from labsupport import chapters
-
-    known = {c.slug: c for c in chapters.CHAPTERS}
-    return known[chapter].describes.get(name) if chapter in known else None
+    return declaration.describe(name)
 
 
 def data_list(run):
@@ -76,7 +74,7 @@ def _data_list_html(run) -> str:
         size = path.stat().st_size
         size = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
         href = f"../runs/{run.chapter}/{run.run_id}/{name}"
-        what = describe(run.chapter, name) or "(not described)"
+        what = describe(run.declaration, name) or "(not described)"
         # A trace also opens in Perfetto from the page (book/_static/perfetto.js).
         opens = f"<br>{glue.perfetto_link(href, f'{name} ({run.chapter}, run {run.run_id})')}" if is_trace(name) else ""
         rows.append(
@@ -110,7 +108,7 @@ def host_reference_ms(run) -> float | None:
         published = {}
     for slug, rid in {**published, run.chapter: run.run_id}.items():
         try:
-            other = run if (slug, rid) == (run.chapter, run.run_id) else runs.load_run(slug, rid, verify=False)
+            other = run if (slug, rid) == (run.chapter, run.run_id) else runs.open_run(slug, rid, verify=False)
         except runs.RunError:
             continue
         if other.provenance.get("gpu") != run.provenance.get("gpu"):

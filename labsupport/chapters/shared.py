@@ -14,11 +14,11 @@ Chapters never re-measure a shared quantity, and never glue one under another na
 # ruff: noqa: E501  (the table of quantities reads best one quantity per line)
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 
 from labsupport import runs
+from labsupport.chapters import kernels_in_one_token, launch_overhead, why_a_gpu
 from labsupport.measure import hardware
 
 
@@ -77,6 +77,8 @@ QUANTITIES = {
     )
 }  # fmt: skip
 OWNERS = tuple(dict.fromkeys(q.owner for q in QUANTITIES.values()))
+# The owners' packages: each one's DECLARATION (to load its run) and shared(run) (its quantities).
+PACKAGES = {p.DECLARATION.slug: p for p in (why_a_gpu, kernels_in_one_token, launch_overhead)}
 
 
 class Shown:
@@ -116,8 +118,7 @@ class Value:
 
 def owner_values(owner: str, run: runs.Run) -> dict[str, float]:
     """The owner chapter's shared quantities from its run, checked against the declaration."""
-    module = importlib.import_module(f"labsupport.chapters.{owner.replace('-', '_')}")
-    got = module.shared(run)
+    got = PACKAGES[owner].shared(run)
     want = {n for n, q in QUANTITIES.items() if q.owner == owner}
     if set(got) != want:
         raise runs.RunError(f"{owner}: shared() gives {sorted(set(got) ^ want)} against the declaration")
@@ -129,7 +130,7 @@ def values(given: dict[str, runs.Run] | None = None, root=None) -> dict[str, Val
     given = given or {}
     out = {}
     for owner in OWNERS:
-        run = given.get(owner) or runs.load_run(owner, root=root)
+        run = given.get(owner) or owner_run(owner, root=root)
         for name, v in owner_values(owner, run).items():
             out[name] = Value(QUANTITIES[name], v, run)
     return out
@@ -152,5 +153,10 @@ def glue_values(given: dict[str, runs.Run] | None = None) -> dict[str, Value]:
 def limits(given: dict[str, runs.Run] | None = None, root=None) -> hardware.Limits:
     """The ceilings every chapter compares against: those measured in the ceilings owner's run, its
     practical ceiling (`ceiling_tbs`, the shared quantity of that name) and its measured ridge."""
-    run = (given or {}).get(CEILINGS) or runs.load_run(CEILINGS, root=root)
+    run = (given or {}).get(CEILINGS) or owner_run(CEILINGS, root=root)
     return hardware.run_limits(run)
+
+
+def owner_run(owner: str, run_id: str | None = None, root=None) -> runs.Run:
+    """The owner chapter's published run (or `run_id`), loaded with its declaration."""
+    return runs.load_run(PACKAGES[owner].DECLARATION, run_id, root)

@@ -1,6 +1,6 @@
 """The key of every table a chapter's run holds: the columns that name a row, so that no two rows
 of the table may share them (a repeated row would be counted twice, or turn one number into two).
-Beside the registry (labsupport.chapters), which reads it through Chapter.key_of: {chapter slug:
+Beside the chapters' declarations (labsupport.chapters.declaring), which read it through Chapter.key_of: {chapter slug:
 {csv file: its key columns, space-separated}}; "" is a table of one row. A table of events (every
 kernel launched) has no key; tests/test_runs.py lists the tables without one and checks every
 committed run against the keys.

@@ -34,9 +34,7 @@ def require_device(device: str, allow_cpu: bool = False) -> str:
         return device
     if device == "cpu" and allow_cpu:
         return device
-    raise NoGPUError(
-        f"live mode measures a GPU; device {device!r} is only allowed for tests (allow_cpu=True with a 'tiny' preset)"
-    )
+    raise NoGPUError(f"live mode measures a GPU; device {device!r} is only allowed for tests (with a 'tiny' preset)")
 
 
 sync = harness.sync

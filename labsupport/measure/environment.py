@@ -206,7 +206,11 @@ def gpu_lines(preset: str | None, dtype: str | None = None) -> tuple[list[str], 
     if need <= have:
         return [], note
     best = largest_fitting(have, preset)
-    offer = f"the largest preset that fits is {best!r} (set preset = {best!r})" if best else "no preset of it fits"
+    offer = (
+        f"the largest preset that fits is {best!r} (overrides = {{'preset': {best!r}}})"
+        if best
+        else "no preset of it fits"
+    )
     return [
         f"preset {preset!r} needs about {need:.1f} GB of GPU memory ({weight_gb(preset, dtype):.1f} GB of "
         f"weights, two bytes each in BF16 or FP16, "

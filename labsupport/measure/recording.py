@@ -1,7 +1,7 @@
 """Open a new run of a chapter, the one way every chapter notebook does: the checks every live
 chapter makes before it measures, then a run that is written only when the measuring is done.
 
-    w = recording.PendingRun("launch-overhead", params, run_id, ceilings=False)
+    w = recording.PendingRun(ch.DECLARATION, params, run_id, ceilings=False)  # the chapter's declaration
     ...                           # measure, in one cell or several: w.write_table("variants", df),
                                   # w.extra["key"] = value, traces under w.path
     run_id = w.write()            # here runs/launch-overhead/<run id>/ exists, whole
@@ -18,21 +18,29 @@ from pathlib import Path
 import pandas as pd
 
 from labsupport import runs
-from labsupport.measure import compiling, decode, hardware, harness, hostprobe, models
+from labsupport.measure import compiling, decode, environment, hardware, harness, hostprobe, models
 from labsupport.runs import provenance
 from labsupport.traces import derived
 
 
-def writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool = False) -> runs.RunWriter:
-    """The writer of a new live run of `chapter`, after the checks every chapter makes first:
+def writer(declaration, params, run_id: str | None = None) -> runs.RunWriter:
+    """The writer of a new live run of the chapter `declaration` declares (its tables are checked
+    against it when written), after the checks every chapter makes first:
     a known model preset (if the parameters name one), a GPU to measure (a CPU only for the
-    tests' tiny model), provenance collected now, and a run id naming the GPU."""
+    tests' tiny model) with the memory for the model, provenance collected now, and a run id
+    naming the GPU."""
     if getattr(params, "preset", None):
         models.preset_config(params.preset)
-    decode.require_device(params.device, allow_cpu=allow_cpu and getattr(params, "preset", "").startswith("tiny"))
+    decode.require_device(params.device, allow_cpu=getattr(params, "preset", "").startswith("tiny"))
+    if params.device == "cuda" and getattr(params, "preset", None):
+        # The model fits in the GPU's memory (LABSUPPORT_GPU_MEMORY_GB caps the allocator here): the
+        # notebook's first check knew only the preset its overrides name, not the default.
+        stop, _ = environment.gpu_lines(params.preset, getattr(params, "dtype", None))
+        if stop:
+            raise environment.EnvironmentProblem("; ".join(stop))
     prov = provenance.collect()
     run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
-    w = runs.RunWriter(chapter, asdict(params), run_id, meta={"provenance": prov})
+    w = runs.RunWriter(declaration, asdict(params), run_id, meta={"provenance": prov})
     # Beside each profiler trace, the tables replay reads instead of parsing it.
     w.derive = functools.partial(derived.derive_folder, device=prov["device"])
     return w
@@ -52,19 +60,19 @@ class PendingRun:
 
     def __init__(
         self,
-        chapter: str,
+        declaration,
         params,
         run_id: str | None = None,
         *,
-        allow_cpu: bool = False,
         ceilings: bool = True,
         progress=print,
     ):
+        chapter = declaration.slug
         harness.for_chapter(chapter)
         hostprobe.reset()
         hostprobe.read("run opened")
         self.chapter = chapter
-        self.writer = writer(chapter, params, run_id, allow_cpu=allow_cpu)
+        self.writer = writer(declaration, params, run_id)
         self.tables: dict[str, pd.DataFrame] = {}
         self.extra: dict = {"method": harness.method()}
         self._scratch = tempfile.TemporaryDirectory(prefix=f"{chapter}-")

@@ -48,13 +48,12 @@ def check_runs(root: Path) -> None:
     else one BuildError line naming the file (and the column and row of a bad value)."""
     from labsupport import chapters
 
-    declared = {c.slug: c.columns for c in chapters.CHAPTERS}
     try:
-        for run in runs.check_published(root).values():
+        for run in runs.check_published(chapters.CHAPTERS, root).values():
             for name in run.meta["files"]:
                 if name.endswith(".csv"):
-                    df = run.table(name[:-4])  # every value in its declared range (chapters.RANGES)
-                    if df.empty and name in declared.get(run.chapter, {}):
+                    df = run.table(name[:-4])  # every value in its declared range (its declaration)
+                    if df.empty and run.declaration.columns_of(name):
                         raise runs.RunError(f"{run.path / name} has no rows")
         history.read(root)
     except runs.RunError as e:

@@ -124,7 +124,7 @@ def derive_run(chapter: str, run_id: str, root: Path) -> str:
     not load (damaged, newer) is one RunError, untouched; so is one that cannot be written, which
     stays the old run until its meta.json is replaced."""
     try:
-        run = runs.load_run(chapter, run_id, root)
+        run = runs.open_run(chapter, run_id, root)
     except OlderFormat as e:
         run = e.run
     try:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.chapters import Chapter
 from labsupport.measure import hostprobe
 from labsupport.traces import kernels
@@ -196,7 +196,7 @@ def compare(
                     "new": 0,
                 }
             )
-    h_new, h_old = chapter.headline(new), chapter.headline(old)
+    h_new, h_old = chapters.headline(chapter, new), chapters.headline(chapter, old)
     ratio = probe_ratio(new, old)
     for key in h_new:
         if key not in h_old:

@@ -251,7 +251,7 @@ def _file(archive: Path, stage: Path, top: Path) -> tuple[runs.Run, Path]:
     (staged_root / chapter).mkdir(parents=True)
     unpacked.rename(staged_root / chapter / run_id)
     try:
-        run = runs.load_run(chapter, run_id, staged_root)
+        run = runs.load_run(ch, run_id, staged_root)
         problems = validate.check_run(ch, run)
         # What the gallery page would show of it: its texts and numbers, as the page checks them.
         problems += gallery_row.problems(gallery_row.row(run, gallery_row.source(manifest.get("label")), ""))
@@ -301,7 +301,7 @@ def entries(root: Path | None = None, verify: bool = True) -> list[Entry]:
             raise runs.RunError(f"{gpu_dir} is not a GPU folder of the gallery (a real folder, lower-case name)")
         for ch in chapters.CHAPTERS:
             for run_id in runs.list_runs(ch.slug, gpu_dir):
-                out.append(Entry(gpu_dir.name, runs.load_run(ch.slug, run_id, gpu_dir, verify=verify)))
+                out.append(Entry(gpu_dir.name, runs.load_run(ch, run_id, gpu_dir, verify=verify)))
     return out
 
 

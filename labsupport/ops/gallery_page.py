@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from labsupport import runs
+from labsupport import chapters, runs
 from labsupport.ops import gallery, gallery_row
 from labsupport.ops.run_text import to_html
 
@@ -45,7 +45,7 @@ def gather(root: Path | None = None) -> Shown:
     in_gallery = {(e.run.chapter, e.run.run_id) for e in found}
     for chapter in sorted({e.run.chapter for e in found}):
         if chapter in published and (chapter, published[chapter]) not in in_gallery:
-            run = runs.load_run(chapter, published[chapter], root)
+            run = runs.load_run(chapters.by_slug(chapter), published[chapter], root)
             candidates.append(gallery_row.row(run, PUBLISHED, f"download/runs/{chapter}.zip"))
     for e in found:
         source = gallery_row.source(e.manifest.get("label"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from labsupport import runs
+from labsupport import chapters, runs
 
 COLUMNS = ["published_as", "chapter", "run_id", "utc_time", "gpu", "metric", "value"]
 
@@ -50,7 +50,7 @@ def read(root: Path | None = None) -> pd.DataFrame:
 
 
 def rows_for(published_as: str, chapter, run: runs.Run, notebook_s: float | None) -> list[dict]:
-    values = dict(chapter.headline(run))
+    values = dict(chapters.headline(chapter, run))
     if notebook_s is not None:
         values["notebook seconds"] = notebook_s
     return [

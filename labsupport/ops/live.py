@@ -2,7 +2,7 @@
 published only once its notebook has finished without error (through labsupport.runs.promotion,
 together with its history rows), under the runs folder's lock.
 
-`--smoke` runs the chapters with their smallest parameters (chapters.py) into a scratch runs
+`--smoke` runs the chapters with their smallest parameters (the Params fields' `smoke` values) into a scratch runs
 folder, checks each run, and publishes nothing.
 """
 
@@ -49,12 +49,10 @@ def check_environment(selected: list[chapters.Chapter], per_chapter: dict, allow
     import json
     import subprocess
 
-    from labsupport.ops import params
-
     todo = [  # a dtype given with --param is explicit (refused on a GPU without it); else the GPU's own
         [
             ch.slug,
-            {**params.notebook_parameters(ch), **per_chapter[ch.slug]}.get("preset"),
+            {**ch.defaults, **per_chapter[ch.slug]}.get("preset"),
             allow_cpu,
             per_chapter[ch.slug].get("dtype"),
         ]
@@ -140,7 +138,7 @@ def run_chapter(
 
     log_dir.mkdir(parents=True, exist_ok=True)
     out = log_dir / Path(chapter.notebook).name
-    params = {**parameters, "mode": "live", "run_id": run_id}
+    params = {"mode": "live", "run_id": run_id, "overrides": parameters}  # the notebook's parameters cell
     limit = chapter.timeout_s
     deadline = []  # set as the first cell starts: starting the kernel has its own limit
 
@@ -177,7 +175,7 @@ def run_chapter(
         reason = next((ln for ln in reversed(first) if ln.strip()), type(e).__name__)
         raise LiveRunError(f"{chapter.slug}: notebook failed ({reason}); executed notebook kept at {out}") from None
     try:
-        runs.load_run(chapter.slug, run_id, root)  # the notebook must have written a whole run
+        chapter.load(run_id, root)  # the notebook must have written a whole run
     except runs.RunError as e:
         raise LiveRunError(f"{chapter.slug}: {e}") from None
     return out
@@ -271,7 +269,7 @@ def _main(names: list[str], parameters: dict, allow_cpu: bool, publish: bool) ->
         return 0
     from labsupport.ops import params
 
-    per_chapter = params.resolve(selected, parameters, allow_cpu)  # ParamError before anything runs
+    per_chapter = params.resolve(selected, parameters)  # ParamError before anything runs
     problem = check_environment(selected, per_chapter, allow_cpu)  # before any model is built
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -321,7 +319,7 @@ def _live(lk, root: Path, selected, per_chapter: dict, publish: bool) -> int:
                 run_logged(ch, run_id, per_chapter[ch.slug], log_dir, root)  # the kernel's stderr in its log
                 seconds = time.perf_counter() - t
                 if publish:
-                    publish_run(root, ch, runs.load_run(ch.slug, run_id, root), seconds)
+                    publish_run(root, ch, ch.load(run_id, root), seconds)
             except (LiveRunError, runs.RunError) as e:
                 print(f"error: {e}; the published runs are unchanged", file=sys.stderr)
                 return 1
@@ -374,15 +372,15 @@ def smoke(names: list[str], parameters: dict, allow_cpu: bool = False) -> int:
     plans, skipped = {}, {}
     have = gpus_here()
     for ch in selected:
-        if on_cpu and "allow_cpu" not in params.notebook_parameters(ch):
-            skipped[ch.slug] = "no CPU path (the notebook has no allow_cpu parameter)"
+        if on_cpu and not ch.cpu:
+            skipped[ch.slug] = "no CPU path (its Params have no CPU values)"
             continue
         if not on_cpu and ch.gpus > have:
             skipped[ch.slug] = f"needs {ch.gpus} GPUs, this box has {have}"
             continue
         given = {**ch.smoke, **(ch.cpu if on_cpu else {})}
-        plans[ch.slug] = params.for_chapter(ch, given, allow_cpu)
-    user = params.resolve(selected, parameters, allow_cpu) if parameters else {}
+        plans[ch.slug] = params.for_chapter(ch, given)
+    user = params.resolve(selected, parameters) if parameters else {}
     for slug in plans:
         plans[slug].update(user.get(slug, {}))
     run_id = fresh_run_id(SMOKE_DIR)
@@ -400,7 +398,7 @@ def smoke(names: list[str], parameters: dict, allow_cpu: bool = False) -> int:
         t = time.perf_counter()
         try:
             run_logged(ch, run_id, plans[ch.slug], SMOKE_DIR / run_id, root)
-            problems = validate.check_run(ch, runs.load_run(ch.slug, run_id, root))
+            problems = validate.check_run(ch, ch.load(run_id, root))
             status, note = ("pass", "") if not problems else ("fail", f"validation: {problems[0]}")
         except (LiveRunError, runs.RunError) as e:
             status, note = "fail", str(e)

@@ -40,7 +40,7 @@ class NightlyFailure(Exception):
 def check_inputs(root: Path) -> dict[str, runs.Run]:
     """Step 1: the published runs and the history must be whole."""
     try:
-        baseline = runs.check_published(root)
+        baseline = runs.check_published(chapters.CHAPTERS, root)
         history.read(root)
     except runs.RunError as e:
         raise NightlyFailure(f"published state is damaged: {e}") from None
@@ -65,7 +65,7 @@ def run_chapters(selected, run_id: str, params: dict[str, dict], out_dir: Path) 
 def validate_runs(root: Path, selected, run_id: str, out_dir: Path, min_kernels: int) -> dict[str, runs.Run]:
     """Step 3: the new runs load whole and pass validate.check_run."""
     try:
-        new = {ch.slug: runs.load_run(ch.slug, run_id, root) for ch in selected}
+        new = {ch.slug: ch.load(run_id, root) for ch in selected}
         problems = [
             f"{slug}: {p}"
             for slug, run in new.items()
@@ -158,7 +158,7 @@ def main(
     selected = live.fitting(chapters.find(names), allow_cpu, "nightly")  # one line per chapter skipped
     if not selected:
         return 0
-    per_chapter = labsupport.ops.params.resolve(selected, params, allow_cpu)  # ParamError: nothing has run
+    per_chapter = labsupport.ops.params.resolve(selected, params)  # ParamError: nothing has run
     root = runs.runs_root()
     try:
         leftovers.check_runs_folder(root)  # before the lock: a folder that is not one gets no .lock either

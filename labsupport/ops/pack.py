@@ -93,7 +93,7 @@ def pack(
     """Check the run (the published one by default) and write its archive; returns (path,
     one-line summary); `label` says what the run is on the gallery page. A run that fails a
     check is a PackError and no archive is written."""
-    run = runs.load_run(chapter, run_id, root)
+    run = runs.load_run(chapters.by_slug(chapter), run_id, root)
     problems = check(run)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -1,78 +1,31 @@
 """Notebook parameters given on the command line (`--param NAME=VALUE`), checked before
-anything runs.
+anything runs, into the `overrides` the notebook's parameters cell receives.
 
-A name must be a parameter of a selected chapter's notebook (read from its cell tagged
-`parameters`); `mode`, `run_id` and `allow_cpu` are set by the command, never by hand. A
-value is JSON (a bare word is allowed for a parameter whose default is a string), of the
-default's type, and passes the chapter's checks (chapters.py). Each problem is one
-ParamError line naming the parameter.
+A name must be a field of a selected chapter's Params (labsupport/chapters/<package>/declaration.py);
+`mode`, `run_id` and `overrides` are set by the command, never by hand. A value is JSON (a bare
+word is allowed for a parameter whose default is a string), of the default's type, and passes the
+field's check. Each problem is one ParamError line naming the parameter.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 import re
-from functools import cache
-from pathlib import Path
 
 from labsupport import chapters
 from labsupport.chapters import rules
 
-RESERVED = {"mode": "the command sets it", "run_id": "the command chooses the run id", "allow_cpu": "use --allow-cpu"}
+RESERVED = {
+    "mode": "the command sets it",
+    "run_id": "the command chooses the run id",
+    "overrides": "give each parameter as --param NAME=VALUE",
+}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # matched in full
 
 
 class ParamError(ValueError):
     """A `--param` that cannot be used (the message is one line naming it)."""
-
-
-@cache
-def _defaults(path: str) -> tuple:
-    nb = json.loads(Path(path).read_text())
-    cells = [
-        c for c in nb["cells"] if c["cell_type"] == "code" and "parameters" in c.get("metadata", {}).get("tags", [])
-    ]
-    if len(cells) != 1:
-        raise ParamError(f"{path}: expected one code cell tagged 'parameters', found {len(cells)}")
-    src = "".join(cells[0]["source"]) if isinstance(cells[0]["source"], list) else cells[0]["source"]
-    out = []
-    for node in ast.parse(src).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            out.append((node.targets[0].id, _constant(node.value, path)))
-    return tuple(out)
-
-
-_ARITHMETIC = (
-    ast.Expression,
-    ast.Constant,
-    ast.BinOp,
-    ast.UnaryOp,
-    ast.List,
-    ast.Tuple,
-    ast.Load,
-    ast.operator,
-    ast.unaryop,
-)
-
-
-def _constant(node: ast.expr, path: str):
-    """A default: a literal, or arithmetic on literals such as `1 << 28`."""
-    try:
-        return ast.literal_eval(node)
-    except ValueError:
-        expr = ast.Expression(node)
-        if not all(isinstance(n, _ARITHMETIC) for n in ast.walk(expr)):
-            raise ParamError(
-                f"{path}: the default of a parameter must be a constant, not {ast.unparse(node)}"
-            ) from None
-        return eval(compile(expr, path, "eval"), {"__builtins__": {}})
-
-
-def notebook_parameters(chapter: chapters.Chapter) -> dict:
-    """{name: default} of the chapter notebook's `parameters` cell."""
-    return dict(_defaults(str(chapter.path)))
 
 
 def parse_cli(pairs: list[str]) -> dict[str, str]:
@@ -98,7 +51,7 @@ def _type_name(v) -> str:
 
 
 def parse_value(name: str, raw, default):
-    """The value of `--param name=raw`, of the type of the notebook's `default`."""
+    """The value of `--param name=raw`, of the type of the parameter's `default`."""
     if not isinstance(raw, str):
         value = raw  # already a Python value (smoke and CPU overrides)
     elif isinstance(default, str):
@@ -113,8 +66,7 @@ def parse_value(name: str, raw, default):
             value = json.loads(raw)
         except ValueError:
             raise ParamError(
-                f"--param {name}={raw}: not a JSON value (the notebook's default is "
-                f"{json.dumps(default)}, {_type_name(default)})"
+                f"--param {name}={raw}: not a JSON value (the default is {json.dumps(default)}, {_type_name(default)})"
             ) from None
     _check_type(name, value, default)
     return float(value) if isinstance(default, float) else value
@@ -135,8 +87,7 @@ def _check_type(name: str, value, default) -> None:
         return
     if not _is(value, default):
         raise ParamError(
-            f"--param {name}={json.dumps(value)}: must be {_type_name(default)}, "
-            f"like the notebook's default {json.dumps(default)}"
+            f"--param {name}={json.dumps(value)}: must be {_type_name(default)}, like the default {json.dumps(default)}"
         )
     if isinstance(default, list) and default:
         kinds = {type(x) for x in default}
@@ -185,10 +136,10 @@ def check_rule(name: str, value, rule: rules.Rule) -> None:
             raise ParamError(f"{shown}: unknown model preset {value!r} (known: {', '.join(allowed)})")
 
 
-def for_chapter(chapter: chapters.Chapter, given: dict, allow_cpu: bool = False) -> dict:
-    """The parameters to run `chapter` with: those of `given` that its notebook has, parsed
-    and checked (`given` may hold raw strings from the command line or Python values)."""
-    defaults = notebook_parameters(chapter)
+def for_chapter(chapter: chapters.Chapter, given: dict) -> dict:
+    """The overrides to run `chapter` with: those of `given` that its Params has, parsed and
+    checked (`given` may hold raw strings from the command line or Python values)."""
+    defaults = chapter.defaults
     out = {}
     for name, raw in given.items():
         if name in RESERVED:
@@ -199,8 +150,6 @@ def for_chapter(chapter: chapters.Chapter, given: dict, allow_cpu: bool = False)
         if name in chapter.checks:
             check_rule(name, value, chapter.checks[name])
         out[name] = value
-    if allow_cpu and "allow_cpu" in defaults:
-        out["allow_cpu"] = True
     return out
 
 
@@ -233,14 +182,14 @@ def min_kernels(raw) -> int:
     return value
 
 
-def resolve(selected: list[chapters.Chapter], given: dict, allow_cpu: bool = False) -> dict[str, dict]:
-    """{chapter slug: parameters} for the selected chapters; every name in `given` must be a
+def resolve(selected: list[chapters.Chapter], given: dict) -> dict[str, dict]:
+    """{chapter slug: overrides} for the selected chapters; every name in `given` must be a
     parameter of at least one of them."""
     for name in given:
         if name in RESERVED:
             raise ParamError(f"--param {name}: not a parameter you may set ({RESERVED[name]})")
-        if not any(name in notebook_parameters(ch) for ch in selected):
-            known = sorted({n for ch in selected for n in notebook_parameters(ch)} - set(RESERVED))
-            where = selected[0].notebook if len(selected) == 1 else "the selected notebooks"
-            raise ParamError(f"--param {name}: no such parameter in {where} (parameters: {', '.join(known)})")
-    return {ch.slug: for_chapter(ch, given, allow_cpu) for ch in selected}
+        if not any(name in ch.defaults for ch in selected):
+            known = sorted({n for ch in selected for n in ch.defaults})
+            where = selected[0].slug if len(selected) == 1 else "the selected chapters"
+            raise ParamError(f"--param {name}: no such parameter of {where} (parameters: {', '.join(known)})")
+    return {ch.slug: for_chapter(ch, given) for ch in selected}

@@ -20,7 +20,6 @@ the command names the chapter's figure functions it leaves to the notebook.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import os
 import shutil
@@ -74,7 +73,7 @@ class Figures:
 
 
 def figures_of(slug: str) -> Figures:
-    ch = importlib.import_module(f"labsupport.chapters.{chapters.by_slug(slug).module}")
+    ch = chapters.package(chapters.by_slug(slug))
     functions = {n: f for n, f in vars(ch).items() if n.endswith("_figure") and callable(f)}
     drawn = RECIPES[slug](ch) if slug in RECIPES else {}
     used = {n for n in functions if n.removesuffix("_figure") in drawn}
@@ -218,7 +217,7 @@ def replay(slug: str, runs_given: str | None, out: Path) -> list[str]:
                 raise ReplayError(f"{runs_given or root} holds no published run of {slug} (it holds: {holds})")
             run = entry.load()
             lines = [f"{slug}: run {run.run_id} ({run.provenance['gpu']}, {run.provenance['utc_time'][:10]})"]
-            lines += [f"  {name}: {_number(value)}" for name, value in entry.headline(run).items()]
+            lines += [f"  {name}: {_number(value)}" for name, value in chapters.headline(entry, run).items()]
             lines += _draw(figures_of(slug), run, scratch, out)
         _move_in(scratch, out)
     finally:

@@ -18,7 +18,7 @@ def published_table() -> pd.DataFrame:
     rows = []
     for ch in chapters.CHAPTERS:
         try:
-            run = runs.load_run(ch.slug)
+            run = ch.load()
         except runs.RunError as e:
             rows.append({"chapter": ch.slug, "run": f"none ({e})"})
             continue

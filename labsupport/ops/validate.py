@@ -39,7 +39,7 @@ def published_provenance(root=None) -> pd.DataFrame:
     the code the box ran (provenance.tree_digest; "not recorded" for runs made before it was)."""
     rows = []
     for chapter, run_id in sorted(runs.published(root).items()):
-        run = runs.load_run(chapter, run_id, root)
+        run = runs.open_run(chapter, run_id, root)
         problem = check_commit(run)
         in_history = "not checked (no .git)" if not provenance.has_git() else "no" if problem else "yes"
         if problem and (chapter, run_id) in provenance.UNTRACEABLE:
@@ -62,9 +62,9 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
 
     Every file the chapter declares is present; every table has rows; numbers are not NaN
     (rows with a status other than "ok" excepted, such as a batch that ran out of memory, and the
-    columns the registry says may lack a number: Chapter.may_lack);
+    columns its declaration says may lack a number: File.may_lack);
     times and counts are not negative; kernel tables hold at least `min_kernels` kernels;
-    tables have the columns chapters.py declares; traces parse, and the tables replay reads
+    tables have the columns the chapter's declaration names; traces parse, and the tables replay reads
     beside each (labsupport.traces.replay) are what the trace gives when re-derived now; the
     provenance is complete, and its commit is one of this repository's (check_commit); no kernel
     reads faster than the practical ceiling (check_ceiling).
@@ -98,7 +98,7 @@ def check_run(chapter: Chapter, run: runs.Run, min_kernels: int = 1) -> list[str
         if not name.endswith(".csv"):
             continue
         try:
-            df = run.table(name[:-4])  # with the columns chapters.py declares
+            df = run.table(name[:-4])  # with the columns its declaration names
         except runs.RunError as e:
             problems.append(str(e))
             continue
@@ -169,7 +169,7 @@ def _ceiling_run(run: runs.Run) -> runs.Run | None:
     root = run.path.parent.parent
     for run_id in (run.run_id, None):
         try:
-            return runs.load_run(shared.CEILINGS, run_id, root=root)
+            return shared.owner_run(shared.CEILINGS, run_id, root=root)
         except runs.RunError:
             continue
     return None

@@ -15,7 +15,7 @@ of regular files (no links), provenance is complete, and a table or trace that c
 read is one RunError naming the file.
 """
 
-from labsupport.runs.load import Run, check_published, load_run, published, published_run_id, read_table
+from labsupport.runs.load import Run, check_published, load_run, open_run, published, published_run_id, read_table
 from labsupport.runs.paths import (
     CHAPTER_PATTERN,
     FILE_PATTERN,
@@ -49,6 +49,7 @@ __all__ = [
     "inside",
     "list_runs",
     "load_run",
+    "open_run",
     "manifest_bytes",
     "new_run_id",
     "prune",

@@ -12,7 +12,7 @@ import pandas as pd
 
 from labsupport.runs import formats, provenance
 from labsupport.runs.paths import FILE_PATTERN, MANIFEST, RunError, check_chapter, check_run_id, run_dir, runs_root
-from labsupport.runs.tables import check_table, declared_columns, first_line, read_table
+from labsupport.runs.tables import check_table, first_line, read_table
 from labsupport.runs.writer import sha256
 
 
@@ -24,6 +24,9 @@ class Run:
     run_id: str
     path: Path
     meta: dict = field(repr=False)
+    # The chapter's declaration its tables are checked against (runs.tables); None for a run opened
+    # only to publish or copy it (open_run), whose tables are not read.
+    declaration: object = field(default=None, repr=False, compare=False)
 
     @property
     def provenance(self) -> dict:
@@ -49,12 +52,13 @@ class Run:
         return path
 
     def table(self, name: str, **read_csv_args) -> pd.DataFrame:
-        """A CSV table of the run, with the columns its chapter declares (chapters.py); an
-        empty, unreadable or short table, a number out of its range or a repeated key is a
-        RunError naming the file."""
+        """A CSV table of the run, with the columns its chapter declares; an empty, unreadable or
+        short table, a number out of its range or a repeated key is a RunError naming the file."""
+        if self.declaration is None:
+            raise RunError(f"run {self.run_id} of {self.chapter} was opened without its chapter's declaration")
         path = self.file(f"{name}.csv")
-        df = read_table(path, declared_columns(self.chapter, path.name), **read_csv_args)
-        check_table(df, path, self.chapter)
+        df = read_table(path, self.declaration.columns_of(path.name), **read_csv_args)
+        check_table(df, path, self.declaration)
         return df
 
     @property
@@ -145,8 +149,18 @@ def _check_meta(meta, chapter: str, run_id: str, meta_path: Path) -> None:
         raise RunError(f"{meta_path} is corrupt: 'parameters' is not an object")
 
 
-def load_run(chapter: str, run_id: str | None = None, root: Path | None = None, verify: bool = True) -> Run:
-    """Load a run (the published one by default), checking it is whole and unmodified."""
+def load_run(declaration, run_id: str | None = None, root: Path | None = None, verify: bool = True) -> Run:
+    """Load a run of the chapter `declaration` declares (labsupport.chapters.Chapter; the published
+    run by default), checking it is whole and unmodified; its tables are checked against the
+    declaration as they are read."""
+    run = open_run(declaration.slug, run_id, root, verify)
+    run.declaration = declaration
+    return run
+
+
+def open_run(chapter: str, run_id: str | None = None, root: Path | None = None, verify: bool = True) -> Run:
+    """A run of chapter `chapter` (its slug), checked whole and unmodified, for what needs its files
+    and meta.json only (publishing, copying): its tables cannot be read (Run.table needs load_run)."""
     root = root or runs_root()
     run_id = run_id or published_run_id(chapter, root)
     path = run_dir(chapter, run_id, root)
@@ -207,13 +221,16 @@ def current_format(run: Run) -> Run:
     return run
 
 
-def check_published(root: Path | None = None) -> dict[str, Run]:
-    """Every published run, loaded and checked whole (traces parsed): the first problem is a
-    RunError naming the file."""
+def check_published(declarations, root: Path | None = None) -> dict[str, Run]:
+    """Every published run, loaded with its chapter's declaration (one of `declarations`) and checked
+    whole (traces parsed): the first problem is a RunError naming the file."""
     root = root or runs_root()
+    by_slug = {d.slug: d for d in declarations}
     out = {}
     for chapter, run_id in published(root).items():
-        run = load_run(chapter, run_id, root)
+        if chapter not in by_slug:
+            raise RunError(f"{root / MANIFEST} publishes chapter {chapter!r}, which no chapter declares")
+        run = load_run(by_slug[chapter], run_id, root)
         for name in run.meta["files"]:
             run.file(name)
         out[chapter] = run

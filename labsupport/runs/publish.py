@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from labsupport.runs import provenance
-from labsupport.runs.load import Run, load_run, published
+from labsupport.runs.load import Run, open_run, published
 from labsupport.runs.paths import MANIFEST, RUN_ID_PATTERN, RunError, check_chapter, runs_root
 from labsupport.runs.writer import write_atomic
 
@@ -24,7 +24,7 @@ def publish_many(runs_by_chapter: dict[str, str], root: Path | None = None) -> N
     labsupport.runs.promotion, which also adds the history rows in the same step.)"""
     root = root or runs_root()
     for chapter, run_id in runs_by_chapter.items():
-        problem = commit_problem(load_run(chapter, run_id, root))
+        problem = commit_problem(open_run(chapter, run_id, root))
         if problem:
             raise RunError(f"{problem}; not published")
     write_atomic(root / MANIFEST, manifest_bytes({**published(root), **runs_by_chapter}))
@@ -81,7 +81,7 @@ def copy_published(
     manifest = published(root) if manifest is None else manifest
     out = {}
     for chapter, run_id in sorted(manifest.items()):
-        run = load_run(chapter, run_id, root)
+        run = open_run(chapter, run_id, root)
         target = dst / chapter / run_id
         target.mkdir(parents=True)
         for name in [*run.meta["files"], "meta.json"]:

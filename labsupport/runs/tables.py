@@ -1,5 +1,8 @@
 """A run's tables, checked against what their chapter declares: the columns a table must have, the
-columns that name a row (its key, never repeated) and the range of every number (the chapter registry declares them here; runs/ imports no chapter code)."""
+columns that name a row (its key, never repeated) and the range of every number. runs/ imports no
+chapter code: whoever writes or loads a run hands in the chapter's declaration (a
+labsupport.chapters.Chapter: its `slug`, `columns_of(file)`, `range_of(file, column)` ((lo, hi) or
+None), `lacks_allowed(file, column)` and `key_of(file)`, the columns that name a row or None)."""
 
 from __future__ import annotations
 
@@ -9,38 +12,19 @@ import pandas as pd
 
 from labsupport.runs.paths import RunError
 
-# What each chapter declares about its tables (the columns a table must have, the range of each
-# number, the cells that may be empty), by chapter slug. runs/ imports no chapter code: the
-# chapter registry (labsupport.chapters) declares its chapters here when it is imported, as any
-# code that reads or writes a chapter's run does. An undeclared chapter's tables are read unchecked.
-SCHEMAS: dict = {}
 
-
-def declare(schemas) -> None:
-    """Declare the tables of chapters: each schema has a `slug`, `columns` ({csv file: columns}),
-    `range_of(file, column)` ((lo, hi) or None), `lacks_allowed(file, column)` and `key_of(file)`
-    (the columns that name a row, or None)."""
-    SCHEMAS.update({s.slug: s for s in schemas})
-
-
-def declared_columns(chapter: str, name: str) -> tuple[str, ...]:
-    schema = SCHEMAS.get(chapter)
-    return schema.columns.get(name, ()) if schema is not None else ()
-
-
-def check_table(df: pd.DataFrame, path: Path, chapter: str) -> None:
+def check_table(df: pd.DataFrame, path: Path, declaration) -> None:
     """A table of a run as its chapter declares it: its numbers (check_values) and its key (check_key)."""
-    check_values(df, path, chapter)
-    check_key(df, path, chapter)
+    check_values(df, path, declaration)
+    check_key(df, path, declaration)
 
 
-def check_key(df: pd.DataFrame, path: Path, chapter: str) -> None:
+def check_key(df: pd.DataFrame, path: Path, declaration) -> None:
     """No two rows share the columns the chapter declares as the table's key (a repeated row
     would be counted twice, or make one number two); else one RunError naming the file, the
     repeated key and its rows. A key column the table lacks (a run recorded before the column
     existed) is left out, which only makes the rest stricter; an empty key is a table of one row."""
-    ch = SCHEMAS.get(chapter)
-    key = ch.key_of(path.name) if ch is not None else None
+    key = declaration.key_of(path.name)
     if key is None or len(df) < 2:
         return
     cols = [c for c in key if c in df.columns]
@@ -55,18 +39,17 @@ def check_key(df: pd.DataFrame, path: Path, chapter: str) -> None:
         raise RunError(f"{path}: rows {i + 1} and {j + 1} repeat the key {shown}; each row needs its own")
 
 
-def check_values(df: pd.DataFrame, path: Path, chapter: str) -> None:
-    """Every number in a column the chapter's declared schema gives a range (chapters.RANGES, a
-    chapter's `ranges`) is a finite number within it; a missing value only where the row's
-    status is not "ok" (a batch that ran out of memory, say) or the schema declares the column
-    may lack it (Chapter.may_lack). Else one RunError naming the
+def check_values(df: pd.DataFrame, path: Path, declaration) -> None:
+    """Every number in a column the chapter's declaration gives a range (chapters.RANGES, a
+    File's `ranges`) is a finite number within it; a missing value only where the row's
+    status is not "ok" (a batch that ran out of memory, say) or the declaration says the column
+    may lack it (File.may_lack). Else one RunError naming the
     file, the column and the (1-based data) row."""
-    ch = SCHEMAS.get(chapter)
-    if ch is None or df.empty:
+    if df.empty:
         return
     may_lack = (df["status"].astype(str) != "ok").to_numpy() if "status" in df.columns else None
     for col in df.columns:
-        bounds = ch.range_of(path.name, str(col))
+        bounds = declaration.range_of(path.name, str(col))
         if bounds is None:
             continue
         raw = df[col]
@@ -79,7 +62,7 @@ def check_values(df: pd.DataFrame, path: Path, chapter: str) -> None:
                 continue
             if v != v and raw.iloc[i] is not None and raw.iloc[i] == raw.iloc[i]:  # text, not a number
                 raise RunError(f"{path}: column {col}, row {i + 1}: {str(raw.iloc[i])[:40]!r} is not a number")
-            if v != v and ((may_lack is not None and may_lack[i]) or ch.lacks_allowed(path.name, str(col))):
+            if v != v and ((may_lack is not None and may_lack[i]) or declaration.lacks_allowed(path.name, str(col))):
                 continue
             what = "missing (NaN)" if v != v else f"{float(v)!r} is outside [{lo:g}, {hi:g}]"
             raise RunError(f"{path}: column {col}, row {i + 1}: {what}")

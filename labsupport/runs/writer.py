@@ -33,25 +33,26 @@ def fsync_dir(path: Path) -> None:
 class RunWriter:
     """Write a run atomically.
 
-    with RunWriter("kernels-in-one-token", params) as run:
+    with RunWriter(declaration, params) as run:  # the chapter's (labsupport.chapters.Chapter)
         run.write_table("census", df)
     # here runs/kernels-in-one-token/<run_id>/ exists, whole; on error, nothing does
     """
 
     def __init__(
         self,
-        chapter: str,
+        declaration,
         parameters: dict,
         run_id: str | None = None,
         root: Path | None = None,
         meta: dict | None = None,
     ):
-        self.chapter = check_chapter(chapter)
+        self.declaration = declaration  # what the tables are checked against (runs.tables)
+        self.chapter = check_chapter(declaration.slug)
         self.parameters = dict(parameters)
         self.run_id = run_id or new_run_id()
         if not RUN_ID_PATTERN.match(self.run_id):
             raise RunError(f"bad run id {self.run_id!r}: expected e.g. 20261129T233000Z-h200")
-        self.chapter_dir = (root or runs_root()) / chapter
+        self.chapter_dir = (root or runs_root()) / self.chapter
         self.final = self.chapter_dir / self.run_id
         self.tmp = self.chapter_dir / f".incomplete-{self.run_id}"
         self.meta = dict(meta or {})
@@ -96,8 +97,8 @@ class RunWriter:
         return files
 
     def _check_tables(self, files: list[Path]) -> None:
-        """Every table readable, every number in its declared range (chapters.RANGES) and no key
-        repeated, checked before the run exists: one RunError naming the file and what is wrong."""
+        """Every table readable, every number in its declared range (the chapter's declaration) and no
+        key repeated, checked before the run exists: one RunError naming the file and what is wrong."""
         from labsupport.runs.tables import check_table, read_table
 
         for p in files:
@@ -106,7 +107,7 @@ class RunWriter:
                     df = read_table(p)
                 except RunError:
                     continue  # an empty table is the validation's to report
-                check_table(df, self.final / p.name, self.chapter)
+                check_table(df, self.final / p.name, self.declaration)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None:

@@ -46,8 +46,11 @@ from .measuring import (
     reference, rung_row, rungs_table, runs_here, time_matmuls, time_tokens, timed_here, tuning_cases, weight_shapes,
 )
 from .params import (
-    CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS, Params,
+    CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS,
     progress, RUNG_COLUMNS, RUNG_SHORT, RUNGS, SHARED_CONFIG, SHARED_RUNGS, STEP_TIME_COLUMNS, TOKENS,
     trace_file,
+)
+from .declaration import (
+    DECLARATION, Params,
 )
 # fmt: on

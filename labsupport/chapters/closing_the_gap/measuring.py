@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from labsupport.chapters.closing_the_gap.params import (
-    CHAPTER,
+    DECLARATION,
     ERROR_FACTOR,
     ERROR_FLOOR,
     FP8_ERROR_FACTOR,
@@ -27,10 +27,10 @@ from labsupport.measure import decode, models, recording, steps
 from labsupport.traces import kernels
 
 
-def pending_run(params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
+def pending_run(params, run_id: str | None = None) -> recording.PendingRun:
     """The chapter's run, filled cell by cell and written by the last live cell. It measures no
     ceilings of its own: the floor and the practical ceiling are the shared ones (why-a-gpu's run)."""
-    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, ceilings=False, progress=progress)
+    return recording.PendingRun(DECLARATION, params, run_id, ceilings=False, progress=progress)
 
 
 @dataclass

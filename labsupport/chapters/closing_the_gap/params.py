@@ -3,13 +3,11 @@ step to the bandwidth floor, the columns of the run's tables, and where the run 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from labsupport import chapters
 from labsupport.measure.kernels import gemv_fp8
 
-ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
-CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
+from .declaration import DECLARATION
+
+CHAPTER, load, progress = DECLARATION.slug, DECLARATION.load, DECLARATION.progress  # its declaration's
 # The rungs, by data key, in ladder order, with the label the page shows for each. The first
 # four are transformers' model; the rest are our own decode step (labsupport.measure.models.qwen3_decode).
 RUNGS = {
@@ -101,15 +99,6 @@ FP8_ERROR_FACTOR = gemv_fp8.tolerance_factor(ERROR_FACTOR)
 # By the model's dtype: in float16 (10 mantissa bits, a step of 2^-10) eager's own error is 8
 # times smaller and the FP8 weights' the same, so the ratio is 2^-3 / 2^-10 = 128: 256.
 FP8_ERROR_FACTORS = {d: gemv_fp8.tolerance_factor(ERROR_FACTOR, d) for d in gemv_fp8.HALF_RELATIVE_STEP}
-
-
-@dataclass
-class Params:
-    preset: str = "qwen3-8b"
-    prompt_len: int = 256
-    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
-    repeats: int = 30  # rounds of interleaved trials of our rungs
-    device: str = "cuda"
 
 
 def trace_file(rung: str) -> str:

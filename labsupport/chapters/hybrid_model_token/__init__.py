@@ -32,7 +32,7 @@ from .idle import (
 )
 from .measuring import (
     ARTIFACTS, CACHE_GROWTH_COLUMNS, cache_rows, CHAPTER, check_backends, GROUPS, load, model_facts, MODES,
-    MODES_SHORT, OUTSIDE, Params, PREFILL_COLUMNS, progress, Recorder, STEP_TIME_COLUMNS, trace_file,
+    MODES_SHORT, OUTSIDE, PREFILL_COLUMNS, progress, Recorder, STEP_TIME_COLUMNS, trace_file,
     VARIANT_COLUMNS, wall_column,
 )
 from .page import Page, page
@@ -43,5 +43,8 @@ from .tables import (
     beside_published_shown, census_shown, groups_shown, host_events_shown, idle_places_shown, largest_kernels_shown,
     layer_types_shown, mixer_kernel_links, mixer_shown, prefill_shown, published_shown, time_budget_shown,
     variants_shown,
+)
+from .declaration import (
+    DECLARATION, Params,
 )
 # fmt: on

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
 
 import pandas as pd
 
-from labsupport import chapters
 from labsupport.measure import harness
 from labsupport.measure.models import gated_deltanet
 from labsupport.traces import kernels
 
-ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
-CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
-ARTIFACTS = ENTRY.artifacts
+from .declaration import DECLARATION, Params
+
+CHAPTER, load, progress = DECLARATION.slug, DECLARATION.load, DECLARATION.progress  # its declaration's
+ARTIFACTS = DECLARATION.artifacts
 # The columns of the run's tables, written even when nothing ran; WALL_COLUMNS, the wall times of
 # a row (Timing.summary beside the estimator), stand in two.
 WALL_COLUMNS = [
@@ -55,7 +54,7 @@ PREFILL_COLUMNS = [
     *WALL_COLUMNS,
     "clean",
 ]
-CACHE_GROWTH_COLUMNS = list(ENTRY.columns["cache_growth.csv"])  # as the registry declares them
+CACHE_GROWTH_COLUMNS = list(DECLARATION.columns_of("cache_growth.csv"))  # as its declaration names them
 MODES = {
     "eager": "eager, dynamic cache (as written)",
     "cuda-graph": "CUDA graph (static cache)",
@@ -95,21 +94,6 @@ def _estimate(t: harness.Timing) -> dict:
 
 def trace_file(backend: str, mode: str) -> str:
     return f"trace-{backend}-{mode}.json.gz"
-
-
-@dataclass
-class Params:
-    """What one run of the chapter measures."""
-
-    preset: str = "qwen3.5-27b"
-    prompt_len: int = 512
-    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
-    repeats: int = 12  # interleaved rounds; the fast-host median needs 10 of them on a fast host
-    backends: list[str] = field(default_factory=lambda: ["reference", "fla"])
-    cuda_graphs: bool = True
-    compile_backends: list[str] = field(default_factory=lambda: ["reference", "fla"])
-    contexts: list[int] = field(default_factory=lambda: [512, 4096, 32768])
-    device: str = "cuda"
 
 
 def check_backends(backends: list[str], device: str) -> None:

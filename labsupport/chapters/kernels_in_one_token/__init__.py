@@ -39,6 +39,9 @@ from .measuring import (
     call_paths, context_row, ContextSweep, ops_rows, pending_run, plain_eager_step, profiler_effect_table,
 )
 from .params import (
-    CHAPTER, load, Params, progress, TRACE_FILE,
+    CHAPTER, load, progress, TRACE_FILE,
+)
+from .declaration import (
+    DECLARATION, Params,
 )
 # fmt: on

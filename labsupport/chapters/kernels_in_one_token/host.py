@@ -17,7 +17,7 @@ import pandas as pd
 
 from labsupport import figures, runs
 from labsupport.chapters.kernels_in_one_token.analysis import clean_times
-from labsupport.chapters.kernels_in_one_token.params import CHAPTER
+from labsupport.chapters.kernels_in_one_token.params import CHAPTER, load
 
 PER_TRIAL, NEAREST_ROUND = "its own round's reading", "the nearest reading by round"
 COLUMNS = ["run", "gpu", "wall_ms", "probe_ms", "reading"]
@@ -64,7 +64,7 @@ def step_trials(run: runs.Run) -> pd.DataFrame:
 
 def kept_trials(root=None) -> pd.DataFrame:
     """step_trials() of every kept run of the chapter (runs/kernels-in-one-token/), oldest first."""
-    parts = [step_trials(runs.load_run(CHAPTER, rid, root)) for rid in runs.list_runs(CHAPTER, root)]
+    parts = [step_trials(load(rid, root)) for rid in runs.list_runs(CHAPTER, root)]
     parts = [p for p in parts if not p.empty]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
 

@@ -9,16 +9,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from labsupport.chapters.kernels_in_one_token.params import CHAPTER, TRACE_FILE, Params, progress
+from labsupport.chapters.kernels_in_one_token.declaration import Params
+from labsupport.chapters.kernels_in_one_token.params import CHAPTER, DECLARATION, TRACE_FILE, progress
 from labsupport.measure import harness, recording
 from labsupport.traces import kernels, trace
 
 
-def pending_run(params: Params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
+def pending_run(params: Params, run_id: str | None = None) -> recording.PendingRun:
     """The chapter's run, filled cell by cell and written by the last live cell
     (recording.PendingRun). It measures no ceilings: the page compares with those of the ceilings
     owner's run (shared.limits())."""
-    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, ceilings=False, progress=progress)
+    return recording.PendingRun(DECLARATION, params, run_id, ceilings=False, progress=progress)
 
 
 class ContextSweep:

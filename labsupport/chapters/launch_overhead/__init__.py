@@ -33,12 +33,15 @@ from .measuring import (
     failure, first_line, pending_run, variant_row, variants_table,
 )
 from .params import (
-    CHAPTER, load, OWNED, Params, progress, SHARED_PREFIX, STEP_TIME_COLUMNS, trace_file, VARIANT_COLUMNS, VARIANTS,
+    CHAPTER, load, OWNED, progress, SHARED_PREFIX, STEP_TIME_COLUMNS, trace_file, VARIANT_COLUMNS, VARIANTS,
 )
 from .static_cache import (
     call_paths, STATIC_CACHE_CALLS, static_cache_diff, static_cache_summary, StaticCacheSummary, what_call,
 )
 from .page import (
     failed_text, fixes_table, measured_text, page, Page, profiled_note, static_cache_texts, timing_note,
+)
+from .declaration import (
+    DECLARATION, Params,
 )
 # fmt: on

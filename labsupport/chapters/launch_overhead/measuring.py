@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from labsupport.chapters.launch_overhead.params import CHAPTER, VARIANT_COLUMNS, VARIANTS, Params, progress
+from labsupport.chapters.launch_overhead.declaration import Params
+from labsupport.chapters.launch_overhead.params import DECLARATION, VARIANT_COLUMNS, VARIANTS, progress
 from labsupport.measure import harness, recording
 from labsupport.measure.steps import CompiledStep
 from labsupport.traces import kernels
 
 
-def pending_run(params: Params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
+def pending_run(params: Params, run_id: str | None = None) -> recording.PendingRun:
     """The chapter's run, filled cell by cell and written by the last live cell
     (recording.PendingRun). It measures no ceilings: the page compares with those of the ceilings
     owner's run (shared.limits())."""
-    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, ceilings=False, progress=progress)
+    return recording.PendingRun(DECLARATION, params, run_id, ceilings=False, progress=progress)
 
 
 def first_line(e: BaseException) -> str:

@@ -3,12 +3,9 @@ the run's tables, and where the run lies."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .declaration import DECLARATION
 
-from labsupport import chapters
-
-ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
-CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
+CHAPTER, load, progress = DECLARATION.slug, DECLARATION.load, DECLARATION.progress  # its declaration's
 # The variants of the step, by data key, with the label the page shows for each (at display time).
 VARIANTS = {
     "eager": "eager, dynamic cache (as written)",
@@ -29,16 +26,6 @@ VARIANT_COLUMNS = [
     "clean", "graphs_compiled_while_profiling", "compile_s",
 ]  # fmt: skip
 STEP_TIME_COLUMNS = ["variant", "repeat", "round", "wall_ms", "issue_ms", "gpu_ms", "clean", "probe_ms"]
-
-
-@dataclass
-class Params:
-    preset: str = "qwen3-8b"
-    prompt_len: int = 256
-    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
-    repeats: int = 24  # interleaved rounds: one step of each timed form per round (10 fast-host ones needed)
-    max_autotune: bool = True
-    device: str = "cuda"
 
 
 def trace_file(variant: str) -> str:

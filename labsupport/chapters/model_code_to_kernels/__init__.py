@@ -8,31 +8,22 @@ before the first profile of the process, then the profiles. The rest reads a run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
 
-from labsupport import chapters, runs
+from labsupport import runs
+from labsupport.chapters.kernels_in_one_token.declaration import DECLARATION as DECODE_CHAPTER  # noqa: F401 (its run)
 from labsupport.measure import harness
 from labsupport.traces import kernels, trace
 
-ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
-CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
+from .declaration import DECLARATION, Params  # noqa: F401 (Params: the package's, for its notebook)
+
+CHAPTER, load, progress = DECLARATION.slug, DECLARATION.load, DECLARATION.progress  # its declaration's
 # The MLP's three lines: each is the profiler annotation around it and the key of its rows.
 MLP_LINES = GATE, UP, ACT = ("gate = x @ W_gate", "up = x @ W_up", "h = silu(gate) * up")
 # The three RMSNorms: the key of the rows of rmsnorm_times and rmsnorm_kernels.
 AS_WRITTEN, F_RMS_NORM, OURS = "transformers (as written)", "torch.nn.functional.rms_norm", "ours (one Triton kernel)"
 # The recorded decode step this chapter reads a decoder layer from.
-DECODE_CHAPTER, DECODE_TRACE = "kernels-in-one-token", "trace.json.gz"
-
-
-@dataclass
-class Params:
-    preset: str = "qwen3-8b"
-    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
-    tokens: int = 1  # rows of x: 1 is one decode step at batch 1
-    repeats: int = 100
-    device: str = "cuda"
+DECODE_TRACE = "trace.json.gz"  # of DECODE_CHAPTER's runs
 
 
 def mlp_bytes(hidden: int, inter: int, tokens: int, elem: int = 2) -> dict:

@@ -36,7 +36,7 @@ from .measuring import (
     torchrun_command,
 )
 from .params import (
-    ALLREDUCE_COLUMNS, CHAPTER, COLLECTIVE_COLUMNS, load, Params, progress, SHORT, STEP_TIME_COLUMNS, trace_file,
+    ALLREDUCE_COLUMNS, CHAPTER, COLLECTIVE_COLUMNS, load, progress, SHORT, STEP_TIME_COLUMNS, trace_file,
     VARIANT_COLUMNS, VARIANTS,
 )
 from .split import (
@@ -47,4 +47,7 @@ from .topology import (
 )
 from .page import Page, page
 from .tables import allreduce_shown, census_shown, references_shown, steps_table, time_split_shown
+from .declaration import (
+    DECLARATION, Params,
+)
 # fmt: on

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from labsupport.chapters.one_token_two_gpus.params import CHAPTER, Params, progress, trace_file
+from labsupport.chapters.one_token_two_gpus.declaration import Params
+from labsupport.chapters.one_token_two_gpus.params import CHAPTER, DECLARATION, progress, trace_file
 from labsupport.chapters.one_token_two_gpus.topology import interconnect, link_between
 from labsupport.measure import decode, recording
 from labsupport.runs.provenance import REPO_ROOT
@@ -38,12 +39,12 @@ def gpus_here() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def require_gpus(params: Params, allow_cpu: bool = False) -> None:
+def require_gpus(params: Params) -> None:
     """Stop, in one line, before anything is measured when the box has fewer GPUs than the run
-    asks for (on a CPU, allowed for the tests, the ranks are processes)."""
+    asks for (on a CPU, the tests' tiny model, the ranks are processes)."""
     if params.gpus < 2:
         raise ValueError(f"{CHAPTER}: gpus must be at least 2 (the TP=1 run comes with it), not {params.gpus}")
-    if params.device == "cpu" and allow_cpu:
+    if params.device == "cpu" and params.preset.startswith("tiny"):
         return
     have = gpus_here()
     if have < params.gpus:
@@ -52,11 +53,11 @@ def require_gpus(params: Params, allow_cpu: bool = False) -> None:
         )
 
 
-def pending_run(params: Params, run_id: str | None = None, allow_cpu: bool = False) -> recording.PendingRun:
+def pending_run(params: Params, run_id: str | None = None) -> recording.PendingRun:
     """The chapter's run, filled cell by cell and written by the last live cell
     (recording.PendingRun), after the check that the box has the GPUs."""
-    require_gpus(params, allow_cpu)
-    return recording.PendingRun(CHAPTER, params, run_id, allow_cpu=allow_cpu, progress=progress)
+    require_gpus(params)
+    return recording.PendingRun(DECLARATION, params, run_id, progress=progress)
 
 
 def torchrun_command(params: Params, tp: int, out: Path, sweep: bool) -> list[str]:

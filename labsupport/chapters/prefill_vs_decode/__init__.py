@@ -17,7 +17,7 @@ One number per configuration: the prefill of `prompt_len` tokens is timed and pr
 once; the phase table and the sweep's row for that length are the same measurement.
 
 Replay: every table and number of the chapter is computed from the run's files (ARTIFACTS,
-from the registry, and ceilings.csv on a GPU) and meta.json's results: the model's shape
+from its declaration, and ceilings.csv on a GPU) and meta.json's results: the model's shape
 (for FLOP and byte counts), the weight shapes of the decoder layer whose matrix multiplies
 are compared, and how each kind of number was taken (`method`; newer runs).
 
@@ -45,13 +45,16 @@ from .figures import (
     utilisation_bars,
 )
 from .measuring import (
-    annotate, annotated_kernels, ARTIFACTS, census_table, CHAPTER, COLUMNS, forward_work, free, GEMM_MODULES,
+    annotate, annotated_kernels, ARTIFACTS, census_table, CHAPTER, forward_work, free, GEMM_MODULES,
     kernels_table_name, kind_column, KIND_COLUMNS, LM_HEAD, load, MATMUL, matmul_intensity, model_record,
-    model_shape, ModelShape, ORIGIN, Params, phase_work, PHASES, preset_shape, profile_prefill, profile_sweep,
+    model_shape, ModelShape, ORIGIN, phase_work, PHASES, preset_shape, profile_prefill, profile_sweep,
     progress, ROOFLINE_MODULES, SHORT, sweep_row, time_passes, tokens_at_intensity, trace_file, Work,
 )
 from .page import Page, page, prefill_timing_note, wall_host_text
 from .tables import (
     census_shown, layer_gemms_shown, layer_kernels_shown, passes_download, ridges_shown, roofline_shown, sweep_shown,
+)
+from .declaration import (
+    DECLARATION, Params,
 )
 # fmt: on

@@ -79,7 +79,7 @@ def _ceilings_owner(root: str) -> runs.Run | None:
     from labsupport.chapters import shared
 
     try:
-        return runs.load_run(shared.CEILINGS, root=Path(root))
+        return shared.owner_run(shared.CEILINGS, root=Path(root))
     except runs.RunError:  # no published ceilings run (a scratch runs folder)
         return None
 

@@ -1,4 +1,4 @@
-"""What the chapter measures and how: its names (run folder and files from the registry, its two phases, the keys its
+"""What the chapter measures and how: its names (run folder and files from its declaration, its two phases, the keys its
 tables use for the matrices they compare; display labels in SHORT), the FLOP and byte model of a forward pass of batch 1
 (the model's shape, a pass's work, the arithmetic intensity of a prefill's matrix multiplies), and what the notebook's
 live cells call to measure: the parameters of a run, the model's description for meta.json, the interleaved timing of
@@ -10,19 +10,18 @@ The order of the measurements is the notebook's (every wall time before the firs
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from labsupport import chapters
 from labsupport.measure import decode, harness, models
 from labsupport.traces import kernels, trace
 
-ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
-CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
+from .declaration import DECLARATION
+
+CHAPTER, load, progress = DECLARATION.slug, DECLARATION.load, DECLARATION.progress  # its declaration's
 # Files every run of the chapter contains (ceilings.csv too, on a GPU), and the columns of its tables.
-ARTIFACTS = ENTRY.artifacts
-COLUMNS = ENTRY.columns
+ARTIFACTS = DECLARATION.artifacts
 PHASES = ("prefill", "decode")
 # The profiler annotation that each phase's trace is timed from.
 ORIGIN = {"prefill": "prefill", "decode": "decode_step"}
@@ -186,18 +185,6 @@ def tokens_at_intensity(shape: ModelShape, flop_per_byte: float) -> float:
     return (flop_per_byte * p * shape.matmul_parameters - 2 * shape.lm_head_parameters) / (
         2 * shape.layer_matmul_parameters
     )
-
-
-@dataclass
-class Params:
-    """What one run of the chapter measures."""
-
-    preset: str = "qwen3-8b"
-    prompt_len: int = 512
-    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
-    prompt_lens: list[int] = field(default_factory=lambda: [1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
-    repeats: int = 20  # rounds of interleaved trials: one decode step and one prefill of each length per round
-    device: str = "cuda"
 
 
 def free(device: str) -> None:

@@ -18,10 +18,13 @@ from .figures import (
     queue,
 )
 from .measuring import (
-    BURST_TRACE, CHAPTER, l2_cache_bytes, load, OUR_ADD, Params, per_call_row, PROFILE_REGION, progress, SYNC_IDLE,
+    BURST_TRACE, CHAPTER, l2_cache_bytes, load, OUR_ADD, per_call_row, PROFILE_REGION, progress, SYNC_IDLE,
     SYNC_ITEM, SYNC_TINY, TORCH_ADD, wait_row,
 )
 from .page import (
     hbm_display, Page, page, TABLE_FORMATS, triton_add_source,
+)
+from .declaration import (
+    DECLARATION, Params,
 )
 # fmt: on

@@ -7,13 +7,11 @@ synchronisation costs; then the profiles (the two adds' kernels, the burst's tra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from labsupport import chapters
 from labsupport.measure import harness
 
-ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
-CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
+from .declaration import DECLARATION
+
+CHAPTER, load, progress = DECLARATION.slug, DECLARATION.load, DECLARATION.progress  # its declaration's
 BURST_TRACE = "burst_trace.json.gz"
 # The two implementations of the add: the key of each row of add_times, hbm_add and add_kernels.
 TORCH_ADD, OUR_ADD = "torch (a + b)", "ours (Triton)"
@@ -23,18 +21,6 @@ PROFILE_REGION = {TORCH_ADD: "torch add", OUR_ADD: "triton add"}
 SYNC_IDLE = "torch.cuda.synchronize() on an idle GPU"
 SYNC_ITEM = "x.item(): read one number back to the CPU"
 SYNC_TINY = "launch one tiny kernel and wait for it"
-
-
-@dataclass
-class Params:
-    n: int = 1 << 20  # elements of the vector add (fits in the L2 cache)
-    block: int = 1024  # elements per program of our Triton kernel
-    num_warps: int = 4
-    burst: int = 200  # launches in the queue demonstration
-    burst_n: int = 1 << 26  # elements per add in the burst: big enough that the GPU lags
-    hbm_n: int = 1 << 28  # elements per vector of the add that does not fit in L2 (3 GiB moved)
-    repeats: int = 100
-    device: str = "cuda"
 
 
 def l2_cache_bytes() -> int | None:

@@ -22,16 +22,16 @@ Replay: the analysis below reads the run's tables:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pandas as pd
 
-from labsupport import chapters, runs
+from labsupport import runs
+from labsupport.chapters.kernels_in_one_token.declaration import DECLARATION as DECODE_CHAPTER  # noqa: F401 (its run)
 from labsupport.measure import harness, models
 from labsupport.traces import kernels, trace
 
-ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
-CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
+from .declaration import DECLARATION, Params  # noqa: F401 (Params: the package's, for its notebook)
+
+CHAPTER, load, progress = DECLARATION.slug, DECLARATION.load, DECLARATION.progress  # its declaration's
 FUSED_SOURCE = "fused_rmsnorm_source.py"
 COMPILED_TRACE = "trace-rmsnorm-compiled.json.gz"  # the compiled RMSNorm's profile, kept (newer runs)
 # The host events of a compiled call in its profile: Dynamo's guard check (the cache lookup), the
@@ -45,18 +45,7 @@ BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 # RMSNorm's two variants: the key of the rows of fusion_times and fusion_kernels.
 EAGER, COMPILED = "eager (as written)", "torch.compile"
 # The recorded decode step whose kernels are sorted by source.
-DECODE_CHAPTER, DECODE_TRACE = "kernels-in-one-token", "trace.json.gz"
-
-
-@dataclass
-class Params:
-    """What one run of the chapter measures."""
-
-    preset: str = "qwen3-8b"
-    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
-    contexts: list[int] = field(default_factory=lambda: [256, 4096])
-    repeats: int = 100  # timed calls of each RMSNorm variant and each attention backend
-    device: str = "cuda"
+DECODE_TRACE = "trace.json.gz"  # of DECODE_CHAPTER's runs
 
 
 def decode_kernels(decode_run: runs.Run) -> pd.DataFrame:

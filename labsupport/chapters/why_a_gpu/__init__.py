@@ -31,7 +31,7 @@ from .figures import (
 from .measuring import (
     batch_matmuls, batch_prompt, CHAPTER, copied_step, copy_of, DECODE_WARMUP, free, fresh_step,
     gpu_matvec_operands, HOST_CLOCK, KEEP_SHARE, keeps_prefills, KERNEL_TIME, kv_bytes_per_token, load,
-    matvec_table, Params, PER_CALL, prefill_once, profile_batch, profile_matvec_gpu, progress, SETUP_COPY,
+    matvec_table, PER_CALL, prefill_once, profile_batch, profile_matvec_gpu, progress, SETUP_COPY,
     SETUP_PREFILL, step_for, SWEEP_METHOD, sweep_row, time_batches, time_matvec_cpu, time_matvec_gpu,
 )
 from .read_kernels import (
@@ -43,5 +43,8 @@ from .one_token import (
 )
 from .page import (
     batch1_note, glue_shared, Page, page, published_prefill, steps_note, sweep_panels, TABLE_FORMATS,
+)
+from .declaration import (
+    DECLARATION, Params,
 )
 # fmt: on

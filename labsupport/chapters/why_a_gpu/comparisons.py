@@ -12,6 +12,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters import published
+from labsupport.chapters.prefill_vs_decode.declaration import DECLARATION as PREFILL_CHAPTER  # noqa: F401 (its run)
 from labsupport.measure import hardware
 from labsupport.traces import kernels
 
@@ -19,7 +20,6 @@ from .batch_sweep import attention_flop_per_context_token, largest, ridge, sweep
 from .one_token import counts
 
 BUMP_TOLERANCE = 0.05  # a batch's matmuls slower than a larger batch's by more than this
-PREFILL_CHAPTER = "prefill-vs-decode"
 SPLIT_K_REDUCE = "splitKreduce"
 
 

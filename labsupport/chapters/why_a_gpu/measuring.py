@@ -11,35 +11,20 @@ notebook's cells keep that order."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pandas as pd
 
-from labsupport import chapters
 from labsupport.measure import harness
 from labsupport.traces import kernels
 
-ENTRY = chapters.of_module(__name__)  # the registry's entry: its slug, load() and progress()
-CHAPTER, load, progress = ENTRY.slug, ENTRY.load, ENTRY.progress
+from .declaration import DECLARATION
+
+CHAPTER, load, progress = DECLARATION.slug, DECLARATION.load, DECLARATION.progress  # its declaration's
 DECODE_WARMUP = 2  # untimed (or traced-and-discarded) steps per batch size, each after a fresh prefill
 
 # What each time in the matvec table is.
 KERNEL_TIME = "kernel time (profiler)"
 PER_CALL = "per call (CUDA events)"
 HOST_CLOCK = "host clock"
-
-
-@dataclass
-class Params:
-    """The parameters a live run records (meta.json)."""
-
-    preset: str = "qwen3-8b"
-    prompt_len: int = 256
-    batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512])
-    rounds: int = 20  # timed steps per batch size, one per round (interleaved)
-    matvec_repeats: int = 20
-    dtype: str = "bfloat16"  # or "float16" (environment.dtype_here: what a GPU without BF16 runs)
-    device: str = "cuda"
 
 
 def kv_bytes_per_token(cfg) -> int:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from labsupport import chapters
 from labsupport.measure import hardware, models
 
+from .declaration import DECLARATION
+
 TRITON, CUBLAS = "Triton GEMV", "cuBLAS (torch.mm)"
-COLUMNS = chapters.of_module(__name__).columns[f"{hardware.READ_KERNELS}.csv"]  # the registry's
+COLUMNS = DECLARATION.columns_of(f"{hardware.READ_KERNELS}.csv")  # as its declaration names them
 
 
 def step_matrices(preset: str) -> dict[str, tuple[int, int]]:
