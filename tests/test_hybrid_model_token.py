@@ -471,7 +471,7 @@ def test_page_says_what_was_not_measured(h200_run, tmp_path):
     steps.to_csv(copy / "variants.csv", index=False)
     prompts = pd.read_csv(copy / "prefill.csv")
     prompts[prompts.backend != "fla"].to_csv(copy / "prefill.csv", index=False)
-    p = hybrid.page(runs.load_run(hybrid.CHAPTER, h200_run.run_id, root=tmp_path, verify=False))
+    p = hybrid.page(runs.load_run(hybrid.DECLARATION, h200_run.run_id, root=tmp_path, verify=False))
     assert p.fla_section == (
         "flash-linear-attention's kernels were **not measured** in this run: not run: fla-core is not installed."
     )

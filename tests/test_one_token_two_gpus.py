@@ -607,7 +607,7 @@ def test_page_of_a_run_whose_compiled_split_step_failed(h200_run, tmp_path):
     recorded = pd.read_csv(copy / "variants.csv")
     recorded.loc[(recorded.tp == 2) & (recorded.variant == "compile"), "status"] = "failed: out of memory"
     recorded.to_csv(copy / "variants.csv", index=False)
-    p = ch.page(runs.load_run(ch.CHAPTER, h200_run.run_id, root=tmp_path, verify=False))
+    p = ch.page(runs.load_run(ch.DECLARATION, h200_run.run_id, root=tmp_path, verify=False))
     assert p.failed_text == f"Not every form ran: *{ch.VARIANTS['compile']}* at TP=2: failed: out of memory."
     assert p.k_wall_ms_n != p.k_wall_ms_n and p.k_speedup != p.k_speedup and p.k_idle_n != p.k_idle_n
     assert p.a_wall_ms_n == p.a_wall_ms_n  # the main form still ran

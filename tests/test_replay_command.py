@@ -82,7 +82,12 @@ def test_replay_from_a_runs_folder(tmp_path, capsys):
     ).extractall(tmp_path)
     rc, out, err = _replay(capsys, "why-a-gpu", "--runs", str(root), "--out", str(tmp_path / "f"))
     assert rc == 0, err
-    assert {p.name for p in (tmp_path / "f").iterdir()} == {"bytes.png", "limits.png", "throughput.png"}
+    assert {p.name for p in (tmp_path / "f").iterdir()} == {
+        "arithmetic.png",
+        "bytes.png",
+        "limits.png",
+        "throughput.png",
+    }
 
 
 def _refused(capsys, tmp_path, *args) -> str:

@@ -16,7 +16,7 @@ from labsupport.runs import formats, lock, provenance
 from labsupport.runs.load import OlderFormat
 from labsupport.traces import derived, replay
 
-from .conftest import FIXTURES, REPO, tree_bytes
+from .conftest import FIXTURES, REPO, TOY, tree_bytes
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +64,7 @@ def _one_line(e) -> str:
 
 def test_a_new_run_records_the_current_format(tmp_path):
     prov = {k: "x" for k in provenance.REQUIRED_FIELDS}
-    with runs.RunWriter("ch", {}, "20260101T000000Z-test", root=tmp_path, meta={"provenance": prov}) as w:
+    with runs.RunWriter(TOY, {}, "20260101T000000Z-test", root=tmp_path, meta={"provenance": prov}) as w:
         w.write_table("t", pd.DataFrame({"x": [1]}))
     assert json.loads((w.final / "meta.json").read_text())["format"] == formats.CURRENT
     assert runs.open_run("ch", "20260101T000000Z-test", tmp_path).meta["format"] == formats.CURRENT
