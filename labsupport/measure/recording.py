@@ -23,16 +23,20 @@ from labsupport.runs import provenance
 from labsupport.traces import derived
 
 
-def writer(chapter: str, params, run_id: str | None = None, allow_cpu: bool = False) -> runs.RunWriter:
-    """The writer of a new live run of `chapter`, after the checks every chapter makes first:
-    a known model preset (if the parameters name one), a GPU to measure (a CPU only for the
-    tests' tiny model), provenance collected now, and a run id naming the GPU."""
+def writer(
+    chapter: str, params, run_id: str | None = None, allow_cpu: bool = False, root: Path | None = None
+) -> runs.RunWriter:
+    """The writer of a new live run of `chapter` (into the runs folder `root`; None: runs_root()),
+    after the checks every chapter makes first: a known model preset (if the parameters name one),
+    a GPU to measure (a CPU only for the tests' tiny model, or a model folder profiled with
+    --allow-cpu: parameters with a `model`), provenance collected now, and a run id naming the GPU."""
     if getattr(params, "preset", None):
         models.preset_config(params.preset)
-    decode.require_device(params.device, allow_cpu=allow_cpu and getattr(params, "preset", "").startswith("tiny"))
+    small = getattr(params, "preset", "").startswith("tiny") or bool(getattr(params, "model", ""))
+    decode.require_device(params.device, allow_cpu=allow_cpu and small)
     prov = provenance.collect()
     run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
-    w = runs.RunWriter(chapter, asdict(params), run_id, meta={"provenance": prov})
+    w = runs.RunWriter(chapter, asdict(params), run_id, root=root, meta={"provenance": prov})
     # Beside each profiler trace, the tables replay reads instead of parsing it.
     w.derive = functools.partial(derived.derive_folder, device=prov["device"])
     return w
@@ -59,12 +63,13 @@ class PendingRun:
         allow_cpu: bool = False,
         ceilings: bool = True,
         progress=print,
+        root: Path | None = None,
     ):
         harness.for_chapter(chapter)
         hostprobe.reset()
         hostprobe.read("run opened")
         self.chapter = chapter
-        self.writer = writer(chapter, params, run_id, allow_cpu=allow_cpu)
+        self.writer = writer(chapter, params, run_id, allow_cpu=allow_cpu, root=root)
         self.tables: dict[str, pd.DataFrame] = {}
         self.extra: dict = {"method": harness.method()}
         self._scratch = tempfile.TemporaryDirectory(prefix=f"{chapter}-")

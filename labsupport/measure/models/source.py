@@ -1,0 +1,213 @@
+"""A model source beside the presets: a local folder with a transformers `config.json`.
+
+If the folder holds safetensors weights they are loaded, from that folder only (never a hub);
+otherwise the model is built from its configuration with random weights, as the presets are
+(which kernels run depends on shapes, dtypes and code paths, not on the weights' values). What a
+run records of it (`ModelSource.record`): which of the two it was, the SHA-256 of config.json,
+the architecture, and the counts of the model itself (parameters, the bytes a decode step reads:
+models.count_model, on a copy built on the meta device before anything is allocated).
+
+Everything that stops a folder is a SourceError, one line: not a model folder, a configuration
+transformers cannot build, weights that do not match it, a model too large for the device's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from labsupport.measure import models
+
+# What a model from a folder may run in: the chapters' half-precision types, and float32.
+DTYPES = (*models.DTYPES, "float32")
+CONFIG = "config.json"
+# What a step needs beside its weights on the device: the prompt's KV cache, activations, and
+# (on a GPU) the largest buffer of the ceilings' measurements (hardware.measure_ceilings: 4 GiB).
+HEADROOM_BYTES = 5 << 30
+
+
+class SourceError(ValueError):
+    """A folder that cannot be profiled, said in one line."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model folder, checked: its configuration, and the weights it holds (none: random)."""
+
+    folder: Path
+    config_sha256: str
+    architecture: str
+    model_type: str
+    weight_files: tuple[str, ...]
+    config: object  # the transformers configuration, as AutoConfig read it
+
+    @property
+    def weights(self) -> str:
+        """ "loaded" (safetensors from the folder) or "random" (built from the configuration)."""
+        return "loaded" if self.weight_files else "random"
+
+    def record(self, counts: models.ModelCounts) -> dict:
+        """What a run records of its model: the source, and the counts of the model it ran."""
+        return {
+            "folder": self.folder.name,
+            "weights": self.weights,
+            "weight_files": list(self.weight_files),
+            "config_sha256": self.config_sha256,
+            "architecture": self.architecture,
+            "model_type": self.model_type,
+            "parameters": counts.parameters,
+            "decode_bytes": counts.decode_bytes,
+            "bytes_per_parameter": counts.bytes_per_parameter,
+        }
+
+
+@contextlib.contextmanager
+def _offline():
+    """transformers never reaches a hub, and keeps its load report and progress bars to itself
+    (a refusal is our one line)."""
+    from transformers.utils import logging
+
+    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _why(e: BaseException) -> str:
+    """An exception as a short clause of one line."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def open_folder(folder) -> ModelSource:
+    """The model source in `folder`, its configuration read by transformers (SourceError if the
+    folder is not a model or transformers cannot read its configuration)."""
+    from transformers import AutoConfig
+
+    folder = Path(folder).expanduser()
+    config_file = folder / CONFIG
+    if not folder.is_dir():
+        raise SourceError(f"{folder} is not a folder")
+    if not config_file.is_file():
+        raise SourceError(f"{folder} is not a model folder: it has no {CONFIG}")
+    data = config_file.read_bytes()
+    try:
+        json.loads(data)
+        with _offline():
+            config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 (whatever transformers raises on a configuration, said in one line)
+        raise SourceError(f"{config_file}: transformers cannot read this configuration ({_why(e)})") from None
+    archs = getattr(config, "architectures", None) or []
+    return ModelSource(
+        folder=folder,
+        config_sha256=hashlib.sha256(data).hexdigest(),
+        architecture=str(archs[0]) if archs else f"{config.model_type} (AutoModelForCausalLM)",
+        model_type=str(config.model_type),
+        weight_files=tuple(sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())),
+        config=config,
+    )
+
+
+def torch_dtype(dtype: str):
+    """The torch dtype of a name of DTYPES."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise SourceError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    return getattr(torch, dtype)
+
+
+def _from_config(source: ModelSource, device, dtype: str):
+    """The model of `source`'s configuration with random weights, created directly on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with _offline(), torch.device(device):
+            model = AutoModelForCausalLM.from_config(source.config, dtype=torch_dtype(dtype))
+    except Exception as e:  # noqa: BLE001 (an architecture transformers cannot build from this configuration)
+        raise SourceError(
+            f"{source.folder / CONFIG}: transformers cannot build a causal language model from it ({_why(e)})"
+        ) from None
+    return model.eval()
+
+
+def counts(source: ModelSource, dtype: str) -> models.ModelCounts:
+    """The counts of `source`'s model in `dtype`, from a copy on the meta device (no memory used)."""
+    return models.count_model(_from_config(source, "meta", dtype))
+
+
+def device_free_bytes(device: str) -> int:
+    """Memory free for a model on `device`: the GPU's free memory, or on a CPU what the kernel
+    says is available (MemAvailable)."""
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info()[0])
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_fits(source: ModelSource, c: models.ModelCounts, device: str) -> None:
+    """Refuse (SourceError) a model whose weights and HEADROOM_BYTES exceed the free memory of
+    `device`: said before anything is built, from the configuration's byte count."""
+    need = c.parameters * c.bytes_per_parameter
+    free = device_free_bytes(device)
+    if need + HEADROOM_BYTES > free:
+        where = "the GPU" if device == "cuda" else "this machine"
+        raise SourceError(
+            f"{source.folder}: its weights take {need / 2**30:.1f} GiB and a step needs about "
+            f"{HEADROOM_BYTES / 2**30:.0f} GiB more, but {where} has {free / 2**30:.1f} GiB free"
+        )
+
+
+def build(source: ModelSource, device: str, dtype: str):
+    """The model of `source` on `device` in `dtype`: its weights loaded from the folder when it
+    has them (every weight of the model found there with its shape, none left over: else a
+    SourceError), else random weights."""
+    if not source.weight_files:
+        return _from_config(source, device, dtype)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with _offline():
+            model, info = AutoModelForCausalLM.from_pretrained(
+                source.folder,
+                config=source.config,
+                dtype=torch_dtype(dtype),
+                local_files_only=True,
+                use_safetensors=True,
+                output_loading_info=True,
+            )
+    except Exception as e:  # noqa: BLE001 (a size mismatch, an unreadable file: said in one line)
+        raise SourceError(f"{source.folder}: its weights do not load into its configuration ({_why(e)})") from None
+    for what in ("missing_keys", "mismatched_keys", "unexpected_keys"):
+        keys = sorted(str(k) for k in info.get(what) or ())
+        if keys:
+            more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
+            said = what.replace("_keys", "").replace("mismatched", "of another shape")
+            raise SourceError(
+                f"{source.folder}: its weights do not match its configuration: {keys[0]}{more} {said} in "
+                f"{', '.join(source.weight_files)}"
+            )
+    with torch.no_grad():
+        return model.to(device).eval()
