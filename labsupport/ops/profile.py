@@ -32,7 +32,6 @@ from labsupport.measure.models import source
 from labsupport.runs import provenance
 from labsupport.traces import kernels
 
-OUT = provenance.REPO_ROOT / "build" / "profile"
 PROMPT_LEN = 256
 # The forms *Launch overhead* times against the eager step (GPU only): the static-cache step
 # captured in a CUDA graph, and compiled in the mode that adds CUDA graphs itself.
@@ -54,8 +53,16 @@ class ProfileParams(ch.Params):
     fresh_processes: int = 0
 
 
+def default_out() -> Path:
+    """Where a run goes without --out: build/profile/ of the book's checkout, or of the working
+    folder where labsupport is installed from its wheel (never the book's runs/)."""
+    checkout = (provenance.REPO_ROOT / "_toc.yml").is_file()
+    return (provenance.REPO_ROOT if checkout else Path.cwd()) / "build" / "profile"
+
+
 def device_here(allow_cpu: bool) -> str:
-    """ "cuda" where a GPU is visible, "cpu" with --allow-cpu, else a ProfileError."""
+    """The device to measure: the GPU where one is visible, the CPU with --allow-cpu, else a
+    ProfileError."""
     import torch
 
     if torch.cuda.is_available():
@@ -104,7 +111,7 @@ def measure(model, src: source.ModelSource, params: ProfileParams, root: Path, p
         hardware.record_ceilings(w, progress, params.dtype if params.dtype in models.DTYPES else models.DEFAULT_DTYPE)
     counted = models.count_model(model)  # the model as it runs here, its weights loaded or made
     w.extra["model"] = counted.as_record()
-    w.extra["model_source"] = src.record(counted)
+    w.extra["model_source"] = src.record(model, counted)
     prompt = decode.Prompt.random(model.config.vocab_size, params.batch, params.prompt_len, params.device)
     sweep = ch.ContextSweep(model, params, progress)
     times = sweep.time(prompt)
@@ -127,9 +134,10 @@ def measure(model, src: source.ModelSource, params: ProfileParams, root: Path, p
 
 
 def profile(folder, *, allow_cpu: bool = False, out=None, dtype: str = "bfloat16", progress=ch.progress) -> runs.Run:
-    """Check `folder`, measure its model and write the run under `out` (a runs folder; default
-    OUT); returns the run, loaded back checked. Bad input is a ProfileError or a SourceError, raised
-    before anything is measured or written."""
+    """Check `folder`, measure its model and write the run under `out` (a runs folder; None:
+    default_out()); returns the run, loaded back checked. Bad input is a SourceError or a
+    ProfileError raised before anything is measured; a step out of memory is a ProfileError too,
+    and no run is written either way."""
     src = source.open_folder(folder)
     source.torch_dtype(dtype)
     device = device_here(allow_cpu)
@@ -140,10 +148,10 @@ def profile(folder, *, allow_cpu: bool = False, out=None, dtype: str = "bfloat16
     c = source.counts(src, dtype)
     source.check_fits(src, c, device)
     how = f"loading {', '.join(src.weight_files)}" if src.weight_files else "building it with random weights"
-    progress(f"{src.architecture}, {c.parameters:,} parameters: {how} ({dtype}, {device})")
+    progress(f"{src.model_type} model, {c.parameters:,} parameters: {how} ({dtype}, {device})")
     model = source.build(src, device, dtype)
     params = ProfileParams(model=src.folder.name, dtype=dtype, device=device)
-    root = Path(out).expanduser() if out else OUT
+    root = Path(out).expanduser() if out else default_out()
     run_id = measure(model, src, params, root, progress)
     return runs.load_run(ch.CHAPTER, run_id, root)
 

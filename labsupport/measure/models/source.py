@@ -4,8 +4,9 @@ If the folder holds safetensors weights they are loaded, from that folder only (
 otherwise the model is built from its configuration with random weights, as the presets are
 (which kernels run depends on shapes, dtypes and code paths, not on the weights' values). What a
 run records of it (`ModelSource.record`): which of the two it was, the SHA-256 of config.json,
-the architecture, and the counts of the model itself (parameters, the bytes a decode step reads:
-models.count_model, on a copy built on the meta device before anything is allocated).
+the architecture (the class AutoModelForCausalLM built), and the counts of the model itself
+(parameters, the bytes a decode step reads: models.count_model; the byte count that decides
+whether it fits comes from a copy built on the meta device, before anything is allocated).
 
 Everything that stops a folder is a SourceError, one line: not a model folder, a configuration
 transformers cannot build, weights that do not match it, a model too large for the device's memory.
@@ -40,7 +41,6 @@ class ModelSource:
 
     folder: Path
     config_sha256: str
-    architecture: str
     model_type: str
     weight_files: tuple[str, ...]
     config: object  # the transformers configuration, as AutoConfig read it
@@ -50,14 +50,15 @@ class ModelSource:
         """ "loaded" (safetensors from the folder) or "random" (built from the configuration)."""
         return "loaded" if self.weight_files else "random"
 
-    def record(self, counts: models.ModelCounts) -> dict:
-        """What a run records of its model: the source, and the counts of the model it ran."""
+    def record(self, model, counts: models.ModelCounts) -> dict:
+        """What a run records of its model: the source, the class AutoModelForCausalLM built for it
+        (its architecture) and the counts of the model it ran."""
         return {
             "folder": self.folder.name,
             "weights": self.weights,
             "weight_files": list(self.weight_files),
             "config_sha256": self.config_sha256,
-            "architecture": self.architecture,
+            "architecture": type(model).__name__,
             "model_type": self.model_type,
             "parameters": counts.parameters,
             "decode_bytes": counts.decode_bytes,
@@ -113,15 +114,34 @@ def open_folder(folder) -> ModelSource:
             config = AutoConfig.from_pretrained(folder, local_files_only=True)
     except Exception as e:  # noqa: BLE001 (whatever transformers raises on a configuration, said in one line)
         raise SourceError(f"{config_file}: transformers cannot read this configuration ({_why(e)})") from None
-    archs = getattr(config, "architectures", None) or []
     return ModelSource(
         folder=folder,
         config_sha256=hashlib.sha256(data).hexdigest(),
-        architecture=str(archs[0]) if archs else f"{config.model_type} (AutoModelForCausalLM)",
         model_type=str(config.model_type),
-        weight_files=tuple(sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())),
+        weight_files=weight_files(folder),
         config=config,
     )
+
+
+SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def weight_files(folder: Path) -> tuple[str, ...]:
+    """The safetensors files transformers loads from `folder` (the shards its index names, or the
+    one file), none for a configuration alone; a SourceError for safetensors files it would not load
+    (no model.safetensors, no index), which would leave the model random while seeming loaded."""
+    if (folder / INDEX).is_file():
+        try:
+            shards = json.loads((folder / INDEX).read_text())["weight_map"].values()
+        except (ValueError, KeyError, AttributeError, TypeError):
+            raise SourceError(f"{folder / INDEX} is not a safetensors index (no weight_map)") from None
+        return tuple(sorted(set(map(str, shards))))
+    if (folder / SINGLE).is_file():
+        return (SINGLE,)
+    stray = sorted(p.name for p in folder.glob("*.safetensors"))
+    if stray:
+        raise SourceError(f"{folder} holds {stray[0]} but neither {SINGLE} nor {INDEX}: transformers would not load it")
+    return ()
 
 
 def torch_dtype(dtype: str):
@@ -179,6 +199,16 @@ def check_fits(source: ModelSource, c: models.ModelCounts, device: str) -> None:
         )
 
 
+def _key(k) -> str:
+    """A weight of a loading report: its name, or (mismatched) its name with both shapes."""
+    if isinstance(k, tuple) and len(k) == 3:
+        name, found, wanted = k
+        return (
+            f"{name} ({' x '.join(map(str, found))} in the file, {' x '.join(map(str, wanted))} by the configuration)"
+        )
+    return str(k)
+
+
 def build(source: ModelSource, device: str, dtype: str):
     """The model of `source` on `device` in `dtype`: its weights loaded from the folder when it
     has them (every weight of the model found there with its shape, none left over: else a
@@ -197,11 +227,12 @@ def build(source: ModelSource, device: str, dtype: str):
                 local_files_only=True,
                 use_safetensors=True,
                 output_loading_info=True,
+                ignore_mismatched_sizes=True,  # reported in `info`, refused below by the weight's name
             )
     except Exception as e:  # noqa: BLE001 (a size mismatch, an unreadable file: said in one line)
         raise SourceError(f"{source.folder}: its weights do not load into its configuration ({_why(e)})") from None
     for what in ("missing_keys", "mismatched_keys", "unexpected_keys"):
-        keys = sorted(str(k) for k in info.get(what) or ())
+        keys = sorted(_key(k) for k in info.get(what) or ())
         if keys:
             more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
             said = what.replace("_keys", "").replace("mismatched", "of another shape")
