@@ -139,6 +139,7 @@ def test_the_run_records_where_its_model_came_from(profiled, model_type):
     assert re.fullmatch(r"[0-9a-f]{64}", prov["tree_digest"])
 
 
+@pytest.mark.unit
 def test_loaded_weights_are_the_folders(tmp_path):
     """A folder with weights runs those weights, byte for byte, not random ones."""
     import torch
