@@ -139,6 +139,23 @@ def test_the_run_records_where_its_model_came_from(profiled, model_type):
     assert re.fullmatch(r"[0-9a-f]{64}", prov["tree_digest"])
 
 
+@pytest.mark.parametrize("model_type", list(CHECKPOINTS))
+def test_the_matrices_by_shape_are_the_models(profiled, model_type):
+    """The chapter's matrices by shape (what validation checks against the practical ceiling) read
+    the shapes the run recorded of its model, in its dtype; GPT-2's fused matrices have other names
+    (and are no nn.Linear), so its LM head alone is there."""
+    _, _, run = profiled[model_type]
+    g = ch.gemv_by_shape(run).set_index("projection")
+    model = _model(model_type)
+    linear = {n.rsplit(".", 1)[-1]: m for n, m in model.named_modules() if type(m).__name__ == "Linear"}
+    assert set(g.index) == set(ch.PROJECTIONS) & set(linear)
+    assert len(g) == (1 if model_type == "gpt2" else len(ch.PROJECTIONS))  # GPT-2: its LM head alone
+    per = {"bfloat16": 2, "float16": 2, "float32": 4}[DTYPE[model_type]]
+    for name, r in g.iterrows():
+        assert r["shape"] == f"{linear[name].out_features:,} x {linear[name].in_features:,}"
+        assert r["bytes"] == linear[name].weight.numel() * per
+
+
 @pytest.mark.unit
 def test_loaded_weights_are_the_folders(tmp_path):
     """A folder with weights runs those weights, byte for byte, not random ones."""

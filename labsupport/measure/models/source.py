@@ -59,11 +59,24 @@ class ModelSource:
             "weight_files": list(self.weight_files),
             "config_sha256": self.config_sha256,
             "architecture": type(model).__name__,
+            "matrices": matrices(model),
             "model_type": self.model_type,
             "parameters": counts.parameters,
             "decode_bytes": counts.decode_bytes,
             "bytes_per_parameter": counts.bytes_per_parameter,
         }
+
+
+def matrices(model) -> dict[str, list[int]]:
+    """The weight matrices of the model's linear layers by their module's own name (q_proj, ...,
+    lm_head), the first of each name: [rows N, columns K], as a matmul of one token reads them."""
+    import torch
+
+    out = {}
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            out.setdefault(path.rsplit(".", 1)[-1], [module.out_features, module.in_features])
+    return out
 
 
 @contextlib.contextmanager
