@@ -285,6 +285,18 @@ def test_a_model_too_large_for_the_memory_is_refused_before_it_is_built(tmp_path
 
 
 @pytest.mark.unit
+def test_a_model_the_step_cannot_run_is_refused_naming_it(tmp_path, capsys):
+    """BLOOM's attention (transformers 5.17) cannot take the chapter's static cache: refused in one
+    line that names the architecture, before anything is profiled."""
+    from transformers import AutoConfig
+
+    folder = tmp_path / "bloom"
+    AutoConfig.for_model("bloom", vocab_size=256, hidden_size=64, n_layer=2, n_head=4).save_pretrained(folder)
+    said = refused(folder, tmp_path, capsys, "--allow-cpu")
+    assert re.search(r"bloom: BloomForCausalLM cannot run the census's decode step \(\w+Error: ", said), said
+
+
+@pytest.mark.unit
 def test_no_gpu_without_allow_cpu_is_refused(tmp_path, capsys, monkeypatch):
     import torch
 

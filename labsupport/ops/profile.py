@@ -26,7 +26,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters import kernels_in_one_token as ch
-from labsupport.chapters.launch_overhead.measuring import failure
+from labsupport.chapters.launch_overhead.measuring import failure, first_line
 from labsupport.measure import decode, hardware, harness, models, recording
 from labsupport.measure.models import source
 from labsupport.runs import provenance
@@ -136,8 +136,9 @@ def measure(model, src: source.ModelSource, params: ProfileParams, root: Path, p
 def profile(folder, *, allow_cpu: bool = False, out=None, dtype: str = "bfloat16", progress=ch.progress) -> runs.Run:
     """Check `folder`, measure its model and write the run under `out` (a runs folder; None:
     default_out()); returns the run, loaded back checked. Bad input is a SourceError or a
-    ProfileError raised before anything is measured; a step out of memory is a ProfileError too,
-    and no run is written either way."""
+    ProfileError raised before anything is measured; a model the chapter's step cannot run (its
+    cache, its forward) or that runs out of memory is a ProfileError too, and no run is written
+    either way."""
     src = source.open_folder(folder)
     source.torch_dtype(dtype)
     device = device_here(allow_cpu)
@@ -152,7 +153,14 @@ def profile(folder, *, allow_cpu: bool = False, out=None, dtype: str = "bfloat16
     model = source.build(src, device, dtype)
     params = ProfileParams(model=src.folder.name, dtype=dtype, device=device)
     root = Path(out).expanduser() if out else default_out()
-    run_id = measure(model, src, params, root, progress)
+    try:
+        run_id = measure(model, src, params, root, progress)
+    except ProfileError:
+        raise
+    except Exception as e:  # noqa: BLE001 (a model the chapter's step cannot run: said in one line, naming it)
+        raise ProfileError(
+            f"{src.folder}: {type(model).__name__} cannot run the census's decode step ({first_line(e)})"
+        ) from None
     return runs.load_run(ch.CHAPTER, run_id, root)
 
 
