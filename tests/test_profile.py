@@ -157,6 +157,50 @@ def test_the_matrices_by_shape_are_the_models(profiled, model_type):
 
 
 @pytest.mark.unit
+def test_the_report_of_a_gpu_run(tmp_path):
+    """The report's GPU lines (GPU busy, the datasheet floor, the practical ceiling, the CUDA graph and
+    torch.compile) on real H200 data: the fixture run of the chapter (its kernels, step times and
+    ceilings) with the model source of the same Qwen3-8B configuration and the step forms of the
+    fixture run of Launch overhead, where `profile` records them on a GPU."""
+    from labsupport.measure import hardware, harness, models
+    from labsupport.measure.models import source
+    from labsupport.ops import profile
+
+    from .conftest import fixture_run
+
+    census_run, forms_run = fixture_run(ch.CHAPTER), fixture_run("launch-overhead")
+    root = tmp_path / "runs"
+    shutil.copytree(census_run.path, root / ch.CHAPTER / census_run.run_id)
+    models.hf_config("qwen3-8b").save_pretrained(tmp_path / "qwen3-8b")
+    src = source.open_folder(tmp_path / "qwen3-8b")
+    model = source.build(src, "meta", "bfloat16")
+    t = forms_run.table("step_times")
+    forms = {v: harness.table_estimate(t[t.variant == v]) for v in ("eager", *profile.FORMS)}
+    meta_path = root / ch.CHAPTER / census_run.run_id / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["parameters"].update(preset="", model="qwen3-8b")
+    meta["results"]["model_source"] = src.record(model, models.count_model(model))
+    meta["results"]["step_forms"] = {v: {"status": "ok", "wall_ms": e.value} for v, e in forms.items()}
+    meta_path.write_text(json.dumps(meta))
+    run = runs.load_run(ch.CHAPTER, census_run.run_id, root)
+    lines = profile.report(run)
+    text = "\n".join(lines)
+    assert "model: Qwen3ForCausalLM from qwen3-8b/ (random weights; config.json sha256" in text
+    assert "device: NVIDIA H200" in lines and "operators" not in text
+    assert f"kernels per token: {len(run.table('kernels')):,}," in text
+    assert re.search(r"^GPU busy: [\d.]+ ms of a [\d.]+ ms step \(\d+%", text, re.M), text
+    bandwidth = hardware.datasheet("NVIDIA H200").bandwidth_tbs
+    floor = run.results["model"]["decode_bytes"] / 1e9 / bandwidth
+    assert f"floor: {floor:.2f} ms, the step's bytes at the datasheet's {bandwidth:.2f} TB/s" in text
+    ceiling = hardware.run_limits(run).ceiling_tbs
+    assert ceiling and f"practical ceiling: {ceiling:.2f} TB/s measured now" in text
+    for form in profile.FORMS:
+        times = forms["eager"].value / forms[form].value
+        assert re.search(rf"^{form}: [\d.]+ ms against the eager [\d.]+ ms .*: {times:.2f} times as fast", text, re.M)
+    assert "GPU only" not in text and "none on a CPU" not in text
+
+
+@pytest.mark.unit
 def test_loaded_weights_are_the_folders(tmp_path):
     """A folder with weights runs those weights, byte for byte, not random ones."""
     import torch

@@ -187,7 +187,7 @@ def report(run: runs.Run) -> list[str]:
         f"model: {src['architecture']} from {src['folder']}/ ({weights}; "
         f"config.json sha256 {src['config_sha256'][:12]}…)",
         f"  {m['parameters']:,} parameters; a decode step reads {_bytes(m['decode_bytes'])} "
-        f"({run.parameters['dtype']}, batch {run.parameters['batch']}, {run.parameters['prompt_len']}-token prompt)",
+        f"({models.run_dtype(run)}, batch {run.parameters['batch']}, {run.parameters['prompt_len']}-token prompt)",
         f"device: {run.provenance['gpu']}",
         f"{unit} per token: {s.kernels:,}"
         + (f", {s.kernels_per_layer} in each of {s.layers} layers" if s.kernels_per_layer else ""),
