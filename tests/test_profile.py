@@ -201,6 +201,24 @@ def test_the_report_of_a_gpu_run(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_step_form_that_cannot_run_is_recorded_and_the_rest_timed(tmp_path, monkeypatch):
+    """step_forms, which only a GPU runs in `profile`: on a CPU no CUDA graph can be captured, so it
+    records why and times the eager step all the same (the compiled form is left out here: inductor's
+    CPU compile is slow, and not what a GPU compiles)."""
+    from labsupport.measure import decode, harness
+    from labsupport.measure.models import source
+    from labsupport.ops import profile
+
+    monkeypatch.setattr(profile, "FORMS", ("cuda-graph",))
+    monkeypatch.setattr(harness, "_profiles_in_process", 0)  # no CUPTI on a CPU: time as a fresh process would
+    model = source.build(source.open_folder(save_checkpoint(tmp_path / "llama", "llama", False)), "cpu", "float32")
+    params = profile.ProfileParams(model="llama", device="cpu", repeats=3, prompt_len=16)
+    forms = profile.step_forms(model, decode.Prompt.random(256, 1, 16, "cpu"), params, progress=lambda line: None)
+    assert forms["cuda-graph"]["status"].startswith("failed: ") and "wall_ms" not in forms["cuda-graph"]
+    assert forms["eager"]["status"] == "ok" and forms["eager"]["of"] == 3 and forms["eager"]["wall_ms"] > 0
+
+
+@pytest.mark.unit
 def test_loaded_weights_are_the_folders(tmp_path):
     """A folder with weights runs those weights, byte for byte, not random ones."""
     import torch
