@@ -9,7 +9,8 @@ the architecture (the class AutoModelForCausalLM built), and the counts of the m
 whether it fits comes from a copy built on the meta device, before anything is allocated).
 
 Everything that stops a folder is a SourceError, one line: not a model folder, a configuration
-transformers cannot build, weights that do not match it, a model too large for the device's memory.
+transformers cannot build, weights that do not match it (or safetensors files under names
+transformers does not load), a model too large for the device's memory.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from labsupport.measure import models
 # What a model from a folder may run in: the chapters' half-precision types, and float32.
 DTYPES = (*models.DTYPES, "float32")
 CONFIG = "config.json"
-# What a step needs beside its weights on the device: the prompt's KV cache, activations, and
-# (on a GPU) the largest buffer of the ceilings' measurements (hardware.measure_ceilings: 4 GiB).
-HEADROOM_BYTES = 5 << 30
+# What a step needs beside its weights, by device: the prompt's KV cache and activations, and on a
+# GPU the largest buffer of the ceilings' measurements (hardware.measure_ceilings: 4 GiB) too.
+HEADROOM_BYTES = {"cuda": 5 << 30, "cpu": 1 << 30}
 
 
 class SourceError(ValueError):
@@ -47,7 +48,8 @@ class ModelSource:
 
     @property
     def weights(self) -> str:
-        """ "loaded" (safetensors from the folder) or "random" (built from the configuration)."""
+        """Where the weights came from: "loaded" (safetensors from the folder) or "random" (built
+        from the configuration)."""
         return "loaded" if self.weight_files else "random"
 
     def record(self, model, counts: models.ModelCounts) -> dict:
@@ -202,13 +204,13 @@ def device_free_bytes(device: str) -> int:
 def check_fits(source: ModelSource, c: models.ModelCounts, device: str) -> None:
     """Refuse (SourceError) a model whose weights and HEADROOM_BYTES exceed the free memory of
     `device`: said before anything is built, from the configuration's byte count."""
-    need = c.parameters * c.bytes_per_parameter
+    need, room = c.parameters * c.bytes_per_parameter, HEADROOM_BYTES[device]
     free = device_free_bytes(device)
-    if need + HEADROOM_BYTES > free:
+    if need + room > free:
         where = "the GPU" if device == "cuda" else "this machine"
         raise SourceError(
             f"{source.folder}: its weights take {need / 2**30:.1f} GiB and a step needs about "
-            f"{HEADROOM_BYTES / 2**30:.0f} GiB more, but {where} has {free / 2**30:.1f} GiB free"
+            f"{room / 2**30:.0f} GiB more, but {where} has {free / 2**30:.1f} GiB free"
         )
 
 
