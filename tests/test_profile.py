@@ -359,6 +359,19 @@ def test_a_model_the_step_cannot_run_is_refused_naming_it(tmp_path, capsys):
 
 
 @pytest.mark.unit
+def test_a_commit_that_cannot_be_the_checkouts_is_refused(tmp_path, capsys, monkeypatch):
+    """The provenance rules of every run: LABSUPPORT_GIT_COMMIT is 40 hex digits, and where .git is
+    here, this checkout's HEAD (runs.provenance.git_commit)."""
+    folder = save_checkpoint(tmp_path / "llama", "llama", weights=False)
+    monkeypatch.setenv("LABSUPPORT_GIT_COMMIT", "12c4b32")
+    said = refused(folder, tmp_path, capsys, "--allow-cpu")
+    assert said.startswith("profile refused: LABSUPPORT_GIT_COMMIT='12c4b32' is not a full commit hash"), said
+    monkeypatch.setenv("LABSUPPORT_GIT_COMMIT", "0" * 40)
+    said = refused(folder, tmp_path, capsys, "--allow-cpu")
+    assert said.startswith(f"profile refused: LABSUPPORT_GIT_COMMIT={'0' * 40} differs from this checkout's HEAD"), said
+
+
+@pytest.mark.unit
 def test_no_gpu_without_allow_cpu_is_refused(tmp_path, capsys, monkeypatch):
     import torch
 

@@ -155,8 +155,15 @@ def profile(folder, *, allow_cpu: bool = False, out=None, dtype: str = "bfloat16
     root = Path(out).expanduser() if out else default_out()
     try:
         run_id = measure(model, src, params, root, progress)
-    except ProfileError:
-        raise
+    except (
+        ProfileError,
+        provenance.ProvenanceError,
+        runs.RunError,
+        OSError,
+        harness.TimingError,
+        harness.ProfileError,
+    ):
+        raise  # ours, the disk's or the harness's (said by the command as they are), not the model's
     except Exception as e:  # noqa: BLE001 (a model the chapter's step cannot run: said in one line, naming it)
         raise ProfileError(
             f"{src.folder}: {type(model).__name__} cannot run the census's decode step ({first_line(e)})"
