@@ -1,6 +1,7 @@
 """Command line: `python -m labsupport live|nightly [chapters]`, `live --smoke`, `runs`,
-`book` (what `make book` runs), `recover`, `derive`, `pack <chapter> [run id]`, `gallery add|list` and
-`replay <chapter> [--runs PATH_OR_ZIP] [--out DIR]` (no GPU, torch or transformers needed).
+`book` (what `make book` runs), `recover`, `derive`, `pack <chapter> [run id]`, `gallery add|list`,
+`replay <chapter> [--runs PATH_OR_ZIP] [--out DIR]` (no GPU, torch or transformers needed) and
+`profile MODEL_DIR [--allow-cpu] [--out DIR] [--dtype ...]` (a model folder through the kernel census).
 
 Errors in what it is given (a parameter, a damaged published.json or run, a folder that is
 not a runs folder, a lock held by another command, a folder it cannot read or write) are one
@@ -71,6 +72,13 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("chapter")
     rp.add_argument("--runs", help="a runs folder, or the zip the book serves for the chapter (default: runs/)")
     rp.add_argument("--out", default="figures", help="folder the figures are written to (default: figures)")
+    prof = sub.add_parser("profile", help="your own model (a local folder with config.json) through the kernel census")
+    prof.add_argument(
+        "model_dir", help="a folder with config.json, and safetensors weights if any (else random weights)"
+    )
+    prof.add_argument("--allow-cpu", action="store_true", help="profile on the CPU where no GPU is visible")
+    prof.add_argument("--out", help="the runs folder the run is written into (default: build/profile/)")
+    prof.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     derive = sub.add_parser("derive", help="bring runs of an older format (meta.json: format) to the current one")
     derive.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
     return ap
@@ -154,6 +162,10 @@ def _run(args) -> int:
         from labsupport.ops import replay
 
         return _printed(lambda: replay.replay(args.chapter, args.runs, Path(args.out)), replay.ReplayError, "replay")
+    if args.cmd == "profile":
+        from labsupport.ops import profile
+
+        return profile.main(args.model_dir, allow_cpu=args.allow_cpu, out=args.out, dtype=args.dtype)
     if args.cmd == "recover":
         from labsupport.ops import leftovers, live, nightly
         from labsupport.runs import lock

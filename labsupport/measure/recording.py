@@ -23,15 +23,17 @@ from labsupport.runs import provenance
 from labsupport.traces import derived
 
 
-def writer(declaration, params, run_id: str | None = None) -> runs.RunWriter:
-    """The writer of a new live run of the chapter `declaration` declares (its tables are checked
-    against it when written), after the checks every chapter makes first:
-    a known model preset (if the parameters name one), a GPU to measure (a CPU only for the
-    tests' tiny model) with the memory for the model, provenance collected now, and a run id
-    naming the GPU."""
+def writer(declaration, params, run_id: str | None = None, root: Path | None = None) -> runs.RunWriter:
+    """The writer of a new live run of the chapter `declaration` declares (into the runs folder `root`;
+    None: runs_root(); its tables are checked against the declaration when written), after the checks
+    every chapter makes first: a known model preset (if the parameters name one), a GPU to measure (a
+    CPU only for the tests' tiny model, or a model folder: parameters with a `model`, which `profile`
+    runs on a CPU only with --allow-cpu) with the memory for the model, provenance collected now, and
+    a run id naming the GPU."""
     if getattr(params, "preset", None):
         models.preset_config(params.preset)
-    decode.require_device(params.device, allow_cpu=getattr(params, "preset", "").startswith("tiny"))
+    small = getattr(params, "preset", "").startswith("tiny") or bool(getattr(params, "model", ""))
+    decode.require_device(params.device, allow_cpu=small)
     if params.device == "cuda" and getattr(params, "preset", None):
         # The model fits in the GPU's memory (LABSUPPORT_GPU_MEMORY_GB caps the allocator here): the
         # notebook's first check knew only the preset its overrides name, not the default.
@@ -40,7 +42,7 @@ def writer(declaration, params, run_id: str | None = None) -> runs.RunWriter:
             raise environment.EnvironmentProblem("; ".join(stop))
     prov = provenance.collect()
     run_id = run_id or runs.new_run_id(prov["gpu"].replace("NVIDIA", ""))
-    w = runs.RunWriter(declaration, asdict(params), run_id, meta={"provenance": prov})
+    w = runs.RunWriter(declaration, asdict(params), run_id, root=root, meta={"provenance": prov})
     # Beside each profiler trace, the tables replay reads instead of parsing it.
     w.derive = functools.partial(derived.derive_folder, device=prov["device"])
     return w
@@ -66,13 +68,14 @@ class PendingRun:
         *,
         ceilings: bool = True,
         progress=print,
+        root: Path | None = None,
     ):
         chapter = declaration.slug
         harness.for_chapter(chapter)
         hostprobe.reset()
         hostprobe.read("run opened")
         self.chapter = chapter
-        self.writer = writer(declaration, params, run_id)
+        self.writer = writer(declaration, params, run_id, root=root)
         self.tables: dict[str, pd.DataFrame] = {}
         self.extra: dict = {"method": harness.method()}
         self._scratch = tempfile.TemporaryDirectory(prefix=f"{chapter}-")

@@ -42,12 +42,13 @@ def gpu_slug(gpu) -> str:
 
 
 def form(run: runs.Run) -> dict:
-    """What the run is a measurement of: its GPU, dtype and model preset."""
+    """What the run is a measurement of: its GPU, dtype and model preset (for a model folder
+    profiled by `python -m labsupport profile`, that folder's name)."""
     p = run.parameters
     return {
         "gpu": str(run.provenance.get("gpu", "")),
         "dtype": str(p.get("dtype", "bfloat16")),  # runs before the dtype parameter ran in bfloat16
-        "preset": str(p.get("preset", "")),
+        "preset": str(p.get("preset") or (f"model folder {p['model']}" if p.get("model") else "")),
     }
 
 

@@ -23,7 +23,9 @@ __all__ = [
     "profile_row",
     "short_name",
     "source",
+    "source_census",
     "top_kernels",
+    "unrecognised",
 ]
 
 _HINT = re.compile(r"([A-Za-z]\w*?(?:_kernel_cuda|_kernel_impl|_kernel|Functor\w*|Ops)|CatArray\w*)\b")
@@ -65,10 +67,11 @@ def short_name(name: str, width: int = 70) -> str:
 def census(kernels: pd.DataFrame) -> pd.DataFrame:
     """Kernel count and GPU time by kind (integer nanoseconds, so it recomputes exactly).
 
-    `kernels` needs columns `kind` and `dur_ns`. Rows follow KINDS; a total row ends it.
+    `kernels` needs columns `kind` and `dur_ns`. Rows follow KINDS (a kind outside them, from a
+    table classified by other rules, follows them: a kernel is never dropped); a total row ends it.
     """
     g = kernels.groupby("kind")["dur_ns"].agg(kernels="count", gpu_ns="sum")
-    g = g.reindex(list(KINDS), fill_value=0).reset_index()
+    g = g.reindex([*KINDS, *sorted(set(g.index) - set(KINDS))], fill_value=0).rename_axis("kind").reset_index()
     total_ns = int(g["gpu_ns"].sum())
     g["kernels"] = g["kernels"].astype(int)
     g["gpu_ns"] = g["gpu_ns"].astype("int64")
@@ -78,7 +81,21 @@ def census(kernels: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
-# Where a kernel's code comes from, judged by its name. Order matters as for kinds.
+def source_census(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Kernel count and GPU time by source (SOURCES order; sources without kernels left out):
+    columns `source`, `kernels`, `gpu_ns`. `kernels` needs `name` and `dur_ns`; a kernel no rule
+    knows is counted under "other"."""
+    g = kernels.assign(source=kernels["name"].map(source)).groupby("source")["dur_ns"]
+    g = g.agg(kernels="count", gpu_ns="sum")
+    return g.reindex([s for s in SOURCES if s in g.index]).reset_index()
+
+
+def unrecognised(kernels: pd.DataFrame) -> pd.Series:
+    """The kernels no kind or source rule knows (kind or source "other"), counted by short name,
+    most launches first: what the census counts under "other", by name."""
+    kinds = kernels["kind"] if "kind" in kernels else kernels["name"].map(classify)
+    other = kernels[(kinds == "other") | (kernels["name"].map(source) == "other")]
+    return other["name"].map(short_name).value_counts()
 
 
 def top_kernels(k: pd.DataFrame, by: str = "kind") -> pd.Series:

@@ -36,7 +36,8 @@ from .page import (
 )
 from .host import kept_trials, probe_figure, step_trials
 from .measuring import (
-    call_paths, context_row, ContextSweep, ops_rows, pending_run, plain_eager_step, profiler_effect_table,
+    call_paths, context_row, ContextSweep, ops_rows, pending_run, plain_eager_step, profile_step,
+    profiler_effect_table,
 )
 from .params import (
     CHAPTER, load, progress, TRACE_FILE,

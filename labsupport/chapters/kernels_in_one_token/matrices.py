@@ -37,6 +37,21 @@ def projection_shapes(preset: str) -> dict[str, tuple[int, int]]:
     }
 
 
+def run_shapes(run: runs.Run) -> tuple[dict[str, tuple[int, int]], int]:
+    """The weight matrices of the run's model by projection, and the bytes of one weight: its
+    preset's (two), or, for a model folder profiled (labsupport.ops.profile), what it recorded of
+    the model itself (results.model_source)."""
+    src = run.results.get("model_source")
+    if src is None:
+        return projection_shapes(run.parameters["preset"]), 2
+    return {name: (int(n), int(k)) for name, (n, k) in src["matrices"].items()}, int(src["bytes_per_parameter"])
+
+
+GEMV_COLUMNS = (
+    "projection", "shape", "bytes", "calls", "us_per_call", "tbs", "kernel", "split_k", "of_datasheet", "of_measured"
+)  # fmt: skip
+
+
 def gemv_by_shape(run: runs.Run) -> pd.DataFrame:
     """Every weight matrix of the step by shape: bytes it holds, its kernels' time per call
     (the matrix-vector kernel plus cuBLAS's split-K reduction where there is one), the read
@@ -44,16 +59,16 @@ def gemv_by_shape(run: runs.Run) -> pd.DataFrame:
     k = kernel_table(run)
     mm = k[k.kind == "matrix multiply"].copy()
     mm["projection"] = mm.module.str.extract(r"(?:^|\.)(\w+)$")[0]
-    mm = mm[mm.projection.isin(PROJECTIONS)]
+    shapes, per_weight = run_shapes(run)
+    mm = mm[mm.projection.isin([p for p in PROJECTIONS if p in shapes])]
     mm["call"] = mm.layer.astype("string").fillna("") + ":" + mm.projection
-    shapes = projection_shapes(run.parameters["preset"])
     lim = hardware.run_limits(run)
     rows = []
     for proj, g in mm.groupby("projection", sort=False):
         per_call = g.groupby("call").dur_ns.sum()
         main = g[~g.name.str.contains("splitKreduce")]
         rows_, cols = shapes[proj]
-        nbytes = rows_ * cols * 2
+        nbytes = rows_ * cols * per_weight
         us = float(per_call.median()) / 1e3
         rows.append(
             {
@@ -70,6 +85,8 @@ def gemv_by_shape(run: runs.Run) -> pd.DataFrame:
             }
         )
     order = {p: i for i, p in enumerate(PROJECTIONS)}
+    if not rows:  # a model whose matrices have other names (GPT-2's fused c_attn)
+        return pd.DataFrame(columns=list(GEMV_COLUMNS))
     return pd.DataFrame(rows).sort_values("projection", key=lambda s: s.map(order)).reset_index(drop=True)
 
 

@@ -138,6 +138,24 @@ class ContextSweep:
         return pd.DataFrame([self.rows[c] for c in sorted(self.rows)])
 
 
+def profile_step(model, prompt, device: str, path: Path) -> pd.DataFrame:
+    """Profile one eager decode step of `model` after a fresh prefill of `prompt` (the trace at
+    `path`): its kernels, each with its kind and the module that launched it (kernels.annotate)."""
+    from labsupport.measure import decode
+
+    return kernels.annotate(
+        harness.profile_region(
+            lambda cache, token: decode.decode_step(model, cache, token),
+            path,
+            region="decode_step",
+            device=device,
+            warmup=2,
+            setup=lambda: decode.prefill(model, prompt),
+            labels=lambda: decode.annotated_modules(model),
+        )
+    )
+
+
 def call_paths(k: pd.DataFrame, path: Path, device: str) -> pd.Series:
     """For each kernel of `k` (profiled into the trace at `path`), the chain of PyTorch
     operators the CPU was inside when it launched it, outermost first ("reshape › clone ›
