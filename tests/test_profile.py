@@ -89,7 +89,7 @@ def profiled(tmp_path_factory):
         done = profile_command(folder, "--allow-cpu", "--out", str(root), "--dtype", DTYPE[model_type], cwd=base)
         assert done.returncode == 0, done.stderr[-3000:]
         (run_id,) = runs.list_runs(ch.CHAPTER, root)
-        out[model_type] = (folder, done, runs.load_run(ch.CHAPTER, run_id, root))
+        out[model_type] = (folder, done, runs.load_run(ch.DECLARATION, run_id, root))
     return out
 
 
@@ -182,7 +182,7 @@ def test_the_report_of_a_gpu_run(tmp_path):
     meta["results"]["model_source"] = src.record(model, models.count_model(model))
     meta["results"]["step_forms"] = {v: {"status": "ok", "wall_ms": e.value} for v, e in forms.items()}
     meta_path.write_text(json.dumps(meta))
-    run = runs.load_run(ch.CHAPTER, census_run.run_id, root)
+    run = runs.load_run(ch.DECLARATION, census_run.run_id, root)
     lines = profile.report(run)
     text = "\n".join(lines)
     assert "model: Qwen3ForCausalLM from qwen3-8b/ (random weights; config.json sha256" in text
@@ -254,7 +254,7 @@ def agreeing_run(profiled, tmp_path) -> runs.Run:
         folder = profiled["qwen3"][0]
         root = tmp_path / f"again-{attempt}"
         assert profile_command(folder, "--allow-cpu", "--out", str(root), cwd=tmp_path).returncode == 0
-        candidates = [runs.load_run(ch.CHAPTER, runs.list_runs(ch.CHAPTER, root)[0], root)]
+        candidates = [runs.load_run(ch.DECLARATION, runs.list_runs(ch.CHAPTER, root)[0], root)]
     pytest.fail("no profiled run's numbers agreed in three more tries")
 
 
