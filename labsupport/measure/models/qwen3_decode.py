@@ -11,7 +11,7 @@ forward pass in one screen, using the weights of a transformers model, so that e
     Options.early_weights  with pdl: each GEMV loads its first tile of weights before it waits
     Options.one_attention  with fused_attention and pdl: attention in one kernel, PDL-launched, the
                        cached positions read before it waits (decode_attention.decode_attention_one)
-    Options.fold_norms  with fuse_gemv (BF16): each RMSNorm's weight folded into the matrix after it
+    Options.fold_norms  with fuse_gemv, not fp8: each RMSNorm's weight folded into the matrix after it
                        once, its Σx² summed by the kernel that writes x (one scalar read by the
                        GEMV after), and the greedy token picked in the LM head's epilogue: no
                        final norm or argmax kernel (labsupport.measure.kernels.folded_norms)
@@ -69,7 +69,7 @@ class Options:
             raise ValueError("one_attention needs fused_attention=True and pdl=True")
         if self.fold_norms and (self.fp8 or not self.fuse_gemv):
             raise ValueError(
-                "fold_norms needs fuse_gemv=True and BF16 weights (its GEMVs read Σx², not x; fp8 is not folded)"
+                "fold_norms needs fuse_gemv=True and no fp8 (our fused GEMVs read folded weights; FP8 ones are not)"
             )
 
 
