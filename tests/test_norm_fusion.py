@@ -238,6 +238,33 @@ def test_the_folded_decoders_prompt_pass_gives_transformers_logits(tiny_with_nor
     torch.testing.assert_close(ours, want, **CLOSE)
 
 
+def test_in_bf16_the_folded_weights_rounding_keeps_the_logits_as_close_to_float32_as_eagers():
+    """The fold moves BF16's rounding from the normed activations to the weights: on the prompt
+    pass (PyTorch's matmuls, so BF16 runs on a CPU) the folded decoder's last logits pass the
+    chapter's check against the float32 model, with eager BF16's own error as the yardstick."""
+    import copy
+
+    from labsupport.chapters import closing_the_gap as ch
+    from labsupport.measure import decode, models
+
+    torch.manual_seed(0)
+    model = models.build_model("tiny", device="cpu", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.5 + torch.rand_like(p))
+    ids = decode.Prompt.random(model.config.vocab_size, 1, 40, "cpu").ids
+    dec = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**FOLDED["fused-gemv"], fold_norms=True))
+    with torch.no_grad():
+        eager = model(input_ids=ids).logits[:, -1].float()
+        truth = copy.deepcopy(model).float()(input_ids=ids).logits[:, -1]
+        ours = dec.forward(ids, torch.arange(ids.shape[1]), step=False).float()
+    ref = ch.Reference(ids[:, -1:], eager, eager.argmax(-1), truth)
+    assert ref.eager_error > 1e-3  # BF16's rounding shows
+    check = ch.fidelity((ours, ours.argmax(-1)), ref, ch.ERROR_FACTOR)
+    assert check["passed"] and check["same_token"], check
+
+
 @pytest.mark.live
 @pytest.mark.parametrize("base", ["fused-gemv", "one-attention"])
 def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
@@ -285,7 +312,7 @@ def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
     assert [c["argmax"] for c in one] == [False] * (per_step - 1) + [True]
 
 
-def test_folded_norms_need_our_fused_gemv_bf16_weights_and_one_gpu():
+def test_folded_norms_need_our_fused_gemv_no_fp8_and_one_gpu():
     with pytest.raises(ValueError, match="fold_norms needs fuse_gemv"):
         qwen3_decode.Options(fused=True, matmul="triton", fold_norms=True)
     with pytest.raises(ValueError, match="fold_norms needs fuse_gemv"):
