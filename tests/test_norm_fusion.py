@@ -75,9 +75,10 @@ def test_a_residual_gemv_sums_the_squares_it_writes_and_zeroes_the_scalar_of_the
 
 
 def test_a_chain_of_producers_and_readers_leaves_every_scalar_ready_for_the_next_call():
-    """embedding row -> QKV (reads row 0) -> o_proj + residual (adds row 1, zeroes row 0) ->
-    gate/up (reads row 1) -> down + residual (adds row 2, zeroes row 1), twice: the second call
-    starts from the scalars the first left, and would read doubled sums if any was left unzeroed."""
+    """embedding row (zeroes row 2, the LM head's of the call before) -> QKV (reads row 0) ->
+    o_proj + residual (adds row 1, zeroes row 0) -> gate/up (reads row 1) -> down + residual (adds
+    row 2, zeroes row 1), twice: the second call starts from the scalars the first left, and would
+    read or leave doubled sums if any was left unzeroed."""
     g = torch.Generator().manual_seed(3)
     k, inter, vocab = 40, 24, 30
     table = torch.randn(vocab, k, generator=g)
@@ -89,11 +90,11 @@ def test_a_chain_of_producers_and_readers_leaves_every_scalar_ready_for_the_next
         torch.randn(k, inter, generator=g),
     )
     qkv_f, mlp_f = folded_norms.fold(wq, in_norm), folded_norms.fold(gemv.interleave(gate, up), post_norm)
-    sums = folded_norms.sums(1, "cpu")
+    sums, word = folded_norms.sums(1, "cpu"), folded_norms.argmax_word("cpu")
     tok = torch.tensor([[7]])
     config = gemv.Config(4, 16, 4, 2)
     for _ in range(2):
-        x = folded_norms.embed_row(tok, table, sums[0], block_k=16)
+        x = folded_norms.embed_row(tok, table, sums[0], reset=(word, sums[2, :1]), block_k=16)
         q = gemv.gemv(x, qkv_f, sumsq_in=sums[0, :1], config=config)
         x1 = gemv.gemv(q, wo, residual=x, sumsq_out=(sums[1, :1], sums[0, :1]), config=config)
         act = gemv.gemv(x1, mlp_f, silu=True, sumsq_in=sums[1, :1], config=config)
@@ -105,7 +106,6 @@ def test_a_chain_of_producers_and_readers_leaves_every_scalar_ready_for_the_next
         torch.testing.assert_close(out, want, **CLOSE)
         torch.testing.assert_close(sums[2, :1], _sumsq(out), **CLOSE)
         assert sums[:2].eq(0).all() and sums[:, 1:].eq(0).all()
-        sums[2].zero_()  # the LM head's last program does this in the step
 
 
 def test_the_embedding_row_is_copied_with_the_sum_of_its_squares():
@@ -119,25 +119,27 @@ def test_the_embedding_row_is_copied_with_the_sum_of_its_squares():
 
 
 @pytest.mark.parametrize("config", ONE_KERNEL.values(), ids=ONE_KERNEL.keys())
-def test_the_lm_heads_argmax_epilogue_gives_torchs_token_and_resets_for_the_next_call(config):
+def test_the_lm_heads_argmax_epilogue_gives_torchs_token_until_the_next_steps_first_kernel_resets_it(config):
     x, norm, w, _ = _case(5, n=37)  # 37 rows: the last block is cut short
     quiet = 0.01 * torch.randn(37, 96, generator=torch.Generator().manual_seed(6))  # every logit far below w's
-    state = folded_norms.argmax_state("cpu")
+    word, s = folded_norms.argmax_word("cpu"), _sumsq(x)
+    token = folded_norms.token_of(word)
     tokens = []
     for weight in (w, quiet):  # the second's largest logit is below the first's: a word left unreset would win
-        s = _sumsq(x)
-        logits = gemv.gemv(x, folded_norms.fold(weight, norm), sumsq_in=s, argmax=state, config=config)
+        logits = gemv.gemv(x, folded_norms.fold(weight, norm), sumsq_in=s, argmax=word, config=config)
         torch.testing.assert_close(logits, qwen3_decode.rmsnorm(x, norm, EPS) @ weight.T, **CLOSE)
-        tokens.append(int(state[2]))
-        assert tokens[-1] == int(logits.argmax())
-        assert state[:2].tolist() == [folded_norms.EMPTY_WORD, 0]  # word and counter reset
-        assert float(s) == 0.0  # the scalar's last reader zeroed it
+        tokens.append(int(token))
+        assert token.shape == (1, 1) and tokens[-1] == int(logits.argmax())
+        assert float(s) == pytest.approx(float(_sumsq(x)))  # read, and left for the next step's first kernel
+        folded_norms.embed_row(torch.tensor([[0]]), x.reshape(1, -1), torch.zeros(1), reset=(word, s))
+        assert int(word) == folded_norms.EMPTY_WORD and float(s) == 0.0
+        s.copy_(_sumsq(x))
     assert tokens[0] != tokens[1]
 
 
 def test_argmax_is_the_lm_heads_one_kernel_epilogue():
     x, _, w, _ = _case(7)
-    state = folded_norms.argmax_state("cpu")
+    state = folded_norms.argmax_word("cpu")
     with pytest.raises(ValueError, match="no split-K"):
         gemv.gemv(x, w, argmax=state, config=CONFIGS["split-k"])
     with pytest.raises(ValueError, match="no SiLU"):
@@ -148,10 +150,10 @@ globals()["argmax_epilogue"] = folded_norms.jit_functions().argmax_epilogue  # f
 
 
 @triton.jit
-def argmax_kernel(v_ptr, state_ptr, n, BLOCK: tl.constexpr):
+def argmax_kernel(v_ptr, word_ptr, n, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rows < n
-    argmax_epilogue(tl.load(v_ptr + rows, mask=ok, other=0.0), rows, ok, state_ptr)  # noqa: F821 (a global)
+    argmax_epilogue(tl.load(v_ptr + rows, mask=ok, other=0.0), rows, ok, word_ptr)  # noqa: F821 (a global)
 
 
 INF = float("inf")
@@ -171,10 +173,9 @@ ORDERS = {
 @pytest.mark.parametrize("values", ORDERS.values(), ids=ORDERS.keys())
 def test_the_packed_argmax_word_orders_as_torch_argmax(values):
     v = torch.tensor(values, dtype=torch.float32)
-    state = folded_norms.argmax_state("cpu")
-    argmax_kernel[(triton.cdiv(v.numel(), 2),)](v, state, v.numel(), BLOCK=2)  # two values a program
-    assert int(state[2]) == int(torch.argmax(v))
-    assert state[:2].tolist() == [folded_norms.EMPTY_WORD, 0]
+    word = folded_norms.argmax_word("cpu")
+    argmax_kernel[(triton.cdiv(v.numel(), 2),)](v, word, v.numel(), BLOCK=2)  # two values a program
+    assert int(folded_norms.token_of(word)) == int(torch.argmax(v))
 
 
 def test_fold_multiplies_the_columns_in_float32_and_rounds_once():
@@ -293,14 +294,14 @@ def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
                                                                  "one_attention": True}  # fmt: skip
     step = qwen3_decode.OwnStep(model, prompt.ids, ref.token, qwen3_decode.Options(**options, fold_norms=True),
                                 compile=False, graph=False)  # fmt: skip
-    for _ in range(2):  # after its warm-up's three: every scalar and word is back where a step needs it
+    for _ in range(2):  # after its warm-up's three: every scalar and the word reset where a step needs it
         logits, token = step()
         torch.testing.assert_close(logits, ref.logits, **CLOSE)
-        assert token is step.dec.next_token and int(token) == int(ref.next_token)
+        assert token is step.dec.next_token and int(token) == int(ref.next_token)  # the LM head's word
         check = ch.fidelity((logits, token), ref, ch.ERROR_FACTOR)
         assert check["passed"] and check["same_token"]
-        assert step.dec.sums.eq(0).all()
-        assert step.dec.argmax[:2].tolist() == [folded_norms.EMPTY_WORD, 0]
+        sums = step.dec.sums
+        assert sums[:-1].eq(0).all() and sums[:, 1:].eq(0).all()  # the last one: the next step's first kernel's
     layers = model.config.num_hidden_layers
     per_step = 4 * layers + 1
     steps, rest = divmod(len(launches), per_step)

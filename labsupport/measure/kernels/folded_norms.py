@@ -30,25 +30,27 @@ tiling is another than the plain GEMV's (on the H200, gate/up with the norm and 
   of use j - 1 (its first program, after the grid-dependency wait): the only reader of use
   j - 1 is the GEMV just before it (QKV before o_proj, with attention between; gate/up before
   down), and once a PDL kernel's wait returns, every kernel before it has finished (each of
-  them waited on the one before it before finishing), so no reader is left. The LM head, the
-  last reader, zeroes its own scalar in its last program (below). After a step every scalar is
-  zero again, ready for the next replay of the CUDA graph, with no memset in it.
+  them waited on the one before it before finishing), so no reader is left. Cyclically, the
+  embedding row's kernel, the first of a step, zeroes the scalar of the step before's last use,
+  read by its LM head, which has finished. No memset runs inside the CUDA graph.
 - **Argmax is the LM head's epilogue** (`argmax_epilogue`). Each program packs each of its
-  logits (as stored, float32 bits) and row index into one 64-bit word whose signed integer order
-  is the order of (value, then lower index): the float's bits with the magnitude bits of
-  negative values flipped (so that integer order is float order; -0.0 taken as +0.0, which
-  torch.argmax treats as equal), in the high 32 bits, and 2^32 - 1 - row in the low 32, so that
-  of equal values the lowest row wins, as with torch.argmax. Its largest word goes into one
-  64-bit atomic max; a counter (one atomic add per program) finds the last program, which
-  unpacks the token, resets the word and the counter for the next step, and zeroes the Σx²
-  scalar that every program has read. No argmax kernel runs after the LM head.
+  logits (as stored, float32 bits) and row into one 64-bit word whose signed integer order is
+  the reverse of the order of (value, then lower row): in the high 32 bits the float's bits with
+  the magnitude bits of negative values flipped (so that integer order is float order; -0.0
+  taken as +0.0, which torch.argmax treats as equal), then all bits flipped (so the order runs
+  backwards); in the low 32 bits the row itself. The smallest word is the largest logit, and of
+  equal logits the lowest row, as with torch.argmax; each program puts its smallest into one
+  64-bit atomic min, and the word's low 32 bits are then the token itself (`token_of`: a view of
+  them, no kernel). A max on the unreversed key would need 2^32 - 1 - row in the low bits for the
+  lowest row to win, and a last step to turn that back into the token: another kernel, or a
+  counter with which the last program finds itself (an atomic that returns, with a fence, at the
+  end of each of the LM head's ~76,000 programs). The word is reset, with the LM head's Σx²
+  scalar, by the next step's first kernel (`embed_row`), so the token stays readable until then.
 
-On a Hopper GPU these atomics cost little: each is one operation per program on one L2
-address, issued as the program finishes, so they are spread over the kernel (the LM head's
-~76,000 programs of two rows, its tuned tiling, over its ~280 us). The Σx² adds and the argmax
-max have no result that the program uses, so it need not wait for them (relaxed: no fence
-either); only the LM head's counter returns a value, one L2 round trip at the very end of each
-program.
+On a Hopper GPU these atomics cost little: one per program on one L2 address, issued as the
+program finishes, so they are spread over the kernel (the LM head's ~76,000 programs of two
+rows, its tuned tiling, over its ~280 us); none has a result the program uses, so it need not
+wait for them, and relaxed, they carry no fence.
 
 Triton is imported on first use; on a CPU set TRITON_INTERPRET=1 first (no bfloat16 there).
 """
@@ -58,8 +60,8 @@ from __future__ import annotations
 from functools import cache
 from types import SimpleNamespace
 
-# The argmax word before any program has added its own: below every packed logit.
-EMPTY_WORD = -(2**63)
+# The argmax word before any program has put its own: above every packed logit.
+EMPTY_WORD = 2**63 - 1
 # A layer's rows of the Σx² scalars (its view sums[2i : 2i + 3]): 0 the layer's input x, 1 x after
 # attention's residual add, 2 the layer's output (the next layer's input, or the LM head's).
 # Each GEMV's (row it reads for its norm, row it adds its output's Σx² into, row it zeroes), -1: none.
@@ -90,12 +92,20 @@ def sums(layers: int, device):
     return torch.zeros(2 * layers + 1, ROW, device=device, dtype=torch.float32)
 
 
-def argmax_state(device):
-    """The LM head's argmax words, int64: [packed (value, index) word, programs finished, token];
-    the first two reset by the last program of every call, the third its token."""
+def argmax_word(device):
+    """The LM head's argmax word (int64, one): EMPTY_WORD until a step's LM head puts its logits
+    in, reset by the next step's first kernel (module docstring)."""
     import torch
 
-    return torch.tensor([EMPTY_WORD, 0, 0], device=device, dtype=torch.int64)
+    return torch.full((1,), EMPTY_WORD, device=device, dtype=torch.int64)
+
+
+def token_of(word):
+    """The token in an argmax word, as a [1, 1] int32 view of its low 32 bits (the first four bytes:
+    CUDA GPUs and the CPUs torch runs on are little-endian)."""
+    import torch
+
+    return word.view(torch.int32)[:1].view(1, 1)
 
 
 @cache
@@ -119,31 +129,30 @@ def jit_functions():
             tl.store(clear_ptr, 0.0)
 
     @triton.jit
-    def argmax_epilogue(y, rows, ok, state_ptr):
-        # The largest (logit, lowest row) of all programs into state_ptr[0]; the last program
-        # writes the token into state_ptr[2] and resets the word and the counter. Returns
-        # whether this program was the last.
+    def argmax_epilogue(y, rows, ok, word_ptr):
+        # The largest logit, lowest row first, of this program into the word: its smallest packed
+        # word into one atomic min (module docstring); relaxed: read after this whole grid
         v = y.to(tl.float32)
         v = tl.where(v == 0.0, 0.0, v)  # -0.0 as +0.0: equal values, as torch.argmax has them
         bits = v.to(tl.int32, bitcast=True)
         key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative: magnitude flipped, so int order is float order
-        word = (key.to(tl.int64) << 32) | (0xFFFFFFFF - rows.to(tl.int64))  # equal keys: the lower row wins
-        word = tl.where(ok, word, -(2**63))
-        tl.atomic_max(state_ptr, tl.max(word, axis=0), sem="relaxed")
-        # acq_rel: each program's max above is visible to the program that finds itself last
-        last = tl.atomic_add(state_ptr + 1, 1) == tl.num_programs(0) - 1
-        if last:
-            best = tl.atomic_xchg(state_ptr, -(2**63))
-            tl.store(state_ptr + 2, 0xFFFFFFFF - (best & 0xFFFFFFFF))
-            tl.atomic_xchg(state_ptr + 1, 0)
-        return last
+        word = ((~key).to(tl.int64) << 32) | rows.to(tl.int64)  # reversed: the smallest word wins
+        word = tl.where(ok, word, 2**63 - 1)
+        tl.atomic_min(word_ptr, tl.min(word, axis=0), sem="relaxed")
 
     @triton.jit
-    def embed_kernel(tok_ptr, table_ptr, x_ptr, sumsq_ptr, K, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        # One program copies the token's row and stores the sum of its squares (no atomic: it is alone)
+    def embed_kernel(
+        tok_ptr, table_ptr, x_ptr, sumsq_ptr, word_ptr, last_sumsq_ptr, K,
+        BLOCK_K: tl.constexpr, PDL: tl.constexpr, RESET: tl.constexpr,
+    ):  # fmt: skip
+        # One program copies the token's row and stores the sum of its squares (no atomic: it is
+        # alone); with RESET, the first kernel of a step: resets what the step before left
         if PDL:  # the token may come from the step before
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+        if RESET:  # the LM head before, their reader, has finished
+            tl.store(word_ptr, 2**63 - 1)
+            tl.store(last_sumsq_ptr, 0.0)
         row = tl.load(tok_ptr).to(tl.int64) * K
         sq = tl.zeros((BLOCK_K,), tl.float32)
         for k in range(0, K, BLOCK_K):
@@ -159,11 +168,12 @@ def jit_functions():
                            embed_kernel=embed_kernel)  # fmt: skip
 
 
-def embed_row(tokens, table, sumsq, pdl: bool = False, block_k: int = 1024):
+def embed_row(tokens, table, sumsq, pdl: bool = False, reset=None, block_k: int = 1024):
     """The embedding row of one token ([1, 1] ids) as x [1, 1, hidden], with its Σx² stored into
     `sumsq` (one float32 scalar). One program: 8 KB of a row is a few microseconds of latency
     whatever the grid, and one program needs no atomic; `pdl`: launched with programmatic
-    dependent launch, so that the first GEMV's weights load while it runs."""
+    dependent launch, so that the first GEMV's weights load while it runs; `reset`: (the argmax
+    word, the LM head's Σx² scalar), which it resets for this step's LM head."""
     import torch
 
     if tokens.numel() != 1:
@@ -173,5 +183,8 @@ def embed_row(tokens, table, sumsq, pdl: bool = False, block_k: int = 1024):
     x = torch.empty(1, 1, k, device=table.device, dtype=table.dtype)
     extra = {"launch_pdl": True} if pdl else {}
     block = min(block_k, fns.triton.next_power_of_2(k))
-    fns.embed_kernel[(1,)](tokens, table, x, sumsq, k, BLOCK_K=block, PDL=pdl, num_warps=4, **extra)
+    word, last = reset if reset is not None else (sumsq, sumsq)
+    fns.embed_kernel[(1,)](
+        tokens, table, x, sumsq, word, last, k, BLOCK_K=block, PDL=pdl, RESET=reset is not None, num_warps=4, **extra
+    )  # fmt: skip
     return x

@@ -36,7 +36,7 @@ Three epilogues for the folded-norms rung (labsupport.measure.kernels.folded_nor
 - `sumsq_out`: the kernel adds the Σ of the squares of what it writes into a scalar (one atomic
   add per program) and zeroes the scalar of the use before;
 - `argmax`: the LM head's programs combine their largest logit and its row into one packed word
-  (one 64-bit atomic max each), and the last of them writes the token.
+  (one 64-bit atomic min each), whose low 32 bits are then the token.
 
 `tune()` times a list of block shapes on the GPU and keeps the fastest per weight shape and
 fusion. Triton has its own autotuner (`triton.autotune`), but it keeps only the winner; the
@@ -195,9 +195,7 @@ def _kernel():
                 if SUMSQ_OUT:
                     sumsq_epilogue(y, row_ok, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
                 if ARGMAX:
-                    last = argmax_epilogue(y, rows, row_ok, argmax_ptr)  # noqa: F821 (a global)
-                    if last:  # the scalar's last reader: zeroed for the next step
-                        tl.store(sumsq_in_ptr, 0.0)
+                    argmax_epilogue(y, rows, row_ok, argmax_ptr)  # noqa: F821 (a global)
 
     return triton, gemv_kernel
 
@@ -289,7 +287,7 @@ def launch(
     programmatic dependent launch; `early`: W's first tile loaded before the wait. Folded norms
     (module docstring): `sumsq_in`, the scalar Σx² of x (W's columns carry the norm's weight);
     `sumsq_out`, (the scalar to add the output's Σ of squares into, the scalar to zero);
-    `argmax`, the LM head's argmax words (folded_norms.argmax_state), the token written into them."""
+    `argmax`, the LM head's argmax word (folded_norms.argmax_word), the token put into it."""
     triton, kernel = _kernel()
     n, k = w.shape
     fusion = Fusion(norm_weight is not None, silu, residual is not None)

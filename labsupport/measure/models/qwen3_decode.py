@@ -292,8 +292,8 @@ class Qwen3Decoder:
     fused: `joined`), a KV cache of `max_len` slots per layer, and the forward pass above. With
     opts.fold_norms the input and post-attention norms' weights are folded into the fused QKV and
     gate/up matrices and the final norm's into the LM head (folded_norms.fold: the norms in `weights`
-    and `norm` are None), and a step keeps its Σx² scalars (`sums`) and its LM head's argmax words
-    (`argmax`, the token in `next_token`), each left ready for the next step by the step itself."""
+    and `norm` are None), and a step keeps its Σx² scalars (`sums`) and its LM head's argmax word
+    (`argmax`, the token a view of it: `next_token`), each reset inside the step (folded_norms)."""
 
     def __init__(self, model, max_len: int, opts: Options):
         import torch
@@ -347,8 +347,8 @@ class Qwen3Decoder:
         self.cos, self.sin = rotary(cfg, max_len, dev, dt)
         if opts.fold_norms:
             self.sums = folded_norms.sums(len(m.layers), dev)
-            self.argmax = folded_norms.argmax_state(dev)
-            self.next_token = self.argmax[2:].view(1, 1)
+            self.argmax = folded_norms.argmax_word(dev)
+            self.next_token = folded_norms.token_of(self.argmax)
         self.kernels = ops() if opts.matmul == "triton" or opts.fused_attention else None
         self.layer_eager = partial(layer, shape=self.shape, opts=opts, kernels=self.kernels)
         self.layer_step = self.layer_eager
@@ -384,7 +384,8 @@ class Qwen3Decoder:
         fn = self.layer_step if step else self.layer_eager
         folded = o.fold_norms and step and tokens.shape[1] == 1  # our GEMVs' step: fuse_gemv
         if folded:  # the embedding row and its Σx², for the first QKV GEMV
-            x = folded_norms.embed_row(tokens, self.embed, self.sums[0], o.pdl)
+            last = (self.argmax, self.sums[-1, :1])  # the LM head's, the step before's: reset here
+            x = folded_norms.embed_row(tokens, self.embed, self.sums[0], o.pdl, reset=last)
         else:
             x = F.embedding(tokens, self.embed)
         for i, (w, kc, vc) in enumerate(zip(self.weights, self.k_cache, self.v_cache, strict=True)):
@@ -485,7 +486,7 @@ class OwnStep(Captured):
 
     def run(self):
         logits = self.dec.forward(self.tok, self.pos)
-        if self.dec.opts.fold_norms:  # picked by the LM head's epilogue, rewritten by every step
+        if self.dec.opts.fold_norms:  # the LM head's argmax word (a view), until the next step starts
             return logits, self.dec.next_token
         return logits, logits.argmax(-1, keepdim=True)
 
