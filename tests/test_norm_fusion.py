@@ -190,36 +190,42 @@ def test_fold_multiplies_the_columns_in_float32_and_rounds_once():
 # they are all 1, and a fold would change nothing).
 
 
-@pytest.fixture(scope="module")
-def tiny_with_norms():
-    from labsupport.chapters import closing_the_gap as ch
+def _tiny_with_norms(dtype):
+    """The tiny model (seed 0) with every RMSNorm's weight drawn from [0.5, 1.5), and a prompt."""
     from labsupport.measure import decode, models
 
     torch.manual_seed(0)
-    model = models.build_model("tiny", device="cpu", dtype=torch.float32)
+    model = models.build_model("tiny", device="cpu", dtype=dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(0.5 + torch.rand_like(p))
-    prompt = decode.Prompt.random(model.config.vocab_size, 1, 40, "cpu")
+    return model, decode.Prompt.random(model.config.vocab_size, 1, 40, "cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_with_norms():
+    from labsupport.chapters import closing_the_gap as ch
+
+    model, prompt = _tiny_with_norms(torch.float32)
     return model, prompt, ch.reference(model, prompt)
 
 
-FOLDED = {"fused-gemv": {"fused": True, "matmul": "triton", "fuse_gemv": True}}
+FUSED_GEMV = {"fused": True, "matmul": "triton", "fuse_gemv": True}  # rung 8's options
 
 
 def test_folded_weights_are_made_once_per_model_and_again_when_a_norm_changes(tiny_with_norms):
     import copy
 
     model = copy.deepcopy(tiny_with_norms[0])
-    opts = qwen3_decode.Options(**FOLDED["fused-gemv"], fold_norms=True)
+    opts = qwen3_decode.Options(**FUSED_GEMV, fold_norms=True)
     dec, again = qwen3_decode.Qwen3Decoder(model, 48, opts), qwen3_decode.Qwen3Decoder(model, 48, opts)
     assert dec.weights[0][4] is again.weights[0][4] and dec.lm_head is again.lm_head
     a, lyr = model.model.layers[0].self_attn, model.model.layers[0]
     qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
     torch.testing.assert_close(dec.weights[0][4], qkv * lyr.input_layernorm.weight)
     assert dec.weights[0][:2] == (None, None) and dec.norm is None  # the folded norms are read no more
-    unfolded = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**FOLDED["fused-gemv"]))
+    unfolded = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**FUSED_GEMV))
     norms = lyr.input_layernorm.weight.numel() + lyr.post_attention_layernorm.weight.numel()
     layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
     assert unfolded.weight_bytes() - dec.weight_bytes() == 4 * (layers * norms + hidden)
@@ -231,7 +237,7 @@ def test_folded_weights_are_made_once_per_model_and_again_when_a_norm_changes(ti
 
 def test_the_folded_decoders_prompt_pass_gives_transformers_logits(tiny_with_norms):
     model, prompt, _ = tiny_with_norms
-    dec = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**FOLDED["fused-gemv"], fold_norms=True))
+    dec = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**FUSED_GEMV, fold_norms=True))
     n = prompt.ids.shape[1]
     with torch.no_grad():
         ours = dec.forward(prompt.ids, torch.arange(n), step=False, last_only=False)
@@ -246,16 +252,10 @@ def test_in_bf16_the_folded_weights_rounding_keeps_the_logits_as_close_to_float3
     import copy
 
     from labsupport.chapters import closing_the_gap as ch
-    from labsupport.measure import decode, models
 
-    torch.manual_seed(0)
-    model = models.build_model("tiny", device="cpu", dtype=torch.bfloat16)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(0.5 + torch.rand_like(p))
-    ids = decode.Prompt.random(model.config.vocab_size, 1, 40, "cpu").ids
-    dec = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**FOLDED["fused-gemv"], fold_norms=True))
+    model, prompt = _tiny_with_norms(torch.bfloat16)
+    ids = prompt.ids
+    dec = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**FUSED_GEMV, fold_norms=True))
     with torch.no_grad():
         eager = model(input_ids=ids).logits[:, -1].float()
         truth = copy.deepcopy(model).float()(input_ids=ids).logits[:, -1]
@@ -290,7 +290,7 @@ def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
 
     monkeypatch.setattr(gemv, "launch", counted_launch)
     monkeypatch.setattr(triton_kernels, "rmsnorm", no_rmsnorm_kernel)
-    options = FOLDED["fused-gemv"] if base == "fused-gemv" else {**ch.OWN_OPTIONS["pdl"], "early_weights": True,
+    options = FUSED_GEMV if base == "fused-gemv" else {**ch.OWN_OPTIONS["pdl"], "early_weights": True,
                                                                  "one_attention": True}  # fmt: skip
     step = qwen3_decode.OwnStep(model, prompt.ids, ref.token, qwen3_decode.Options(**options, fold_norms=True),
                                 compile=False, graph=False)  # fmt: skip
@@ -317,8 +317,8 @@ def test_folded_norms_need_our_fused_gemv_no_fp8_and_one_gpu():
     with pytest.raises(ValueError, match="fold_norms needs fuse_gemv"):
         qwen3_decode.Options(fused=True, matmul="triton", fold_norms=True)
     with pytest.raises(ValueError, match="fold_norms needs fuse_gemv"):
-        qwen3_decode.Options(**FOLDED["fused-gemv"], fp8=True, fold_norms=True)
-    opts = qwen3_decode.Options(**FOLDED["fused-gemv"], fold_norms=True)
+        qwen3_decode.Options(**FUSED_GEMV, fp8=True, fold_norms=True)
+    opts = qwen3_decode.Options(**FUSED_GEMV, fold_norms=True)
     shape = qwen3_decode.Shape(4, 2, 16, EPS)
     with pytest.raises(ValueError, match="one-GPU"):
         qwen3_decode.layer(torch.zeros(1, 1, 64), None, None, None, None, None, shape=shape, opts=opts,
