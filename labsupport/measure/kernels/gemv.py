@@ -29,6 +29,15 @@ Three launch options, for the last rungs:
   The weights depend on no kernel of the step, only x does, so with `pdl` the first stretch of
   W streams in while the kernel before is still finishing, instead of after it.
 
+Three epilogues for the folded-norms rung (labsupport.measure.kernels.folded_norms, which says why):
+- `sumsq_in`: the norm's weight is folded into W and Σx² was summed by the kernel that wrote x;
+  the kernel loads that one scalar right after the wait (its latency hidden behind the loop over
+  W) and scales its rows by it at the end, with the plain (or SiLU) GEMV's tiling;
+- `sumsq_out`: the kernel adds the Σ of the squares of what it writes into a scalar (one atomic
+  add per program) and zeroes the scalar of the use before;
+- `argmax`: the LM head's programs combine their largest logit and its row into one packed word
+  (one 64-bit atomic min each), whose low 32 bits are then the token.
+
 `tune()` times a list of block shapes on the GPU and keeps the fastest per weight shape and
 fusion. Triton has its own autotuner (`triton.autotune`), but it keeps only the winner; the
 book records every candidate's time, so the choice can be shown and checked.
@@ -40,6 +49,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from functools import cache
+
+from labsupport.measure.kernels import folded_norms
 
 
 @dataclass(frozen=True)
@@ -116,14 +127,18 @@ def _kernel():
 
     # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
     globals()["accumulate"] = accumulate
+    fns = folded_norms.jit_functions()
+    globals().update(sumsq_epilogue=fns.sumsq_epilogue, argmax_epilogue=fns.argmax_epilogue)
 
     @triton.jit
     def gemv_kernel(
-        x_ptr, w_ptr, y_ptr, norm_w_ptr, res_ptr, scale_ptr, ws_ptr, N, K, eps,
+        x_ptr, w_ptr, y_ptr, norm_w_ptr, res_ptr, scale_ptr, ws_ptr, sumsq_in_ptr, sumsq_out_ptr, sumsq_clear_ptr,
+        argmax_ptr, N, K, eps,
         NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SCALE: tl.constexpr = False, SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False,
-        EARLY: tl.constexpr = False,
+        EARLY: tl.constexpr = False, SUMSQ_IN: tl.constexpr = False, SUMSQ_OUT: tl.constexpr = False,
+        ARGMAX: tl.constexpr = False,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
@@ -144,6 +159,8 @@ def _kernel():
         if PDL:  # wait for the kernel before (its writes visible), then let the next one launch
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+        if SUMSQ_IN:  # written by the kernel before: loaded now, used after the loop
+            sumsq = tl.load(sumsq_in_ptr)
         if EARLY:
             acc, sq = accumulate(acc, sq, w_first, x_ptr, norm_w_ptr, first_cols, first_ok, NORM)
             start = lo + BLOCK_K
@@ -160,6 +177,8 @@ def _kernel():
         else:
             if NORM:
                 y = y / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+            if SUMSQ_IN:
+                y = y / tl.sqrt(sumsq / K + eps)
             y = y.to(y_ptr.dtype.element_ty)  # rounded, as a matmul's output is
             if SILU:  # rows 2i and 2i+1 are gate_i and up_i: write silu(gate_i) * up_i at i
                 gate, up = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
@@ -167,10 +186,16 @@ def _kernel():
                 act = (g / (1.0 + tl.exp(-g))).to(up.dtype)
                 out_rows = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
                 tl.store(y_ptr + out_rows, act * up, mask=out_rows < N // 2)
+                if SUMSQ_OUT:
+                    sumsq_epilogue(act * up, out_rows < N // 2, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
             else:
                 if RESIDUAL:
                     y = y + tl.load(res_ptr + rows, mask=row_ok, other=0.0)
                 tl.store(y_ptr + rows, y, mask=row_ok)
+                if SUMSQ_OUT:
+                    sumsq_epilogue(y, row_ok, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
+                if ARGMAX:
+                    argmax_epilogue(y, rows, row_ok, argmax_ptr)  # noqa: F821 (a global)
 
     return triton, gemv_kernel
 
@@ -178,16 +203,19 @@ def _kernel():
 @cache
 def _finish():
     """The second kernel of a split-K GEMV: reads the summed rows from the float32 buffer and
-    zeroes it, applies the norm's scale (its sum of squares over the whole x), rounds, and writes
-    silu(gate) * up or adds the residual, as the one-kernel GEMV's epilogue does."""
+    zeroes it, applies the norm's scale (its sum of squares over the whole x, or the one scalar of
+    `sumsq_in`), rounds, and writes silu(gate) * up or adds the residual (and sums the squares of
+    what it writes: `sumsq_out`), as the one-kernel GEMV's epilogue does."""
     import triton
     import triton.language as tl
 
+    _kernel()  # sumsq_epilogue, among this module's globals
+
     @triton.jit
     def finish_kernel(
-        ws_ptr, x_ptr, y_ptr, res_ptr, N, K, eps,
+        ws_ptr, x_ptr, y_ptr, res_ptr, sumsq_in_ptr, sumsq_out_ptr, sumsq_clear_ptr, N, K, eps,
         NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
-        BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, SUMSQ_IN: tl.constexpr = False, SUMSQ_OUT: tl.constexpr = False,
     ):  # fmt: skip
         if PDL:
             tl.extra.cuda.gdc_wait()
@@ -203,6 +231,8 @@ def _finish():
                 xv = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
                 sq += xv * xv
             y = y / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+        if SUMSQ_IN:
+            y = y / tl.sqrt(tl.load(sumsq_in_ptr) / K + eps)
         y = y.to(y_ptr.dtype.element_ty)
         if SILU:
             gate, up = tl.split(tl.reshape(y, (BLOCK // 2, 2)))
@@ -210,10 +240,14 @@ def _finish():
             act = (g / (1.0 + tl.exp(-g))).to(up.dtype)
             out_rows = tl.program_id(0) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
             tl.store(y_ptr + out_rows, act * up, mask=out_rows < N // 2)
+            if SUMSQ_OUT:
+                sumsq_epilogue(act * up, out_rows < N // 2, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
         else:
             if RESIDUAL:
                 y = y + tl.load(res_ptr + rows, mask=row_ok, other=0.0)
             tl.store(y_ptr + rows, y, mask=row_ok)
+            if SUMSQ_OUT:
+                sumsq_epilogue(y, row_ok, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
 
     return finish_kernel
 
@@ -245,42 +279,55 @@ def choose(n: int, k: int, fusion: Fusion, fp8: bool = False, split: bool = Fals
 
 def launch(
     x, w, out, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, residual=None, config=None,
-    scale=None, split: bool = False, pdl: bool = False, early: bool = False,
+    scale=None, split: bool = False, pdl: bool = False, early: bool = False, sumsq_in=None, sumsq_out=None,
+    argmax=None,
 ):  # fmt: skip
     """Run the kernel: out = W @ f(x) (+ residual), or silu(gate) * up of its row pairs; `scale`:
     W is FP8 with these row scales; `split`: split-K configs allowed; `pdl`: launched with
-    programmatic dependent launch; `early`: W's first tile loaded before the wait (module docstring)."""
+    programmatic dependent launch; `early`: W's first tile loaded before the wait. Folded norms
+    (module docstring): `sumsq_in`, the scalar Σx² of x (W's columns carry the norm's weight);
+    `sumsq_out`, (the scalar to add the output's Σ of squares into, the scalar to zero);
+    `argmax`, the LM head's argmax word (folded_norms.argmax_word), the token put into it."""
     triton, kernel = _kernel()
     n, k = w.shape
     fusion = Fusion(norm_weight is not None, silu, residual is not None)
-    c = config or choose(n, k, fusion, fp8=scale is not None, split=split)
+    c = config or choose(n, k, fusion, fp8=scale is not None, split=split and argmax is None)
+    if argmax is not None and (silu or c.split_k > 1):
+        raise ValueError("argmax is the LM head's epilogue: one kernel per row block (no split-K), no SiLU")
     ws = workspace(n, x.device) if c.split_k > 1 else out
+    add_into, zero = sumsq_out if sumsq_out is not None else (out, out)
+    one_kernel = c.split_k == 1  # else _finish does the epilogue
     extra = {"launch_pdl": True} if pdl else {}
     kernel[(triton.cdiv(n, c.block_n), c.split_k)](
         x, w, out,
         norm_weight if norm_weight is not None else w, residual if residual is not None else out,
-        scale if scale is not None else out, ws,
+        scale if scale is not None else out, ws, sumsq_in if sumsq_in is not None else out, add_into, zero,
+        argmax if argmax is not None else out,
         n, k, eps,
         NORM=fusion.norm, SILU=silu, RESIDUAL=fusion.residual,
         BLOCK_N=c.block_n, BLOCK_K=c.block_k, SCALE=scale is not None, SPLIT_K=c.split_k, PDL=pdl, EARLY=early,
-        num_warps=c.num_warps, num_stages=c.num_stages, **extra,
+        SUMSQ_IN=one_kernel and sumsq_in is not None, SUMSQ_OUT=one_kernel and sumsq_out is not None,
+        ARGMAX=argmax is not None, num_warps=c.num_warps, num_stages=c.num_stages, **extra,
     )  # fmt: skip
     if c.split_k > 1:
         block = 256
         _finish()[(triton.cdiv(n, block),)](
-            ws, x, out, residual if residual is not None else out, n, k, eps,
+            ws, x, out, residual if residual is not None else out, sumsq_in if sumsq_in is not None else out,
+            add_into, zero, n, k, eps,
             NORM=fusion.norm, SILU=silu, RESIDUAL=fusion.residual, PDL=pdl, BLOCK=block, BLOCK_K=1024,
-            num_warps=4, **extra,
+            SUMSQ_IN=sumsq_in is not None, SUMSQ_OUT=sumsq_out is not None, num_warps=4, **extra,
         )  # fmt: skip
     return out
 
 
 def gemv(
     x, w, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, residual=None, config=None,
-    scale=None, split: bool = False, pdl: bool = False, early: bool = False,
+    scale=None, split: bool = False, pdl: bool = False, early: bool = False, sumsq_in=None, sumsq_out=None,
+    argmax=None,
 ):  # fmt: skip
     """W @ f(x) for one vector x (any leading dimensions of size 1), in F.linear's convention
-    (W of shape [N, K]); with `silu`, N/2 outputs; `scale`, `split`, `pdl`, `early`: launch's."""
+    (W of shape [N, K]); with `silu`, N/2 outputs; `scale`, `split`, `pdl`, `early`, `sumsq_in`,
+    `sumsq_out`, `argmax`: launch's."""
     import math
 
     import torch
@@ -293,7 +340,7 @@ def gemv(
     res = residual.reshape(n) if residual is not None else None
     launch(
         x.reshape(-1), w, out, norm_weight=norm_weight, eps=eps, silu=silu, residual=res, config=config,
-        scale=scale, split=split, pdl=pdl, early=early,
+        scale=scale, split=split, pdl=pdl, early=early, sumsq_in=sumsq_in, sumsq_out=sumsq_out, argmax=argmax,
     )  # fmt: skip
     return out.reshape(*lead, n)
 

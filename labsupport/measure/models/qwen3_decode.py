@@ -11,6 +11,10 @@ forward pass in one screen, using the weights of a transformers model, so that e
     Options.early_weights  with pdl: each GEMV loads its first tile of weights before it waits
     Options.one_attention  with fused_attention and pdl: attention in one kernel, PDL-launched, the
                        cached positions read before it waits (decode_attention.decode_attention_one)
+    Options.fold_norms  with fuse_gemv, not fp8: each RMSNorm's weight folded into the matrix after it
+                       once, its Σx² summed by the kernel that writes x (one scalar read by the
+                       GEMV after), and the greedy token picked in the LM head's epilogue: no
+                       final norm or argmax kernel (labsupport.measure.kernels.folded_norms)
     Options.fp8        with fuse_gemv: every matrix in FP8 E4M3 with row scales (gemv_fp8)
 
 VerifyStep runs the same decoder on T tokens at once (a verify pass of speculative decoding):
@@ -31,7 +35,8 @@ import weakref
 from dataclasses import dataclass
 from functools import cache, partial
 
-from labsupport.measure.kernels import gemv_fp8
+from labsupport.measure.kernels import folded_norms, gemv_fp8
+from labsupport.measure.kernels.folded_norms import READ_ATTENDED, READ_INPUT, WRITE_ATTENDED, WRITE_OUTPUT
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class Options:
     fp8: bool = False
     early_weights: bool = False
     one_attention: bool = False
+    fold_norms: bool = False
 
     def __post_init__(self):
         if self.matmul not in ("torch", "triton"):
@@ -61,12 +67,16 @@ class Options:
             raise ValueError("early_weights needs pdl=True (without a wait there is nothing to load before)")
         if self.one_attention and not (self.fused_attention and self.pdl):
             raise ValueError("one_attention needs fused_attention=True and pdl=True")
+        if self.fold_norms and (self.fp8 or not self.fuse_gemv):
+            raise ValueError(
+                "fold_norms needs fuse_gemv=True and no fp8 (our fused GEMVs read folded weights; FP8 ones are not)"
+            )
 
 
 @cache
 def ops():
     """Our Triton kernels as PyTorch custom operators, which torch.compile calls as they are:
-    (gemv, decode_attention)."""
+    (gemv, decode_attention, gemv_folded)."""
     import torch
 
     from labsupport.measure.kernels import decode_attention, gemv
@@ -105,15 +115,36 @@ def ops():
     def _(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, one):
         return qkv.new_empty(heads * k_cache.shape[-1])
 
-    return gemv_op, attention_op
+    # The GEMV of the folded-norms rung: `sums` is a layer's three Σx² scalars (folded_norms.sums),
+    # `read`, `add`, `clear` the rows it reads for its norm, adds its output's Σx² into, zeroes (-1: none).
+    @torch.library.custom_op(
+        "labsupport::gemv_folded",
+        mutates_args=("sums",),
+        schema="(Tensor x, Tensor w, Tensor(a!) sums, int read, int add, int clear, float eps, bool silu, "
+        "Tensor? residual, bool split, bool pdl, bool early) -> Tensor",
+    )
+    def gemv_folded_op(x, w, sums, read, add, clear, eps, silu, residual, split, pdl, early):
+        return gemv.gemv(
+            x, w, eps=eps, silu=silu, residual=residual, split=split, pdl=pdl, early=early,
+            sumsq_in=sums[read, :1] if read >= 0 else None,
+            sumsq_out=(sums[add, :1], sums[clear, :1]) if add >= 0 else None,
+        )  # fmt: skip
+
+    @gemv_folded_op.register_fake
+    def _(x, w, sums, read, add, clear, eps, silu, residual, split, pdl, early):
+        return x.new_empty(*x.shape[:-1], w.shape[0] // 2 if silu else w.shape[0])
+
+    return gemv_op, attention_op, gemv_folded_op
 
 
 def rmsnorm(x, weight, eps):
-    """Qwen3's RMSNorm: statistics in float32, weight applied in the input's dtype."""
+    """Qwen3's RMSNorm: statistics in float32, weight applied in the input's dtype (None: a weight
+    folded into the matrix after the norm, Options.fold_norms)."""
     import torch
 
     xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return normed if weight is None else weight * normed
 
 
 def rotate_half(x):
@@ -132,19 +163,24 @@ class Shape:
 
 
 def layer(
-    x, pos, cos, sin, k_cache, v_cache, *w, shape: Shape, opts: Options, kernels=None, reduce=None, residual=True
-):
+    x, pos, cos, sin, k_cache, v_cache, *w, shape: Shape, opts: Options, kernels=None, reduce=None, residual=True,
+    sums=None,
+):  # fmt: skip
     """One decoder layer on x [B, T, hidden] at positions pos [T]; writes the cache in place.
     `w`: input norm, post-attention norm, q norm, k norm, the attention input weight(s)
     (Q, K, V or QKV), o_proj, the MLP input weight(s) (gate, up or gate-up), down_proj.
     `kernels`: ops(), our kernels, used for a single token as opts asks. With opts.fp8 the
-    four matrices are FP8 and their row scales follow them in `w`.
+    four matrices are FP8 and their row scales follow them in `w`. With opts.fold_norms the first
+    two norms are None (folded into QKV and gate/up) and `sums` is the layer's three Σx² scalars
+    (folded_norms: its input's, after attention's, its output's), used for a single token.
     Split by tensor parallelism (labsupport.measure.distributed.tp_split) `w` is one rank's shard, `reduce`
     sums o_proj's and down_proj's partial outputs over the ranks (one all-reduce each), and
     `residual` says whether this rank adds the residual (one rank only, inside a fused GEMV)."""
     import torch.nn.functional as F
 
     s, eps = shape, shape.eps
+    if opts.fold_norms and reduce is not None:
+        raise ValueError("fold_norms is the one-GPU step's: a rank's Σx² would be of its partial sum")
     sc = (None, None, None, None)
     if opts.fp8:  # (..., qkv, o, gate_up, down, their four scales)
         w, sc = w[:-4], w[-4:]
@@ -155,25 +191,30 @@ def layer(
     one_token = x.shape[1] == 1 and kernels is not None
     gemv = kernels[0] if one_token and opts.matmul == "triton" else None
 
-    def mm(v, weight, norm=None, silu=False, residual=None, scale=None):
+    fuse = opts.fuse_gemv and gemv is not None
+    fold = fuse and opts.fold_norms
+
+    def mm(v, weight, norm=None, silu=False, residual=None, scale=None, sumsq=None):
         if gemv is None:
             return F.linear(v, weight if scale is None else gemv_fp8.dequantize(weight, scale, v.dtype))
+        if fold:  # sumsq: the rows of `sums` it reads, adds into, zeroes (READ_INPUT ...)
+            return kernels[2](v, weight, sums, *sumsq, eps, silu, residual, opts.split_k, opts.pdl, opts.early_weights)
         return gemv(v, weight, norm, eps, silu, residual, scale, opts.split_k, opts.pdl, opts.early_weights)
 
-    fuse = opts.fuse_gemv and gemv is not None
     red = (lambda t: t) if reduce is None else reduce
     h = x if fuse else rmsnorm(x, in_norm, eps)
-    qkv = [mm(h, wi, norm=in_norm if fuse else None, scale=sc[0]) for wi in attn_in]
+    qkv = [mm(h, wi, norm=in_norm if fuse else None, scale=sc[0], sumsq=READ_INPUT) for wi in attn_in]
     if opts.fused_attention and one_token:
         a = kernels[1](qkv[0], q_norm, k_norm, cos, sin, k_cache, v_cache, pos, s.heads, eps, opts.one_attention)
         a = a.view(1, 1, -1)
     else:
         a = attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s, opts.fused)
     res = x if residual else None
-    x = red(mm(a, wo, residual=res, scale=sc[1])) if fuse else x + red(mm(a, wo, scale=sc[1]))
+    x = red(mm(a, wo, residual=res, scale=sc[1], sumsq=WRITE_ATTENDED)) if fuse else x + red(mm(a, wo, scale=sc[1]))
     if fuse:  # the gate/up weight is interleaved (gemv.interleave): its GEMV writes silu(gate) * up
         res = x if residual else None
-        return red(mm(mm(x, mlp_in[0], norm=post_norm, silu=True, scale=sc[2]), wdown, residual=res, scale=sc[3]))
+        act = mm(x, mlp_in[0], norm=post_norm, silu=True, scale=sc[2], sumsq=READ_ATTENDED)
+        return red(mm(act, wdown, residual=res, scale=sc[3], sumsq=WRITE_OUTPUT))
     h = rmsnorm(x, post_norm, eps)
     gu = [mm(h, wi, scale=sc[2]) for wi in mlp_in]
     if opts.fuse_gemv:  # the prompt, with the interleaved gate/up weight: rows gate_i, up_i
@@ -232,7 +273,9 @@ def joined(model):
     and shared by every decoder built on the same model while those weights are unchanged (same
     storage, no in-place write since). Each rung of *Closing the gap* is a decoder of its own, all
     alive at once to be timed interleaved; with a copy each, six fused rungs held 50 GB of
-    identical concatenations and the FP8 rung (rung 9's options) ran out of the H200's memory."""
+    identical concatenations and the FP8 rung (rung 9's options) ran out of the H200's memory.
+    (The folded matrices, Options.fold_norms, are new ones: about 10 GB for Qwen3-8B, made once
+    for every folded rung; a source's signature covers the norm's weight too.)"""
     store = _JOINED.setdefault(model, {})
 
     def made(key, sources, make):
@@ -246,7 +289,11 @@ def joined(model):
 
 class Qwen3Decoder:
     """The weights of a transformers Qwen3 model (shared, or concatenated once per model when
-    fused: `joined`), a KV cache of `max_len` slots per layer, and the forward pass above."""
+    fused: `joined`), a KV cache of `max_len` slots per layer, and the forward pass above. With
+    opts.fold_norms the input and post-attention norms' weights are folded into the fused QKV and
+    gate/up matrices and the final norm's into the LM head (folded_norms.fold: the norms in `weights`
+    and `norm` are None), and a step keeps its Σx² scalars (`sums`) and its LM head's argmax word
+    (`argmax`, the token a view of it: `next_token`), each reset inside the step (folded_norms)."""
 
     def __init__(self, model, max_len: int, opts: Options):
         import torch
@@ -259,17 +306,32 @@ class Qwen3Decoder:
         self.embed, self.norm, self.lm_head = m.embed_tokens.weight, m.norm.weight, model.lm_head.weight
         self.weights = []
         made = joined(model)
+        fold = folded_norms.fold
+
+        def folded_qkv(q, k, v, norm):
+            return fold(torch.cat((q, k, v)), norm)
+
+        def folded_gate_up(gate, up, norm):
+            return fold(gemv.interleave(gate, up), norm)
+
+        if opts.fold_norms:
+            self.lm_head = made(("lm_head folded",), (self.lm_head, self.norm), fold)
+            self.norm = None
         for i, lyr in enumerate(m.layers):
             a, p = lyr.self_attn, lyr.mlp
             attn = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
             mlp = [p.gate_proj.weight, p.up_proj.weight]
-            if opts.fused:
+            norms = [lyr.input_layernorm.weight, lyr.post_attention_layernorm.weight, a.q_norm.weight, a.k_norm.weight]
+            if opts.fold_norms:  # fuse_gemv: the gate/up weight interleaved
+                attn = [made(("q|k|v folded", i), (*attn, norms[0]), folded_qkv)]
+                mlp = [made(("gate|up interleaved folded", i), (*mlp, norms[1]), folded_gate_up)]
+                norms[:2] = None, None
+            elif opts.fused:
                 attn = [made(("q|k|v", i), attn, lambda *a: torch.cat(a).contiguous())]
                 if opts.fuse_gemv:
                     mlp = [made(("gate|up interleaved", i), mlp, gemv.interleave)]
                 else:
                     mlp = [made(("gate|up", i), mlp, lambda *g: torch.cat(g).contiguous())]
-            norms = [lyr.input_layernorm.weight, lyr.post_attention_layernorm.weight, a.q_norm.weight, a.k_norm.weight]
             mats = (*attn, a.o_proj.weight, *mlp, p.down_proj.weight)
             if opts.fp8:  # FP8 copies with row scales; the BF16 concatenations are dropped
                 q = [gemv_fp8.quantize(m) for m in mats]
@@ -283,6 +345,10 @@ class Qwen3Decoder:
         self.k_cache = [torch.zeros(kv, device=dev, dtype=dt) for _ in m.layers]
         self.v_cache = [torch.zeros(kv, device=dev, dtype=dt) for _ in m.layers]
         self.cos, self.sin = rotary(cfg, max_len, dev, dt)
+        if opts.fold_norms:
+            self.sums = folded_norms.sums(len(m.layers), dev)
+            self.argmax = folded_norms.argmax_word(dev)
+            self.next_token = folded_norms.token_of(self.argmax)
         self.kernels = ops() if opts.matmul == "triton" or opts.fused_attention else None
         self.layer_eager = partial(layer, shape=self.shape, opts=opts, kernels=self.kernels)
         self.layer_step = self.layer_eager
@@ -302,11 +368,11 @@ class Qwen3Decoder:
         self.layer_step = compiling.torch_compile(self.layer_eager, fullgraph=True, dynamic=False)
 
     def weight_bytes(self) -> int:
-        """The bytes a step reads as weights: every layer's matrices, norms and (FP8) scales,
-        the final norm and the LM head (with its scales); the embedding's one row is left out."""
-        ts = [t for w in self.weights for t in w] + [self.norm, self.lm_head]
-        ts += [self.lm_scale] if self.lm_scale is not None else []
-        return sum(t.numel() * t.element_size() for t in ts)
+        """The bytes a step reads as weights: every layer's matrices, norms (those not folded) and
+        (FP8) scales, the final norm and the LM head (with its scales); the embedding's one row is
+        left out."""
+        ts = [t for w in self.weights for t in w] + [self.norm, self.lm_head, self.lm_scale]
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def forward(self, tokens, pos, step: bool = True, last_only: bool = True):
         """Logits of the last position for tokens [B, T] at positions pos [T] (of every position,
@@ -314,12 +380,27 @@ class Qwen3Decoder:
         one (the prefill)."""
         import torch.nn.functional as F
 
+        o, eps = self.opts, self.shape.eps
         fn = self.layer_step if step else self.layer_eager
-        x = F.embedding(tokens, self.embed)
-        for w, kc, vc in zip(self.weights, self.k_cache, self.v_cache, strict=True):
-            x = fn(x, pos, self.cos, self.sin, kc, vc, *w)
-        x, eps = (x[:, -1:] if last_only else x), self.shape.eps
-        if not (step and self.opts.matmul == "triton" and x.shape[1] == 1):
+        folded = o.fold_norms and step and tokens.shape[1] == 1  # our GEMVs' step: fuse_gemv
+        if folded:  # the embedding row and its Σx², for the first QKV GEMV
+            last = (self.argmax, self.sums[-1, :1])  # the LM head's, the step before's: reset here
+            x = folded_norms.embed_row(tokens, self.embed, self.sums[0], o.pdl, reset=last)
+        else:
+            x = F.embedding(tokens, self.embed)
+        for i, (w, kc, vc) in enumerate(zip(self.weights, self.k_cache, self.v_cache, strict=True)):
+            extra = {"sums": self.sums[2 * i : 2 * i + 3]} if folded else {}
+            x = fn(x, pos, self.cos, self.sin, kc, vc, *w, **extra)
+        x = x[:, -1:] if last_only else x
+        if folded:  # the final norm's weight is in the LM head, its Σx² from the last down GEMV
+            from labsupport.measure.kernels import gemv
+
+            head = gemv.gemv(
+                x, self.lm_head, eps=eps, sumsq_in=self.sums[-1, :1], argmax=self.argmax, pdl=o.pdl,
+                early=o.early_weights,
+            )  # fmt: skip
+            return head[:, -1]
+        if not (step and o.matmul == "triton" and x.shape[1] == 1):
             head = self.lm_head if self.lm_scale is None else gemv_fp8.dequantize(self.lm_head, self.lm_scale, x.dtype)
             logits = F.linear(rmsnorm(x, self.norm, eps), head)
             return logits[:, -1] if last_only else logits
@@ -330,7 +411,6 @@ class Qwen3Decoder:
             x = triton_kernels.rmsnorm(x, self.norm, eps)
         else:
             x = rmsnorm(x, self.norm, eps)
-        o = self.opts
         head = self.kernels[0](
             x, self.lm_head, None, eps, False, None, self.lm_scale, o.split_k, o.pdl, o.early_weights
         )  # fmt: skip
@@ -406,6 +486,8 @@ class OwnStep(Captured):
 
     def run(self):
         logits = self.dec.forward(self.tok, self.pos)
+        if self.dec.opts.fold_norms:  # the LM head's argmax word (a view), until the next step starts
+            return logits, self.dec.next_token
         return logits, logits.argmax(-1, keepdim=True)
 
 

@@ -1,0 +1,325 @@
+"""The folded-norms rung (qwen3_decode.Options.fold_norms) computes what PyTorch and transformers
+compute: its GEMV epilogues (the norm's scale from one Σx² scalar, that scalar summed by the kernel
+that writes x, argmax in the LM head), the embedding row, the folded weights, and the whole step on
+the tiny model. On a CPU, in float32, in Triton's interpreter, which has no grid dependency control
+(the waits are no-ops there, exact where kernels run one after another)."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is built
+
+from labsupport.measure.models import qwen3_decode  # noqa: E402
+
+pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from labsupport.measure.kernels import folded_norms, gemv  # noqa: E402
+
+from .test_weights_first import waits_as_no_ops  # noqa: E402, F401 (the interpreter's waits: no-ops)
+
+pytestmark = pytest.mark.unit
+CLOSE = dict(rtol=1e-4, atol=1e-4)
+EPS = 1e-6
+# K = 96 below: none of these blocks divides it, so every mask matters (the last one's first tile too)
+CONFIGS = {
+    "two-tiles": gemv.Config(2, 64, 4, 2),
+    "three-tiles": gemv.Config(8, 32, 4, 2),
+    "split-k": gemv.Config(2, 32, 4, 2, 3),
+    "one-tile-past-k": gemv.Config(4, 128, 4, 2),
+}
+ONE_KERNEL = {name: c for name, c in CONFIGS.items() if c.split_k == 1}
+
+
+def _case(seed, n=48, k=96):
+    g = torch.Generator().manual_seed(seed)
+    x, norm = torch.randn(1, 1, k, generator=g), 0.5 + torch.rand(k, generator=g)
+    return x, norm, torch.randn(n, k, generator=g), torch.randn(n, k, generator=g)
+
+
+def _sumsq(x):
+    return (x.float() ** 2).sum().reshape(1)
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["", "early"])
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
+def test_a_gemv_with_the_norms_weight_folded_in_and_its_sum_of_squares_given_is_the_normed_product(config, early):
+    x, norm, gate, up = _case(0)
+    normed = qwen3_decode.rmsnorm(x, norm, EPS)
+    s = _sumsq(x)
+    w = torch.cat([gate, up])
+    out = gemv.gemv(x, folded_norms.fold(w, norm), sumsq_in=s, config=config, early=early)
+    torch.testing.assert_close(out, normed @ w.T, **CLOSE)
+    act = torch.nn.functional.silu(normed @ gate.T) * (normed @ up.T)
+    mlp = folded_norms.fold(gemv.interleave(gate, up), norm)
+    torch.testing.assert_close(gemv.gemv(x, mlp, sumsq_in=s, silu=True, config=config, early=early), act, **CLOSE)
+    assert float(s) == pytest.approx(float(_sumsq(x)))  # a reader leaves its scalar as it found it
+
+
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
+def test_a_residual_gemv_sums_the_squares_it_writes_and_zeroes_the_scalar_of_the_use_before(config):
+    x, _, gate, up = _case(1)
+    r = torch.randn(1, 1, gate.shape[0], generator=torch.Generator().manual_seed(2))
+    into, before = torch.zeros(1), torch.full((1,), 5.0)
+    y = gemv.gemv(x, gate, residual=r, sumsq_out=(into, before), config=config)
+    torch.testing.assert_close(y, r + x @ gate.T, **CLOSE)
+    torch.testing.assert_close(into, _sumsq(y), **CLOSE)
+    assert float(before) == 0.0
+    into.zero_()  # and the SiLU GEMV's output, summed the same way
+    act = gemv.gemv(x, gemv.interleave(gate, up), silu=True, sumsq_out=(into, before), config=config)
+    torch.testing.assert_close(into, _sumsq(act), **CLOSE)
+
+
+def test_a_chain_of_producers_and_readers_leaves_every_scalar_ready_for_the_next_call():
+    """embedding row (zeroes row 2, the LM head's of the call before) -> QKV (reads row 0) ->
+    o_proj + residual (adds row 1, zeroes row 0) -> gate/up (reads row 1) -> down + residual (adds
+    row 2, zeroes row 1), twice: the second call starts from the scalars the first left, and would
+    read or leave doubled sums if any was left unzeroed."""
+    g = torch.Generator().manual_seed(3)
+    k, inter, vocab = 40, 24, 30
+    table = torch.randn(vocab, k, generator=g)
+    in_norm, post_norm = 0.5 + torch.rand(k, generator=g), 0.5 + torch.rand(k, generator=g)
+    wq, wo = torch.randn(k, k, generator=g), torch.randn(k, k, generator=g)
+    gate, up, down = (
+        torch.randn(inter, k, generator=g),
+        torch.randn(inter, k, generator=g),
+        torch.randn(k, inter, generator=g),
+    )
+    qkv_f, mlp_f = folded_norms.fold(wq, in_norm), folded_norms.fold(gemv.interleave(gate, up), post_norm)
+    sums, word = folded_norms.sums(1, "cpu"), folded_norms.argmax_word("cpu")
+    tok = torch.tensor([[7]])
+    config = gemv.Config(4, 16, 4, 2)
+    for _ in range(2):
+        x = folded_norms.embed_row(tok, table, sums[0], reset=(word, sums[2, :1]), block_k=16)
+        q = gemv.gemv(x, qkv_f, sumsq_in=sums[0, :1], config=config)
+        x1 = gemv.gemv(q, wo, residual=x, sumsq_out=(sums[1, :1], sums[0, :1]), config=config)
+        act = gemv.gemv(x1, mlp_f, silu=True, sumsq_in=sums[1, :1], config=config)
+        out = gemv.gemv(act, down, residual=x1, sumsq_out=(sums[2, :1], sums[1, :1]), config=config)
+        h = qwen3_decode.rmsnorm(table[7].reshape(1, 1, k), in_norm, EPS) @ wq.T
+        want1 = table[7] + h @ wo.T
+        h2 = qwen3_decode.rmsnorm(want1, post_norm, EPS)
+        want = want1 + (torch.nn.functional.silu(h2 @ gate.T) * (h2 @ up.T)) @ down.T
+        torch.testing.assert_close(out, want, **CLOSE)
+        torch.testing.assert_close(sums[2, :1], _sumsq(out), **CLOSE)
+        assert sums[:2].eq(0).all() and sums[:, 1:].eq(0).all()
+
+
+def test_the_embedding_row_is_copied_with_the_sum_of_its_squares():
+    table = torch.randn(11, 40, generator=torch.Generator().manual_seed(4))
+    s = torch.full((1,), 3.0)  # stored, not added: no zeroing needed before
+    x = folded_norms.embed_row(torch.tensor([[9]]), table, s, block_k=16)  # 40 = 16 + 16 + 8: masked
+    torch.testing.assert_close(x, table[9].reshape(1, 1, 40))
+    torch.testing.assert_close(s, _sumsq(table[9]))
+    with pytest.raises(ValueError, match="one token"):
+        folded_norms.embed_row(torch.tensor([[1, 2]]), table, s)
+
+
+@pytest.mark.parametrize("config", ONE_KERNEL.values(), ids=ONE_KERNEL.keys())
+def test_the_lm_heads_argmax_epilogue_gives_torchs_token_until_the_next_steps_first_kernel_resets_it(config):
+    x, norm, w, _ = _case(5, n=37)  # 37 rows: the last block is cut short
+    quiet = 0.01 * torch.randn(37, 96, generator=torch.Generator().manual_seed(6))  # every logit far below w's
+    word, s = folded_norms.argmax_word("cpu"), _sumsq(x)
+    token = folded_norms.token_of(word)
+    tokens = []
+    for weight in (w, quiet):  # the second's largest logit is below the first's: a word left unreset would win
+        logits = gemv.gemv(x, folded_norms.fold(weight, norm), sumsq_in=s, argmax=word, config=config)
+        torch.testing.assert_close(logits, qwen3_decode.rmsnorm(x, norm, EPS) @ weight.T, **CLOSE)
+        tokens.append(int(token))
+        assert token.shape == (1, 1) and tokens[-1] == int(logits.argmax())
+        assert float(s) == pytest.approx(float(_sumsq(x)))  # read, and left for the next step's first kernel
+        folded_norms.embed_row(torch.tensor([[0]]), x.reshape(1, -1), torch.zeros(1), reset=(word, s))
+        assert int(word) == folded_norms.EMPTY_WORD and float(s) == 0.0
+        s.copy_(_sumsq(x))
+    assert tokens[0] != tokens[1]
+
+
+def test_argmax_is_the_lm_heads_one_kernel_epilogue():
+    x, _, w, _ = _case(7)
+    state = folded_norms.argmax_word("cpu")
+    with pytest.raises(ValueError, match="no split-K"):
+        gemv.gemv(x, w, argmax=state, config=CONFIGS["split-k"])
+    with pytest.raises(ValueError, match="no SiLU"):
+        gemv.gemv(x, w, argmax=state, silu=True)
+
+
+globals()["argmax_epilogue"] = folded_norms.jit_functions().argmax_epilogue  # for the kernel below
+
+
+@triton.jit
+def argmax_kernel(v_ptr, word_ptr, n, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = rows < n
+    argmax_epilogue(tl.load(v_ptr + rows, mask=ok, other=0.0), rows, ok, word_ptr)  # noqa: F821 (a global)
+
+
+INF = float("inf")
+ORDERS = {
+    "negative": [-3.0, -1.5, -2.0, -7.0, -1.25],
+    "negative-and-positive": [-1.0, 2.0, -5.0, 3.0, 0.5, -3.5],
+    "tiny-beats-zero": [0.0, -1e-38, 1e-38, -0.0],
+    "minus-zero-first": [-0.0, 0.0, -2.0],
+    "zero-ties-minus-zero": [-1.0, 0.0, -0.0, -0.0],
+    "ties-across-programs": [1.0, 5.0, 2.0, 5.0, 5.0],
+    "tie-in-a-later-program-first": [0.0, 1.0, 9.0, 3.0, 9.0],
+    "infinities": [-INF, 3e38, INF, -3e38, INF],
+    "all-minus-infinity": [-INF, -INF, -INF],
+}
+
+
+@pytest.mark.parametrize("values", ORDERS.values(), ids=ORDERS.keys())
+def test_the_packed_argmax_word_orders_as_torch_argmax(values):
+    v = torch.tensor(values, dtype=torch.float32)
+    word = folded_norms.argmax_word("cpu")
+    argmax_kernel[(triton.cdiv(v.numel(), 2),)](v, word, v.numel(), BLOCK=2)  # two values a program
+    assert int(folded_norms.token_of(word)) == int(torch.argmax(v))
+
+
+def test_fold_multiplies_the_columns_in_float32_and_rounds_once():
+    g = torch.Generator().manual_seed(8)
+    w, norm = torch.randn(6, 5, generator=g).bfloat16(), (0.5 + torch.rand(5, generator=g)).bfloat16()
+    folded = folded_norms.fold(w, norm)
+    assert folded.dtype == torch.bfloat16
+    assert torch.equal(folded, (w.float() * norm.float()).bfloat16())
+
+
+# Our decoder with the option, on the tiny model whose norms' weights are made unlike 1 (as built,
+# they are all 1, and a fold would change nothing).
+
+
+def _tiny_with_norms(dtype):
+    """The tiny model (seed 0) with every RMSNorm's weight drawn from [0.5, 1.5), and a prompt."""
+    from labsupport.measure import decode, models
+
+    torch.manual_seed(0)
+    model = models.build_model("tiny", device="cpu", dtype=dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.5 + torch.rand_like(p))
+    return model, decode.Prompt.random(model.config.vocab_size, 1, 40, "cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_with_norms():
+    from labsupport.chapters import closing_the_gap as ch
+
+    model, prompt = _tiny_with_norms(torch.float32)
+    return model, prompt, ch.reference(model, prompt)
+
+
+FUSED_GEMV = {"fused": True, "matmul": "triton", "fuse_gemv": True}  # rung 8's options
+
+
+def test_folded_weights_are_made_once_per_model_and_again_when_a_norm_changes(tiny_with_norms):
+    import copy
+
+    model = copy.deepcopy(tiny_with_norms[0])
+    opts = qwen3_decode.Options(**FUSED_GEMV, fold_norms=True)
+    dec, again = qwen3_decode.Qwen3Decoder(model, 48, opts), qwen3_decode.Qwen3Decoder(model, 48, opts)
+    assert dec.weights[0][4] is again.weights[0][4] and dec.lm_head is again.lm_head
+    a, lyr = model.model.layers[0].self_attn, model.model.layers[0]
+    qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+    torch.testing.assert_close(dec.weights[0][4], qkv * lyr.input_layernorm.weight)
+    assert dec.weights[0][:2] == (None, None) and dec.norm is None  # the folded norms are read no more
+    unfolded = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**FUSED_GEMV))
+    norms = lyr.input_layernorm.weight.numel() + lyr.post_attention_layernorm.weight.numel()
+    layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
+    assert unfolded.weight_bytes() - dec.weight_bytes() == 4 * (layers * norms + hidden)
+    with torch.no_grad():
+        lyr.input_layernorm.weight.mul_(2.0)
+    refolded = qwen3_decode.Qwen3Decoder(model, 48, opts)
+    torch.testing.assert_close(refolded.weights[0][4], 2.0 * dec.weights[0][4])
+
+
+def test_the_folded_decoders_prompt_pass_gives_transformers_logits(tiny_with_norms):
+    model, prompt, _ = tiny_with_norms
+    dec = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**FUSED_GEMV, fold_norms=True))
+    n = prompt.ids.shape[1]
+    with torch.no_grad():
+        ours = dec.forward(prompt.ids, torch.arange(n), step=False, last_only=False)
+        want = model(input_ids=prompt.ids).logits
+    torch.testing.assert_close(ours, want, **CLOSE)
+
+
+def test_in_bf16_the_folded_weights_rounding_keeps_the_logits_as_close_to_float32_as_eagers():
+    """The fold moves BF16's rounding from the normed activations to the weights: on the prompt
+    pass (PyTorch's matmuls, so BF16 runs on a CPU) the folded decoder's last logits pass the
+    chapter's check against the float32 model, with eager BF16's own error as the yardstick."""
+    import copy
+
+    from labsupport.chapters import closing_the_gap as ch
+
+    model, prompt = _tiny_with_norms(torch.bfloat16)
+    ids = prompt.ids
+    dec = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**FUSED_GEMV, fold_norms=True))
+    with torch.no_grad():
+        eager = model(input_ids=ids).logits[:, -1].float()
+        truth = copy.deepcopy(model).float()(input_ids=ids).logits[:, -1]
+        ours = dec.forward(ids, torch.arange(ids.shape[1]), step=False).float()
+    ref = ch.Reference(ids[:, -1:], eager, eager.argmax(-1), truth)
+    assert ref.eager_error > 1e-3  # BF16's rounding shows
+    check = ch.fidelity((ours, ours.argmax(-1)), ref, ch.ERROR_FACTOR)
+    assert check["passed"] and check["same_token"], check
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("base", ["fused-gemv", "one-attention"])
+def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
+    tiny_with_norms,
+    waits_as_no_ops,  # noqa: F811 (the fixture imported above)
+    monkeypatch,
+    base,
+):
+    from labsupport.chapters import closing_the_gap as ch
+    from labsupport.measure.kernels import triton_kernels
+
+    model, prompt, ref = tiny_with_norms
+    launches = []
+    launch = gemv.launch
+
+    def counted_launch(*a, **k):
+        launches.append({n: k.get(n) is not None for n in ("norm_weight", "sumsq_in", "sumsq_out", "argmax")})
+        return launch(*a, **k)
+
+    def no_rmsnorm_kernel(*a, **k):
+        raise AssertionError("the final norm is in the LM head")
+
+    monkeypatch.setattr(gemv, "launch", counted_launch)
+    monkeypatch.setattr(triton_kernels, "rmsnorm", no_rmsnorm_kernel)
+    options = FUSED_GEMV if base == "fused-gemv" else {**ch.OWN_OPTIONS["pdl"], "early_weights": True,
+                                                                 "one_attention": True}  # fmt: skip
+    step = qwen3_decode.OwnStep(model, prompt.ids, ref.token, qwen3_decode.Options(**options, fold_norms=True),
+                                compile=False, graph=False)  # fmt: skip
+    for _ in range(2):  # after its warm-up's three: every scalar and the word reset where a step needs it
+        logits, token = step()
+        torch.testing.assert_close(logits, ref.logits, **CLOSE)
+        assert token is step.dec.next_token and int(token) == int(ref.next_token)  # the LM head's word
+        check = ch.fidelity((logits, token), ref, ch.ERROR_FACTOR)
+        assert check["passed"] and check["same_token"]
+        sums = step.dec.sums
+        assert sums[:-1].eq(0).all() and sums[:, 1:].eq(0).all()  # the last one: the next step's first kernel's
+    layers = model.config.num_hidden_layers
+    per_step = 4 * layers + 1
+    steps, rest = divmod(len(launches), per_step)
+    assert steps == 5 and not rest
+    one = launches[-per_step:]
+    assert not any(c["norm_weight"] for c in one), "no GEMV reads a norm's weight"
+    assert sum(c["sumsq_in"] for c in one) == 2 * layers + 1  # QKV, gate/up, the LM head
+    assert sum(c["sumsq_out"] for c in one) == 2 * layers  # o_proj + residual, down + residual
+    assert [c["argmax"] for c in one] == [False] * (per_step - 1) + [True]
+
+
+def test_folded_norms_need_our_fused_gemv_no_fp8_and_one_gpu():
+    with pytest.raises(ValueError, match="fold_norms needs fuse_gemv"):
+        qwen3_decode.Options(fused=True, matmul="triton", fold_norms=True)
+    with pytest.raises(ValueError, match="fold_norms needs fuse_gemv"):
+        qwen3_decode.Options(**FUSED_GEMV, fp8=True, fold_norms=True)
+    opts = qwen3_decode.Options(**FUSED_GEMV, fold_norms=True)
+    shape = qwen3_decode.Shape(4, 2, 16, EPS)
+    with pytest.raises(ValueError, match="one-GPU"):
+        qwen3_decode.layer(torch.zeros(1, 1, 64), None, None, None, None, None, shape=shape, opts=opts,
+                           reduce=lambda t: t)  # fmt: skip
