@@ -28,6 +28,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.transforms import IdentityTransform
 
 from labsupport.traces.kernels import KINDS
 
@@ -68,6 +69,9 @@ plt.rcParams.update(
 COLUMN_PX = {1280: 688, 390: 358}  # measured in the built book (Chromium)
 MIN_TEXT_PX = {1280: 9.0, 390: 7.0}  # the least text height, in screen pixels, at each page width
 DESCRIPTION_KEY = "Description"  # the PNG text chunk that carries a figure's description
+# The PNG text chunk with the height, in the PNG's own pixels, of the figure's smallest text: the
+# browser test (tests/test_browser.py) scales it by the width the page shows the image at.
+SMALLEST_TEXT_KEY = "Smallest text px"
 
 
 def shown_width_px(natural_px: float, page_px: int) -> float:
@@ -126,14 +130,29 @@ def fit_to_width(fig) -> None:
     if fig._suptitle is not None:
         t = fig._suptitle
         t.set_text(_wrapped(t.get_text(), t.get_window_extent(renderer).width, fig_px * 0.95))
-    for legend in [*(ax.get_legend() for ax in fig.axes), *fig.legends]:
-        if legend is None:
-            continue
-        while legend._ncols > 1 and legend.get_window_extent(renderer).width > fig_px * 0.98:
-            legend.set_ncols(legend._ncols - 1)
-            fig.canvas.draw()
-        for t in legend.get_texts():  # one column, still too wide: its entries wrapped
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        while legend is not None and legend._ncols > 1 and legend.get_window_extent(renderer).width > fig_px * 0.98:
+            legend = _relaid(legend, legend._ncols - 1)
+            renderer = _renderer(fig)
+        for t in legend.get_texts() if legend is not None else ():  # still too wide: its entries wrapped
             t.set_text(_wrapped(t.get_text(), t.get_window_extent(renderer).width, fig_px * 0.85))
+
+
+def _relaid(legend, ncols: int):
+    """The axes' legend drawn again in `ncols` columns, where it was, as it was (a legend lays
+    out its columns once, when it is made)."""
+    texts = legend.get_texts()
+    return legend.axes.legend(
+        legend.legend_handles,
+        [t.get_text() for t in texts],
+        ncols=ncols,
+        loc=legend._loc,
+        bbox_to_anchor=legend.get_bbox_to_anchor(),  # in display units, following the axes
+        bbox_transform=IdentityTransform(),
+        frameon=legend.get_frame_on(),
+        fontsize=texts[0].get_fontsize() if texts else None,
+    )
 
 
 def plain_ticks(ax, axis: str = "y") -> None:
@@ -229,15 +248,26 @@ def description(fig) -> str:
     return " ".join(p for p in ("Figure.", f"{shown}." if shown else "", _TAKEAWAYS.get(fig, "")) if p)
 
 
+def smallest_text_px(fig) -> float:
+    """The height of the smallest visible text of `fig`, in pixels of its PNG (font size × dpi / 72)."""
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min(sizes, default=0.0) * fig.dpi / 72
+
+
+def png_metadata(fig) -> dict:
+    """The text chunks a figure's PNG carries: its description and its smallest text's height."""
+    return {DESCRIPTION_KEY: description(fig), SMALLEST_TEXT_KEY: f"{smallest_text_px(fig):.2f}"}
+
+
 def save(fig, path) -> None:
-    """Write `fig` as the book shows it (bbox tight), its description in the PNG."""
-    fig.savefig(path, bbox_inches="tight", metadata={DESCRIPTION_KEY: description(fig)})
+    """Write `fig` as the book shows it (bbox tight), with png_metadata."""
+    fig.savefig(path, bbox_inches="tight", metadata=png_metadata(fig))
 
 
 def install_png_description(shell=None) -> bool:
     """In an IPython kernel, make the PNG of every figure displayed carry its description
-    (a "Description" text chunk): the inline backend's PNG printer for figures is wrapped to
-    pass matplotlib the metadata. Returns whether it is installed (False outside IPython, or
+    and its smallest text's height (png_metadata): the inline backend's PNG printer for figures
+    is wrapped to pass matplotlib the metadata. Returns whether it is installed (False outside IPython, or
     where no PNG printer for figures is registered)."""
     if shell is None:
         try:
@@ -256,7 +286,7 @@ def install_png_description(shell=None) -> bool:
         return True
 
     def with_description(fig):
-        return printer(fig, metadata={DESCRIPTION_KEY: description(fig)})
+        return printer(fig, metadata=png_metadata(fig))
 
     with_description.describes = True
     png.for_type(Figure, with_description)

@@ -165,13 +165,26 @@ def number_format(values: pd.Series) -> str:
     return "{:.3f}"
 
 
+_DATA_CELL = re.compile(r'(<td\b[^>]*\bclass="data row\d+ col(\d+)[ "][^>]*?)(\s*)>')
+
+
+def labelled_cells(table_html: str, columns) -> str:
+    """A Styler's table with every data cell carrying its column's name (`data-label`, escaped):
+    on a narrow screen book/_static/book.css shows each row as a card of "name value" lines,
+    so that a table of many columns needs no sideways scrolling."""
+    multi = isinstance(columns, pd.MultiIndex)
+    names = [html.escape(" / ".join(map(str, c)) if multi else str(c)) for c in columns]
+    return _DATA_CELL.sub(lambda m: f'{m.group(1)} data-label="{names[int(m.group(2))]}">', table_html)
+
+
 def table(
     df: pd.DataFrame, formats: dict | None = None, max_rows: int = 15, csv_href: str | None = None, wrap: tuple = ()
 ):
     """A table for the page: the index hidden, numbers formatted for reading (number_format,
     unless `formats` names a column's format), missing values as a dash, the text of the
     `wrap` columns allowed to break, and at most `max_rows` rows, with a line saying how many
-    more the full table (linked as CSV at `csv_href`) holds."""
+    more the full table (linked as CSV at `csv_href`) holds. Every cell names its column
+    (labelled_cells), for the stacked layout a narrow screen shows."""
     from IPython.display import HTML
 
     shown = df.head(max_rows)
@@ -182,7 +195,7 @@ def table(
         styler = styler.set_properties(
             subset=[c], **{"white-space": "normal", "overflow-wrap": "anywhere", "min-width": "8em"}
         )
-    out = styler.set_table_attributes('class="book-table"').to_html()
+    out = labelled_cells(styler.set_table_attributes('class="book-table"').to_html(), shown.columns)
     parts = []
     if len(df) > max_rows:
         parts.append(f"the first {max_rows} of {len(df):,d} rows")

@@ -68,3 +68,146 @@ def test_the_measure_catches_a_figure_too_wide_for_its_text():
     figures.plain_ticks(ax, "x")
     assert not any("scientific" in p for p in problems("wide", fig))
     plt.close(fig)
+
+
+# --- Figures drawn for the phone, and what they carry for the book --------------------------
+
+LABEL = "NVIDIA H200 · run 20261130T143702Z-h200 · 2026-12-01 · torch 2.11.0+cu128"
+
+
+def kernels_frame(n: int = 30):
+    import pandas as pd
+
+    kinds = ["matrix multiply", "elementwise", "attention", "reduction"]
+    return pd.DataFrame(
+        {
+            "start_ns": [i * 5_000 for i in range(n)],
+            "dur_ns": [3_000] * n,
+            "launch_ns": [i * 5_000 - 2_000 for i in range(n)],
+            "launch_dur_ns": [1_500] * n,
+            "kind": [kinds[i % len(kinds)] for i in range(n)],
+        }
+    )
+
+
+@pytest.mark.parametrize("draw", ["hbars", "timeline"])
+def test_the_generic_figures_are_legible_on_a_phone(draw):
+    """At 390 px no text of the generic figures is under 7 px (figures.MIN_TEXT_PX), with a long
+    title, long labels and a long provenance footer, and the PNG is no wider than the figure."""
+    if draw == "hbars":
+        names = ["eager, dynamic cache (as written)", "CUDA graph of the static-cache step", "torch.compile"]
+        fig = figures.hbars(
+            names, [31.2, 12.4, 9.87], LABEL, "Time per token of each form of the step, at batch one", "ms per token"
+        )
+    else:
+        fig = figures.timeline(kernels_frame(), LABEL, "Decoder layer 18: CPU launches and GPU kernels (profiled)")
+    assert not problems(draw, fig)
+    assert figures.text_heights_px(fig, 390)[0][0] >= 7
+    assert fig.get_tightbbox().width <= fig.get_figwidth() + 0.05
+    plt.close(fig)
+
+
+def test_finish_keeps_a_value_label_inside_the_figure():
+    """A bar's value written past the axes' end would widen the PNG and shrink every text:
+    finish narrows the axes instead (figures.keep_inside)."""
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 2.5))
+    ax.barh(["a", "b"], [1, 10])
+    ax.set_xlim(0, 10)
+    ax.text(10, 1, " 10.00 TB/s, the fastest of all the shapes measured", va="center")
+    figures.finish(fig, LABEL)
+    assert fig.get_tightbbox().x1 <= fig.get_figwidth() + 0.03
+    assert figures.text_heights_px(fig, 390)[0][0] >= figures.MIN_TEXT_PX[390]
+    plt.close(fig)
+
+
+def test_finish_fits_titles_and_legends_to_the_width():
+    """A title wider than its axes is wrapped; a legend wider than the figure loses columns."""
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 3))
+    for i in range(4):
+        ax.plot([1, 2], [i, i + 1], label=f"a rather long name for line number {i}")
+    ax.set_title("A title far too long to stand on one line of a figure drawn for a phone's screen")
+    ax.legend(ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    figures.finish(fig, LABEL)
+    assert "\n" in ax.get_title()
+    assert ax.get_legend()._ncols < 4
+    assert fig.get_tightbbox().width <= fig.get_figwidth() + 0.05
+    plt.close(fig)
+
+
+def test_the_description_says_what_the_figure_shows():
+    fig = figures.hbars(["eager", "CUDA graph"], [30.0, 12.0], LABEL, "Time per token", "ms per token")
+    text = figures.description(fig)
+    assert text.startswith("Figure. Time per token")
+    assert "horizontal axis: ms per token" in text and "eager, CUDA graph" in text
+    assert "Largest: eager, 30.00; smallest: CUDA graph, 12.00." in text
+    assert "/" not in text and ".png" not in text
+    plt.close(fig)
+
+
+def test_a_displayed_figure_png_carries_its_description():
+    """In a kernel the inline backend registers a PNG printer for figures; install_png_description
+    wraps it, so that the PNG a cell's output holds carries the description and the smallest
+    text's height as text chunks (book/_ext/figure_alt.py and the browser test read them)."""
+    import base64
+    import functools
+    import io
+    from types import SimpleNamespace
+
+    from IPython.core.formatters import PNGFormatter
+    from IPython.core.pylabtools import print_figure
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    png = PNGFormatter()
+    png.for_type(Figure, functools.partial(print_figure, fmt="png", base64=True))  # as matplotlib-inline does
+    shell = SimpleNamespace(display_formatter=SimpleNamespace(formatters={"image/png": png}))
+    assert figures.install_png_description(shell)
+    assert figures.install_png_description(shell)  # once: the printer is not wrapped twice
+    fig = figures.hbars(["eager", "CUDA graph"], [30.0, 12.0], LABEL, "Time per token", "ms per token")
+    image = Image.open(io.BytesIO(base64.b64decode(png(fig))))
+    image.load()
+    assert image.text[figures.DESCRIPTION_KEY] == figures.description(fig)
+    assert float(image.text[figures.SMALLEST_TEXT_KEY]) == pytest.approx(10 * fig.dpi / 72, abs=0.01)
+    plt.close(fig)
+
+
+def _figure_alt_extension():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "book" / "_ext" / "figure_alt.py"
+    spec = importlib.util.spec_from_file_location("figure_alt", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_book_gives_each_figure_its_description_and_a_full_size_link(tmp_path):
+    """book/_ext/figure_alt.py: an output image whose PNG carries a description gets it as alt
+    text, and every PNG image is wrapped in a link to its file under _images/."""
+    from types import SimpleNamespace
+
+    from docutils import nodes
+
+    ext = _figure_alt_extension()
+    fig = figures.hbars(["eager", "CUDA graph"], [30.0, 12.0], LABEL, "Time per token", "ms per token")
+    (tmp_path / "out").mkdir()
+    figures.save(fig, tmp_path / "out" / "described.png")
+    plt.imsave(tmp_path / "out" / "plain.png", [[0.0, 1.0]])
+    assert ext.png_description(tmp_path / "out" / "described.png") == figures.description(fig)
+    assert ext.png_description(tmp_path / "out" / "plain.png") is None
+    doctree = nodes.section()
+    described, plain = nodes.image(uri="out/described.png"), nodes.image(uri="out/plain.png")
+    doctree += [nodes.paragraph("", "", described), nodes.paragraph("", "", plain)]
+    app = SimpleNamespace(
+        srcdir=str(tmp_path),
+        builder=SimpleNamespace(format="html", get_target_uri=lambda doc: f"{doc}.html"),
+        env=SimpleNamespace(images={"out/described.png": ({"x"}, "d1.png"), "out/plain.png": ({"x"}, "p1.png")}),
+    )
+    ext._describe_and_link(app, doctree, "notebooks/chapter")
+    assert described["alt"] == figures.description(fig)
+    assert "alt" not in plain  # no description: the browser test fails on it
+    links = [image.parent for image in (described, plain)]
+    assert [link["refuri"] for link in links] == ["../_images/d1.png", "../_images/p1.png"]
+    assert all(isinstance(link, nodes.reference) for link in links)
+    plt.close(fig)

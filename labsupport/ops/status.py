@@ -54,7 +54,7 @@ def history_figure(label: str):
         return fig
     # One panel per chapter, one above the other, each with its legend under it (never over the
     # lines), and a handful of whole-number publication ticks however many publications there are.
-    fig, axes = plt.subplots(len(by_chapter), 1, figsize=(figures.WIDTH, 2.9 * len(by_chapter)), squeeze=False)
+    fig, axes = plt.subplots(len(by_chapter), 1, figsize=(figures.WIDTH, 2.4 * len(by_chapter)), squeeze=False)
     for ax, (chapter, g) in zip(axes.flat, by_chapter, strict=True):
         for metric, m in g.groupby("metric", sort=False):
             x = [order.index(p) + 1 for p in m.published_as]
@@ -65,7 +65,7 @@ def history_figure(label: str):
         ax.set_xlim(0.5, len(order) + 0.5)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
         ax.set_ylabel("relative to newest")
-        ax.legend(loc="upper left", bbox_to_anchor=(0, -0.16), ncol=2, frameon=False)
+        ax.legend(loc="upper left", bbox_to_anchor=(0, -0.2), ncol=3, frameon=False)
     axes.flat[-1].set_xlabel("publication (numbered as in the table below)")
     takeaway = (
         f"{len(order)} publications; each line is one headline number over its newest value, "
