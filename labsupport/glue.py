@@ -165,16 +165,25 @@ def number_format(values: pd.Series) -> str:
     return "{:.3f}"
 
 
-_DATA_CELL = re.compile(r'(<td\b[^>]*\bclass="data row\d+ col(\d+)[ "][^>]*?)(\s*)>')
+WORD = r"[A-Za-z_]{4}"  # a column with a word in it holds text (a name); "5.80 (5.79-5.81)" does not
+_DATA_CELL = re.compile(r'<td\b([^>]*)\bclass="(data row\d+ col(\d+))"([^>]*?)\s*>')
 
 
-def labelled_cells(table_html: str, columns) -> str:
-    """A Styler's table with every data cell carrying its column's name (`data-label`, escaped):
-    on a narrow screen book/_static/book.css shows each row as a card of "name value" lines,
-    so that a table of many columns needs no sideways scrolling."""
+def labelled_cells(table_html: str, columns, text_columns=()) -> str:
+    """A Styler's table with every data cell carrying its column's name (`data-label`, escaped),
+    and the cells of `text_columns` (positions) the class `text`: on a narrow screen
+    book/_static/book.css shows each row as a card of "name value" lines, so that a table of many
+    columns needs no sideways scrolling; on a wide one a text cell may break a long word, a
+    number never."""
     multi = isinstance(columns, pd.MultiIndex)
     names = [html.escape(" / ".join(map(str, c)) if multi else str(c)) for c in columns]
-    return _DATA_CELL.sub(lambda m: f'{m.group(1)} data-label="{names[int(m.group(2))]}">', table_html)
+
+    def label(m):
+        col = int(m.group(3))
+        classes = m.group(2) + (" text" if col in text_columns else "")
+        return f'<td{m.group(1)}class="{classes}"{m.group(4)} data-label="{names[col]}">'
+
+    return _DATA_CELL.sub(label, table_html)
 
 
 def table(
@@ -195,7 +204,9 @@ def table(
         styler = styler.set_properties(
             subset=[c], **{"white-space": "normal", "overflow-wrap": "anywhere", "min-width": "8em"}
         )
-    out = labelled_cells(styler.set_table_attributes('class="book-table"').to_html(), shown.columns)
+    words = [c for c in shown.columns if c not in fmt and shown[c].astype(str).str.contains(WORD).any()]
+    text = [i for i, c in enumerate(shown.columns) if c in words]
+    out = labelled_cells(styler.set_table_attributes('class="book-table"').to_html(), shown.columns, text)
     parts = []
     if len(df) > max_rows:
         parts.append(f"the first {max_rows} of {len(df):,d} rows")

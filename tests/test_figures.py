@@ -1,10 +1,13 @@
 """Every figure the book draws is legible on a 390 px phone and at 1280 px: no text under
-figures.MIN_TEXT_PX pixels high (9 px at 1280, legends included) as the book shows it
-(labsupport.figures.text_heights_px), no
+figures.MIN_TEXT_PX pixels high (7 px at 390, 9 px at 1280, legends included) as the book shows
+it (labsupport.figures.text_heights_px), no
 tick label in scientific notation (6×10⁰) on a log axis, and every bar on a log axis labelled
 with its value. The figures are the ones each chapter notebook draws in the session's book
 build (replay mode on the published runs): tests/figure_probe.py checks them in the build's
-notebook kernels, after each cell, so no chapter is executed again here."""
+notebook kernels, after each cell, so no chapter is executed again here. The unit tests below
+check the generic figures and what makes them fit (labsupport.figures.finish), the description
+and text size each PNG carries, and book/_ext/figure_alt.py, which turns them into the page's
+alt text and a link to the full-size image."""
 
 import matplotlib.pyplot as plt
 import nbformat
