@@ -12,23 +12,23 @@ the book shows it (tests/test_figures.py, tests/figure_probe.py).
 
 The description: `finish(fig, label, takeaway)` records what the figure shows (its title, its
 axes, what its legend names, and the takeaway, from the data); a figure without one gets the
-part read from its axes (`description`). In a notebook kernel the PNG the inline backend
-writes carries it as a "Description" text chunk (`install_png_description`), and the book's
-Sphinx extension book/_ext/figure_alt.py makes it the image's alt text: no notebook cell names
-it. myst-nb takes alt text only from a cell's metadata, which would mean editing notebooks.
+part read from its axes (`description`). Every PNG of the figure (the one a notebook cell's
+output holds, savefig's) carries it as a "Description" text chunk, with the height of its
+smallest text (`_carry_metadata`), and the book's Sphinx extension book/_ext/figure_alt.py
+makes it the image's alt text: no notebook cell names it. myst-nb takes alt text only from a
+cell's metadata, which would mean editing notebooks.
 """
 
 from __future__ import annotations
 
 import textwrap
 import weakref
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.figure import Figure
 from matplotlib.text import Text
 from matplotlib.ticker import FuncFormatter, NullFormatter
-from matplotlib.transforms import IdentityTransform
 
 from labsupport.traces.kernels import KINDS
 
@@ -148,8 +148,9 @@ def _relaid(legend, ncols: int):
         [t.get_text() for t in texts],
         ncols=ncols,
         loc=legend._loc,
-        bbox_to_anchor=legend.get_bbox_to_anchor(),  # in display units, following the axes
-        bbox_transform=IdentityTransform(),
+        # where it was, in the axes' own coordinates (which a later layout keeps)
+        bbox_to_anchor=legend.get_bbox_to_anchor().transformed(legend.axes.transAxes.inverted()).bounds,
+        bbox_transform=legend.axes.transAxes,
         frameon=legend.get_frame_on(),
         fontsize=texts[0].get_fontsize() if texts else None,
     )
@@ -187,7 +188,6 @@ def finish(fig, label: str, takeaway: str = ""):
     """The end every figure shares: titles, labels and legends fitted to the width
     (fit_to_width), a tight layout above the provenance footer, and the figure's description
     (what `description` reads from its axes, then `takeaway`, a sentence from the data)."""
-    install_png_description()
     fit_to_width(fig)
     bottom = footer(fig, label)
     keep_inside(fig, bottom)
@@ -215,8 +215,31 @@ _TAKEAWAYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def describe(fig, takeaway: str) -> None:
-    """Record the takeaway of `fig` (a sentence from the data) for its description."""
+    """Record the takeaway of `fig` (a sentence from the data) for its description, and make
+    every PNG of it carry png_metadata (_carry_metadata)."""
     _TAKEAWAYS[fig] = " ".join(takeaway.split())
+    _carry_metadata(fig)
+
+
+def _carry_metadata(fig) -> None:
+    """Every PNG written of `fig` carries png_metadata, whatever writes it: the inline backend's
+    printer in a notebook kernel (IPython's print_figure, which calls the figure's canvas),
+    savefig, `save`. The canvas's print_figure is wrapped, on this figure alone, to pass
+    matplotlib the metadata; wrapping IPython's printer instead would be undone whenever the
+    inline backend registers its own again."""
+    canvas = fig.canvas
+    if getattr(canvas.print_figure, "carries_metadata", False):
+        return
+    plain = canvas.print_figure
+
+    def print_figure(filename, *args, **kwargs):
+        fmt = kwargs.get("format") or (str(filename).rsplit(".", 1)[-1] if isinstance(filename, (str, Path)) else "png")
+        if str(fmt).lower() == "png":
+            kwargs["metadata"] = {**png_metadata(fig), **(kwargs.get("metadata") or {})}
+        return plain(filename, *args, **kwargs)
+
+    print_figure.carries_metadata = True
+    canvas.print_figure = print_figure
 
 
 def _one_line(text: str) -> str:
@@ -261,36 +284,7 @@ def png_metadata(fig) -> dict:
 
 def save(fig, path) -> None:
     """Write `fig` as the book shows it (bbox tight), with png_metadata."""
-    fig.savefig(path, bbox_inches="tight", metadata=png_metadata(fig))
-
-
-def install_png_description(shell=None) -> bool:
-    """In an IPython kernel, make the PNG of every figure displayed carry its description
-    and its smallest text's height (png_metadata): the inline backend's PNG printer for figures
-    is wrapped to pass matplotlib the metadata. Returns whether it is installed (False outside IPython, or
-    where no PNG printer for figures is registered)."""
-    if shell is None:
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return False
-        shell = get_ipython()
-    if shell is None:
-        return False
-    png = shell.display_formatter.formatters["image/png"]
-    try:
-        printer = png.lookup_by_type(Figure)
-    except KeyError:
-        return False
-    if getattr(printer, "describes", False):
-        return True
-
-    def with_description(fig):
-        return printer(fig, metadata=png_metadata(fig))
-
-    with_description.describes = True
-    png.for_type(Figure, with_description)
-    return True
+    fig.savefig(path, bbox_inches="tight", metadata=png_metadata(fig), format="png")
 
 
 def kind_legend(ax, kinds: set[str], below: float) -> None:

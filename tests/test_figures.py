@@ -151,13 +151,13 @@ def test_the_description_says_what_the_figure_shows():
 
 
 def test_a_displayed_figure_png_carries_its_description():
-    """In a kernel the inline backend registers a PNG printer for figures; install_png_description
-    wraps it, so that the PNG a cell's output holds carries the description and the smallest
-    text's height as text chunks (book/_ext/figure_alt.py and the browser test read them)."""
+    """A figure a notebook cell shows is written by the inline backend's printer, IPython's
+    print_figure, registered for every figure; the PNG it writes of a finished figure carries the
+    description and the smallest text's height as text chunks (book/_ext/figure_alt.py and the
+    browser test read them), and so does savefig's."""
     import base64
     import functools
     import io
-    from types import SimpleNamespace
 
     from IPython.core.formatters import PNGFormatter
     from IPython.core.pylabtools import print_figure
@@ -166,15 +166,21 @@ def test_a_displayed_figure_png_carries_its_description():
 
     png = PNGFormatter()
     png.for_type(Figure, functools.partial(print_figure, fmt="png", base64=True))  # as matplotlib-inline does
-    shell = SimpleNamespace(display_formatter=SimpleNamespace(formatters={"image/png": png}))
-    assert figures.install_png_description(shell)
-    assert figures.install_png_description(shell)  # once: the printer is not wrapped twice
     fig = figures.hbars(["eager", "CUDA graph"], [30.0, 12.0], LABEL, "Time per token", "ms per token")
-    image = Image.open(io.BytesIO(base64.b64decode(png(fig))))
-    image.load()
-    assert image.text[figures.DESCRIPTION_KEY] == figures.description(fig)
-    assert float(image.text[figures.SMALLEST_TEXT_KEY]) == pytest.approx(10 * fig.dpi / 72, abs=0.01)
+    for data in (base64.b64decode(png(fig)), _saved(fig)):
+        image = Image.open(io.BytesIO(data))
+        image.load()
+        assert image.text[figures.DESCRIPTION_KEY] == figures.description(fig)
+        assert float(image.text[figures.SMALLEST_TEXT_KEY]) == pytest.approx(10 * fig.dpi / 72, abs=0.01)
     plt.close(fig)
+
+
+def _saved(fig) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
 
 
 def _figure_alt_extension():
