@@ -367,7 +367,7 @@ def layout_numbers(html_root: Path, v) -> dict:
     if v.shown.get("layout"):
         out["1280"]["hidden_table_px"] = round(max((t["hidden"] for t in v.shown["layout"]["tables"]), default=0))
     if v.narrow.get("layout"):
-        sizes = [px for px, _ in figure_text_px(html_root, v.narrow["layout"])]
+        sizes = [px for px, _ in figure_text_px(html_root, v.narrow["layout"]) if px == px]  # NaN: not known
         out["390"]["smallest_figure_text"] = round(min(sizes), 2) if sizes else None
     return out
 
