@@ -165,13 +165,35 @@ def number_format(values: pd.Series) -> str:
     return "{:.3f}"
 
 
+WORD = r"[A-Za-z_]{4}"  # a column with a word in it holds text (a name); "5.80 (5.79-5.81)" does not
+_DATA_CELL = re.compile(r'<td\b([^>]*)\bclass="(data row\d+ col(\d+))"([^>]*?)\s*>')
+
+
+def labelled_cells(table_html: str, columns, text_columns=()) -> str:
+    """A Styler's table with every data cell carrying its column's name (`data-label`, escaped),
+    and the cells of `text_columns` (positions) the class `text`: on a narrow screen
+    book/_static/book.css shows each row as a card of "name value" lines, so that a table of many
+    columns needs no sideways scrolling; on a wide one a text cell may break a long word, a
+    number never."""
+    multi = isinstance(columns, pd.MultiIndex)
+    names = [html.escape(" / ".join(map(str, c)) if multi else str(c)) for c in columns]
+
+    def label(m):
+        col = int(m.group(3))
+        classes = m.group(2) + (" text" if col in text_columns else "")
+        return f'<td{m.group(1)}class="{classes}"{m.group(4)} data-label="{names[col]}">'
+
+    return _DATA_CELL.sub(label, table_html)
+
+
 def table(
     df: pd.DataFrame, formats: dict | None = None, max_rows: int = 15, csv_href: str | None = None, wrap: tuple = ()
 ):
     """A table for the page: the index hidden, numbers formatted for reading (number_format,
     unless `formats` names a column's format), missing values as a dash, the text of the
     `wrap` columns allowed to break, and at most `max_rows` rows, with a line saying how many
-    more the full table (linked as CSV at `csv_href`) holds."""
+    more the full table (linked as CSV at `csv_href`) holds. Every cell names its column
+    (labelled_cells), for the stacked layout a narrow screen shows."""
     from IPython.display import HTML
 
     shown = df.head(max_rows)
@@ -182,7 +204,9 @@ def table(
         styler = styler.set_properties(
             subset=[c], **{"white-space": "normal", "overflow-wrap": "anywhere", "min-width": "8em"}
         )
-    out = styler.set_table_attributes('class="book-table"').to_html()
+    words = [c for c in shown.columns if c not in fmt and shown[c].astype(str).str.contains(WORD).any()]
+    text = [i for i, c in enumerate(shown.columns) if c in words]
+    out = labelled_cells(styler.set_table_attributes('class="book-table"').to_html(), shown.columns, text)
     parts = []
     if len(df) > max_rows:
         parts.append(f"the first {max_rows} of {len(df):,d} rows")

@@ -11,6 +11,15 @@ that scrolls), and no Python object's repr in the text (`<IPython.core.display.M
 object>`, `<Figure size ...>`, `... object at 0x...`): a value that a cell displayed instead of
 its content. test_the_checks_catch_a_broken_page shows that these checks fail on such a page.
 
+Every figure is also checked for what a phone reader needs: its smallest text at least
+figures.MIN_TEXT_PX[390] px high as the page shows it at 390 px (the height of that text in the
+PNG, which labsupport.figures writes into it, times the scale the page shows the image at), a
+link to its full-size file, and alt text that describes it (words, not a file path). Tables: at
+390 px none wider than MAX_TABLE_SCREENS screens, at 1280 px none that hides columns behind a
+scroll bar. Each page's height and the depth of its first figure, at 1280 and 390 px, are written
+to build/screenshots/layout.json; ASSERT_PAGE_LAYOUT switches the assertion that every chapter
+keeps them under MAX_PAGE_HEIGHT_PX and MAX_FIRST_FIGURE_PX at 1280 (folds closed).
+
 To look at a book already built instead of building one, set LABSUPPORT_BOOK_HTML to its HTML
 folder (e.g. _build/html after `python -m labsupport book`).
 
@@ -43,9 +52,17 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from labsupport import chapters
+from labsupport import chapters, figures
 
 pytestmark = pytest.mark.book
+
+# A chapter page at 1280 px, its folds closed: at most this tall, its first figure at most this far
+# down. The measurement is always made and written to build/screenshots/layout.json; this switch
+# turns the assertion on (test_chapter_page_height_and_first_figure).
+ASSERT_PAGE_LAYOUT = False
+MAX_PAGE_HEIGHT_PX = 15_000
+MAX_FIRST_FIGURE_PX = 2_000
+MAX_TABLE_SCREENS = 2  # at 390 px, no table wider than twice the screen
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -142,8 +159,39 @@ def _is_number(text: str) -> bool:
     return bool(NUMBER.fullmatch(text.strip()))
 
 
+# Where things lie on the page, at the width it is opened at: its height (folds closed, as it
+# loads), the top of its first figure (an image a cell printed), every figure (its file, its alt
+# text, the link around it, its natural and shown widths) and every table (the width of its
+# content, and how much of it a scroll box hides).
+LAYOUT = """(main) => {
+  const outputs = Array.from(main.querySelectorAll('.cell_output img'));
+  const first = outputs.length ? outputs[0].getBoundingClientRect().top + window.scrollY : null;
+  return {
+    height: document.documentElement.scrollHeight,
+    first_figure: first,
+    figures: Array.from(main.querySelectorAll('img')).filter(i => i.naturalWidth >= 48).map(i => {
+      const a = i.closest('a[href]');
+      return {src: i.currentSrc || i.src, alt: i.getAttribute('alt'), link: a ? a.href : null,
+              natural: i.naturalWidth, shown: i.getBoundingClientRect().width};
+    }),
+    tables: Array.from(main.querySelectorAll('table')).map(t => {
+      let hidden = 0;  // what the table's own scroll box (itself, or the nearest around it) hides
+      for (let e = t; e && e !== main; e = e.parentElement) {
+        const o = getComputedStyle(e).overflowX;
+        if (o === 'auto' || o === 'scroll') { hidden = e.scrollWidth - e.clientWidth; break; }
+      }
+      return {width: Math.max(t.getBoundingClientRect().width, t.scrollWidth), hidden: hidden,
+              head: Array.from(t.querySelectorAll('th')).slice(0, 3).map(h => h.textContent.trim())};
+    }),
+  };
+}"""
+
 # What the page shows, collected in the browser in one go.
-COLLECT = """async () => {
+COLLECT = (
+    """async () => {
+  const LAYOUT = """
+    + LAYOUT
+    + """;
   const imgs = Array.from(document.images);
   await Promise.all(imgs.map(i => i.complete ? null :
       new Promise(r => { i.addEventListener('load', r); i.addEventListener('error', r); })));
@@ -175,8 +223,10 @@ COLLECT = """async () => {
               head: Array.from(t.querySelectorAll('th')).slice(0, 3).map(h => h.textContent.trim())};
     }),
     explorers: main.querySelectorAll('.explorer, .jupyter-widgets, .widget-box').length,
+    layout: LAYOUT(main),
   };
 }"""
+)
 
 # How far the page scrolls sideways on a phone-sized screen.
 OVERFLOW = "() => document.documentElement.scrollWidth - window.innerWidth"
@@ -185,7 +235,11 @@ NARROW = {"width": 390, "height": 844}
 # What the page shows on a phone: its text, and where each figure (an image, or an svg that is
 # not an icon of the theme) lies against the screen and against every box around it that clips
 # or scrolls (a figure partly outside such a box is shown in part).
-NARROW_COLLECT = """async () => {
+NARROW_COLLECT = (
+    """async () => {
+  const LAYOUT = """
+    + LAYOUT
+    + """;
   const imgs = Array.from(document.images);
   await Promise.all(imgs.map(i => i.complete ? null :
       new Promise(r => { i.addEventListener('load', r); i.addEventListener('error', r); })));
@@ -207,8 +261,9 @@ NARROW_COLLECT = """async () => {
     return {src: (e.currentSrc || e.src || e.tagName).toString().slice(-80), width: r.width,
             left: r.left, right: r.right, cut_by_box_px: cut};
   });
-  return {text: document.body.innerText, screen: screen, figures: figures};
+  return {text: document.body.innerText, screen: screen, figures: figures, layout: LAYOUT(main)};
 }"""
+)
 
 # A Python object's repr where its content should be: a cell displayed an object (an
 # IPython Markdown, a matplotlib figure) instead of rendering it.
@@ -234,6 +289,87 @@ def figures_not_whole(narrow: dict) -> list[str]:
         elif f["cut_by_box_px"] is not None:
             bad.append(f"{f['src']}: {f['width']:.0f} px wide in a box of {f['cut_by_box_px']:.0f} px (shown in part)")
     return bad
+
+
+# Alt text that is a file's name or path rather than words about the figure.
+PATH_LIKE = re.compile(r"\.(png|jpe?g|gif|svg|webp)\b|_build/|jupyter_execute|^\S+$", re.I)
+MIN_ALT_WORDS = 8
+
+
+def _image_name(url: str) -> str:
+    return Path(urlsplit(url).path).name
+
+
+def figure_link_and_alt_problems(layout: dict) -> list[str]:
+    """The figures of a page (a LAYOUT answer) with no link to their own full-size file, or whose
+    alt text is missing, a path, or too short to say what the figure shows."""
+    bad = []
+    for f in layout["figures"]:
+        name, alt = _image_name(f["src"]), " ".join((f["alt"] or "").split())
+        if not alt or PATH_LIKE.search(alt) or len(alt.split()) < MIN_ALT_WORDS:
+            bad.append(f"{name}: alt text {alt[:80]!r} does not describe the figure")
+        if not f["link"] or _image_name(f["link"]) != name:
+            bad.append(f"{name}: no link to the full-size image (its link: {f['link']})")
+    return bad
+
+
+def figure_text_px(html_root: Path, layout: dict) -> list[tuple[float, str]]:
+    """Each PNG figure of a page (a LAYOUT answer) with the height of its smallest text as the page
+    shows it: that text's height in the PNG (labsupport.figures.SMALLEST_TEXT_KEY, written when
+    the figure was drawn) times the scale the image is shown at; NaN where the PNG does not say."""
+    from PIL import Image
+
+    found = []
+    for f in layout["figures"]:
+        path = html_root / urlsplit(f["src"]).path.lstrip("/")
+        if path.suffix.lower() != ".png":
+            continue
+        with Image.open(path) as im:
+            im.load()
+            smallest = float((im.text or {}).get(figures.SMALLEST_TEXT_KEY, "nan"))
+        found.append((smallest * f["shown"] / f["natural"], _image_name(f["src"])))
+    return found
+
+
+def small_text_problems(html_root: Path, layout: dict) -> list[str]:
+    """The figures whose smallest text is under figures.MIN_TEXT_PX[390] px as a page 390 px wide
+    shows them (or whose PNG does not say how small its text is)."""
+    least = figures.MIN_TEXT_PX[390]
+    return [
+        f"{name}: its smallest text is {px:.1f} px high at 390 px" if px == px else f"{name}: its PNG has no text size"
+        for px, name in figure_text_px(html_root, layout)
+        if not px >= least
+    ]
+
+
+def wide_tables(layout: dict, limit_px: float) -> list[str]:
+    """The tables of a page (a LAYOUT answer) wider than `limit_px`."""
+    return [f"{t['head']}: {t['width']:.0f} px" for t in layout["tables"] if t["width"] > limit_px + 1]
+
+
+def hidden_columns(layout: dict) -> list[str]:
+    """The tables of a page (a LAYOUT answer) whose scroll box hides part of them."""
+    return [f"{t['head']}: {t['hidden']:.0f} px hidden" for t in layout["tables"] if t["hidden"] > 1]
+
+
+def layout_numbers(html_root: Path, v) -> dict:
+    """A page's height, its first figure's depth and its widest table at 1280 and 390 px, the
+    columns hidden at 1280 and the smallest figure text at 390 (build/screenshots/layout.json)."""
+    out = {}
+    for width, layout in ((1280, v.shown.get("layout")), (390, v.narrow.get("layout"))):
+        if not layout:
+            continue
+        out[str(width)] = {
+            "height": layout["height"],
+            "first_figure": None if layout["first_figure"] is None else round(layout["first_figure"]),
+            "widest_table": round(max((t["width"] for t in layout["tables"]), default=0)),
+        }
+    if v.shown.get("layout"):
+        out["1280"]["hidden_table_px"] = round(max((t["hidden"] for t in v.shown["layout"]["tables"]), default=0))
+    if v.narrow.get("layout"):
+        sizes = [px for px, _ in figure_text_px(html_root, v.narrow["layout"]) if px == px]  # NaN: not known
+        out["390"]["smallest_figure_text"] = round(min(sizes), 2) if sizes else None
+    return out
 
 
 @dataclass
@@ -405,6 +541,8 @@ def site(browser, book_html):
         r["shown"] = {"images": r["shown"].get("images", []), "nav": r["shown"].get("nav", [])}
         r["narrow"] = {"figures": r["narrow"].get("figures", [])}
     (SCREENSHOTS / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
+    layout = {page: layout_numbers(s.html_root, v) for page, v in s.visits.items() if page != "index"}
+    (SCREENSHOTS / "layout.json").write_text(json.dumps(layout, indent=1))
     blocked = sorted({f"{u} (from {p})" for p, v in s.visits.items() for u in v.blocked_requests})
     if blocked:
         warnings.warn("requests to outside hosts were blocked (no internet here): " + "; ".join(blocked), stacklevel=2)
@@ -510,6 +648,49 @@ def test_every_figure_is_whole_on_a_phone(site, page):
 
 
 @pytest.mark.parametrize("page", PAGES)
+def test_every_figure_is_legible_on_a_phone(site, page):
+    """At 390 px no figure's smallest text is under figures.MIN_TEXT_PX[390] px high."""
+    v = site.visit(page)
+    bad = small_text_problems(site.html_root, v.narrow["layout"])
+    assert not bad, f"{page}: figures too small to read at 390 px ({v.narrow_screenshot}): {bad}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_figure_opens_full_size_and_says_what_it_shows(site, page):
+    v = site.visit(page)
+    bad = figure_link_and_alt_problems(v.shown["layout"])
+    assert not bad, f"{page}: {bad}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_table_wider_than_twice_a_phone_screen(site, page):
+    v = site.visit(page)
+    bad = wide_tables(v.narrow["layout"], MAX_TABLE_SCREENS * v.narrow["screen"])
+    assert not bad, f"{page}: tables wider than {MAX_TABLE_SCREENS} screens at 390 px ({v.narrow_screenshot}): {bad}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_table_hides_columns_at_1280(site, page):
+    v = site.visit(page)
+    bad = hidden_columns(v.shown["layout"])
+    assert not bad, f"{page}: tables with columns behind a scroll bar at 1280 px ({v.screenshot}): {bad}"
+
+
+@pytest.mark.parametrize("page", [p for p in TOC_PAGES if _is_chapter(p)])
+def test_chapter_page_height_and_first_figure(site, page):
+    """Every chapter page is measured at 1280 px, folds closed (build/screenshots/layout.json);
+    with ASSERT_PAGE_LAYOUT on, it is at most MAX_PAGE_HEIGHT_PX tall and its first figure starts
+    within MAX_FIRST_FIGURE_PX of the top."""
+    layout = site.visit(page).shown["layout"]
+    assert layout["height"] > 0 and layout["first_figure"] is not None, f"{page}: no figure measured"
+    if ASSERT_PAGE_LAYOUT:
+        assert layout["height"] <= MAX_PAGE_HEIGHT_PX, f"{page}: {layout['height']} px tall at 1280 px"
+        assert layout["first_figure"] <= MAX_FIRST_FIGURE_PX, (
+            f"{page}: its first figure is {layout['first_figure']:.0f} px down at 1280 px"
+        )
+
+
+@pytest.mark.parametrize("page", PAGES)
 def test_no_object_repr_in_the_text(site, page):
     """No page shows a Python object's repr where a value or a figure should be."""
     v = site.visit(page)
@@ -567,6 +748,57 @@ def test_the_checks_catch_a_broken_page(browser, tmp_path):
     assert "cut.png" in bad[1] and "shown in part" in bad[1], bad
     assert [Path(f["src"]).name for f in v.narrow["figures"]] == ["wide.png", "cut.png", "fits.png", "scaled.png"]
     assert v.narrow_overflow_px > 1  # the 900 px figure also widens the page
+
+
+WIDE_ROW = "".join(f"<td>unbreakable_cell_text_{i}</td>" for i in range(12))
+FIGURES_PAGE = f"""<!doctype html><html><head><meta name="viewport" content="width=device-width">
+<link rel="stylesheet" href="_static/book.css"></head><body><main><div class="bd-article">
+<div class="cell_output"><a href="described.png"><img src="described.png" alt="ALT"></a></div>
+<div class="cell_output"><img src="plain.png" alt="_build/jupyter_execute/plain.png"></div>
+<div class="cell_output"><a href="tiny.png"><img src="tiny.png" alt="ALT"></a></div>
+<div class="cell_output"><table><thead><tr>{"<th>h</th>" * 12}</tr></thead>
+<tbody><tr>{WIDE_ROW}</tr></tbody></table></div>
+<div class="cell_output"><div class="table-wrap"><table class="book-table">
+<thead><tr><th>rung</th><th>ms</th></tr></thead>
+<tbody><tr><td data-label="rung">eager</td><td data-label="ms">30.1</td></tr></tbody></table></div></div>
+</div></main></body></html>"""
+
+
+def test_the_checks_catch_unreadable_figures_and_wide_tables(browser, tmp_path):
+    """The figure and table checks fail on a figure with a path for alt text and no link, on one
+    whose text the page shows under 7 px, and on a table of twelve unbreakable columns (wider
+    than two phone screens, and scrolled at 1280 px); they pass a described, linked, legible
+    figure and a table of glue.table's kind."""
+    import matplotlib.pyplot as plt
+    from PIL import Image, PngImagePlugin
+
+    (tmp_path / "_static").mkdir()
+    shutil.copy(REPO / "book" / "_static" / "book.css", tmp_path / "_static" / "book.css")
+    fig = figures.hbars(["eager", "CUDA graph"], [30.0, 12.0], "a GPU · a run", "Time per token", "ms per token")
+    figures.save(fig, tmp_path / "described.png")
+    plt.close(fig)
+    _png(tmp_path / "plain.png", 300, 200)
+    info = PngImagePlugin.PngInfo()
+    info.add_text(figures.SMALLEST_TEXT_KEY, "8.00")  # 8 px in a 900 px PNG: about 3 px at 390
+    Image.new("RGB", (900, 300), "white").save(tmp_path / "tiny.png", pnginfo=info)
+    page = FIGURES_PAGE.replace('alt="ALT"', f'alt="{figures.description(fig)}"')
+    (tmp_path / "figures.html").write_text(page)
+    (tmp_path / "shots").mkdir()
+    s = Site(tmp_path, browser, shots=tmp_path / "shots")
+    try:
+        v = s.visit("figures")
+    finally:
+        s.close()
+    alt = figure_link_and_alt_problems(v.shown["layout"])
+    assert [a.split(":")[0] for a in alt] == ["plain.png", "plain.png"], alt  # its alt text, its link
+    small = small_text_problems(tmp_path, v.narrow["layout"])
+    assert [p.split(":")[0] for p in small] == ["plain.png", "tiny.png"], small
+    assert "no text size" in small[0] and "at 390 px" in small[1]
+    wide = wide_tables(v.narrow["layout"], MAX_TABLE_SCREENS * v.narrow["screen"])
+    assert len(wide) == 1 and "'h'" in wide[0], wide
+    hidden = hidden_columns(v.shown["layout"])
+    assert len(hidden) == 1 and "'h'" in hidden[0], hidden
+    assert v.shown["layout"]["first_figure"] is not None and v.shown["layout"]["height"] > 0
 
 
 @pytest.mark.parametrize("page", PAGES)

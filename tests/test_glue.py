@@ -79,3 +79,22 @@ def test_glue_page_glues_each_field_by_its_name_text_as_markdown(monkeypatch):
     assert set(glued) == {"best_text", "wall_ms"}, "a field marked glue=False is left to the display cells"
     assert glued["wall_ms"] == 4.2
     assert glued["best_text"].data == "&lt;b&gt;fast&lt;/b&gt; `x<y`", "text is markdown, escaped outside code"
+
+
+def test_table_cells_name_their_columns_and_mark_text():
+    """Every cell of glue.table carries its column's name (data-label, escaped), for the cards a
+    phone shows (book/_static/book.css); only a column of words is marked `text` (it may break a
+    long word on a wide screen), never one of numbers or of formatted number ranges."""
+    df = pd.DataFrame(
+        {
+            "rung <i>": ["eager, as written", "CUDA graph"],
+            "median (quartiles)": ["5.80 (5.79–5.81)", "4.30 (4.30–4.32)"],
+            "ms": [28.1, 9.22],
+        }
+    )
+    h = glue.table(df).data
+    cells = re.findall(r'<td [^>]*class="data row(\d) col(\d)( text)?"[^>]*data-label="([^"]*)"', h)
+    assert len(cells) == 6 == h.count("<td ")
+    labels = {col: label for _, col, _, label in cells}
+    assert labels == {"0": "rung &lt;i&gt;", "1": "median (quartiles)", "2": "ms"}
+    assert {col for _, col, text, _ in cells if text} == {"0"}

@@ -549,7 +549,7 @@ def test_roofline_of_the_recorded_run(recorded):
     import matplotlib.pyplot as plt
 
     fig = ch.roofline_figure(recorded)
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    labels = [" ".join(t.get_text().split()) for t in fig.axes[0].get_legend().get_texts()]  # as one line
     assert any(f"ridge {lim.datasheet_ridge:.0f} FLOP/byte" in s for s in labels)
     assert any(f"{ch.bandwidth(lim).short} {ch.bandwidth(lim).tbs:.2f} TB/s" in s for s in labels)
     plt.close(fig)
@@ -597,7 +597,7 @@ def test_the_recorded_run_sets_weights_against_the_practical_ceiling(recorded):
     import matplotlib.pyplot as plt
 
     fig = ch.roofline_figure(recorded)
-    labels = " ".join(t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    labels = " ".join(" ".join(t.get_text() for t in fig.axes[0].get_legend().get_texts()).split())  # as one line
     assert f"practical ceiling {lim.ceiling_tbs:.2f} TB/s" in labels
     plt.close(fig)
     note = ch.ceiling_notes(recorded)["bandwidth"]

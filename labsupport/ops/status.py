@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from labsupport import chapters, figures, runs
 from labsupport.ops import drift, history
@@ -49,27 +50,28 @@ def history_figure(label: str):
         fig, ax = plt.subplots(figsize=(6, 1.2))
         ax.axis("off")
         ax.text(0.5, 0.5, "No published runs are in runs/history.csv yet.", ha="center", va="center")
+        figures.describe(fig, "No published runs are in the history yet: nothing to plot.")
         return fig
-    cols = 2
-    rows = -(-len(by_chapter) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(9, 2.6 * rows), squeeze=False)
-    for ax, (chapter, g) in zip(axes.flat, by_chapter, strict=False):
+    # One panel per chapter, one above the other, each with its legend under it (never over the
+    # lines), and a handful of whole-number publication ticks however many publications there are.
+    fig, axes = plt.subplots(len(by_chapter), 1, figsize=(figures.WIDTH, 2.4 * len(by_chapter)), squeeze=False)
+    for ax, (chapter, g) in zip(axes.flat, by_chapter, strict=True):
         for metric, m in g.groupby("metric", sort=False):
             x = [order.index(p) + 1 for p in m.published_as]
             now_zero = m.value.iloc[-1] == 0
-            ax.plot(x, relative(m.value), "o-", ms=4, label=f"{metric} (now 0)" if now_zero else metric)
+            ax.plot(x, relative(m.value), "o-", ms=3, label=f"{metric} (now 0)" if now_zero else metric)
         ax.axhline(1, color="#888", lw=0.8, zorder=0)
-        ax.set_title(chapter, fontsize=10)
-        ax.set_xticks(range(1, len(order) + 1))
-        ax.set_ylabel("relative to newest", fontsize=10)
-        ax.tick_params(labelsize=10)
-        ax.legend(fontsize=10, loc="best", frameon=False)
-    for ax in list(axes.flat)[len(by_chapter) :]:
-        ax.set_visible(False)
-    fig.supxlabel("publication (numbered as in the table below)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    figures.footer(fig, label)
-    return fig
+        ax.set_title(chapter, loc="left")
+        ax.set_xlim(0.5, len(order) + 0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
+        ax.set_ylabel("relative to newest")
+        ax.legend(loc="upper left", bbox_to_anchor=(0, -0.2), ncol=3, frameon=False)
+    axes.flat[-1].set_xlabel("publication (numbered as in the table below)")
+    takeaway = (
+        f"{len(order)} publications; each line is one headline number over its newest value, "
+        "so 1 is today's and a line that stays near 1 did not move."
+    )
+    return figures.finish(fig, label, takeaway)
 
 
 def relative(values: pd.Series) -> pd.Series:

@@ -17,7 +17,7 @@ def ladder_figure(split: pd.DataFrame, floor_ms: float, passed: dict, label: str
     (eager's) is cut at the axis's end, its label saying so. A rung that fails the same-answers
     check is labelled so. `texts` gives a rung's time as text (a shared quantity's own digits)."""
     parts = [("floor ms", "#2f4b7c"), ("kernels above floor ms", "#f2b880"), ("GPU idle ms", "#c9c9c9")]
-    fig, ax = plt.subplots(figsize=(7.2, 0.48 * len(split) + 1.9))
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 0.5 * len(split) + 2.2))
     names = split.rung.map(RUNG_SHORT)
     walls = split["wall ms"].sort_values(ascending=False)
     xmax = float(walls.iloc[0]) * 1.45
@@ -42,13 +42,19 @@ def ladder_figure(split: pd.DataFrame, floor_ms: float, passed: dict, label: str
     ax.set_xlim(0, xmax)
     ax.set_xlabel("ms per token (minimum of the trials; x = multiple of the floor)")
     ax.set_title("From eager to the floor, one rung at a time", loc="left")
-    return finish(fig, ax, label, legend_y=-0.18)
+    first, last = split.iloc[0], split.iloc[-1]
+    takeaway = (
+        f"{RUNG_SHORT.get(first.rung, first.rung)} takes {first['wall ms']:.2f} ms per token, "
+        f"{RUNG_SHORT.get(last.rung, last.rung)} {last['wall ms']:.2f} ms"
+        + (f"; the floor is {floor_ms:.2f} ms." if floor_ms == floor_ms else ".")
+    )
+    return finish(fig, ax, label, legend_y=-0.18, takeaway=takeaway)
 
 
 def matmul_figure(m: pd.DataFrame, ceiling_tbs: float | None, datasheet_tbs: float | None, label: str):
     """TB/s of each weight shape's matmul for one token: cuBLAS and our Triton GEMV side by side,
     with the practical ceiling (the best rate measured) and the datasheet's (the limit) as lines."""
-    fig, ax = plt.subplots(figsize=(7.2, 0.55 * len(m) + 1.9))
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 0.6 * len(m) + 2.2))
     y = pd.Series(range(len(m)), dtype=float)
     ax.barh(y - 0.2, m.cublas_tbs, height=0.4, color=figures.THEIRS, label="cuBLAS (torch)")
     ax.barh(y + 0.2, m.triton_tbs, height=0.4, color=figures.OURS, label="our Triton GEMV")
@@ -64,15 +70,15 @@ def matmul_figure(m: pd.DataFrame, ceiling_tbs: float | None, datasheet_tbs: flo
     ax.set_xlim(0, top * 1.1)  # room for the value labels and the datasheet's line
     ax.set_xlabel("TB/s of weights read (one token, inside a CUDA graph)")
     ax.set_title("Every matmul of a token, by weight shape", loc="left")
-    return finish(fig, ax, label, legend_y=-0.16)
+    faster = int((m.triton_tbs > m.cublas_tbs).sum())
+    takeaway = f"Our Triton GEMV reads faster than cuBLAS for {faster} of the {len(m)} weight shapes."
+    return finish(fig, ax, label, legend_y=-0.16, takeaway=takeaway)
 
 
-def finish(fig, ax, label: str, legend_y: float):
+def finish(fig, ax, label: str, legend_y: float, takeaway: str):
     """The end both horizontal-bar figures share: first row on top, the legend under the axes,
-    no horizontal grid lines, the provenance footer."""
+    no horizontal grid lines, then figures.finish (the footer, the description)."""
     ax.invert_yaxis()
     ax.legend(ncol=2, frameon=False, loc="upper center", bbox_to_anchor=(0.4, legend_y))
     ax.grid(axis="y", visible=False)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    figures.footer(fig, label)
-    return fig
+    return figures.finish(fig, label, takeaway)

@@ -9,13 +9,13 @@ import html
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from labsupport.figures import KIND_COLORS, OURS, finish, footer, plain_ticks
+from labsupport.figures import KIND_COLORS, OURS, WIDTH, finish, plain_ticks
 
 
 def cache_growth_figure(growth: pd.DataFrame, label: str):
     """Cache bytes against context length: the full-attention layers' KV cache grows, the
     linear-attention layers' state stays flat."""
-    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.8))
     x = growth["context"]
     ax.plot(x, growth["full-attention KV cache MB"], "o-", color=OURS, label="full-attention layers: KV cache")
     ax.plot(
@@ -33,14 +33,19 @@ def cache_growth_figure(growth: pd.DataFrame, label: str):
     ax.set_ylabel("MB held by the cache")
     ax.set_title("Cache size as the context grows")
     ax.legend(frameon=False)
-    return finish(fig, label)
+    last = growth.iloc[-1]
+    takeaway = (
+        f"At {last['context']:,.0f} tokens the KV cache holds {last['full-attention KV cache MB']:,.0f} MB "
+        f"and the linear-attention state {last['linear-attention state MB']:,.0f} MB."
+    )
+    return finish(fig, label, takeaway)
 
 
 def stacked_parts(df: pd.DataFrame, parts: list[str], label: str, title: str, xlabel: str):
     """One horizontal bar per row of `df` (named by its `variant` column), split into the
     columns `parts`, stacked left to right."""
     colors = [OURS, KIND_COLORS["elementwise"], "#c9c9c9", "#8c8c8c", KIND_COLORS["attention"]]
-    fig, ax = plt.subplots(figsize=(9, 0.55 * len(df) + 1.6))
+    fig, ax = plt.subplots(figsize=(WIDTH, 0.55 * len(df) + 2.0))
     left = pd.Series(0.0, index=df.index)
     for col, color in zip(parts, colors, strict=False):  # at most as many parts as colours
         ax.barh(df.variant, df[col], left=left, color=color, label=col.replace(" ms", ""))
@@ -48,11 +53,13 @@ def stacked_parts(df: pd.DataFrame, parts: list[str], label: str, title: str, xl
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_title(title)
-    ax.legend(ncol=len(parts), fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.legend(ncol=2, fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     ax.grid(axis="y", visible=False)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    footer(fig, label)
-    return fig
+    totals = df.set_index("variant")[parts].sum(axis=1)
+    takeaway = (
+        f"Longest: {totals.idxmax()}, {totals.max():.2f} in all; shortest: {totals.idxmin()}, {totals.min():.2f}."
+    )
+    return finish(fig, label, takeaway)
 
 
 def csv_link(df: pd.DataFrame, filename: str, text: str):

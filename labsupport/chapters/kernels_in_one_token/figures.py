@@ -13,7 +13,7 @@ from labsupport.traces.kernels import KINDS
 def gemv_figure(g: pd.DataFrame, run: runs.Run):
     """Read bandwidth of each weight matrix's kernels against the ceilings."""
     lim = hardware.run_limits(run)
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 0.45 * len(g) + 2.4))
     labels = [f"{p}  ({s}, {b / 1e6:,.0f} MB)" for p, s, b in zip(g.projection, g["shape"], g.bytes, strict=True)]
     ax.barh(labels, g.tbs, color=[figures.OURS if not s else "#8fb0d6" for s in g.split_k])
     for tbs, name, style in (
@@ -29,12 +29,16 @@ def gemv_figure(g: pd.DataFrame, run: runs.Run):
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=10, frameon=False)
     ax.set_xlabel("TB/s read (weights / kernel time per call; light bars: split-K)")
     ax.set_title("Read bandwidth of each matrix-vector product of the step")
-    return figures.finish(fig, run.label)
+    best = g.loc[g.tbs.idxmax()]
+    takeaway = f"The fastest, {best.projection}, reads {best.tbs:.2f} TB/s" + (
+        f", against {lim.datasheet_tbs:.2f} TB/s on the datasheet." if lim.datasheet_tbs else "."
+    )
+    return figures.finish(fig, run.label, takeaway)
 
 
 def kv_cache_figure(t: pd.DataFrame, run: runs.Run):
     """Time per step spent concatenating the cache and in attention, by context, for both caches."""
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 4.6))
     x = t.context
     has_cat = t["cat ms"].notna().all()
     ax.plot(
@@ -64,8 +68,14 @@ def kv_cache_figure(t: pd.DataFrame, run: runs.Run):
     ax.set_xlabel("tokens of context")
     ax.set_ylabel("GPU ms per decode step" + (" (log)" if t["GPU ms, static"].notna().any() else ""))
     ax.set_title("The KV cache: copied every step (dynamic cache) vs read once (attention)")
-    ax.legend(fontsize=10)
-    return figures.finish(fig, run.label)
+    ax.legend(fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+    last = t.iloc[-1]
+    takeaway = (
+        f"At {int(last.context):,} tokens of context the dynamic cache spends "
+        f"{(last['cat ms'] if has_cat else last['copy ms']):.2f} ms per step copying "
+        f"and {last['attention ms']:.2f} ms in attention."
+    )
+    return figures.finish(fig, run.label, takeaway)
 
 
 def census_figure(ours: pd.DataFrame, published: pd.DataFrame, label: str, gpu: str):
@@ -75,7 +85,7 @@ def census_figure(ours: pd.DataFrame, published: pd.DataFrame, label: str, gpu: 
     kinds = [k for k in KINDS if o_all["kernels"].get(k, 0) or k in p_all.index]
     o = o_all.reindex(kinds)
     p = p_all.reindex(kinds)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(figures.WIDTH, 0.4 * len(kinds) + 2.2))
     y = range(len(kinds))
     h = 0.38
     for ax, ours_col, pub_col, title in (
@@ -95,13 +105,17 @@ def census_figure(ours: pd.DataFrame, published: pd.DataFrame, label: str, gpu: 
         ax.set_title(title)
         ax.grid(axis="y", visible=False)
     axes[1].set_yticklabels([])
-    axes[0].legend(loc="lower right", fontsize=10, frameon=False)
-    return figures.finish(fig, label)
+    axes[1].legend(loc="lower right", fontsize=10, frameon=False)  # beside the short bars of the last kinds
+    takeaway = (
+        f"This run: {o['kernels'].sum():,.0f} kernels and {o['gpu_ns'].sum() / 1e6:.2f} ms of GPU time per token; "
+        f"the published H100 profile: {p['kernels'].sum():,.0f} kernels, {p['gpu_ms'].sum():.2f} ms."
+    )
+    return figures.finish(fig, label, takeaway)
 
 
 def bandwidth_figure(values: dict[str, float], label: str):
     """Bandwidths side by side (TB/s): what the matmuls reached against the limits."""
-    fig, ax = plt.subplots(figsize=(7, 2.6))
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 0.45 * len(values) + 1.6))
     names = list(values)
     ax.barh(
         names, [values[n] for n in names], color=[figures.OURS if "reached" in n else figures.THEIRS for n in names]
@@ -112,12 +126,13 @@ def bandwidth_figure(values: dict[str, float], label: str):
     ax.set_xlabel("TB/s")
     ax.set_title("Memory bandwidth: reached by the matrix multiplies vs the limits")
     ax.grid(axis="y", visible=False)
-    return figures.finish(fig, label)
+    takeaway = "; ".join(f"{n}: {v:.2f} TB/s" for n, v in values.items()) + "."
+    return figures.finish(fig, label, takeaway)
 
 
 def layer_parts_figure(table: pd.DataFrame, label: str):
     """Kernels (bars) and GPU time (labels) of each part of one decoder layer, in order."""
-    fig, ax = plt.subplots(figsize=(7, 0.36 * len(table) + 1.4))
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 0.4 * len(table) + 1.6))
     ax.barh(list(table.index), table.kernels, color=figures.OURS)
     for i, (n, us) in enumerate(zip(table.kernels, table["GPU µs"], strict=True)):
         ax.text(n, i, f" {n} kernels, {us:.1f} µs", va="center", fontsize=10)
@@ -126,12 +141,16 @@ def layer_parts_figure(table: pd.DataFrame, label: str):
     ax.set_xlim(0, table.kernels.max() * 1.6)
     ax.set_title("One decoder layer: kernels launched by each part")
     ax.grid(axis="y", visible=False)
-    return figures.finish(fig, label)
+    takeaway = (
+        f"{table.kernels.sum():,} kernels in the layer, {table['GPU µs'].sum():.1f} µs of GPU time; "
+        f"most from {table.kernels.idxmax()}."
+    )
+    return figures.finish(fig, label, takeaway)
 
 
 def attention_share_figure(sweep: pd.DataFrame, label: str):
     """Attention's share of the step's GPU time as the context grows."""
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, ax = plt.subplots(2, 1, figsize=(figures.WIDTH, 6.4))  # one above the other: legible on a phone
     ax[0].plot(sweep.context, sweep["attention share"] * 100, "o-", color=figures.KIND_COLORS["attention"])
     ax[0].set_xscale("log", base=2)
     ax[0].set_xlabel("tokens in the KV cache")
@@ -151,4 +170,9 @@ def attention_share_figure(sweep: pd.DataFrame, label: str):
     ax[1].legend(loc="upper left", fontsize=10, frameon=False)
     for a in ax:
         a.set_xticks(list(sweep.context), [f"{c // 1024}k" if c >= 1024 else str(c) for c in sweep.context])
-    return figures.finish(fig, label)
+    first, last = sweep.iloc[0], sweep.iloc[-1]
+    takeaway = (
+        f"Attention's share grows from {first['attention share']:.0%} at {first.context:,} tokens "
+        f"to {last['attention share']:.0%} at {last.context:,}."
+    )
+    return figures.finish(fig, label, takeaway)

@@ -72,7 +72,7 @@ def kept_trials(root=None) -> pd.DataFrame:
 def probe_figure(trials: pd.DataFrame, label: str):
     """Every eager-step trial against its probe reading, one colour per run; a figure that says it
     has no trials yet when `trials` is empty."""
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 4.2))
     if trials.empty:
         ax.text(0.5, 0.5, "no kept run has eager-step trials with host-probe readings yet", ha="center", va="center")
         ax.set_axis_off()
@@ -83,5 +83,10 @@ def probe_figure(trials: pd.DataFrame, label: str):
     ax.set_xlabel("host probe reading nearest to the trial (ms; a fixed CPU workload)")
     ax.set_ylabel("eager decode step, wall ms")
     ax.set_title("A host-bound step follows the CPU")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, fontsize=9, frameon=False)
-    return figures.finish(fig, label)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, fontsize=10, frameon=False)
+    takeaway = (
+        f"{len(trials)} trials of {trials.run.nunique()} runs: eager steps from {trials.wall_ms.min():.1f} "
+        f"to {trials.wall_ms.max():.1f} ms, probe readings from {trials.probe_ms.min():.2f} "
+        f"to {trials.probe_ms.max():.2f} ms."
+    )
+    return figures.finish(fig, label, takeaway)

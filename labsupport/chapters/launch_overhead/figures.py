@@ -17,7 +17,7 @@ def breakdown_figure(df: pd.DataFrame, label: str):
         ("gaps between kernels ms", "#f2b880"),
         ("after last kernel ms", "#8c8c8c"),
     ]
-    fig, ax = plt.subplots(figsize=(9, 0.55 * len(df) + 1.6))
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 0.55 * len(df) + 2.0))
     left = pd.Series(0.0, index=df.index)
     for col, color in parts:
         ax.barh(df.variant.map(VARIANTS), df[col], left=left, color=color, label=col.replace(" ms", ""))
@@ -25,8 +25,8 @@ def breakdown_figure(df: pd.DataFrame, label: str):
     ax.invert_yaxis()
     ax.set_xlabel("ms (profiled step)")
     ax.set_title("Where the time of one decode step goes")
-    ax.legend(ncol=4, fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.legend(ncol=2, fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     ax.grid(axis="y", visible=False)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    figures.footer(fig, label)
-    return fig
+    gaps = df.set_index(df.variant.map(VARIANTS))["gaps between kernels ms"]
+    takeaway = f"Gaps between kernels: {gaps.max():.2f} ms in {gaps.idxmax()}, {gaps.min():.2f} ms in {gaps.idxmin()}."
+    return figures.finish(fig, label, takeaway)

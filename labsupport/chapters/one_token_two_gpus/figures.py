@@ -15,7 +15,7 @@ def allreduce_figure(curves: dict[str, pd.DataFrame], label: str):
     """Latency and bus bandwidth of one all-reduce against its size, one line per way of
     launching it ({name: allreduce_curve}; empty ones left out), the decode step's message
     size marked on each."""
-    fig, (lat, bw) = plt.subplots(1, 2, figsize=(9, 3.8))  # 9 in: legible on a phone
+    fig, (lat, bw) = plt.subplots(2, 1, figsize=(figures.WIDTH, 6.4))  # one above the other: legible on a phone
     styles = iter([("o-", figures.OURS), ("s--", "0.45")])
     for name, curve in ((n, c) for n, c in curves.items() if len(c)):
         style, color = next(styles)
@@ -43,14 +43,21 @@ def allreduce_figure(curves: dict[str, pd.DataFrame], label: str):
     lat.set_title("Latency")
     bw.set_ylabel("bus bandwidth (GB/s)")
     bw.set_title("Bus bandwidth")
-    return figures.finish(fig, label)
+    step = first[first["decode step"]]
+    takeaway = (
+        f"At the decode step's message ({step.bytes.iloc[0] / 1024:,.0f} KB) one all-reduce takes "
+        f"{step.latency_us.iloc[0]:,.1f} µs."
+        if len(step)
+        else ""
+    )
+    return figures.finish(fig, label, takeaway)
 
 
 def ranks_timeline(layers: dict[str, pd.DataFrame], label: str, title: str):
     """The kernels of one decoder layer on every rank (`layers`: lane name -> kernels), one lane
     each, coloured by kind, each lane from its own layer's first kernel (every rank has its
     own clock and its own step)."""
-    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.8 * len(layers)))
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 1.9 + 0.8 * len(layers)))
     seen = set()
     for i, k in enumerate(layers.values()):
         y, t0 = len(layers) - 1 - i, k.start_ns.min()
@@ -62,9 +69,9 @@ def ranks_timeline(layers: dict[str, pd.DataFrame], label: str, title: str):
     ax.set_title(title)
     ax.grid(axis="y", visible=False)
     figures.kind_legend(ax, seen, below=0.35)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    figures.footer(fig, label)
-    return fig
+    spans = {name: (k.start_ns + k.dur_ns).max() / 1e3 - k.start_ns.min() / 1e3 for name, k in layers.items()}
+    takeaway = "The layer takes " + ", ".join(f"{us:,.0f} µs on {name}" for name, us in spans.items()) + "."
+    return figures.finish(fig, label, takeaway)
 
 
 def layer_lanes_figure(run):

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from labsupport import runs
-from labsupport.figures import OURS, PHASE_COLORS, THEIRS, finish, plain_ticks
+from labsupport.figures import OURS, PHASE_COLORS, THEIRS, WIDTH, finish, plain_ticks
 from labsupport.traces.kernels import KINDS
 
 from .analysis import TIME_LABELS, bandwidth, limits
@@ -24,7 +24,7 @@ def utilisation_bars(df: pd.DataFrame, label: str):
     the measured ceilings. `df` is prefill_vs_decode.utilisation(), whose last MBU column names
     the measured bandwidth ("MBU vs practical ceiling")."""
     mbu_measured = next(c for c in df.columns if c.startswith("MBU vs") and c != "MBU vs datasheet")
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 0.5 * len(df) + 2.6), sharey=True)
     names = [f"{r.phase}, {TIME_LABELS[r.time]}" for r in df.itertuples()]
     y = list(range(len(df)))
     h = 0.38
@@ -49,20 +49,23 @@ def utilisation_bars(df: pd.DataFrame, label: str):
         ax.set_xlabel("% of the peak")
         ax.set_title(title)
         ax.grid(axis="y", visible=False)
-        ax.legend(fontsize=10, frameon=False, loc="lower right")
+        ax.legend(fontsize=10, frameon=False, loc="upper left", bbox_to_anchor=(0, -0.3))
     axes[0].set_yticks(y, names)
     axes[0].invert_yaxis()
     for t in axes[0].get_yticklabels():
         t.set_color(PHASE_COLORS.get(t.get_text().split(",")[0], "#333"))
-    finish(fig, label)
-    return fig
+    mfu = df.set_index(pd.Index(names))["MFU vs datasheet"] * 100
+    takeaway = (
+        "Share of the datasheet's peak math: " + ", ".join(f"{n} {v:.1f}%" for n, v in mfu.items() if v == v) + "."
+    )
+    return finish(fig, label, takeaway)
 
 
 def phase_census_bars(census: pd.DataFrame, label: str):
     """Kernels and GPU time by kind, prefill beside decode. `census` is prefill_vs_decode.census()."""
     kinds = [k for k in KINDS if k in census.index]
     c = census.reindex(kinds)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 0.42 * len(kinds) + 2.2))
     y = list(range(len(kinds)))
     h = 0.38
     for ax, col, title in ((axes[0], "kernels", "Kernels"), (axes[1], "GPU ms", "GPU time (ms)")):
@@ -77,9 +80,12 @@ def phase_census_bars(census: pd.DataFrame, label: str):
         ax.grid(axis="y", visible=False)
         ax.set_xlim(0, max(c[("prefill", col)].max(), c[("decode", col)].max()) * 1.25)
     axes[1].set_yticklabels([])
-    axes[0].legend(fontsize=10, frameon=False, loc="lower right")
-    finish(fig, label)
-    return fig
+    axes[1].legend(fontsize=10, frameon=False, loc="lower right")  # beside the short bars of the last kinds
+    takeaway = (
+        f"Prefill: {c[('prefill', 'kernels')].sum():,.0f} kernels, {c[('prefill', 'GPU ms')].sum():.2f} ms; "
+        f"decode: {c[('decode', 'kernels')].sum():,.0f} kernels, {c[('decode', 'GPU ms')].sum():.2f} ms."
+    )
+    return finish(fig, label, takeaway)
 
 
 def length_ticks(ax, lengths) -> None:
@@ -109,7 +115,7 @@ def gemm_rates(
     mods = list(dict.fromkeys(g.module))
     y = list(range(len(mods)))
     h = 0.38
-    fig, axes = plt.subplots(1, 2, figsize=(9, 0.42 * len(mods) + 2.4), sharey=True)
+    fig, axes = plt.subplots(2, 1, figsize=(WIDTH, 2 * (0.42 * len(mods) + 2.2)))  # stacked: legible on a phone
     for ax, col, title, unit, peaks in (
         (
             axes[0],
@@ -149,12 +155,13 @@ def gemm_rates(
             ax.set_xlim(0, max(g[col].max(), datasheet_tbs or 0, measured_tbs or 0) * 1.2)
         ax.set_title(title)
         ax.grid(axis="y", visible=False)
-        ax.legend(fontsize=10, frameon=False, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    axes[0].set_yticks(y, mods)
-    axes[0].invert_yaxis()
+        ax.legend(fontsize=10, frameon=False, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+        ax.set_yticks(y, mods)
+        ax.invert_yaxis()
     fig.suptitle(f"The same weight matrices in prefill and in decode{title_layer}", fontsize=11, fontweight="bold")
-    finish(fig, label)
-    return fig
+    rates = g.groupby("phase").tflops.max()
+    takeaway = "Fastest matrix multiply: " + ", ".join(f"{ph} {v:,.1f} TFLOP/s" for ph, v in rates.items()) + "."
+    return finish(fig, label, takeaway)
 
 
 def prompt_sweep_figure(
@@ -170,7 +177,7 @@ def prompt_sweep_figure(
     """Prefill against prompt length: time per token (left) and the FLOP/s the matrix
     multiplies reached, under the roofline (right). `sweep` is prefill_vs_decode.prompt_sweep(),
     `roof` prefill_vs_decode.roofline()."""
-    fig, ax = plt.subplots(1, 2, figsize=(9, 7))
+    fig, ax = plt.subplots(2, 1, figsize=(WIDTH, 10))  # stacked: legible on a phone
     n = sweep.prompt_len
     a = ax[0]
     a.plot(n, sweep["ms per token"] * 1e3, "o-", color=PHASE_COLORS["prefill"], label="prefill, wall time")
@@ -218,8 +225,12 @@ def prompt_sweep_figure(
         length_ticks(axis, n)
         axis.set_xlabel("tokens in the prompt")
         axis.legend(fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
-    finish(fig, label)
-    return fig
+    first, last = sweep.iloc[0], sweep.iloc[-1]
+    takeaway = (
+        f"From {first.prompt_len:,} to {last.prompt_len:,} prompt tokens the time per token falls from "
+        f"{first['ms per token'] * 1e3:,.1f} to {last['ms per token'] * 1e3:,.1f} µs."
+    )
+    return finish(fig, label, takeaway)
 
 
 def spread(ys: list[float], ratio: float) -> list[float]:
@@ -256,7 +267,7 @@ def roofline_figure(run: runs.Run):
     pts, whole, lim = gemm_points(run), pass_points(run), limits(run)
     bw = bandwidth(lim)
     n = int(run.parameters["prompt_len"])
-    fig, ax = plt.subplots(figsize=(9, 6.4))
+    fig, ax = plt.subplots(figsize=(WIDTH, 7.4))
     ok = pts[pts.tflops.notna() & (pts.tflops > 0)]
     lo_x = min(ok.flop_per_byte.min(), whole.flop_per_byte.min()) / 4
     hi_x = max(ok.flop_per_byte.max(), whole.flop_per_byte.max(), lim.datasheet_ridge or 0) * 8
@@ -369,8 +380,12 @@ def roofline_figure(run: runs.Run):
     ax.set_ylabel("rate reached (TFLOP/s on kernel time, log scale)")
     ax.set_title("Roofline: every matrix multiply of the prefill and of the decode step")
     ax.legend(fontsize=10, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)
-    finish(fig, run.label)
-    return fig
+    takeaway = "; ".join(
+        f"{ph}: {clusters[ph].fpb_min:,.1f} to {clusters[ph].fpb_max:,.1f} FLOP/byte, {clusters[ph].bound}-bound"
+        for ph in PHASES
+        if clusters[ph].points
+    )
+    return finish(fig, run.label, takeaway + ".")
 
 
 def layer_gemm_figure(run: runs.Run):

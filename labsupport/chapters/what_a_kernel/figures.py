@@ -5,12 +5,12 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from labsupport.figures import OURS, finish
+from labsupport.figures import OURS, WIDTH, finish
 
 
 def queue(q: pd.DataFrame, label: str):
     """Per launch: when the CPU's launch call returned, and when the GPU finished that kernel."""
-    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
     ax.plot(q.launch, q.call_return_us / 1e3, color="#444", label="CPU: launch call returned")
     ax.plot(q.launch, q.gpu_done_us / 1e3, color=OURS, label="GPU: kernel finished")
     ax.fill_between(
@@ -20,4 +20,8 @@ def queue(q: pd.DataFrame, label: str):
     ax.set_ylabel("ms since the first launch")
     ax.set_title("The CPU runs ahead; the GPU works through the queue")
     ax.legend(fontsize=10, frameon=False)
-    return finish(fig, label)
+    lead = (q.gpu_done_us - q.call_return_us).max() / 1e3
+    takeaway = (
+        f"{len(q)} launches; at most {lead:.2f} ms of work waits in the queue, the CPU that far ahead of the GPU."
+    )
+    return finish(fig, label, takeaway)

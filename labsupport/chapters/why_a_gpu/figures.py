@@ -21,7 +21,7 @@ def bytes_figure(run: runs.Run):
 
     s = sweep(run)
     x = range(len(s))
-    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 3.8))
     ax.bar(x, s["weights bytes"] / 1e9, color=figures.KIND_COLORS["matrix multiply"], label="weights")
     ax.bar(
         x,
@@ -36,7 +36,12 @@ def bytes_figure(run: runs.Run):
     ax.set_title("Bytes one decode step must read: the weights once, each sequence's KV cache once")
     ax.grid(axis="x", visible=False)
     ax.legend(fontsize=10, frameon=False, loc="upper left")
-    return figures.finish(fig, run.label)
+    first, last = s.iloc[0], s.iloc[-1]
+    takeaway = (
+        f"The weights are {first['weights bytes'] / 1e9:.1f} GB at every batch; the KV cache grows to "
+        f"{last['KV bytes'] / 1e9:.1f} GB at batch {last.batch}."
+    )
+    return figures.finish(fig, run.label, takeaway)
 
 
 def _batch_axis(ax, batches) -> None:
@@ -61,7 +66,7 @@ def limits_figure(run: runs.Run):
     ceil_tbs = practical_ceiling_tbs(run)
     mem, math = figures.KIND_COLORS["copy/convert/concat"], figures.KIND_COLORS["reduction"]
     sheet = f"{lim.datasheet_name} datasheet" if lim.datasheet_name else "datasheet"
-    fig, ax = plt.subplots(1, 2, figsize=(9, 6), sharey=True)
+    fig, ax = plt.subplots(2, 1, figsize=(figures.WIDTH, 9.5), sharex=True)  # stacked: legible on a phone
     b = s.batch
     panels = (
         (
@@ -122,11 +127,13 @@ def limits_figure(run: runs.Run):
             color="#777",
             ha="left",
         )
-    ax[0].set_ylabel("ms per decode step")
-    # One legend under both panels: the limits are drawn alike in each, only the measured line differs.
+    for a in ax:
+        a.set_ylabel("ms per decode step")
+        a.xaxis.set_tick_params(labelbottom=True)
+    # One legend under the panels: the limits are drawn alike in each, only the measured line differs.
     handles, labels = ax[0].get_legend_handles_labels()
     h1, l1 = ax[1].get_legend_handles_labels()
-    ax[0].legend(
+    ax[1].legend(
         [*handles[:1], *h1[:1], *handles[1:]],
         [*labels[:1], *l1[:1], *labels[1:]],
         frameon=False,
@@ -138,8 +145,13 @@ def limits_figure(run: runs.Run):
     lo = s["matmul ms"].min()
     if lim.datasheet_tbs:
         lo = min(lo, s["matmul memory limit ms"].min())
-    ax[0].set_ylim(lo * 0.3, s["GPU ms"].max() * 4)
-    return figures.finish(fig, run.label)
+    for a in ax:
+        a.set_ylim(lo * 0.3, s["GPU ms"].max() * 4)
+    takeaway = (
+        "The matrix multiplies' measured time crosses from the memory limit to the math limit "
+        f"near batch {r.measured_batch:.0f}."
+    )
+    return figures.finish(fig, run.label, takeaway)
 
 
 def _shade_regimes(ax, s) -> None:
@@ -175,7 +187,7 @@ def throughput_figure(run: runs.Run):
     import matplotlib.pyplot as plt
 
     s = sweep(run)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 4.2))
     _shade_regimes(ax, s)
     ax.plot(s.batch, s["GPU tokens/s"], "o-", color=figures.OURS, label="if the GPU never waited (GPU busy)")
     ax.plot(s.batch, s["tokens/s"], "s--", color="#555", ms=4, label="measured wall time (eager, minimum)")
@@ -187,7 +199,12 @@ def throughput_figure(run: runs.Run):
     ax.set_title("Throughput grows with the batch", pad=8)
     ax.set_ylim(top=ax.get_ylim()[1] * 6)  # room for the regimes' names
     ax.legend(fontsize=10, frameon=False, loc="lower right")
-    return figures.finish(fig, run.label)
+    best = s.loc[s["tokens/s"].idxmax()]
+    takeaway = (
+        f"Measured throughput grows from {s['tokens/s'].iloc[0]:,.0f} tokens/s at batch {s.batch.iloc[0]} "
+        f"to {best['tokens/s']:,.0f} at batch {best.batch}."
+    )
+    return figures.finish(fig, run.label, takeaway)
 
 
 def explorer(run: runs.Run):
