@@ -94,10 +94,10 @@ def tiny():
     return model, prompt, ch.reference(model, prompt)
 
 
-# pdl: Triton's interpreter has no grid dependency control (gdc_wait); the rung is split-k's
-# kernels with those two instructions added, run only on a Hopper GPU.
+# pdl and the rungs on it: Triton's interpreter has no grid dependency control (gdc_wait); they run only on a
+# Hopper GPU (tests/test_weights_first.py and test_norm_fusion.py check their kernels with the wait a no-op).
 @pytest.mark.live
-@pytest.mark.parametrize("rung", [r for r in ch.OWN_OPTIONS if r != "pdl" and r not in ch.FP8_RUNGS])
+@pytest.mark.parametrize("rung", [r for r, o in ch.OWN_OPTIONS.items() if not o.get("pdl") and r not in ch.FP8_RUNGS])
 def test_each_of_our_rungs_gives_transformers_logits(tiny, rung):
     model, prompt, ref = tiny
     opts = qwen3_decode.Options(**ch.OWN_OPTIONS[rung])
@@ -578,7 +578,7 @@ def test_the_new_options_need_our_gemv():
 
 
 def test_pdl_and_the_new_rungs_are_not_run_on_a_cpu():
-    for rung in ("split-k", "pdl", "fp8-weights"):
+    for rung in ("split-k", "pdl", "weights-first", "one-attention", "folded-norms", "fp8-weights"):
         assert "needs a CUDA GPU" in ch.runs_here(rung, "cpu")
     assert ch.error_factor("fp8-weights") == ch.FP8_ERROR_FACTOR and ch.error_factor("pdl") == ch.ERROR_FACTOR
 

@@ -124,3 +124,16 @@ def test_the_new_options_need_what_they_build_on():
         qwen3_decode.Options(fused=True, matmul="triton", early_weights=True)
     with pytest.raises(ValueError, match="one_attention needs"):
         qwen3_decode.Options(fused=True, matmul="triton", pdl=True, one_attention=True)
+
+
+def test_the_ladder_climbs_past_pdl_one_change_a_rung():
+    from labsupport.chapters import closing_the_gap as ch
+
+    past = ["pdl", "weights-first", "one-attention", "folded-norms"]
+    rungs = list(ch.RUNGS)
+    assert rungs[rungs.index("pdl") : rungs.index("pdl") + 4] == past and rungs[-1] == "fp8-weights"
+    for before, rung in zip(past, past[1:], strict=False):
+        added = set(ch.OWN_OPTIONS[rung].items()) - set(ch.OWN_OPTIONS[before].items())
+        assert len(added) == 1 and set(ch.OWN_OPTIONS[before].items()) <= set(ch.OWN_OPTIONS[rung].items())
+        qwen3_decode.Options(**ch.OWN_OPTIONS[rung])  # options that fit together
+    assert [ch.RUNG_SHORT[r].split()[0] for r in ch.RUNGS] == [str(i) for i in range(1, len(ch.RUNGS) + 1)]

@@ -63,6 +63,8 @@ OUR_TRITON = {
     "gemv_kernel": "matrix multiply",
     "attention_part_kernel": "attention",
     "attention_combine_kernel": "attention",
+    "attention_kernel": "attention",  # decode_attention_one: the two above in one
+    "embed_kernel": "copy/convert/concat",  # folded_norms.embed_row: the embedding row, with its sum of squares
 }
 
 

@@ -14,6 +14,7 @@ from labsupport.chapters.closing_the_gap.params import (
     FP8_ERROR_FACTOR,
     FP8_ERROR_FACTORS,
     FP8_RUNGS,
+    OWN_OPTIONS,
     RUNGS,
     SHARED_CONFIG,
     SHARED_RUNGS,
@@ -431,7 +432,7 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
     if "gemv_tuning.csv" in run.meta["files"]:
         t = tuning(run)
         fp8 = rung in FP8_RUNGS
-        col = "chosen_split" if rung in ("split-k", "pdl") else "chosen"
+        col = "chosen_split" if OWN_OPTIONS.get(rung, {}).get("split_k") else "chosen"
         w = t[t[col] & (t.weights.eq("fp8") if fp8 else t.weights.ne("fp8"))]  # FP8, or the model's BF16/FP16
         names = {v: n for n, v in _shape_names(run).items()}
         for r in w.itertuples():

@@ -39,6 +39,9 @@ _TRACES = {
     "fused-attention": "the raw trace of our step with our attention kernels",
     "split-k": "the raw trace of our step with split-K GEMVs where the tuner chose them",
     "pdl": "the raw trace of our step with our GEMVs launched with programmatic dependent launch",
+    "weights-first": "the raw trace of our step with each GEMV loading its first weights before the wait",
+    "one-attention": "the raw trace of our step with attention in one kernel",
+    "folded-norms": "the raw trace of our step with the norms folded into the matrices and argmax in the LM head",
     "fp8-weights": "the raw trace of our step reading FP8 weights",
 }
 

@@ -108,7 +108,7 @@ def runs_here(rung: str, device: str) -> str | None:
         return "not run here: measured in launch-overhead"
     if device != "cuda" and rung not in ("eager", "own-compiled", "fused-projections"):
         return "not run: needs a CUDA GPU"
-    if rung == "pdl":
+    if OWN_OPTIONS.get(rung, {}).get("pdl"):
         import torch
 
         if torch.cuda.get_device_capability()[0] < 9:
@@ -207,15 +207,13 @@ def weight_shapes(model) -> dict[str, tuple[int, int]]:
     return models.weight_shapes(model.config.to_dict())
 
 
-def tuning_cases(model) -> list:
-    """What gemv.tune times: every weight shape plain, and the fused GEMVs of the last rungs
-    (each with the fusion it runs with: qkv and gate/up after a norm, gate/up writing
-    silu(gate) * up, o_proj and down_proj adding the residual)."""
-    from labsupport.measure.kernels.gemv import PLAIN, Fusion
+def fused_cases(model) -> list:
+    """The fused GEMVs of rungs 8 and on, each with the fusion it runs with: qkv and gate/up after a
+    norm, gate/up writing silu(gate) * up, o_proj and down_proj adding the residual."""
+    from labsupport.measure.kernels.gemv import Fusion
 
     s = weight_shapes(model)
-    plain = [(*shape, PLAIN) for shape in dict.fromkeys(s.values())]
-    return plain + [
+    return [
         (*s["qkv (fused)"], Fusion(norm=True)),
         (*s["o_proj"], Fusion(residual=True)),
         (*s["gate_up (fused)"], Fusion(norm=True, silu=True)),
@@ -223,12 +221,23 @@ def tuning_cases(model) -> list:
     ]
 
 
+def tuning_cases(model) -> list:
+    """What gemv.tune times: every weight shape plain, the fused GEMVs (fused_cases), and gate/up
+    writing silu(gate) * up with its norm folded into the weights (the folded-norms rung: no norm in
+    the kernel, so a tiling of its own)."""
+    from labsupport.measure.kernels.gemv import PLAIN, Fusion
+
+    s = weight_shapes(model)
+    plain = [(*shape, PLAIN) for shape in dict.fromkeys(s.values())]
+    return plain + fused_cases(model) + [(*s["gate_up (fused)"], Fusion(silu=True))]
+
+
 def fp8_tuning_cases(model) -> list:
     """What gemv.tune times with FP8 weights: the cases the FP8 rung runs (its fused GEMVs and
     the LM head)."""
     from labsupport.measure.kernels.gemv import PLAIN
 
-    return tuning_cases(model)[-4:] + [(*weight_shapes(model)["lm_head"], PLAIN)]
+    return fused_cases(model) + [(*weight_shapes(model)["lm_head"], PLAIN)]
 
 
 def time_matmuls(shapes: dict[str, tuple[int, int]], dtype=None) -> pd.DataFrame:

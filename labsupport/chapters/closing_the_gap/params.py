@@ -22,6 +22,10 @@ RUNGS = {
     "fused-attention": "+ q/k norms, rotary, cache write and attention in two kernels of ours",
     "split-k": "+ split-K for the smaller matrices where the tuner finds it faster",
     "pdl": "+ programmatic dependent launch: each GEMV may start while the kernel before drains",
+    "weights-first": "+ each GEMV loads its first tile of weights before it waits for the kernel before",
+    "one-attention": "+ attention in one kernel, launched the same way, the cached keys and values read first",
+    "folded-norms": "+ norm weights folded into the matrices, x's sum of squares from the kernel that writes x, "
+    "argmax inside the LM head",
     "fp8-weights": "FP8 (E4M3) weights with row scales, on rung 9: a floor of its own",
 }
 # Short names for the figure's axis, by the same keys.
@@ -37,7 +41,10 @@ RUNG_SHORT = {
     "fused-attention": "9 our attention kernels",
     "split-k": "10 split-K",
     "pdl": "11 dependent launch",
-    "fp8-weights": "12 FP8 weights (own floor)",
+    "weights-first": "12 weights before the wait",
+    "one-attention": "13 one attention kernel",
+    "folded-norms": "14 folded norms",
+    "fp8-weights": "15 FP8 weights (own floor)",
 }
 # The rungs that are transformers' step: shared quantities (labsupport.chapters.shared), timed by
 # the chapter that owns each, by the prefix of their names there. This chapter shows their
@@ -48,6 +55,7 @@ SHARED_RUNGS = {"eager": "eager", "cuda-graph": "graph", "compile": "compiled", 
 # tiny model) has no shared numbers for its first rungs.
 SHARED_CONFIG = {"preset": "qwen3-8b", "prompt_len": 256}
 # The rungs that are our own decode step, and the options of each (qwen3_decode.Options).
+PDL = {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "split_k": True, "pdl": True}
 OWN_OPTIONS = {
     "own-compiled": {},
     "fused-projections": {"fused": True},
@@ -55,14 +63,11 @@ OWN_OPTIONS = {
     "fused-gemv": {"fused": True, "matmul": "triton", "fuse_gemv": True},
     "fused-attention": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True},
     "split-k": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "split_k": True},
-    "pdl": {
-        "fused": True,
-        "matmul": "triton",
-        "fuse_gemv": True,
-        "fused_attention": True,
-        "split_k": True,
-        "pdl": True,
-    },
+    "pdl": PDL,
+    # each on the one before: PDL with the weights loaded first, then one attention kernel, then the folded norms
+    "weights-first": {**PDL, "early_weights": True},
+    "one-attention": {**PDL, "early_weights": True, "one_attention": True},
+    "folded-norms": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True},
     # on rung 9's options, not on split-K's or PDL's: a failure of either cannot take this rung down
     "fp8-weights": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "fp8": True},
 }
