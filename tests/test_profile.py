@@ -401,3 +401,16 @@ def test_a_kernel_no_rule_knows_is_counted_under_other_by_its_name():
     # A kind the rules of today do not name (a table classified by older rules) is kept, not dropped.
     older = kernels.census(k.assign(kind=["copy", "matrix multiply", "copy"])).set_index("kind")
     assert older.loc["copy", "kernels"] == 2 and older.loc["total", "kernels"] == 3
+
+
+@pytest.mark.unit
+def test_the_committed_llama_folder_is_llama_3_1_8b_counted_without_building_it():
+    """benchmarks/models/llama-3.1-8b: the published configuration's 8.03 billion parameters (Meta's model
+    card gives 8.03B), counted on the meta device, nothing allocated."""
+    from labsupport.measure.models import source
+
+    src = source.open_folder(REPO / "benchmarks" / "models" / "llama-3.1-8b")
+    counts = source.counts(src, "bfloat16")
+    assert not src.weight_files and src.model_type == "llama"
+    assert counts.parameters == 8_030_261_248 and counts.layers == 32
+    assert counts.embedding_parameters == 128_256 * 4096
