@@ -46,9 +46,9 @@ def test_a_table_of_contents_that_disagrees_with_the_registry_says_what_to_add(t
     `python -m labsupport book` stops on it before building."""
     from labsupport.ops import bookbuild
 
-    extra = _toc_with(tmp_path / "extra", lambda cs: cs.append({"file": "notebooks/toy_chapter"}))
+    extra = _toc_with(tmp_path / "extra", lambda cs: cs.append({"file": "notebooks/no_such_chapter"}))
     assert chapters.toc_problem(extra) == (
-        "_toc.yml has notebooks/toy_chapter, a chapter of no package in PACKAGES: import it, list it "
+        "_toc.yml has notebooks/no_such_chapter, a chapter of no package in PACKAGES: import it, list it "
         "(labsupport/chapters/__init__.py)"
     )
     last = chapters.CHAPTERS[-1].notebook.removesuffix(".ipynb")
@@ -60,17 +60,17 @@ def test_a_table_of_contents_that_disagrees_with_the_registry_says_what_to_add(t
     assert "lists the chapters in another order than _toc.yml" in chapters.toc_problem(swapped)
     monkeypatch.setattr(bookbuild, "REPO_ROOT", extra.parent)
     monkeypatch.setattr(bookbuild, "check_runs", lambda root: pytest.fail("the runs were read before the toc"))
-    with pytest.raises(bookbuild.BuildError, match="^_toc.yml has notebooks/toy_chapter, a chapter of no package"):
+    with pytest.raises(bookbuild.BuildError, match="^_toc.yml has notebooks/no_such_chapter, a chapter of no package"):
         bookbuild.build(tmp_path / "runs")
 
 
 def test_a_package_without_a_declaration_and_an_unknown_chapter_are_one_line(monkeypatch):
     import types
 
-    with pytest.raises(ImportError, match=r"^labsupport.chapters.toy_chapter has no DECLARATION: its __init__.py"):
-        chapters.declaration_of(types.ModuleType("labsupport.chapters.toy_chapter"))
-    with pytest.raises(SystemExit, match=r"unknown chapter\(s\) toy-chapter \(a chapter is a package listed in PACK"):
-        chapters.find(["toy-chapter"])
+    with pytest.raises(ImportError, match=r"^labsupport.chapters.no_such_chapter has no DECLARATION: its __init__.py"):
+        chapters.declaration_of(types.ModuleType("labsupport.chapters.no_such_chapter"))
+    with pytest.raises(SystemExit, match=r"unknown chapter\(s\) no-such-chapter \(a chapter is a package listed in"):
+        chapters.find(["no-such-chapter"])
 
 
 def test_the_registry_is_short_and_registers_nothing():
