@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from .declaration import DECLARATION, Params  # noqa: F401 (the package's, for its notebook)
 from .measuring import projections  # noqa: F401 (what the live cell calls)
-from .page import Page, page  # noqa: F401 (what the page cell calls)
+from .page import US, Page, page  # noqa: F401 (what the page and figure cells call)
 
 CHAPTER, load, progress = DECLARATION.slug, DECLARATION.load, DECLARATION.progress
 
@@ -100,6 +100,8 @@ import pandas as pd
 
 from labsupport import runs
 
+US = "µs (least of the calls)"  # the table's column of times
+
 
 @dataclass
 class Page:
@@ -113,7 +115,7 @@ class Page:
 def page(run: runs.Run) -> Page:
     t = run.table("timings")
     best = (t.groupby("variant").wall_ms.min() * 1e3).sort_values()
-    table = pd.DataFrame({"variant": best.index, "µs (least of the calls)": best.values})
+    table = pd.DataFrame({"variant": best.index, US: best.values})
     return Page(run.label, len(best), str(best.index[0]), float(best.iloc[0]), table)
 '''
 
@@ -124,6 +126,11 @@ if mode == "live":
     timed = harness.interleaved(calls, device=params.device, rounds=params.repeats, what="per call")
     w.write_table("timings", pd.DataFrame([r for name, t in timed.items() for r in t.rows(variant=name)]))
     run_id = w.write()"""
+
+FIGURE = """\
+from labsupport import figures
+
+fig = figures.hbars(p.table.variant, p.table[ch.US], run.label, "One token's up projection", "µs per call")"""
 
 
 def notebook() -> nbformat.NotebookNode:
@@ -151,6 +158,7 @@ def notebook() -> nbformat.NotebookNode:
                 "{glue:text}`fastest_us:.3f` µs per call."
             ),
             code('glue.table(p.table, csv_href=glue.run_csv_href(run, "timings.csv"))', metadata=hidden),
+            code(FIGURE, metadata=hidden),
             code("from labsupport.chapters import data_files\n\ndata_files.about_this_run(run)", metadata=hidden),
         ],
         metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
@@ -160,8 +168,21 @@ def notebook() -> nbformat.NotebookNode:
 # --- the scratch copy ------------------------------------------------------------------------------
 COPIED = ("labsupport", "notebooks", "book", "_toc.yml", "_config.yml", "pyproject.toml", "requirements-gpubox.txt")
 # What the declaration and layer checks need of tests/ (their fixture runs among it).
-CHECKS = ("tests/test_declarations.py", "tests/test_layers.py")
-TESTS = ("__init__.py", "conftest.py", "figure_probe.py", "test_declarations.py", "test_layers.py", "fixtures")
+CHECKS = (
+    "tests/test_declarations.py",
+    "tests/test_layers.py",
+    "tests/test_params.py::test_every_default_smoke_and_cpu_value_passes_its_check",
+    "tests/test_params.py::test_every_numeric_parameter_has_a_check_with_an_upper_bound",
+)
+TESTS = (
+    "__init__.py",
+    "conftest.py",
+    "figure_probe.py",
+    "test_declarations.py",
+    "test_layers.py",
+    "test_params.py",
+    "fixtures",
+)
 
 
 def scratch_copy(dest: Path, tests: bool) -> Path:
@@ -254,7 +275,7 @@ def test_the_recipe_builds_a_toy_chapter(tmp_path):
     t = time.perf_counter()
     checked = ok(run_in(repo, "pytest", "-v", "-p", "no:cacheprovider", "-n", "0", *CHECKS))
     on_toy = [line for line in checked.splitlines() if f"[{SLUG}]" in line]
-    assert len(on_toy) >= 8 and all(" PASSED " in line for line in on_toy), "\n".join(on_toy)
+    assert len(on_toy) >= 9 and all(" PASSED " in line for line in on_toy), "\n".join(on_toy)
     took["checks"] = time.perf_counter() - t
 
     # The notebook replayed, from the published run.
@@ -302,6 +323,9 @@ def test_the_recipe_builds_a_toy_chapter(tmp_path):
     glued = f'Of <span class="pasted-text">2</span> ways, {best.index[0]} was the fastest: '
     assert f'{glued}<span class="pasted-text">{best.iloc[0]:.3f}</span> µs per call.' in html
     assert f"measured on none (CPU) · run {run_id}" in html and "{glue" not in html
+    # the figure, with its alt text from the figure's description (book/_ext/figure_alt.py)
+    assert "<img alt=\"Figure. One token's up projection: horizontal axis: µs per call;" in html
+    assert f'smallest: {best.index[0]}, {best.iloc[0]:.2f}."' in html
 
 
 # Each step of the recipe, undone in a scratch copy that has all the others; the command that needs
