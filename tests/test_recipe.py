@@ -167,7 +167,7 @@ def notebook() -> nbformat.NotebookNode:
 
 # --- the scratch copy ------------------------------------------------------------------------------
 COPIED = ("labsupport", "notebooks", "book", "_toc.yml", "_config.yml", "pyproject.toml", "requirements-gpubox.txt")
-# What the declaration and layer checks need of tests/ (their fixture runs among it).
+# The checks the README names, run on the scratch copy, and what they need of tests/ (the fixture runs).
 CHECKS = (
     "tests/test_declarations.py",
     "tests/test_layers.py",
@@ -250,6 +250,8 @@ def ok(done: subprocess.CompletedProcess) -> str:
 
 
 def test_the_recipe_builds_a_toy_chapter(tmp_path):
+    """Steps 1 to 4 of the README, then the chapter's notebook run live through papermill (by the
+    `live` command), checked, replayed and built: about 40 s on two CPU cores."""
     repo = scratch_copy(tmp_path / "repo", tests=True)
     took = {}
     t = time.perf_counter()
