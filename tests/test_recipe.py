@@ -251,7 +251,7 @@ def ok(done: subprocess.CompletedProcess) -> str:
 
 def test_the_recipe_builds_a_toy_chapter(tmp_path):
     """Steps 1 to 4 of the README, then the chapter's notebook run live through papermill (by the
-    `live` command), checked, replayed and built: about 40 s on two CPU cores."""
+    `live` command), checked, replayed and built: under a minute on two CPU cores."""
     repo = scratch_copy(tmp_path / "repo", tests=True)
     took = {}
     t = time.perf_counter()
@@ -302,9 +302,11 @@ def test_the_recipe_builds_a_toy_chapter(tmp_path):
     assert f"run {run_id}" in loaded.outputs[0].text  # the published run, recorded above
     took["replay"] = time.perf_counter() - t
 
-    # The book, with the toy chapter its only page: the numbers the prose glues are in the HTML.
+    # The book, with the toy chapter its only chapter: the numbers the prose glues are in the HTML,
     t = time.perf_counter()
-    (repo / "_toc.yml").write_text(f"format: jb-book\nroot: notebooks/{PACKAGE}\n")
+    # with the page of downloads (and the two pages it links to), where its runs' row is written.
+    pages = "".join(f"  - file: book/{name}\n" for name in ("run_it_yourself", "trust", "gallery"))
+    (repo / "_toc.yml").write_text(f"format: jb-book\nroot: notebooks/{PACKAGE}\nchapters:\n{pages}")
     ok(
         run_in(
             repo,
@@ -328,6 +330,10 @@ def test_the_recipe_builds_a_toy_chapter(tmp_path):
     # the figure, with its alt text from the figure's description (book/_ext/figure_alt.py)
     assert "<img alt=\"Figure. One token's up projection: horizontal axis: µs per call;" in html
     assert f'smallest: {best.index[0]}, {best.iloc[0]:.2f}."' in html
+    # its runs served as one zip, and its row on the page of downloads (book/_ext/serve_runs.py)
+    assert (repo / "_build" / "html" / "download" / "runs" / f"{SLUG}.zip").is_file()
+    downloads = (repo / "_build" / "html" / "book" / "run_it_yourself.html").read_text()
+    assert f'<a href="../download/runs/{SLUG}.zip" download>{SLUG}.zip</a>' in downloads
 
 
 # Each step of the recipe, undone in a scratch copy that has all the others; the command that needs
