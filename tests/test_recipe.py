@@ -251,7 +251,7 @@ def ok(done: subprocess.CompletedProcess) -> str:
 
 def test_the_recipe_builds_a_toy_chapter(tmp_path):
     """Steps 1 to 4 of the README, then the chapter's notebook run live through papermill (by the
-    `live` command), checked, replayed and built: under a minute on two CPU cores."""
+    `live` command), checked, replayed and built: 35 to 85 s on two shared CPU cores."""
     repo = scratch_copy(tmp_path / "repo", tests=True)
     took = {}
     t = time.perf_counter()
