@@ -1,7 +1,8 @@
 """Command line: `python -m labsupport live|nightly [chapters]`, `live --smoke`, `runs`,
 `book` (what `make book` runs), `recover`, `derive`, `pack <chapter> [run id]`, `gallery add|list`,
 `replay <chapter> [--runs PATH_OR_ZIP] [--out DIR]` (no GPU, torch or transformers needed) and
-`profile MODEL_DIR [--allow-cpu] [--out DIR] [--dtype ...]` (a model folder through the kernel census).
+`profile MODEL_DIR [--allow-cpu] [--out DIR] [--dtype ...]` (a model folder through the kernel census) and
+`fixture <chapter> [run id]` (a run frozen as the chapter's unit-test fixture under tests/fixtures/runs/).
 
 Errors in what it is given (a parameter, a damaged published.json or run, a folder that is
 not a runs folder, a lock held by another command, a folder it cannot read or write) are one
@@ -81,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     derive = sub.add_parser("derive", help="bring runs of an older format (meta.json: format) to the current one")
     derive.add_argument("chapters", nargs="*", help="chapter slugs (default: all)")
+    fix = sub.add_parser("fixture", help="copy a chapter's run to tests/fixtures/runs/, the run its unit tests read")
+    fix.add_argument("chapter")
+    fix.add_argument("run_id", nargs="?", help="run id (default: the published run)")
     return ap
 
 
@@ -141,6 +145,11 @@ def _run(args) -> int:
         from labsupport.ops import derive
 
         return derive.main(args.chapters)
+    if args.cmd == "fixture":
+        from labsupport.ops import fixture
+
+        print(f"the fixture run of {args.chapter} is {fixture.freeze(args.chapter, args.run_id)}")
+        return 0
     if args.cmd == "pack":
         from labsupport.ops import pack
 

@@ -126,7 +126,14 @@ def fixture_run(chapter) -> runs.Run:
     from labsupport import chapters
 
     declaration = chapters.by_slug(chapter) if isinstance(chapter, str) else chapter
-    ids = sorted(p.name for p in (FIXTURES / declaration.slug).iterdir() if p.is_dir())
+    folder = FIXTURES / declaration.slug
+    ids = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    if not ids:
+        pytest.fail(
+            f"no fixture run of {declaration.slug} under tests/fixtures/runs/: "
+            f"python -m labsupport fixture {declaration.slug} (README, Adding a chapter)",
+            pytrace=False,
+        )
     return runs.load_run(declaration, ids[-1], root=FIXTURES)
 
 

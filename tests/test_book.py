@@ -85,6 +85,28 @@ def _serve_runs():
     return module
 
 
+@pytest.mark.unit
+def test_the_page_on_running_a_chapter_gets_a_download_row_for_every_chapter():
+    """serve_runs writes the table of downloads where "Run a chapter yourself" has its line: a row
+    per chapter of the registry, in book order, named by its notebook's title; a new chapter needs
+    no row written by hand."""
+    from pathlib import Path
+
+    serve_runs = _serve_runs()
+    source = [(Path(__file__).resolve().parent.parent / "book" / "run_it_yourself.md").read_text()]
+    assert source[0].count(serve_runs.DOWNLOADS) == 1 and "download/runs/" not in source[0]
+    serve_runs._write_downloads(None, "book/run_it_yourself", source)
+    rows = [line for line in source[0].splitlines() if "download/runs/" in line]
+    assert rows[0] == '| Why a GPU | <a href="../download/runs/why-a-gpu.zip" download>why-a-gpu.zip</a> |'
+    hybrid = "hybrid-model-token.zip"
+    assert f'| A hybrid model\'s token | <a href="../download/runs/{hybrid}" download>{hybrid}</a> |' in rows
+    assert [r.split("download/runs/")[1].split(".zip")[0] for r in rows] == [c.slug for c in chapters.CHAPTERS]
+    assert "| chapter | its runs |\n|---|---|\n" + rows[0] in source[0]
+    connected = []
+    serve_runs.setup(type("App", (), {"connect": lambda self, event, fn, **kw: connected.append((event, fn))})())
+    assert ("source-read", serve_runs._write_downloads) in connected
+
+
 REPLAY = """
 import json, sys
 from labsupport import runs

@@ -28,10 +28,49 @@ def chapter_module(chapter):
 
 
 def test_the_registry_lists_the_chapters_in_the_order_of_the_table_of_contents():
+    assert chapters.toc_problem(PACKAGE.parent / "_toc.yml") is None
+
+
+def _toc_with(folder: Path, change) -> Path:
+    """A copy of _toc.yml in `folder` whose chapters' list `change` has edited in place."""
     toc = yaml.safe_load((PACKAGE.parent / "_toc.yml").read_text())
-    listed = [c["file"] for part in toc["parts"] for c in part["chapters"]]
-    in_book = [f for f in listed if f.startswith("notebooks/") and f != "notebooks/status"]
-    assert [c.notebook.removesuffix(".ipynb") for c in chapters.CHAPTERS] == in_book
+    change(toc["parts"][0]["chapters"])
+    folder.mkdir()
+    path = folder / "_toc.yml"
+    path.write_text(yaml.safe_dump(toc, sort_keys=False))
+    return path
+
+
+def test_a_table_of_contents_that_disagrees_with_the_registry_says_what_to_add(tmp_path, monkeypatch):
+    """A newcomer who forgot the registry's line, or the _toc.yml line, is told which, in one line;
+    `python -m labsupport book` stops on it before building."""
+    from labsupport.ops import bookbuild
+
+    extra = _toc_with(tmp_path / "extra", lambda cs: cs.append({"file": "notebooks/no_such_chapter"}))
+    assert chapters.toc_problem(extra) == (
+        "_toc.yml has notebooks/no_such_chapter, a chapter of no package in PACKAGES: import it, list it "
+        "(labsupport/chapters/__init__.py)"
+    )
+    last = chapters.CHAPTERS[-1].notebook.removesuffix(".ipynb")
+    missing = _toc_with(tmp_path / "missing", lambda cs: cs.remove({"file": last}))
+    assert chapters.toc_problem(missing) == (
+        f"{last} (PACKAGES, labsupport/chapters/__init__.py) has no line in _toc.yml: add `- file: {last}`"
+    )
+    swapped = _toc_with(tmp_path / "swapped", lambda cs: cs.insert(0, cs.pop(1)))
+    assert "lists the chapters in another order than _toc.yml" in chapters.toc_problem(swapped)
+    monkeypatch.setattr(bookbuild, "REPO_ROOT", extra.parent)
+    monkeypatch.setattr(bookbuild, "check_runs", lambda root: pytest.fail("the runs were read before the toc"))
+    with pytest.raises(bookbuild.BuildError, match="^_toc.yml has notebooks/no_such_chapter, a chapter of no package"):
+        bookbuild.build(tmp_path / "runs")
+
+
+def test_a_package_without_a_declaration_and_an_unknown_chapter_are_one_line(monkeypatch):
+    import types
+
+    with pytest.raises(ImportError, match=r"^labsupport.chapters.no_such_chapter has no DECLARATION: its __init__.py"):
+        chapters.declaration_of(types.ModuleType("labsupport.chapters.no_such_chapter"))
+    with pytest.raises(SystemExit, match=r"unknown chapter\(s\) no-such-chapter \(a chapter is a package listed in"):
+        chapters.find(["no-such-chapter"])
 
 
 def test_the_registry_is_short_and_registers_nothing():

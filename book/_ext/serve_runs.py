@@ -11,7 +11,8 @@ outside the repository: a folder `runs/` with the chapter's published run, the p
 of the chapters it reads (its registry entry's `reads`, and theirs) and of the owners of the
 shared quantities (labsupport.chapters.shared), and a published.json naming them. Unpacked
 beside the notebook, `runs/` is the runs folder a replay finds (or point LABSUPPORT_RUNS at
-it). The page "Run a chapter yourself" links them.
+it). The page "Run a chapter yourself" links them, in a table this extension writes where the
+page has the line DOWNLOADS: a row per chapter of the registry, named by its notebook's title.
 """
 
 import os
@@ -21,6 +22,25 @@ import zipfile
 from pathlib import Path
 
 ARCHIVES = Path("download") / "runs"  # under the HTML folder
+DOWNLOADS = "<!-- serve_runs: the table of each chapter's runs -->"
+
+
+def downloads_table() -> str:
+    """A row per chapter, in book order: its title (its notebook's first heading) and its zip."""
+    import json
+
+    from labsupport import chapters
+
+    rows = ["| chapter | its runs |", "|---|---|"]
+    for c in chapters.CHAPTERS:
+        title = "".join(json.loads(c.path.read_text())["cells"][0]["source"]).splitlines()[0].removeprefix("# ")
+        rows.append(f'| {title} | <a href="../{ARCHIVES.as_posix()}/{c.slug}.zip" download>{c.slug}.zip</a> |')
+    return "\n".join(rows)
+
+
+def _write_downloads(app, docname, source):
+    if DOWNLOADS in source[0]:
+        source[0] = source[0].replace(DOWNLOADS, downloads_table())
 
 
 def needed(slug: str) -> list[str]:
@@ -86,6 +106,7 @@ def _serve_archives(app, exception):
 
 
 def setup(app):
+    app.connect("source-read", _write_downloads)
     app.connect("build-finished", _copy_runs)
     # After serve_package (priority 500), which empties <html>/download/ first.
     app.connect("build-finished", _serve_archives, priority=600)

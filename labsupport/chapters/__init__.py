@@ -7,7 +7,10 @@ handed a chapter's declaration when it writes or loads a run (Chapter.load, runs
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
+
+import yaml
 
 from labsupport.chapters import (
     closing_the_gap,
@@ -53,10 +56,12 @@ __all__ = [
     "Chapter",
     "File",
     "by_slug",
+    "declaration_of",
     "find",
     "headline",
     "package",
     "param",
+    "toc_problem",
 ]
 
 # The chapters' packages, in book order: each holds its DECLARATION, its headline(run), its figures.
@@ -72,7 +77,18 @@ PACKAGES: tuple[ModuleType, ...] = (
     hybrid_model_token,
     one_token_two_gpus,
 )
-CHAPTERS: list[Chapter] = [p.DECLARATION for p in PACKAGES]
+REGISTRY = "labsupport/chapters/__init__.py"
+
+
+def declaration_of(p: ModuleType) -> Chapter:
+    """The package's DECLARATION; a package without one (README, "Adding a chapter") stops in one line."""
+    found = getattr(p, "DECLARATION", None)
+    if not isinstance(found, Chapter):
+        raise ImportError(f"{p.__name__} has no DECLARATION: its __init__.py imports it from its declaration.py")
+    return found
+
+
+CHAPTERS: list[Chapter] = [declaration_of(p) for p in PACKAGES]
 
 
 def find(names: list[str] | None) -> list[Chapter]:
@@ -82,7 +98,10 @@ def find(names: list[str] | None) -> list[Chapter]:
     slugs = {c.slug: c for c in CHAPTERS}
     unknown = [n for n in names if n not in slugs]
     if unknown:
-        raise SystemExit(f"unknown chapter(s) {', '.join(unknown)}; known: {', '.join(slugs)}")
+        raise SystemExit(
+            f"unknown chapter(s) {', '.join(unknown)} (a chapter is a package listed in PACKAGES, {REGISTRY}); "
+            f"known: {', '.join(slugs)}"
+        )
     return [slugs[n] for n in names]
 
 
@@ -98,3 +117,18 @@ def package(chapter: Chapter) -> ModuleType:
 def headline(chapter: Chapter, run) -> dict:
     """The few numbers of a run that the status page follows from night to night."""
     return package(chapter).headline(run)
+
+
+def toc_problem(toc: Path) -> str | None:
+    """Where the chapters of the table of contents `toc` (its notebooks but the status page) and
+    PACKAGES disagree, in one line saying what to add; None when they list the same, in one order."""
+    listed = [c["file"] for part in yaml.safe_load(toc.read_text())["parts"] for c in part["chapters"]]
+    in_book = [f for f in listed if f.startswith("notebooks/") and f != "notebooks/status"]
+    registered = [c.notebook.removesuffix(".ipynb") for c in CHAPTERS]
+    if in_book == registered:
+        return None
+    if unlisted := [f for f in in_book if f not in registered]:
+        return f"{toc.name} has {unlisted[0]}, a chapter of no package in PACKAGES: import it, list it ({REGISTRY})"
+    if missing := [f for f in registered if f not in in_book]:
+        return f"{missing[0]} (PACKAGES, {REGISTRY}) has no line in {toc.name}: add `- file: {missing[0]}`"
+    return f"PACKAGES ({REGISTRY}) lists the chapters in another order than {toc.name}: {', '.join(in_book)}"

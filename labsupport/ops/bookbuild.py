@@ -144,6 +144,11 @@ def command(out: Path | None = None) -> list[str]:
 def build(runs_root: Path | None = None, out: Path | None = None, log: Path | None = None, echo: bool = True) -> Path:
     """Build the HTML from `runs_root` (default: runs/) into `out` (default: the repository's
     _build/); returns the HTML folder, or raises BuildError with one line."""
+    from labsupport import chapters
+
+    problem = chapters.toc_problem(REPO_ROOT / "_toc.yml")  # a chapter the book would leave out, or fail on
+    if problem:
+        raise BuildError(problem)
     root = runs_root or runs.runs_root()
     check_runs(root)
     log = log or REPO_ROOT / "build" / "book.log"
