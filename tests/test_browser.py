@@ -143,15 +143,16 @@ def _published_run_id(chapter: chapters.Chapter) -> str:
 
 
 def _figures_in_executed_notebook(html_root: Path, page: str) -> int:
-    """How many figures the executed notebook shows: image outputs of cells not removed."""
+    """How many figures the executed notebook shows: image outputs of cells not removed, and the
+    figures they glue for the prose."""
     nb = json.loads((html_root.parent / "jupyter_execute" / f"{page}.ipynb").read_text())
     count = 0
     for cell in nb["cells"]:
         tags = set(cell.get("metadata", {}).get("tags", []))
         if cell["cell_type"] != "code" or tags & {"remove-cell", "remove-output"}:
             continue
-        for out in cell.get("outputs", []):
-            count += any(m.startswith("image/") for m in out.get("data", {}))
+        for out in cell.get("outputs", []):  # shown under its cell, or glued for the prose to paste
+            count += any(m.startswith(("image/", "application/papermill.record/image/")) for m in out.get("data", {}))
     return count
 
 
@@ -160,11 +161,11 @@ def _is_number(text: str) -> bool:
 
 
 # Where things lie on the page, at the width it is opened at: its height (folds closed, as it
-# loads), the top of its first figure (an image a cell printed), every figure (its file, its alt
+# loads), the top of its first figure (an image a cell printed or the prose pastes), every figure (its file, its alt
 # text, the link around it, its natural and shown widths) and every table (the width of its
 # content, and how much of it a scroll box hides).
 LAYOUT = """(main) => {
-  const outputs = Array.from(main.querySelectorAll('.cell_output img'));
+  const outputs = Array.from(main.querySelectorAll('.cell_output img, figure img'));
   const first = outputs.length ? outputs[0].getBoundingClientRect().top + window.scrollY : null;
   return {
     height: document.documentElement.scrollHeight,
@@ -200,7 +201,7 @@ COLLECT = (
     title: document.title,
     text: document.body.innerText,
     images: imgs.map(i => ({src: i.currentSrc || i.src, width: i.naturalWidth,
-                            in_output: !!i.closest('.cell_output')})),
+                            in_output: !!i.closest('.cell_output, figure')})),
     pasted: Array.from(document.querySelectorAll('.pasted-text')).map(e => e.textContent),
     tables: Array.from(main.querySelectorAll('table')).map(t => ({
       in_output: !!t.closest('.cell_output'),
