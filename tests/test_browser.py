@@ -59,7 +59,7 @@ pytestmark = pytest.mark.book
 # A chapter page at 1280 px, its folds closed: at most this tall, its first figure at most this far
 # down. The measurement is always made and written to build/screenshots/layout.json; this switch
 # turns the assertion on (test_chapter_page_height_and_first_figure).
-ASSERT_PAGE_LAYOUT = False
+ASSERT_PAGE_LAYOUT = True
 MAX_PAGE_HEIGHT_PX = 15_000
 MAX_FIRST_FIGURE_PX = 2_000
 MAX_TABLE_SCREENS = 2  # at 390 px, no table wider than twice the screen
@@ -144,15 +144,19 @@ def _published_run_id(chapter: chapters.Chapter) -> str:
 
 def _figures_in_executed_notebook(html_root: Path, page: str) -> int:
     """How many figures the executed notebook shows: image outputs of cells not removed, and the
-    figures they glue for the prose."""
-    nb = json.loads((html_root.parent / "jupyter_execute" / f"{page}.ipynb").read_text())
+    figures its cells glue for the prose to paste (myst-nb keeps those in <page>.glue.json)."""
+    executed = html_root.parent / "jupyter_execute" / page
+    nb = json.loads(executed.with_suffix(".ipynb").read_text())
     count = 0
     for cell in nb["cells"]:
         tags = set(cell.get("metadata", {}).get("tags", []))
         if cell["cell_type"] != "code" or tags & {"remove-cell", "remove-output"}:
             continue
-        for out in cell.get("outputs", []):  # shown under its cell, or glued for the prose to paste
-            count += any(m.startswith(("image/", "application/papermill.record/image/")) for m in out.get("data", {}))
+        for out in cell.get("outputs", []):
+            count += any(m.startswith("image/") for m in out.get("data", {}))
+    glued = executed.with_suffix(".glue.json")
+    if glued.exists():
+        count += sum(any(m.startswith("image/") for m in v["data"]) for v in json.loads(glued.read_text()).values())
     return count
 
 
