@@ -56,6 +56,21 @@ def glue(name: str, value, display: bool = False) -> None:
     myst_nb.glue(name, value, display=display)
 
 
+def glue_figure(name: str, fig) -> None:
+    """Glue a figure for a `{glue:figure}` directive, and close it so that its cell shows nothing:
+    the page shows the figure once, where the prose pastes it (a chapter's answer, above the cell
+    that draws it). Its PNG carries the figure's description (labsupport.figures.describe), which
+    the book's alt text reads. Without myst-nb (a live run on a GPU box) the cell shows it."""
+    try:
+        import myst_nb
+    except ImportError:
+        return
+    import matplotlib.pyplot as plt
+
+    myst_nb.glue(name, fig, display=False)
+    plt.close(fig)
+
+
 def glue_all(values: dict, prefix: str = "") -> None:
     """Glue every value of a dict under `prefix + key`."""
     for key, value in values.items():

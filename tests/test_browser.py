@@ -59,7 +59,7 @@ pytestmark = pytest.mark.book
 # A chapter page at 1280 px, its folds closed: at most this tall, its first figure at most this far
 # down. The measurement is always made and written to build/screenshots/layout.json; this switch
 # turns the assertion on (test_chapter_page_height_and_first_figure).
-ASSERT_PAGE_LAYOUT = False
+ASSERT_PAGE_LAYOUT = True
 MAX_PAGE_HEIGHT_PX = 15_000
 MAX_FIRST_FIGURE_PX = 2_000
 MAX_TABLE_SCREENS = 2  # at 390 px, no table wider than twice the screen
@@ -143,8 +143,10 @@ def _published_run_id(chapter: chapters.Chapter) -> str:
 
 
 def _figures_in_executed_notebook(html_root: Path, page: str) -> int:
-    """How many figures the executed notebook shows: image outputs of cells not removed."""
-    nb = json.loads((html_root.parent / "jupyter_execute" / f"{page}.ipynb").read_text())
+    """How many figures the executed notebook shows: image outputs of cells not removed, and the
+    figures its cells glue for the prose to paste (myst-nb keeps those in <page>.glue.json)."""
+    executed = html_root.parent / "jupyter_execute" / page
+    nb = json.loads(executed.with_suffix(".ipynb").read_text())
     count = 0
     for cell in nb["cells"]:
         tags = set(cell.get("metadata", {}).get("tags", []))
@@ -152,6 +154,9 @@ def _figures_in_executed_notebook(html_root: Path, page: str) -> int:
             continue
         for out in cell.get("outputs", []):
             count += any(m.startswith("image/") for m in out.get("data", {}))
+    glued = executed.with_suffix(".glue.json")
+    if glued.exists():
+        count += sum(any(m.startswith("image/") for m in v["data"]) for v in json.loads(glued.read_text()).values())
     return count
 
 
@@ -160,11 +165,11 @@ def _is_number(text: str) -> bool:
 
 
 # Where things lie on the page, at the width it is opened at: its height (folds closed, as it
-# loads), the top of its first figure (an image a cell printed), every figure (its file, its alt
+# loads), the top of its first figure (an image a cell printed or the prose pastes), every figure (its file, its alt
 # text, the link around it, its natural and shown widths) and every table (the width of its
 # content, and how much of it a scroll box hides).
 LAYOUT = """(main) => {
-  const outputs = Array.from(main.querySelectorAll('.cell_output img'));
+  const outputs = Array.from(main.querySelectorAll('.cell_output img, figure img'));
   const first = outputs.length ? outputs[0].getBoundingClientRect().top + window.scrollY : null;
   return {
     height: document.documentElement.scrollHeight,
@@ -200,7 +205,7 @@ COLLECT = (
     title: document.title,
     text: document.body.innerText,
     images: imgs.map(i => ({src: i.currentSrc || i.src, width: i.naturalWidth,
-                            in_output: !!i.closest('.cell_output')})),
+                            in_output: !!i.closest('.cell_output, figure')})),
     pasted: Array.from(document.querySelectorAll('.pasted-text')).map(e => e.textContent),
     tables: Array.from(main.querySelectorAll('table')).map(t => ({
       in_output: !!t.closest('.cell_output'),

@@ -98,3 +98,38 @@ def test_table_cells_name_their_columns_and_mark_text():
     labels = {col: label for _, col, _, label in cells}
     assert labels == {"0": "rung &lt;i&gt;", "1": "median (quartiles)", "2": "ms"}
     assert {col for _, col, text, _ in cells if text} == {"0"}
+
+
+def test_glue_figure_glues_the_described_png_and_leaves_the_cell_showing_nothing(monkeypatch):
+    """A chapter's answer pastes its figure ({glue:figure}); the cell that draws it must show
+    nothing (the figure appears once), and the glued PNG must carry the description that the
+    book's alt text reads (book/_ext/figure_alt.py)."""
+    import base64
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import myst_nb.ext.glue
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.pylabtools import select_figure_formats
+    from PIL import Image
+
+    from labsupport import figures
+
+    select_figure_formats(InteractiveShell.instance(), {"png"})  # as the notebook kernel's inline backend does
+    shown = []
+    monkeypatch.setattr(myst_nb.ext.glue, "ipy_display", lambda bundle, **kw: shown.append(bundle))
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    ax.set_title("Tokens per second")
+    figures.describe(fig, "memory sets the pace")
+    glue.glue_figure("speed_fig", fig)
+    (bundle,) = shown
+    assert not [k for k in bundle if k.startswith("image/")], "the cell itself would show the figure"
+    png = bundle["application/papermill.record/image/png"]
+    with Image.open(io.BytesIO(png if isinstance(png, bytes) else base64.b64decode(png))) as im:
+        im.load()
+        assert "memory sets the pace" in im.text[figures.DESCRIPTION_KEY]
+    assert fig.number not in plt.get_fignums(), "left open, the inline backend shows the figure again under its cell"
