@@ -5,6 +5,7 @@ the run, with the notebook's parameters replaced by the test's."""
 import nbformat
 
 from .conftest import REPO
+from .live_cells import parameters
 
 
 def code_cells(notebook: str) -> list:
@@ -12,11 +13,11 @@ def code_cells(notebook: str) -> list:
     return [c for c in nb.cells if c.cell_type == "code"]
 
 
-def run_live(notebook: str, **parameters):
-    """Execute the notebook's cells in live mode until the run is loaded; return that run. As
-    papermill does, the parameters cell runs and the test's parameters then replace its values
-    (a parameter the test does not give keeps the notebook's default)."""
-    given = {"mode": "live", "run_id": None, **parameters}
+def run_live(notebook: str, **params):
+    """Execute the notebook's cells in live mode, on the CPU, until the run is loaded; return that run.
+    As papermill does, the parameters cell runs and then takes the test's parameters as its overrides
+    (live_cells.parameters; a parameter the test does not give keeps its Params default)."""
+    given = parameters(**{"allow_cpu": True, **params})
     ns = dict(given)
     for cell in code_cells(notebook):
         exec(compile(cell.source, notebook, "exec"), ns)
@@ -27,10 +28,10 @@ def run_live(notebook: str, **parameters):
     raise AssertionError(f"{notebook}: no cell loads the run")
 
 
-def definitions(notebook: str, **parameters) -> dict:
+def definitions(notebook: str, **params) -> dict:
     """The names the notebook's code cells define before its measuring cell (the first that
-    starts `if mode == "live":`), executed in replay mode."""
-    given = {"mode": "replay", "run_id": None, **parameters}
+    starts `if mode == "live":`), executed in replay mode with `params` as its overrides."""
+    given = parameters(mode="replay", **params)
     ns = dict(given)
     for cell in code_cells(notebook):
         if cell.source.startswith('if mode == "live":'):

@@ -9,18 +9,22 @@ import pytest
 from labsupport import chapters
 from labsupport.ops import live, nightly
 
+from .conftest import ToyParams
+
 pytestmark = pytest.mark.live
 
 
 def sleepy_chapter(tmp_path, *sleeps, timeout_s=2):
     """A chapter whose notebook sleeps `sleeps` seconds, one cell each, then writes `done`."""
-    cells = [nbformat.v4.new_code_cell("mode = 'replay'\nrun_id = None", metadata={"tags": ["parameters"]})]
+    cells = [
+        nbformat.v4.new_code_cell("mode = 'replay'\nrun_id = None\noverrides = {}", metadata={"tags": ["parameters"]})
+    ]
     cells += [nbformat.v4.new_code_cell(f"import time\ntime.sleep({s})") for s in sleeps]
     cells.append(nbformat.v4.new_code_cell(f"open({str(tmp_path / 'done')!r}, 'w').close()"))
     path = tmp_path / "sleepy.ipynb"
     kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata=kernel), path)
-    return chapters.Chapter("sleepy", str(path), (), timeout_s=timeout_s)
+    return chapters.Chapter("sleepy", str(path), (), ToyParams, timeout_s=timeout_s)
 
 
 def test_a_notebook_past_its_limit_fails_in_one_line_naming_the_chapter_and_the_limit(tmp_path):

@@ -76,7 +76,7 @@ def test_a_notebook_that_raises(env, copied_runs, tmp_path):
     # Qwen3-8B (the default preset) on a CPU: the notebook refuses to measure.
     args = ["kernels-in-one-token", "--allow-cpu", "--param", "prompt_len=16", "--param", "repeats=2", "--no-book"]
     line = one_line_failure(nightly(args, env))
-    assert "notebook failed (NoGPUError: live mode measures a GPU" in line and "nothing was published" in line
+    assert "notebook failed (EnvironmentProblem: live mode needs a CUDA GPU" in line and "nothing was published" in line
     assert tree_bytes(copied_runs) == before
     logs = list((tmp_path / "nightly-logs").glob("*/kernels-in-one-token.log"))
     assert logs and list((tmp_path / "nightly-logs").glob("*/FAILED.txt"))
