@@ -4,21 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labsupport.chapters.declaring import (
-    BATCH,
-    CEILINGS,
-    CEILINGS_LINE,
-    DEVICE,
-    DTYPE,
-    KERNELS_BY_LAYER,
-    LENGTHS,
-    REPEATS,
-    TOKENS,
-    Chapter,
-    File,
-    Parameters,
-    param,
-)  # fmt: skip
+# fmt: off
+# isort: off
+from labsupport.chapters.declaring import (  # the names, wrapped to read as a list
+    BATCH, CEILINGS, CEILINGS_LINE, DEVICE, DTYPE, KERNELS_BY_LAYER, LENGTHS, REPEATS, TOKENS, Chapter, File,
+    Parameters, param,
+)
+# isort: on
+# fmt: on
 from labsupport.chapters.rules import between, preset
 
 

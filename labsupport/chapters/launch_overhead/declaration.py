@@ -4,18 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labsupport.chapters.declaring import (
-    CEILINGS,
-    CEILINGS_LINE,
-    DEVICE,
-    DTYPE,
-    REPEATS,
-    TOKENS,
-    Chapter,
-    File,
-    Parameters,
-    param,
-)  # fmt: skip
+# fmt: off
+# isort: off
+from labsupport.chapters.declaring import (  # the names, wrapped to read as a list
+    CEILINGS, CEILINGS_LINE, DEVICE, DTYPE, REPEATS, TOKENS, Chapter, File, Parameters, param,
+)
+# isort: on
+# fmt: on
 from labsupport.chapters.rules import preset
 
 

@@ -125,8 +125,30 @@ def _kernel():
         acc += w.to(tl.float32) * xv[None, :]
         return acc, sq
 
+    @triton.jit
+    def write_rows(
+        y, rows, row_ok, y_ptr, res_ptr, sumsq_out_ptr, sumsq_clear_ptr, N,
+        BLOCK: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr,
+    ):  # fmt: skip
+        # the epilogue of both kernels: rows 2i and 2i+1 are gate_i and up_i with SILU (silu(gate_i) * up_i
+        # written at i), else the rows plus the residual; with SUMSQ_OUT the squares of what is written summed
+        if SILU:
+            gate, up = tl.split(tl.reshape(y, (BLOCK // 2, 2)))
+            g = gate.to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(up.dtype)
+            out_rows = tl.program_id(0) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
+            tl.store(y_ptr + out_rows, act * up, mask=out_rows < N // 2)
+            if SUMSQ_OUT:
+                sumsq_epilogue(act * up, out_rows < N // 2, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
+        else:
+            if RESIDUAL:
+                y = y + tl.load(res_ptr + rows, mask=row_ok, other=0.0)
+            tl.store(y_ptr + rows, y, mask=row_ok)
+            if SUMSQ_OUT:
+                sumsq_epilogue(y, row_ok, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
+
     # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
-    globals()["accumulate"] = accumulate
+    globals().update(accumulate=accumulate, write_rows=write_rows)
     fns = folded_norms.jit_functions()
     globals().update(sumsq_epilogue=fns.sumsq_epilogue, argmax_epilogue=fns.argmax_epilogue)
 
@@ -180,22 +202,11 @@ def _kernel():
             if SUMSQ_IN:
                 y = y / tl.sqrt(sumsq / K + eps)
             y = y.to(y_ptr.dtype.element_ty)  # rounded, as a matmul's output is
-            if SILU:  # rows 2i and 2i+1 are gate_i and up_i: write silu(gate_i) * up_i at i
-                gate, up = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
-                g = gate.to(tl.float32)
-                act = (g / (1.0 + tl.exp(-g))).to(up.dtype)
-                out_rows = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-                tl.store(y_ptr + out_rows, act * up, mask=out_rows < N // 2)
-                if SUMSQ_OUT:
-                    sumsq_epilogue(act * up, out_rows < N // 2, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
-            else:
-                if RESIDUAL:
-                    y = y + tl.load(res_ptr + rows, mask=row_ok, other=0.0)
-                tl.store(y_ptr + rows, y, mask=row_ok)
-                if SUMSQ_OUT:
-                    sumsq_epilogue(y, row_ok, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
-                if ARGMAX:
-                    argmax_epilogue(y, rows, row_ok, argmax_ptr)  # noqa: F821 (a global)
+            write_rows(  # noqa: F821 (a global)
+                y, rows, row_ok, y_ptr, res_ptr, sumsq_out_ptr, sumsq_clear_ptr, N, BLOCK_N, SILU, RESIDUAL, SUMSQ_OUT
+            )
+            if ARGMAX:  # the LM head: no SiLU, no residual (launch refuses them), so y is what was written
+                argmax_epilogue(y, rows, row_ok, argmax_ptr)  # noqa: F821 (a global)
 
     return triton, gemv_kernel
 
@@ -209,7 +220,7 @@ def _finish():
     import triton
     import triton.language as tl
 
-    _kernel()  # sumsq_epilogue, among this module's globals
+    _kernel()  # write_rows, among this module's globals
 
     @triton.jit
     def finish_kernel(
@@ -234,20 +245,9 @@ def _finish():
         if SUMSQ_IN:
             y = y / tl.sqrt(tl.load(sumsq_in_ptr) / K + eps)
         y = y.to(y_ptr.dtype.element_ty)
-        if SILU:
-            gate, up = tl.split(tl.reshape(y, (BLOCK // 2, 2)))
-            g = gate.to(tl.float32)
-            act = (g / (1.0 + tl.exp(-g))).to(up.dtype)
-            out_rows = tl.program_id(0) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
-            tl.store(y_ptr + out_rows, act * up, mask=out_rows < N // 2)
-            if SUMSQ_OUT:
-                sumsq_epilogue(act * up, out_rows < N // 2, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
-        else:
-            if RESIDUAL:
-                y = y + tl.load(res_ptr + rows, mask=row_ok, other=0.0)
-            tl.store(y_ptr + rows, y, mask=row_ok)
-            if SUMSQ_OUT:
-                sumsq_epilogue(y, row_ok, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
+        write_rows(  # noqa: F821 (a global)
+            y, rows, row_ok, y_ptr, res_ptr, sumsq_out_ptr, sumsq_clear_ptr, N, BLOCK, SILU, RESIDUAL, SUMSQ_OUT
+        )
 
     return finish_kernel
 
@@ -292,8 +292,8 @@ def launch(
     n, k = w.shape
     fusion = Fusion(norm_weight is not None, silu, residual is not None)
     c = config or choose(n, k, fusion, fp8=scale is not None, split=split and argmax is None)
-    if argmax is not None and (silu or c.split_k > 1):
-        raise ValueError("argmax is the LM head's epilogue: one kernel per row block (no split-K), no SiLU")
+    if argmax is not None and (silu or residual is not None or c.split_k > 1):
+        raise ValueError("argmax is the LM head's epilogue: one kernel per row block (no split-K), no SiLU or residual")
     ws = workspace(n, x.device) if c.split_k > 1 else out
     add_into, zero = sumsq_out if sumsq_out is not None else (out, out)
     one_kernel = c.split_k == 1  # else _finish does the epilogue
