@@ -85,6 +85,10 @@ def glue_text(name: str, text: str) -> None:
     glue(name, Markdown(md_safe(text)))
 
 
+# A Page field's metadata for a table or frame its display cells show: glue_page leaves it out.
+NOT_GLUED = {"glue": False}
+
+
 def glue_page(page) -> None:
     """Glue every field of a chapter's `Page` (a dataclass whose field names are the page's glue names):
     text as markdown for `{glue:md}` (escaped, glue_text), any other value as it is. A field whose

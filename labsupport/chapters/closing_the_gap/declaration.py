@@ -40,42 +40,30 @@ _TRACES = {
     "fp8-weights": "the raw trace of our step reading FP8 weights",
 }
 
+# fmt: off
 DECLARATION = Chapter(
     "closing-the-gap",
     "notebooks/closing_the_gap.ipynb",
     (
         File("ceilings.csv", CEILINGS_LINE, CEILINGS),  # in runs recorded before shared.limits()
-        File(
-            "rungs.csv",
-            "each rung of the ladder: kernels, GPU-busy, wall and compile time, its logits against eager's",
-            ("rung", "status", "kernels", "gpu_busy_ns", "wall_ms_median", "max_abs_diff", "same_token", "passed"),
-            may_lack=("wall_ms_*", "issue_ms_*", "gpu_ms_*"),  # the rungs timed elsewhere
-            required=True,
-        ),
-        File(
-            "step_times.csv",
-            "every timed trial of our rungs, in interleaved rounds: wall and CUDA-event ms",
-            ("rung", "repeat", "wall_ms"),
-            required=True,
-        ),
-        File(
-            "matmuls.csv",
-            "each weight shape's matmul for one token: cuBLAS against our Triton GEMV, in µs and TB/s",
-            ("matrix", "n", "k", "bytes", "cublas_us", "triton_us"),
-        ),
-        File(
-            "gemv_tuning.csv",
-            "every configuration of our GEMV tried on every weight shape (BF16 and FP8 weights, split-K), "
-            "and the ones kept",
-            ("n", "k", "block_n", "block_k", "num_warps", "num_stages", "us", "chosen"),
-        ),
-        File(
-            "tokens_per_forward.csv",
-            "the best BF16 rung's decoder on 1 to 16 tokens at once: ms per forward, in interleaved rounds",
-            ("tokens", "path", "status", "ms_min"),
-        ),
+        # the rungs timed elsewhere
+        File("rungs.csv",
+             "each rung of the ladder: kernels, GPU-busy, wall and compile time, its logits against eager's",
+             ("rung", "status", "kernels", "gpu_busy_ns", "wall_ms_median", "max_abs_diff", "same_token", "passed"),
+             may_lack=("wall_ms_*", "issue_ms_*", "gpu_ms_*"), required=True),
+        File("step_times.csv", "every timed trial of our rungs, in interleaved rounds: wall and CUDA-event ms",
+             ("rung", "repeat", "wall_ms"), required=True),
+        File("matmuls.csv", "each weight shape's matmul for one token: cuBLAS against our Triton GEMV, in µs and TB/s",
+             ("matrix", "n", "k", "bytes", "cublas_us", "triton_us")),
+        File("gemv_tuning.csv",
+             "every configuration of our GEMV tried on every weight shape (BF16 and FP8 weights, split-K), and the "
+             "ones kept", ("n", "k", "block_n", "block_k", "num_warps", "num_stages", "us", "chosen")),
+        File("tokens_per_forward.csv",
+             "the best BF16 rung's decoder on 1 to 16 tokens at once: ms per forward, in interleaved rounds",
+             ("tokens", "path", "status", "ms_min")),
         *(File(f"trace-{rung}.json.gz", line, required=rung == "eager") for rung, line in _TRACES.items()),
     ),
     Params,
     reads=("why-a-gpu", "kernels-in-one-token", "launch-overhead"),
 )
+# fmt: on

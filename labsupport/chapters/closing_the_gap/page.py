@@ -32,8 +32,8 @@ from labsupport.chapters.closing_the_gap.analysis import (
 )
 from labsupport.chapters.closing_the_gap.params import RUNG_SHORT, RUNGS, SHARED_RUNGS, trace_file
 from labsupport.chapters.closing_the_gap.split_k import split_k_text
+from labsupport.glue import NOT_GLUED
 
-SHOWN = {"glue": False}  # a field the display cells show, not glued
 YES_NO = {True: "yes", False: "no"}
 # The formats of the tables whose columns this module names.
 LADDER_FORMATS = {"ms saved": "{:.2f}", "TB/s": "{:.2f}", "× floor": "{:.2f}", "× ceiling": "{:.2f}"}
@@ -95,25 +95,25 @@ class Page:
     try_ceiling_tokens: float
     try_best_tokens: float
     # what the display cells show
-    floor: Floor = field(metadata=SHOWN)
-    ladder_table: pd.DataFrame = field(metadata=SHOWN)  # the ladder as shown (shared rungs in their own texts)
-    time_split: pd.DataFrame = field(metadata=SHOWN)
-    passed: dict = field(metadata=SHOWN)  # rung -> same answers
-    wall_texts: dict = field(metadata=SHOWN)  # shared rung -> its wall time as every page shows it
-    fidelity: pd.DataFrame = field(metadata=SHOWN)
-    fp8_table: pd.DataFrame | None = field(metadata=SHOWN)  # None: no FP8 numbers in this run
-    tokens_table: pd.DataFrame | None = field(metadata=SHOWN)
-    matmuls: pd.DataFrame | None = field(metadata=SHOWN)  # None: no matmuls timed shape by shape
-    matmul_table: pd.DataFrame | None = field(metadata=SHOWN)
-    launches: pd.DataFrame | None = field(metadata=SHOWN)
-    census_kernels: pd.DataFrame = field(metadata=SHOWN)
-    census_ms: pd.DataFrame = field(metadata=SHOWN)
-    remaining: pd.DataFrame = field(metadata=SHOWN)
-    kernel_groups: pd.DataFrame = field(metadata=SHOWN)
-    timeline_kernels: pd.DataFrame = field(metadata=SHOWN)
-    timeline_title: str = field(metadata=SHOWN)
-    best_trace: str = field(metadata=SHOWN)
-    next_to_published: pd.DataFrame = field(metadata=SHOWN)
+    floor: Floor = field(metadata=NOT_GLUED)
+    ladder_table: pd.DataFrame = field(metadata=NOT_GLUED)  # the ladder as shown (shared rungs in their own texts)
+    time_split: pd.DataFrame = field(metadata=NOT_GLUED)
+    passed: dict = field(metadata=NOT_GLUED)  # rung -> same answers
+    wall_texts: dict = field(metadata=NOT_GLUED)  # shared rung -> its wall time as every page shows it
+    fidelity: pd.DataFrame = field(metadata=NOT_GLUED)
+    fp8_table: pd.DataFrame | None = field(metadata=NOT_GLUED)  # None: no FP8 numbers in this run
+    tokens_table: pd.DataFrame | None = field(metadata=NOT_GLUED)
+    matmuls: pd.DataFrame | None = field(metadata=NOT_GLUED)  # None: no matmuls timed shape by shape
+    matmul_table: pd.DataFrame | None = field(metadata=NOT_GLUED)
+    launches: pd.DataFrame | None = field(metadata=NOT_GLUED)
+    census_kernels: pd.DataFrame = field(metadata=NOT_GLUED)
+    census_ms: pd.DataFrame = field(metadata=NOT_GLUED)
+    remaining: pd.DataFrame = field(metadata=NOT_GLUED)
+    kernel_groups: pd.DataFrame = field(metadata=NOT_GLUED)
+    timeline_kernels: pd.DataFrame = field(metadata=NOT_GLUED)
+    timeline_title: str = field(metadata=NOT_GLUED)
+    best_trace: str = field(metadata=NOT_GLUED)
+    next_to_published: pd.DataFrame = field(metadata=NOT_GLUED)
 
 
 def page(run: runs.Run, vals: dict) -> Page:

@@ -33,40 +33,23 @@ class Params(Parameters):
     device: str = param("cuda", check=DEVICE, cpu="cpu")
 
 
+# fmt: off
 DECLARATION = Chapter(
     "hybrid-model-token",
     "notebooks/hybrid_model_token.ipynb",
     (
         File("ceilings.csv", CEILINGS_LINE, CEILINGS),
-        File(
-            "variants.csv",
-            "each backend and mode of the decode step: kernels, GPU-busy and wall time, status",
-            ("backend", "mode", "status", "kernels", "gpu_busy_ns", "wall_ms_median"),
-            required=True,
-        ),
-        File(
-            "step_times.csv",
-            "every clean timing of each backend and mode",
-            ("backend", "mode", "repeat", "wall_ms"),
-            required=True,
-        ),
-        File(
-            "prefill.csv",
-            "the prompt phase of each backend: kernels, GPU-busy and wall time",
-            ("backend", "status", "tokens", "kernels", "wall_ms_median"),
-            required=True,
-        ),
-        File(
-            "cache_growth.csv",
-            "the cache after prompts of each length (attention's KV cache, Gated DeltaNet's state)",
-            ("context", "status", "layer_type", "layers", "bytes"),
-            required=True,
-        ),
-        File(
-            "trace-reference-eager.json.gz",
-            "the raw trace of the eager step, transformers' PyTorch Gated DeltaNet",
-            required=True,
-        ),
+        File("variants.csv", "each backend and mode of the decode step: kernels, GPU-busy and wall time, status",
+             ("backend", "mode", "status", "kernels", "gpu_busy_ns", "wall_ms_median"), required=True),
+        File("step_times.csv", "every clean timing of each backend and mode", ("backend", "mode", "repeat", "wall_ms"),
+             required=True),
+        File("prefill.csv", "the prompt phase of each backend: kernels, GPU-busy and wall time",
+             ("backend", "status", "tokens", "kernels", "wall_ms_median"), required=True),
+        File("cache_growth.csv",
+             "the cache after prompts of each length (attention's KV cache, Gated DeltaNet's state)",
+             ("context", "status", "layer_type", "layers", "bytes"), required=True),
+        File("trace-reference-eager.json.gz", "the raw trace of the eager step, transformers' PyTorch Gated DeltaNet",
+             required=True),
         File("trace-reference-cuda-graph.json.gz", "the raw trace of its CUDA-graph replay"),
         File("trace-reference-compile.json.gz", "the raw trace of it compiled"),
         File("trace-fla-eager.json.gz", "the raw trace of the eager step with flash-linear-attention's kernels"),
@@ -76,3 +59,4 @@ DECLARATION = Chapter(
     Params,
     reads=("why-a-gpu",),  # its ceilings (shared.limits); the hybrid's own step walls are its own
 )
+# fmt: on

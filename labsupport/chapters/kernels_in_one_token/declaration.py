@@ -33,48 +33,28 @@ class Params(Parameters):
     device: str = param("cuda", check=DEVICE, cpu="cpu")
 
 
+# fmt: off
 DECLARATION = Chapter(
     "kernels-in-one-token",
     "notebooks/kernels_in_one_token.ipynb",
     (
         File("ceilings.csv", CEILINGS_LINE, CEILINGS),
-        File(
-            "kernels.csv",
-            "every kernel of the profiled decode step: name, kind, times, launch, operator, layer",
-            KERNELS_BY_LAYER,
-            required=True,
-        ),
-        File(
-            "census.csv",
-            "the step's kernels and GPU time by kind",
-            ("kind", "kernels", "gpu_ms", "share"),
-            required=True,
-        ),
-        File(
-            "step_times.csv",
-            "every clean (unprofiled) trial of the eager step in the recording process, with its round "
-            "and the host probe's reading of that round",
-            ("repeat", "wall_ms"),
-            required=True,
-        ),
-        File(
-            "plain_eager_step.csv",
-            "every trial of the same step timed by benchmarks/plain_eager_step.py in a fresh process, "
-            "with the host probe's reading just before it",
-            ("trial", "wall_ms", "probe_ms"),
-        ),
+        File("kernels.csv", "every kernel of the profiled decode step: name, kind, times, launch, operator, layer",
+             KERNELS_BY_LAYER, required=True),
+        File("census.csv", "the step's kernels and GPU time by kind", ("kind", "kernels", "gpu_ms", "share"),
+             required=True),
+        File("step_times.csv",
+             "every clean (unprofiled) trial of the eager step in the recording process, with its round and the host "
+             "probe's reading of that round", ("repeat", "wall_ms"), required=True),
+        File("plain_eager_step.csv",
+             "every trial of the same step timed by benchmarks/plain_eager_step.py in a fresh process, with the host "
+             "probe's reading just before it", ("trial", "wall_ms", "probe_ms")),
         File("fresh_processes.csv", "the eager step timed in fresh processes that never profiled, with their CPU load"),
-        File(
-            "profiler_effect.csv",
-            "the same step timed clean, after a profile, and as its span inside a profile",
-            may_lack=("wall_ms_q*",),  # the profiled span: one value, no quartiles
-        ),
-        File(
-            "context_sweep.csv",
-            "the step at each context length, dynamic and static cache: kernels, time, KV bytes",
-            ("context", "status", "kernels"),
-            required=True,
-        ),
+        # the profiled span: one value, no quartiles
+        File("profiler_effect.csv", "the same step timed clean, after a profile, and as its span inside a profile",
+             may_lack=("wall_ms_q*",)),
+        File("context_sweep.csv", "the step at each context length, dynamic and static cache: kernels, time, KV bytes",
+             ("context", "status", "kernels"), required=True),
         File("context_census.csv", "the census by kind at each context length"),
         File("context_times.csv", "every trial at each context length, both caches, interleaved in rounds"),
         File("context_ops.csv", "each profiled step of the sweep by kind and call path: kernels, GPU time"),
@@ -83,3 +63,4 @@ DECLARATION = Chapter(
     Params,
     reads=("why-a-gpu", "launch-overhead"),  # the ceilings; the page glues every shared quantity
 )
+# fmt: on

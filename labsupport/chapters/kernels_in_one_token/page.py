@@ -26,9 +26,9 @@ from labsupport.chapters.kernels_in_one_token.analysis import (
     summary,
 )
 from labsupport.chapters.kernels_in_one_token.matrices import gemv_by_shape, kv_cache_traffic
+from labsupport.glue import NOT_GLUED
 from labsupport.measure import hardware, harness, models
 
-SHOWN = {"glue": False}  # a field the display cells show, not glued
 H100 = "NVIDIA H100 80GB HBM3"  # the GPU of the published profile the page compares with
 FAST_WITHIN = harness.FAST_HOST - 1  # the fast-host trials: the probe read within this of its best
 PARAMETERS = ("batch", "prompt_len", "repeats", "context_repeats", "fresh_processes")  # glued as param_<name>
@@ -110,17 +110,17 @@ class Page:
     try_busy_tokens: float
     try_wall_tokens: float
     # what the display cells show
-    census: pd.DataFrame = field(metadata=SHOWN)  # ours beside the published one, one heading per column
-    bandwidths: dict = field(metadata=SHOWN)  # name -> TB/s: the matrix multiplies against the limits
-    gemv: pd.DataFrame = field(metadata=SHOWN)  # the weight matrices by shape (gemv_by_shape)
-    gemv_table: pd.DataFrame = field(metadata=SHOWN)
-    fresh_table: pd.DataFrame | None = field(metadata=SHOWN)  # None: a run without fresh processes
-    timeline_kernels: pd.DataFrame = field(metadata=SHOWN)
-    timeline_title: str = field(metadata=SHOWN)
-    sweep: pd.DataFrame = field(metadata=SHOWN)  # the context sweep (context_sweep)
-    kv_traffic: pd.DataFrame = field(metadata=SHOWN)  # the KV cache's traffic by context (kv_cache_traffic)
-    kv_table: pd.DataFrame = field(metadata=SHOWN)  # the same, as shown
-    static_copies: pd.DataFrame | None = field(metadata=SHOWN)  # None: a run without context_ops.csv
+    census: pd.DataFrame = field(metadata=NOT_GLUED)  # ours beside the published one, one heading per column
+    bandwidths: dict = field(metadata=NOT_GLUED)  # name -> TB/s: the matrix multiplies against the limits
+    gemv: pd.DataFrame = field(metadata=NOT_GLUED)  # the weight matrices by shape (gemv_by_shape)
+    gemv_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    fresh_table: pd.DataFrame | None = field(metadata=NOT_GLUED)  # None: a run without fresh processes
+    timeline_kernels: pd.DataFrame = field(metadata=NOT_GLUED)
+    timeline_title: str = field(metadata=NOT_GLUED)
+    sweep: pd.DataFrame = field(metadata=NOT_GLUED)  # the context sweep (context_sweep)
+    kv_traffic: pd.DataFrame = field(metadata=NOT_GLUED)  # the KV cache's traffic by context (kv_cache_traffic)
+    kv_table: pd.DataFrame = field(metadata=NOT_GLUED)  # the same, as shown
+    static_copies: pd.DataFrame | None = field(metadata=NOT_GLUED)  # None: a run without context_ops.csv
 
 
 def page(run: runs.Run, vals: dict, lim: hardware.Limits) -> Page:

@@ -25,33 +25,27 @@ class Params(Parameters):
     device: str = param("cuda", check=DEVICE, cpu="cpu")  # on a CPU only the two eager variants run
 
 
+# fmt: off
 DECLARATION = Chapter(
     "launch-overhead",
     "notebooks/launch_overhead.ipynb",
     (
         File("ceilings.csv", CEILINGS_LINE, CEILINGS),  # runs before shared.limits()
-        File(
-            "variants.csv",
-            "each form of the step (eager, static cache, CUDA graph, compiled): kernels, busy, wall time",
-            ("variant", "status", "kernels", "gpu_busy_ns", "launch_calls", "wall_ms_median"),
-            may_lack=("wall_ms_*", "issue_ms_*"),  # the eager forms: timed by the census chapter
-            required=True,
-        ),
-        File(
-            "step_times.csv",
-            "every clean trial of each form this chapter times (CUDA graph, compiled), with its round",
-            ("variant", "repeat", "wall_ms"),
-            required=True,
-        ),
+        # the eager forms: timed by the census chapter
+        File("variants.csv",
+             "each form of the step (eager, static cache, CUDA graph, compiled): kernels, busy, wall time",
+             ("variant", "status", "kernels", "gpu_busy_ns", "launch_calls", "wall_ms_median"),
+             may_lack=("wall_ms_*", "issue_ms_*"), required=True),
+        File("step_times.csv",
+             "every clean trial of each form this chapter times (CUDA graph, compiled), with its round",
+             ("variant", "repeat", "wall_ms"), required=True),
         File("trace-eager.json.gz", "the raw trace of the eager step", required=True),
         File("trace-eager-static.json.gz", "the raw trace of the eager step with a static cache"),
         File("trace-cuda-graph.json.gz", "the raw trace of the CUDA-graph replay"),
-        File(
-            "trace-compile-reduce-overhead.json.gz",
-            "the raw trace of the step compiled with mode reduce-overhead",
-        ),
+        File("trace-compile-reduce-overhead.json.gz", "the raw trace of the step compiled with mode reduce-overhead"),
         File("trace-compile-max-autotune.json.gz", "the raw trace of the step compiled with mode max-autotune"),
     ),
     Params,
     reads=("kernels-in-one-token", "why-a-gpu"),  # the eager steps' numbers; the ceilings
 )
+# fmt: on

@@ -20,9 +20,8 @@ from labsupport.chapters.launch_overhead.analysis import (
 )
 from labsupport.chapters.launch_overhead.params import SHARED_PREFIX, VARIANTS
 from labsupport.chapters.launch_overhead.static_cache import static_cache_diff, static_cache_summary
+from labsupport.glue import NOT_GLUED
 from labsupport.measure import hardware, harness
-
-SHOWN = {"glue": False}  # a field the display cells show, not glued
 
 
 @dataclass
@@ -69,14 +68,14 @@ class Page:
     try_eager_gap_share: float
     try_best_gap_share: float
     # what the display cells show
-    timeline_kernels: pd.DataFrame = field(metadata=SHOWN)
-    timeline_title: str = field(metadata=SHOWN)
-    fixes: pd.DataFrame = field(metadata=SHOWN)  # the fixes table as shown
-    measured_column: str = field(metadata=SHOWN)
-    fixed: pd.DataFrame = field(metadata=SHOWN)  # the variants that ran, by key
+    timeline_kernels: pd.DataFrame = field(metadata=NOT_GLUED)
+    timeline_title: str = field(metadata=NOT_GLUED)
+    fixes: pd.DataFrame = field(metadata=NOT_GLUED)  # the fixes table as shown
+    measured_column: str = field(metadata=NOT_GLUED)
+    fixed: pd.DataFrame = field(metadata=NOT_GLUED)  # the variants that ran, by key
     # the call paths that differ, as shown; None: the two eager steps were not both profiled
-    static_diff: pd.DataFrame | None = field(metadata=SHOWN)
-    breakdown: pd.DataFrame = field(metadata=SHOWN)
+    static_diff: pd.DataFrame | None = field(metadata=NOT_GLUED)
+    breakdown: pd.DataFrame = field(metadata=NOT_GLUED)
 
 
 def page(run: runs.Run, vals: dict, lim: hardware.Limits) -> Page:

@@ -17,30 +17,21 @@ class Params(Parameters):
     device: str = param("cuda", check=DEVICE)
 
 
+# fmt: off
 DECLARATION = Chapter(
     "model-code-to-kernels",
     "notebooks/model_code_to_kernels.ipynb",
     (
-        File(
-            "mlp_kernels.csv",
-            "every kernel of one decoder layer's MLP, with the operator and module that launched it",
-            KERNELS,
-            required=True,
-        ),
-        File(
-            "rmsnorm_kernels.csv",
-            "the kernels of RMSNorm as written, compiled and as one Triton kernel",
-            KERNELS + ("variant",),
-            required=True,
-        ),
-        File(
-            "rmsnorm_times.csv",
-            "the time of each RMSNorm variant",
-            ("variant", "kernels", "us_median"),
-            required=True,
-        ),
+        File("mlp_kernels.csv",
+             "every kernel of one decoder layer's MLP, with the operator and module that launched it", KERNELS,
+             required=True),
+        File("rmsnorm_kernels.csv", "the kernels of RMSNorm as written, compiled and as one Triton kernel",
+             KERNELS + ("variant",), required=True),
+        File("rmsnorm_times.csv", "the time of each RMSNorm variant", ("variant", "kernels", "us_median"),
+             required=True),
     ),
     Params,
     # shared.glue_values() reads every owner's run (the eager step's kernels are shown)
     reads=("kernels-in-one-token", "why-a-gpu", "launch-overhead"),
 )
+# fmt: on

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from labsupport import runs
+from labsupport.glue import NOT_GLUED
 from labsupport.measure import models
 
 from . import (
@@ -25,8 +26,6 @@ from . import (
     rmsnorm_kernels,
     rmsnorm_table,
 )
-
-NO_DATA = {"glue": False}  # a field only the page's tables and figure show
 
 # Each table's column formats, by the Page field that holds the table.
 TABLE_FORMATS = {
@@ -81,12 +80,12 @@ class Page:
     tk_gpu_saved: float
     tk_call_saved: float
     # what the tables and the figure show
-    mlp_kernel_table: pd.DataFrame = field(metadata=NO_DATA)
-    mlp_table: pd.DataFrame = field(metadata=NO_DATA)
-    rmsnorm_kernel_table: pd.DataFrame = field(metadata=NO_DATA)
-    rmsnorm_table: pd.DataFrame = field(metadata=NO_DATA)
-    rmsnorm_gpu_us: pd.Series = field(metadata=NO_DATA)  # each variant's GPU µs, for the figure
-    layer_table: pd.DataFrame | None = field(metadata=NO_DATA)  # None without a recorded decode step
+    mlp_kernel_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    mlp_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    rmsnorm_kernel_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    rmsnorm_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    rmsnorm_gpu_us: pd.Series = field(metadata=NOT_GLUED)  # each variant's GPU µs, for the figure
+    layer_table: pd.DataFrame | None = field(metadata=NOT_GLUED)  # None without a recorded decode step
 
 
 def gemm_text(kernel_names: list[str]) -> str:

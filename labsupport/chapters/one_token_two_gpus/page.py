@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 
 from labsupport import runs
+from labsupport.glue import NOT_GLUED
 
 from .analysis import (
     SHARED_ONE_GPU,
@@ -99,8 +100,8 @@ class Page:
     fast_us: float
     fast_saving_ms: float
     # the one-GPU walls the steps' table shows: the book's shared values, and where each comes from
-    one_gpu_ms: dict = field(metadata={"glue": False})
-    one_gpu_from: dict = field(metadata={"glue": False})
+    one_gpu_ms: dict = field(metadata=NOT_GLUED)
+    one_gpu_from: dict = field(metadata=NOT_GLUED)
 
 
 def page(run: runs.Run, shared_values: dict | None = None) -> Page:

@@ -30,34 +30,25 @@ class Params(Parameters):
     device: str = param("cuda", check=DEVICE, cpu="cpu")
 
 
+# fmt: off
 DECLARATION = Chapter(
     "prefill-vs-decode",
     "notebooks/prefill_vs_decode.ipynb",
     (
         File("ceilings.csv", CEILINGS_LINE, CEILINGS),
-        File(
-            "phase_times.csv",
-            "every timed trial of the prompt phase and of one decode step, in interleaved rounds",
-            ("phase", "repeat", "wall_ms"),
-            required=True,
-        ),
+        File("phase_times.csv", "every timed trial of the prompt phase and of one decode step, in interleaved rounds",
+             ("phase", "repeat", "wall_ms"), required=True),
         File("kernels-prefill.csv", "every kernel of the profiled prompt phase", KERNELS_BY_LAYER, required=True),
         File("kernels-decode.csv", "every kernel of the profiled decode step", KERNELS_BY_LAYER, required=True),
-        File(
-            "census.csv",
-            "both phases' kernels and GPU time by kind",
-            ("phase", "kind", "kernels", "gpu_ms", "share"),
-            required=True,
-        ),
-        File(
-            "prompt_sweep.csv",
-            "the prompt phase at each prompt length: kernels, GPU busy, wall time (minimum, quartiles)",
-            ("prompt_len", "status", "kernels", "gpu_busy_ns", "wall_ms_median"),
-            required=True,
-        ),
+        File("census.csv", "both phases' kernels and GPU time by kind", ("phase", "kind", "kernels", "gpu_ms", "share"),
+             required=True),
+        File("prompt_sweep.csv",
+             "the prompt phase at each prompt length: kernels, GPU busy, wall time (minimum, quartiles)",
+             ("prompt_len", "status", "kernels", "gpu_busy_ns", "wall_ms_median"), required=True),
         File("trace-prefill.json.gz", "the raw trace of the prompt phase", required=True),
         File("trace-decode.json.gz", "the raw trace of the decode step", required=True),
     ),
     Params,
     reads=("why-a-gpu", "kernels-in-one-token", "launch-overhead"),
 )
+# fmt: on

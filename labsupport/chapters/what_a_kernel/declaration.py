@@ -21,37 +21,24 @@ class Params(Parameters):
     device: str = param("cuda", check=DEVICE)
 
 
+# fmt: off
 DECLARATION = Chapter(
     "what-a-kernel",
     "notebooks/what_a_kernel.ipynb",
     (
         File("ceilings.csv", CEILINGS_LINE),
-        File(
-            "add_kernels.csv",
-            "the kernels of each vector-add implementation, as profiled",
-            KERNELS + ("implementation",),
-            required=True,
-        ),
-        File(
-            "add_times.csv",
-            "the time of each vector-add implementation, per call and on the GPU",
-            ("implementation", "ms_median", "bytes"),
-            required=True,
-        ),
+        File("add_kernels.csv", "the kernels of each vector-add implementation, as profiled",
+             KERNELS + ("implementation",), required=True),
+        File("add_times.csv", "the time of each vector-add implementation, per call and on the GPU",
+             ("implementation", "ms_median", "bytes"), required=True),
         File("hbm_add.csv", "the vector add on a working set too large for the L2 cache (HBM bandwidth)"),
-        File(
-            "queue.csv",
-            "a burst of launches: when each call started and returned on the CPU, when the GPU finished",
-            ("launch", "call_start_us", "call_return_us", "gpu_done_us"),
-            required=True,
-        ),
+        File("queue.csv", "a burst of launches: when each call started and returned on the CPU, when the GPU finished",
+             ("launch", "call_start_us", "call_return_us", "gpu_done_us"), required=True),
         File("sync.csv", "what waiting for the GPU costs, by kind of wait", ("what", "us_median"), required=True),
-        File(
-            "burst_trace.json.gz",
-            "the raw profiler trace of the burst of launches (opens in Perfetto)",
-            required=True,
-        ),
+        File("burst_trace.json.gz", "the raw profiler trace of the burst of launches (opens in Perfetto)",
+             required=True),
     ),
     Params,
     reads=("why-a-gpu",),
 )
+# fmt: on

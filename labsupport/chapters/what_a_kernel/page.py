@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from labsupport import runs
+from labsupport.glue import NOT_GLUED
 from labsupport.measure.kernels import triton_kernels
 
 from .analysis import (
@@ -26,8 +27,6 @@ from .analysis import (
     sync_table,
 )
 from .measuring import OUR_ADD, SYNC_IDLE, SYNC_ITEM, SYNC_TINY, TORCH_ADD
-
-NO_DATA = {"glue": False}  # a field only the page's tables and figures show
 
 # Each table's column formats, by the Page field that holds the table (the waits' table: every µs column).
 TABLE_FORMATS = {
@@ -101,12 +100,12 @@ class Page:
     tiny_us: float
     tk_kernel_share: float  # the share of one call of torch's add the GPU ran the kernel
     # what the tables and the figures show
-    launch_table: pd.DataFrame = field(metadata=NO_DATA)
-    add_times_table: pd.DataFrame = field(metadata=NO_DATA)
-    hbm_table: pd.DataFrame | None = field(metadata=NO_DATA)  # None: the run timed no add out of the cache
-    sync_table: pd.DataFrame = field(metadata=NO_DATA)
-    sync_formats: dict = field(metadata=NO_DATA)  # the waits' table: every µs column to one decimal
-    burst_kernels: pd.DataFrame = field(metadata=NO_DATA)  # the profiled burst's kernels, for the timeline
+    launch_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    add_times_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    hbm_table: pd.DataFrame | None = field(metadata=NOT_GLUED)  # None: the run timed no add out of the cache
+    sync_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    sync_formats: dict = field(metadata=NOT_GLUED)  # the waits' table: every µs column to one decimal
+    burst_kernels: pd.DataFrame = field(metadata=NOT_GLUED)  # the profiled burst's kernels, for the timeline
 
 
 def triton_add_source() -> str:

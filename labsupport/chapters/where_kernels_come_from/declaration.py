@@ -19,34 +19,24 @@ class Params(Parameters):
     device: str = param("cuda", check=DEVICE)
 
 
+# fmt: off
 DECLARATION = Chapter(
     "where-kernels-come-from",
     "notebooks/where_kernels_come_from.ipynb",
     (
-        File(
-            "fusion_kernels.csv",
-            "the kernels of RMSNorm eager and compiled, with their sources",
-            KERNELS + ("variant",),
-            required=True,
-        ),
+        File("fusion_kernels.csv", "the kernels of RMSNorm eager and compiled, with their sources",
+             KERNELS + ("variant",), required=True),
         File("fusion_times.csv", "the time of each of them", ("variant", "kernels", "us_median"), required=True),
-        File(
-            "fused_rmsnorm_source.py",
-            "the Triton source torch.compile generated for the fused RMSNorm",
-            required=True,
-        ),
-        File(
-            "attention_backends.csv",
-            "each attention backend at each context length: kernels, GPU time, time per call",
-            ("backend", "context", "status", "kernels", "gpu_ns", "us_median"),
-            required=True,
-        ),
-        File(
-            "trace-rmsnorm-compiled.json.gz",
-            "the raw profiler trace of one compiled RMSNorm call, with its host events "
-            "(Dynamo's guard check, the compiled region, the launch)",
-        ),
+        File("fused_rmsnorm_source.py", "the Triton source torch.compile generated for the fused RMSNorm",
+             required=True),
+        File("attention_backends.csv",
+             "each attention backend at each context length: kernels, GPU time, time per call",
+             ("backend", "context", "status", "kernels", "gpu_ns", "us_median"), required=True),
+        File("trace-rmsnorm-compiled.json.gz",
+             "the raw profiler trace of one compiled RMSNorm call, with its host events (Dynamo's guard check, the "
+             "compiled region, the launch)"),
     ),
     Params,
     reads=("kernels-in-one-token",),
 )
+# fmt: on

@@ -10,6 +10,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters import published
+from labsupport.glue import NOT_GLUED
 
 from . import (
     COMPILED,
@@ -26,8 +27,6 @@ from . import (
     per_call_column,
     timing_note,
 )
-
-NO_DATA = {"glue": False}  # a field only the page's tables and figure show
 
 # Each table's column formats, by the Page field that holds the table.
 TABLE_FORMATS = {
@@ -83,11 +82,11 @@ class Page:
     try_fusion_gpu_ratio: float
     try_fusion_call_ratio: float
     # what the tables and the figure show
-    decode_run: runs.Run | None = field(metadata=NO_DATA)  # None without a recorded decode step
-    sources: pd.DataFrame | None = field(metadata=NO_DATA)  # the decode step's GPU time by source, by_source
-    fusion_kernel_table: pd.DataFrame = field(metadata=NO_DATA)
-    fusion_times_table: pd.DataFrame = field(metadata=NO_DATA)
-    attention_table: pd.DataFrame = field(metadata=NO_DATA)
+    decode_run: runs.Run | None = field(metadata=NOT_GLUED)  # None without a recorded decode step
+    sources: pd.DataFrame | None = field(metadata=NOT_GLUED)  # the decode step's GPU time by source, by_source
+    fusion_kernel_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    fusion_times_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    attention_table: pd.DataFrame = field(metadata=NOT_GLUED)
 
 
 def fastest_text(backends: pd.DataFrame) -> str:

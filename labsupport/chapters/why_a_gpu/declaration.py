@@ -29,40 +29,30 @@ class Params(Parameters):
     device: str = param("cuda", check=DEVICE, cpu="cpu")
 
 
+# fmt: off
 DECLARATION = Chapter(
     "why-a-gpu",
     "notebooks/why_a_gpu.ipynb",
     (
         # ceilings.csv and read_kernels.csv: recorded on every GPU (runs before read_kernels lack it); none on a CPU
         File("ceilings.csv", CEILINGS_LINE, CEILINGS),
-        File(
-            "read_kernels.csv",
-            "cuBLAS and the book's Triton GEMV (each configuration its tuner tries) at every weight shape of the "
-            "decode step, the LM head included: per-call time and read rate; with the read stream, the "
-            "practical ceiling",
-            ("kernel", "matrix", "n", "k", "config", "bytes", "ms", "tbs"),
-        ),
-        File(
-            "matvec.csv",
-            "the decode-sized matrix-vector product timed on the CPU (FP32, BF16) and on the GPU",
-            ("device", "dtype", "ms_median", "bytes", "GB/s", "shape"),
-            required=True,
-        ),
-        File(
-            "batch_sweep.csv",
-            "one decode step per batch size: kernels, GPU-busy and matmul time, wall time (minimum, quartiles, median)",
-            ("batch", "status", "kernels", "gpu_busy_ns", "kernel_ns", "matmul_ns", "wall_ms_median", "wall_ms_min"),
-            required=True,
-        ),
-        File(
-            "batch_times.csv",
-            "every timed step of the batch sweep, per batch size (and round, where the sizes were timed interleaved)",
-        ),
-        File(
-            "batch_matmuls.csv",
-            "the matrix multiplies of each batch size's step, by shape, with the kernel cuBLAS chose",
-        ),
+        File("read_kernels.csv",
+             "cuBLAS and the book's Triton GEMV (each configuration its tuner tries) at every weight shape of the "
+             "decode step, the LM head included: per-call time and read rate; with the read stream, the practical "
+             "ceiling", ("kernel", "matrix", "n", "k", "config", "bytes", "ms", "tbs")),
+        File("matvec.csv", "the decode-sized matrix-vector product timed on the CPU (FP32, BF16) and on the GPU",
+             ("device", "dtype", "ms_median", "bytes", "GB/s", "shape"), required=True),
+        File("batch_sweep.csv",
+             "one decode step per batch size: kernels, GPU-busy and matmul time, wall time (minimum, quartiles, "
+             "median)",
+             ("batch", "status", "kernels", "gpu_busy_ns", "kernel_ns", "matmul_ns", "wall_ms_median", "wall_ms_min"),
+             required=True),
+        File("batch_times.csv",
+             "every timed step of the batch sweep, per batch size (and round, where the sizes were timed interleaved)"),
+        File("batch_matmuls.csv",
+             "the matrix multiplies of each batch size's step, by shape, with the kernel cuBLAS chose"),
     ),
     Params,
     reads=("kernels-in-one-token", "launch-overhead", "prefill-vs-decode"),
 )
+# fmt: on

@@ -10,6 +10,7 @@ import pandas as pd
 
 from labsupport import glue, runs
 from labsupport.chapters import shared
+from labsupport.glue import NOT_GLUED
 from labsupport.measure import hardware
 
 from .batch_sweep import (
@@ -53,7 +54,6 @@ from .one_token import (
 )
 
 EAGER = ("eager_wall_ms", "eager_gpu_busy_ms", "eager_kernels")  # the shared eager step's quantities
-NO_DATA = {"glue": False}  # a field only the page's tables and explorer show
 
 
 def _never_if_inf(fmt: str):
@@ -174,12 +174,12 @@ class Page:
     kv_ridge_batch: float
     tk_b1_busy: float
     # what the tables and the explorer show
-    arithmetic_table: pd.DataFrame = field(metadata=NO_DATA)
-    matvec_table: pd.DataFrame = field(metadata=NO_DATA)
-    bytes_table: pd.DataFrame = field(metadata=NO_DATA)
-    ridge_table: pd.DataFrame = field(metadata=NO_DATA)
-    sweep_table: pd.DataFrame = field(metadata=NO_DATA)
-    sweep_panels: dict = field(metadata=NO_DATA)  # one HTML panel per batch size, for glue.html_explorer
+    arithmetic_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    matvec_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    bytes_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    ridge_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    sweep_table: pd.DataFrame = field(metadata=NOT_GLUED)
+    sweep_panels: dict = field(metadata=NOT_GLUED)  # one HTML panel per batch size, for glue.html_explorer
 
 
 def glue_shared(run: runs.Run) -> dict[str, shared.Value]:
