@@ -96,6 +96,22 @@ def install(out: str) -> None:
         finally:
             path.write_text(json.dumps(record))
 
+    # A figure glued for the prose (labsupport.glue.glue_figure) is closed by its own cell, before
+    # post_execute: it is looked at as it is glued.
+    from labsupport import glue
+
+    glued = glue.glue_figure
+
+    def glue_figure(name, fig):
+        try:
+            record["figures"] += 1
+            record["problems"] += problems(current["first"], fig)
+        except Exception as e:
+            record["errors"].append(f"{current['first']}: {type(e).__name__}: {e}")
+        return glued(name, fig)
+
+    glue.glue_figure = glue_figure
+
     # Registered at start-up, before the inline backend registers its flush (which shows and
     # closes the figures) on first use of pyplot: this runs first.
     ip.events.register("pre_run_cell", pre_run_cell)

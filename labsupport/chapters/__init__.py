@@ -10,8 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-import yaml
-
 from labsupport.chapters import (
     closing_the_gap,
     hybrid_model_token,
@@ -122,6 +120,8 @@ def headline(chapter: Chapter, run) -> dict:
 def toc_problem(toc: Path) -> str | None:
     """Where the chapters of the table of contents `toc` (its notebooks but the status page) and
     PACKAGES disagree, in one line saying what to add; None when they list the same, in one order."""
+    import yaml  # the book's tools have it; a replay from the served wheel never reads _toc.yml
+
     listed = [c["file"] for part in yaml.safe_load(toc.read_text())["parts"] for c in part["chapters"]]
     in_book = [f for f in listed if f.startswith("notebooks/") and f != "notebooks/status"]
     registered = [c.notebook.removesuffix(".ipynb") for c in CHAPTERS]
