@@ -265,3 +265,11 @@ def test_a_table_of_one_row_and_a_key_over_several_columns(tmp_path):
         ) as w,
     ):
         w.write_table("ceilings", pd.concat([pd.read_csv(run_dir / "ceilings.csv")] * 2))
+
+
+def test_a_run_is_cited_in_prose_by_its_gpu_id_and_day():
+    from .conftest import fixture_run
+
+    run = fixture_run("what-a-kernel")
+    gpu, day = run.provenance["gpu"], run.provenance["utc_time"][:10]
+    assert run.cited == f"{gpu}, run `{run.run_id}`, {day}"

@@ -67,6 +67,11 @@ class Run:
         p = self.provenance
         return f"{p['gpu']} · run {self.run_id} · {p['utc_time'][:10]} · torch {p['torch']}"
 
+    @property
+    def cited(self) -> str:
+        """The run as a page's prose names it (markdown): its GPU, its id as code, its day."""
+        return f"{self.provenance['gpu']}, run `{self.run_id}`, {self.provenance['utc_time'][:10]}"
+
 
 MAX_TRACE_BYTES = int(os.environ.get("LABSUPPORT_MAX_TRACE_BYTES", 512 << 20))  # decompressed
 _JSON_CHECKED: set[tuple[str, str]] = set()

@@ -138,7 +138,7 @@ def page(run: runs.Run, vals: dict) -> Page:
     layer = _middle_layer(run, fastest)
     by_rung = split.set_index("rung")
     return Page(
-        run_label=f"{run.provenance['gpu']}, run `{run.run_id}`, {run.provenance['utc_time'][:10]}",
+        run_label=run.cited,
         prompt_len=run.parameters["prompt_len"],
         failed_text=prose.failed_text(steps),
         best=RUNGS[fastest],

@@ -166,7 +166,7 @@ class Page:
 def page(run: runs.Run) -> Page:
     """The page of `run`."""
     numbers = {
-        "run_label": f"{run.provenance['gpu']}, run `{run.run_id}`, {run.provenance['utc_time'][:10]}",
+        "run_label": run.cited,
         "transformers_version": run.provenance.get("transformers", "?"),
         "torch_version": run.provenance.get("torch", "?"),
         **_model(run),

@@ -151,7 +151,7 @@ def page(run: runs.Run, vals: dict, lim: hardware.Limits) -> Page:
         return shared.Shown("–" if not ceiling or ceiling != ceiling else f"{step.matmul_tbs / ceiling:.0%}")
 
     return Page(
-        run_label=f"{step.gpu}, run `{run.run_id}`, {run.provenance['utc_time'][:10]}",
+        run_label=run.cited,
         gpu=step.gpu,
         model_dtype=models.dtype_label(models.run_dtype(run)),  # runs before the parameter: BF16
         datasheet_name=step.datasheet_name or "no datasheet known for this GPU",

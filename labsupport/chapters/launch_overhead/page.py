@@ -95,7 +95,7 @@ def page(run: runs.Run, vals: dict, lim: hardware.Limits) -> Page:
     best_tbs = run.results["model"]["decode_bytes"] / 1e9 / fixed.loc[best, "wall ms"]  # GB/ms = TB/s
     diff = static_cache_diff(run) if _both_eager_steps_ran(run) else None
     return Page(
-        run_label=f"{run.provenance['gpu']}, run `{run.run_id}`, {run.provenance['utc_time'][:10]}",
+        run_label=run.cited,
         prompt_len=run.parameters["prompt_len"],
         busy_pct=eager.gpu_busy_ms / eager.wall_ms,
         e_idle_ms=eager.idle_ms,

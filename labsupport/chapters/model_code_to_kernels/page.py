@@ -119,7 +119,7 @@ def page(run: runs.Run, root=None) -> Page:
         layer_kernels, decode_label, layer_table = float("nan"), f"no recorded decode step: {e}", None
     mlp_us = lines["GPU µs"].sum()
     return Page(
-        run_label=f"{run.provenance['gpu']}, run `{run.run_id}`, {run.provenance['utc_time'][:10]}",
+        run_label=run.cited,
         tokens=run.parameters["tokens"],
         matrices_dtype=models.dtype_label(models.run_dtype(run)),  # runs before the parameter: BF16
         mlp_kernels=int(lines.kernels.sum()),

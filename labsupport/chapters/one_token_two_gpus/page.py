@@ -117,7 +117,7 @@ def page(run: runs.Run, shared_values: dict | None = None) -> Page:
         for form, name in SHARED_ONE_GPU.items()
     }
     numbers = {
-        "run_label": f"{run.provenance['gpu']}, run `{run.run_id}`, {run.provenance['utc_time'][:10]}",
+        "run_label": run.cited,
         "tp": split_degree(run),
         "layers": run.results["model"]["layers"],
         "prompt_len": run.parameters["prompt_len"],

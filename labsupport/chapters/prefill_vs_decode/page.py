@@ -191,7 +191,7 @@ def page(run: runs.Run, shared_values: dict | None = None) -> Page:
     floor_ms = (shared_values or shared.values())["floor_ms"].value  # the step's bytes over the datasheet bandwidth
     sweep = prompt_sweep(run)
     numbers = {
-        "run_label": f"{run.provenance['gpu']}, run `{run.run_id}`, {run.provenance['utc_time'][:10]}",
+        "run_label": run.cited,
         **{f"param_{k}": v for k, v in run.parameters.items() if isinstance(v, int)},
         **_passes(run),
         **_limits(run),

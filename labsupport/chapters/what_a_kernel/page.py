@@ -133,7 +133,7 @@ def page(run: runs.Run) -> Page:
     torch_launch, our_launch = config.loc[TORCH_ADD], config.loc[OUR_ADD]
     waits_table = sync_table(run)
     return Page(
-        run_label=f"{run.provenance['gpu']}, run `{run.run_id}`, {run.provenance['utc_time'][:10]}",
+        run_label=run.cited,
         n=parameters["n"],
         kernels_torch=int((add_kernels(run).implementation == TORCH_ADD).sum()),
         torch_kernel=f"`{torch_launch.kernel}`",

@@ -128,7 +128,7 @@ def page(run: runs.Run, root=None) -> Page:
         decode_label, sources_found = f"no recorded decode step ({e})", "none"
     eager, compiled = fusion.loc[EAGER], fusion.loc[COMPILED]
     return Page(
-        run_label=f"{run.provenance['gpu']}, run `{run.run_id}`, {run.provenance['utc_time'][:10]}",
+        run_label=run.cited,
         decode_label=decode_label,
         sources_found=sources_found,
         rms_eager_kernels=int(eager.kernels),

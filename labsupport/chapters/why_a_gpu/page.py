@@ -281,7 +281,7 @@ def page(run: runs.Run, shared_values: dict[str, shared.Value], prefill: runs.Ru
         meas_math_ms=measured_row["math ms"],
         meas_ratio=measured_row["memory / math"],
         meas_bw_text=memory_ceiling_text(run),
-        run_label=f"{run.provenance['gpu']}, run `{run.run_id}`, {run.provenance['utc_time'][:10]}",
+        run_label=run.cited,
         mv_shape=product.shape,
         mv_mb=product.mb,
         mv_text=matvec_text(run),
