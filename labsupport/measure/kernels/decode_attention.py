@@ -60,7 +60,7 @@ def _kernel():
         cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)
         sin = tl.load(sin_ptr + pos * D + d).to(tl.float32)
         q = norm_rope(qkv_ptr + h * D, qn_ptr, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)
-        k = norm_rope(qkv_ptr + (H + kvh) * D, kn_ptr, d, d_rot, sign, cos, sin, eps, D)  # noqa: F821 (a global)
+        k = norm_rope(qkv_ptr + (H + kvh) * D, kn_ptr, d, d_rot, sign, cos, sin, eps, D)
         v = tl.load(qkv_ptr + (H + KVH + kvh) * D + d)
         cache_at = kvh * SLOTS * D
         if (h % (H // KVH) == 0) & (part == 0):  # one program per K/V head writes the new position
