@@ -211,7 +211,7 @@ def test_the_install_cell_downloads_the_served_wheel(tmp_path, wheel):
 
 
 def test_every_trace_in_a_data_list_opens_in_perfetto(published):
-    html = data_files.data_list(published).data
+    html = data_files.data_list_html(published)
     traces = [n for n in published.meta["files"] if data_files.is_trace(n)]
     assert traces
     opened = re.findall(r'class="perfetto-open"[^>]*data-trace="([^"]+)"', html)

@@ -181,7 +181,7 @@ def test_every_file_of_a_run_is_described(chapter):
     missing = [n for n in run.meta["files"] if not data_files.describe(chapter, n)]
     assert not missing, f"{chapter.slug}: no description for {missing}"
     assert all(data_files.describe(chapter, a) for a in chapter.artifacts)
-    html = data_files.data_list(run).data
+    html = data_files.data_list_html(run)
     assert html.count("<tr>") == len(run.meta["files"]) + 2 and "(not described)" not in html
     assert "../book/run_it_yourself.html" in html  # how to record one's own run, from every chapter
 

@@ -31,18 +31,10 @@ def describe(declaration, name: str) -> str | None:
     return declaration.describe(name)
 
 
-def data_list(run):
-    """The chapter's closing list of data (HTML): every file of its run, linked for download, with its
-    size and one line on what it holds, the host's speed, and how to record a run of one's own."""
-    from IPython.display import HTML
-
-    return HTML(_data_list_html(run))
-
-
 def about_this_run(run):
     """One folded box for the end of a chapter, "About this run": its provenance (GPU, driver,
     versions, commit, time), how each kind of number was taken (results["method"]), the host
-    probe's readings, and every file of the run (data_list). What a reader checks, not what a reader
+    probe's readings, and every file of the run (data_list_html). What a reader checks, not what a reader
     reads first; so it is closed until opened."""
     import html
 
@@ -60,11 +52,13 @@ def about_this_run(run):
     return HTML(
         '<details class="about-run"><summary>About this run: '
         f"{html.escape(str(gpu))}, run <code>{html.escape(run.run_id)}</code>, {html.escape(day)}</summary>"
-        f"{table([*run.provenance.items(), ('run', run.run_id)])}{taken}{_data_list_html(run)}</details>"
+        f"{table([*run.provenance.items(), ('run', run.run_id)])}{taken}{data_list_html(run)}</details>"
     )
 
 
-def _data_list_html(run) -> str:
+def data_list_html(run) -> str:
+    """The chapter's closing list of data (HTML): every file of its run, linked for download, with its
+    size and one line on what it holds, the host's speed, and how to record a run of one's own."""
     import html
 
     names = ["meta.json", *sorted(run.meta["files"])]
