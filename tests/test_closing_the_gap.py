@@ -19,6 +19,7 @@ from labsupport.chapters import closing_the_gap as ch  # noqa: E402
 from labsupport.chapters import published  # noqa: E402
 from labsupport.measure import decode, models
 from labsupport.measure.models import qwen3_decode  # noqa: E402
+from labsupport.traces import kernels  # noqa: E402
 
 from .conftest import fixture_run, with_shared_owners  # noqa: E402
 from .live_cells import parameters, run_live_cells, watch_harness  # noqa: E402
@@ -373,9 +374,63 @@ def test_remaining_adds_up_to_the_span_of_the_best_rungs_kernels(run):
     best = ch.best(run)
     rem = ch.remaining(run, best)
     k = ch.kernel_table(run, best)
-    assert rem.ms.sum() == pytest.approx((k.end_ns.max() - k.start_ns.min()) / 1e6)
-    mm = rem.set_index("part").loc["matrix multiply kernels"]
+    x = kernels.exclusive_times(k)
+    assert rem.ms.sum() == pytest.approx((k.end_ns.max() - k.start_ns.min()) / 1e6, abs=1e-9)
+    parts = rem.set_index("part")
+    mm = parts.loc["matrix multiply kernels"]
     assert mm["floor ms"] == pytest.approx(ch.floor(run).floor_ms)
+    assert "kernels overlapping each other" not in parts.index  # exclusive time has no overlap
+    assert mm.ms == pytest.approx(x.exclusive_ns[k.kind == "matrix multiply"].sum() / 1e6)
+
+
+@pytest.fixture(scope="module")
+def published_run():
+    """The chapter's published run in runs/ (the newest recording, with the dependent-launch rung)."""
+    return ch.load()
+
+
+def test_exclusive_times_add_up_to_the_span_of_every_recorded_trace(run, published_run):
+    traces = [(run, rung) for rung in ch.RUNGS if ch.trace_file(rung) in run.meta["files"]]
+    assert len(traces) >= 8 and ch.trace_file("pdl") in published_run.meta["files"]
+    for r, rung in [*traces, (published_run, "pdl")]:
+        k = ch.kernel_table(r, rung)
+        x = kernels.exclusive_times(k)
+        span = int(k.end_ns.max() - k.start_ns.min())
+        assert int(x.exclusive_ns.sum() + x.gap_before_ns.sum()) == span, (r.run_id, rung)  # exactly
+        assert int(x.exclusive_ns.sum()) == kernels.gpu_busy_ns(k), (r.run_id, rung)
+        assert (x.exclusive_ns <= k.dur_ns).all() and (x.exclusive_ns >= 0).all() and (x.gap_before_ns >= 0).all()
+    # with dependent launch the durations overlap: summed, they pass the span; exclusive times never do
+    k = ch.kernel_table(published_run, "pdl")
+    assert k.dur_ns.sum() > k.end_ns.max() - k.start_ns.min()
+
+
+def test_the_budget_of_the_dependent_launch_rung_is_by_exclusive_time(published_run):
+    rem = ch.remaining(published_run, "pdl").set_index("part")
+    k = ch.kernel_table(published_run, "pdl")
+    x = kernels.exclusive_times(k)
+    span_ms = (k.end_ns.max() - k.start_ns.min()) / 1e6
+    assert rem.ms.sum() == pytest.approx(span_ms, abs=1e-9)
+    assert (rem.ms > 0).all() and "kernels overlapping each other" not in rem.index
+    mm = k.kind == "matrix multiply"
+    assert rem.loc["matrix multiply kernels", "ms"] == x.exclusive_ns[mm].sum() / 1e6 < k.dur_ns[mm].sum() / 1e6
+    assert rem.loc["gaps between kernels", "ms"] == pytest.approx(span_ms - kernels.gpu_busy_ns(k) / 1e6, abs=1e-9)
+    groups = ch.kernel_groups(published_run, "pdl").set_index("weight")
+    assert groups["exclusive µs"].sum() == pytest.approx(kernels.gpu_busy_ns(k) / 1e3)
+    qkv = groups.loc["qkv (fused)"]  # launched early, it waits: its exclusive time is shorter, its rate higher
+    assert qkv["exclusive µs"] < qkv["µs"] and qkv["TB/s exclusive"] == pytest.approx(qkv.MB / qkv["exclusive µs"])
+    assert qkv["TB/s exclusive"] > qkv["TB/s"]
+
+
+def test_the_steps_bytes_add_the_kv_cache_to_the_floors_weights(run):
+    read = ch.step_bytes(run).set_index("read")
+    f = ch.floor(run)
+    # Qwen3-8B: 36 layers x K and V x 8 KV heads x 128 x (256 prompt positions + the new token) x 2 bytes
+    assert ch.kv_cache_bytes(run) == 36 * 2 * 8 * 128 * 257 * 2 == read.loc["KV cache, 257 positions", "bytes"]
+    weights, step = read.loc["weights (the floor's bytes)"], read.loc["the step"]
+    assert weights.bytes == f.decode_bytes and weights["ms at the datasheet"] == pytest.approx(f.floor_ms)
+    assert step.bytes == f.decode_bytes + ch.kv_cache_bytes(run)
+    assert step["ms at the datasheet"] == pytest.approx(step.bytes / f.datasheet_tbs / 1e9)
+    assert step["ms at the ceiling"] == pytest.approx(step.bytes / f.ceiling_tbs / 1e9)
 
 
 def test_matmuls_and_tuning(run):
@@ -397,6 +452,25 @@ def test_fidelity_table_and_the_published_references(run):
     ours = table[table.source == f"run {run.run_id}"]
     assert len(ours) == 2 and list(table.columns) == list(published.NEAR_FLOOR_REFERENCES.columns)
     assert isinstance(table, pd.DataFrame) and len(table) == len(published.NEAR_FLOOR_REFERENCES) + 2
+    # ours computed from the run; the published rows as published, below, never recomputed
+    lad = ch.ladder(run).set_index("rung")
+    best = ch.best(run)
+    assert list(ours["x floor"]) == [f"{lad.loc[best, 'x floor']:.2f}", f"{lad.loc[best, 'x ceiling']:.2f}"]
+    assert (ours["time per token"] == f"{lad.loc[best, 'ms']:.2f} ms").all()
+    assert table.iloc[2:].reset_index(drop=True).equals(published.NEAR_FLOOR_REFERENCES)
+
+
+def test_the_references_page_lists_each_published_anchor_once():
+    """Every repository the anchors cite has one entry, with its address, on the references page."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parent.parent / "book" / "references.md").read_text().split())
+    repos = set(re.findall(r"\b([\w-]+/[\w.-]+?)(?:[,\s]|$)", " ".join(published.NEAR_FLOOR_REFERENCES.source)))
+    assert {"cloudrift-ai/emmy", "pytorch-labs/gpt-fast", "pytorch/ao", "msaroufim/megakernels-vs-cuda-graphs"} <= repos
+    for repo in repos:
+        assert len(re.findall(rf"<https://github\.com/{re.escape(repo)}[/>]", text)) == 1, repo
+    for title in ("No Bubbles", "GPUStack performance lab", "arXiv:2512.22219"):
+        assert title in text
 
 
 def test_matmul_launches_read_the_launch_shapes_of_the_trace(run):
@@ -447,6 +521,10 @@ def test_the_page_of_the_fixture_run(run, fixture_page):
     assert all(f"{ch.RUNG_SHORT[rung]} {took:.1f} s" in p.compile_text for rung, took in compiled.items())
     k = ch.kernel_table(run, fastest)
     assert p.rem_span == pytest.approx((k.end_ns.max() - k.start_ns.min()) / 1e6)
+    step = ch.step_bytes(run, vals).iloc[-1]
+    assert p.kv_positions == 257 and p.kv_mb == pytest.approx(ch.kv_cache_bytes(run) / 1e6)
+    assert p.step_read_gb == pytest.approx(vals["step_gb"].value + p.kv_mb / 1e3, abs=0.01)  # step_gb is rounded
+    assert p.best_x_step == pytest.approx(p.best_wall / step["ms at the datasheet"]) and p.best_x_step < p.best_x
     assert f"{ch.matmul_launches(run, 'triton-gemv').blocks.max():,}" in p.launch_text
     assert p.ladder_table["ms (minimum)"].iloc[0] == vals["eager_wall_ms"].text  # a shared rung in its own text
     assert p.ladder_table.set_index("rung").loc[ch.RUNGS[fastest], "ms (minimum)"] == f"{p.best_wall:.2f}"
@@ -615,6 +693,8 @@ def test_kernel_groups_account_for_every_kernel_and_the_weights_read(run):
     gu = groups.loc["gate_up (fused)"]
     assert gu.kernels == layers and gu["MB"] == pytest.approx(layers * m.loc["gate_up (fused)", "bytes"] / 1e6)
     assert gu["TB/s"] == pytest.approx(gu["MB"] / gu["µs"])
+    assert groups["exclusive µs"].sum() == pytest.approx(kernels.gpu_busy_ns(k) / 1e3)
+    assert gu["TB/s exclusive"] == pytest.approx(gu["MB"] / gu["exclusive µs"])
     # o_proj and down_proj share a grid (4,096 rows each): one group, both weights' bytes
     both = groups.loc["o_proj / down_proj"]
     assert both["MB"] == pytest.approx(layers * (m.loc["o_proj", "bytes"] + m.loc["down_proj", "bytes"]) / 1e6)

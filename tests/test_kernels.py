@@ -189,6 +189,26 @@ def test_census_arithmetic():
     assert c.drop("total")["share"].sum() == pytest.approx(1.0)
 
 
+def test_exclusive_times_charge_shared_time_once_and_add_up_to_the_span():
+    """A dependent launch starts inside the kernel before it: only the time after every kernel
+    before it has ended is its own; gaps are the time no kernel ran. Given out of start order,
+    answered in the frame's own order."""
+    # a 0-100; b 90-180 (launched early, waits); c 120-150 (inside b); d 200-300 (after a gap); e 300-350
+    k = pd.DataFrame({"start_ns": [200, 0, 90, 120, 300], "end_ns": [300, 100, 180, 150, 350]}, index=list("dabce"))
+    x = kernels.exclusive_times(k)
+    assert list(x.index) == list("dabce")
+    assert x.to_dict("index") == {
+        "a": {"exclusive_ns": 100, "gap_before_ns": 0},  # the first kernel: all its own
+        "b": {"exclusive_ns": 80, "gap_before_ns": 0},  # the 10 ns it shares with a are a's
+        "c": {"exclusive_ns": 0, "gap_before_ns": 0},  # wholly inside b
+        "d": {"exclusive_ns": 100, "gap_before_ns": 20},
+        "e": {"exclusive_ns": 50, "gap_before_ns": 0},  # starts as d ends
+    }
+    assert x.exclusive_ns.sum() + x.gap_before_ns.sum() == k.end_ns.max() - k.start_ns.min()
+    assert x.exclusive_ns.sum() == kernels.gpu_busy_ns(k) < (k.end_ns - k.start_ns).sum()
+    assert kernels.exclusive_times(k.iloc[:0]).empty
+
+
 def test_only_collectives_are_communication():
     """Reductions and copies whose names mention "reduce" or "copy" stay what they were."""
     assert kernels.classify("void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)") == "reduction"

@@ -1,4 +1,4 @@
-"""Figures published by others, quoted as published (H100 numbers, never ours).
+"""Figures published by others, quoted as published (their GPUs' numbers, never ours).
 
 Kept apart from measured data: chapters show these beside a run, labelled with
 their source, and never feed them into our own arithmetic.
@@ -75,26 +75,40 @@ HYBRID_27B_VLLM_HEADLINE = {
     "prefill_tokens": 512,
 }
 
-# Decode steps near their floor, as published, each normalised to its own GPU's floor by its
-# own authors' basis ("x floor": wall time per token over the weight bytes at that bandwidth).
-# torchao's and Hazy Research's figures are fractions of the datasheet bandwidth; x floor is
-# their reciprocal (1,905 GB/s over the H100 SXM's 3.35 TB/s is 57%, so 1.76x).
+# Batch-1 decode steps near their floor, as published, each normalised to its own GPU's floor
+# ("x floor": time per token over the weight bytes at that GPU's bandwidth; the basis, the
+# datasheet's or a measured copy's, in "floor from"). Times and multiples are quoted as their
+# sources give them (text: some are ranges), never recomputed from our numbers. Hazy Research's and
+# torchao's figures are fractions of the datasheet bandwidth, x floor their reciprocal (1,905 GB/s
+# over the H100 SXM's 3.35 TB/s is 57%, so 1.76x). The serving stacks' page measured SGLang and
+# TensorRT-LLM at a concurrency of 4 only, vLLM at 1.
+GPUSTACK = "GPUStack performance lab, Qwen3-8B on an H100 SXM (one page for the three engines)"
+EMMY_502 = "cloudrift-ai/emmy PR #502"
+MEGAKERNELS_VS_GRAPHS = "msaroufim/megakernels-vs-cuda-graphs, RESULTS.md"
 NEAR_FLOOR_REFERENCES = pd.DataFrame(
     [
-        ("stock vLLM 0.23", "Qwen3-8B, batch 1", "A100", 1.11, "measured copy bandwidth",
-         "cloudrift-ai/emmy PR #502"),
-        ("Mirage MPK megakernel", "Qwen3-8B, batch 1", "A100", 1.02, "measured copy bandwidth",
-         "cloudrift-ai/emmy PR #502"),
-        ("torch.compile (gpt-fast style)", "Llama-3.1-8B BF16, batch 1", "H100", round(3.35 / 1.905, 2),
-         "datasheet (126.9 tokens/s, 1,905 GB/s)", "pytorch/ao README"),
-        ("Hazy Research megakernel", "Llama-1B, batch 1", "H100", round(1 / 0.78, 2),
-         "datasheet (78% of bandwidth)", 'Hazy Research, "Look Ma, No Bubbles!" (2025)'),
+        ("vLLM 0.11", "Qwen3-8B BF16", "H100 SXM", "concurrency 1", "7.28 ms", "1.61", "datasheet", GPUSTACK),
+        ("SGLang 0.5.3", "Qwen3-8B BF16", "H100 SXM", "concurrency 4", "7.19 ms", "1.59", "datasheet", GPUSTACK),
+        ("TensorRT-LLM 1.2rc1", "Qwen3-8B BF16", "H100 SXM", "concurrency 4", "7.67 ms", "1.70", "datasheet",
+         GPUSTACK),
+        ("Mirage MPK megakernel", "Qwen3-8B", "A100 80GB", "1", "9.83 ms", "1.32", "datasheet",
+         f"Mirage MPK (arXiv 2512.22219), measured in {EMMY_502}"),
+        ("Mirage MPK megakernel", "Qwen3-8B", "A100", "1", "–", "1.02", "measured copy bandwidth", EMMY_502),
+        ("stock vLLM 0.23", "Qwen3-8B", "A100", "1", "–", "1.11", "measured copy bandwidth", EMMY_502),
+        ("gpt-fast", "Llama-2-7B", "A100", "1", "9.53 ms", "1.46", "datasheet", "pytorch-labs/gpt-fast README"),
+        ("gpt-fast at commit 32971d3, Qwen3-8B's shapes, random weights", "Qwen3-8B", "H200", "1", "6.12–6.51 ms",
+         "1.94–2.07", "datasheet", "pytorch-labs/gpt-fast, run on the H200 this book's runs use, outside its runs"),
+        ("torch.compile (gpt-fast style)", "Llama-3.1-8B BF16", "H100", "1", "126.9 tokens/s", "1.76",
+         "datasheet (1,905 GB/s)", "pytorch/ao README"),
+        ("Hazy Research megakernel", "Llama-3.2-1B", "H100", "1", "–", "1.28", "datasheet (78% of bandwidth)",
+         'Hazy Research, "Look Ma, No Bubbles!" (blog, 2025-05-27)'),
+        ("megakernel (replication)", "Llama-1B", "H100", "1", "972.8 µs (CUDA graphs + PDL: 979.5 µs)", "1.32",
+         "datasheet", MEGAKERNELS_VS_GRAPHS),
+        ("megakernel (replication)", "Llama-1B", "H200", "1", "759.8 µs (CUDA graphs + PDL: 794.7 µs)", "1.48",
+         "datasheet", MEGAKERNELS_VS_GRAPHS),
     ],
-    columns=["system", "model", "GPU", "x floor", "floor from", "source"],
+    columns=["system", "model", "GPU", "batch", "time per token", "x floor", "floor from", "source"],
 )  # fmt: skip
-# Beside the megakernel: CUDA graphs with programmatic dependent launch came within 0.7% (H100)
-# and 4.6% (H200) of it in an independent replication (msaroufim/megakernels-vs-cuda-graphs).
-CUDA_GRAPH_PDL_GAP = {"H100": 0.007, "H200": 0.046, "source": "msaroufim/megakernels-vs-cuda-graphs"}
 
 # Tensor parallelism, as published (other GPUs and models: compare ratios, never raw times).
 TP_GPT_FAST_SOURCE = "gpt-fast (pytorch-labs/gpt-fast README): Llama-3.1-8B, BF16, batch 1, A100s"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 from labsupport.traces.kinds import KINDS, classify
@@ -19,6 +20,7 @@ __all__ = [
     "census",
     "classify",
     "example_kernel",
+    "exclusive_times",
     "gpu_busy_ns",
     "profile_row",
     "short_name",
@@ -148,6 +150,28 @@ def annotate(df: pd.DataFrame) -> pd.DataFrame:
 def gpu_busy_ns(k: pd.DataFrame) -> int:
     """The time the GPU was busy running any of the kernels of table `k` (overlaps counted once)."""
     return busy_ns(k.start_ns, k.end_ns)
+
+
+def exclusive_times(k: pd.DataFrame) -> pd.DataFrame:
+    """Each kernel's exclusive time and the gap before it, for one profiled step's kernels `k`
+    (`start_ns`, `end_ns`): the time charged to a kernel when the kernels before it overlap it.
+
+    A kernel launched with programmatic dependent launch starts before the one before it ends and
+    waits, and its duration in the trace counts that wait: durations summed count the shared time
+    twice. In start order, with `before` the latest end of every kernel before it, a kernel's
+    exclusive time is end - max(start, before) (0 if it ends before `before`), and the gap before
+    it start - before (0 if it starts earlier). Exclusive times and gaps add up, exactly, to the
+    span from the first kernel's start to the last one's end; the exclusive times alone to the
+    busy time (gpu_busy_ns). Returns `exclusive_ns` and `gap_before_ns` (int64), indexed as `k`.
+    """
+    start, end = k.start_ns.to_numpy(dtype="int64"), k.end_ns.to_numpy(dtype="int64")
+    order = np.lexsort((end, start))  # by start, ties by end
+    s, e = start[order], end[order]
+    before = np.concatenate([s[:1], np.maximum.accumulate(e)[:-1]])  # the first kernel: nothing before
+    exclusive, gap = np.empty_like(s), np.empty_like(s)
+    exclusive[order] = np.maximum(e - np.maximum(s, before), 0)
+    gap[order] = np.maximum(s - before, 0)
+    return pd.DataFrame({"exclusive_ns": exclusive, "gap_before_ns": gap}, index=k.index)
 
 
 def profile_row(k: pd.DataFrame, *, total: bool = True, bounds: bool = False) -> dict:

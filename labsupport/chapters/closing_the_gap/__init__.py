@@ -11,7 +11,8 @@ remains, all computed from the run here.
     params     Params, CHAPTER, RUNGS (data key -> label shown), OWN_OPTIONS, ERROR_FACTOR, load
     measuring  pending_run, reference (eager's logits), build (each rung's step), fidelity,
                rung_row, rungs_table, weight_shapes, time_matmuls
-    analysis   floor, ladder, best, time_split, census, fidelity table, matmuls, remaining, tuning
+    analysis   floor, the step's bytes (KV cache too), ladder, best, time_split, census, fidelity table, matmuls,
+               remaining and the kernels by exclusive time, tuning, next to published
     split_k    split_k_text: what the split-K rung changed against rung 9, from the run's tuning
     prose      the page's sentences that depend on the run (which rungs failed, FP8, matmuls, launches, ...)
     page       Page and page(): every number and sentence the page glues, and the frames it shows
@@ -24,8 +25,8 @@ from __future__ import annotations
 # fmt: off
 from .analysis import (
     best, census, census_by_rung, compiled_matmuls, fidelity_table, floor, Floor, fp8_error_factor, fp8_floor,
-    headline, is_shared_config, kernel_groups, kernel_table, ladder, matmul_launches, matmuls, next_to_published,
-    overlaps, remaining, shared_values, time_split, tokens_per_forward, tuning,
+    headline, is_shared_config, kernel_groups, kernel_table, kv_cache_bytes, kv_positions, ladder, matmul_launches,
+    matmuls, next_to_published, overlaps, remaining, shared_values, step_bytes, time_split, tokens_per_forward, tuning,
 )
 from .prose import (
     compile_matmul_text, compile_text, failed_text, fp8_rounding_text, fp8_text, fp8_tolerance_text, launch_text,
@@ -33,7 +34,7 @@ from .prose import (
 )
 from .page import (
     FIDELITY_FORMATS, FP8_FORMATS, GROUP_FORMATS, LADDER_FORMATS, LAUNCH_FORMATS, MATMUL_FORMATS, page, Page,
-    TOKENS_FORMATS,
+    STEP_BYTES_FORMATS, TOKENS_FORMATS,
 )
 from .split_k import (
     split_k_text,

@@ -20,7 +20,7 @@ from labsupport.chapters.closing_the_gap.params import (
     SHARED_RUNGS,
     trace_file,
 )
-from labsupport.measure import hardware
+from labsupport.measure import hardware, models
 from labsupport.traces import kernels, trace
 
 
@@ -95,6 +95,39 @@ def fp8_floor(run: runs.Run, vals: dict | None = None) -> Floor | None:
         return None
     f = floor(run, vals)
     return Floor(int(rec["decode_bytes"]), f.datasheet_tbs, f.ceiling_tbs, f.shared)
+
+
+def kv_positions(run: runs.Run) -> int:
+    """The positions whose keys and values one decode step's attention reads: the prompt's and
+    the new token's (written into the cache, then read with the others)."""
+    return int(run.parameters["prompt_len"]) + 1
+
+
+def kv_cache_bytes(run: runs.Run) -> int:
+    """The KV cache one decode step reads, from the model's configuration: layers x 2 (keys and
+    values) x KV heads x head dimension x positions (kv_positions) x bytes per value (the
+    model's dtype, as its weights')."""
+    c = models.preset_config(run.parameters["preset"])
+    per_position = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"]
+    return per_position * kv_positions(run) * int(run.results["model"]["bytes_per_parameter"])
+
+
+def step_bytes(run: runs.Run, vals: dict | None = None) -> pd.DataFrame:
+    """The bytes one decode step reads, against the datasheet's bandwidth and the practical
+    ceiling: the weights (the floor's bytes: the floor counts the weights only), the KV cache at
+    the run's context (kv_cache_bytes), and both together."""
+    f = floor(run, vals)
+    kv = kv_cache_bytes(run)
+    out = pd.DataFrame(
+        {
+            "read": ["weights (the floor's bytes)", f"KV cache, {kv_positions(run):,} positions", "the step"],
+            "bytes": [f.decode_bytes, kv, f.decode_bytes + kv],
+        }
+    )
+    out["MB"] = out.bytes / 1e6
+    out["ms at the datasheet"] = out.bytes / f.datasheet_tbs / 1e9 if f.datasheet_tbs else float("nan")
+    out["ms at the ceiling"] = out.bytes / f.ceiling_tbs / 1e9 if f.ceiling_tbs else float("nan")
+    return out
 
 
 def kernel_table(run: runs.Run, rung: str) -> pd.DataFrame:
@@ -269,26 +302,22 @@ def matmuls(run: runs.Run) -> pd.DataFrame:
 
 def remaining(run: runs.Run, rung: str) -> pd.DataFrame:
     """What the kernels of `rung`'s profiled step spent their time on, from its first kernel's
-    start to its last kernel's end: matmul kernels (beside what their weights take at the floor),
-    every other kind of kernel, and the gaps between kernels. The rows add up to that span.
-    (The time before the first kernel and after the last is the profiler's and the replay
-    call's; the clean wall time, measured without the profiler, is in `ladder`.)"""
+    start to its last kernel's end, by exclusive time (kernels.exclusive_times: a kernel launched
+    with programmatic dependent launch starts early and its trace duration counts its wait, so
+    each kernel is charged only the time no kernel before it was running): matmul kernels (beside
+    what their weights take at the floor), every other kind of kernel, and the gaps between
+    kernels. The rows add up to that span exactly. (The time before the first kernel and after the
+    last is the profiler's and the replay call's; the clean wall time, measured without the
+    profiler, is in `ladder`.)"""
     k = kernel_table(run, rung)
+    k = k.join(kernels.exclusive_times(k))
     f = floor(run)
-    busy = kernels.gpu_busy_ns(k)
-    span = int(k.end_ns.max() - k.start_ns.min())
-    c = kernels.census(k).set_index("kind")
+    by_kind = k.groupby("kind")["exclusive_ns"].sum()
     fl = f.floor_ms * 1e6 if f.datasheet_tbs else 0.0
-    rows = [("matrix multiply kernels", int(c.loc["matrix multiply", "gpu_ns"]), fl)]
-    rows += [
-        (f"{kind} kernels", int(c.loc[kind, "gpu_ns"]), 0.0)
-        for kind in c.index
-        if kind not in ("matrix multiply", "total")
-    ]
-    rows += [
-        ("kernels overlapping each other", busy - int(c.loc["total", "gpu_ns"]), 0.0),  # streams in parallel
-        ("gaps between kernels", span - busy, 0.0),
-    ]
+    rows = [("matrix multiply kernels", int(by_kind.get("matrix multiply", 0)), fl)]
+    rows += [(f"{kind} kernels", int(by_kind.get(kind, 0)), 0.0) for kind in kernels.KINDS if kind != "matrix multiply"]
+    rows += [(f"{kind} kernels", int(ns), 0.0) for kind, ns in by_kind.items() if kind not in kernels.KINDS]
+    rows.append(("gaps between kernels", int(k.gap_before_ns.sum()), 0.0))
     out = pd.DataFrame(rows, columns=["part", "ns", "floor_ns"])
     out = out[out.ns != 0]
     out["ms"] = out.ns / 1e6
@@ -336,18 +365,22 @@ def fp8_error_factor(run: runs.Run | None = None) -> float:
 
 
 def next_to_published(run: runs.Run, published: pd.DataFrame) -> pd.DataFrame:
-    """The best rung's multiple of its floor (the datasheet's) and of the practical ceiling
-    (where known), in the columns of the published references (`published`), above them."""
+    """The best rung's time per token and its multiple of its floor (the datasheet's) and of the
+    practical ceiling (where known), computed from the run, above the published references
+    (`published`, quoted as published, in its columns: "x floor" and the time as text)."""
     b, f = best(run), floor(run)
     d = ladder(run).set_index("rung")
     rows = []
-    base = {"system": f"this book: {RUNGS[b]}", "model": "Qwen3-8B, batch 1", "GPU": run.provenance["gpu"],
-            "source": f"run {run.run_id}"}  # fmt: skip
+    model = f"Qwen3-8B {models.dtype_label(models.run_dtype(run))}"
+    base = {"system": f"this book: {RUNGS[b]}", "model": model, "GPU": run.provenance["gpu"], "batch": "1",
+            "time per token": f"{d.loc[b, 'ms']:.2f} ms", "source": f"run {run.run_id}"}  # fmt: skip
     if f.datasheet_tbs:
-        rows.append({**base, "x floor": d.loc[b, "x floor"], "floor from": f"datasheet ({f.datasheet_tbs:.1f} TB/s)"})
+        rows.append(
+            {**base, "x floor": f"{d.loc[b, 'x floor']:.2f}", "floor from": f"datasheet ({f.datasheet_tbs:.1f} TB/s)"}
+        )
     if f.ceiling_tbs:
         rows.append(
-            {**base, "x floor": d.loc[b, "x ceiling"],
+            {**base, "x floor": f"{d.loc[b, 'x ceiling']:.2f}",
              "floor from": f"practical ceiling: best rate measured ({f.ceiling_tbs:.2f} TB/s)"}
         )  # fmt: skip
     return pd.concat([pd.DataFrame(rows, columns=published.columns), published], ignore_index=True)
@@ -421,13 +454,18 @@ def overlaps(k: pd.DataFrame) -> dict:
 def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
     """Where a rung's kernel time goes, kernel by kernel: its profiled step's kernels grouped by
     name and launch shape (a GEMV's grid tells which weight it read), with kernels per step, µs in
-    all and per kernel, share of the kernel time, and for our GEMV the weight bytes read (the
-    matrix found from the tuned configs: N / BLOCK_N x split-K programs) and so TB/s."""
+    all (the trace's durations) and exclusive (kernels.exclusive_times: without the time a kernel
+    before it was still running, which a dependent launch's duration counts as its wait), µs per
+    kernel, share of the kernel time, and for our GEMV the weight bytes read (the matrix found from
+    the tuned configs: N / BLOCK_N x split-K programs) and so TB/s, by duration and by exclusive
+    time."""
     import math
 
     k = kernel_table(run, rung)
-    k = k.assign(grid=k["grid"].astype(str) if "grid" in k else "")
-    g = k.groupby(["name", "grid"], as_index=False, sort=False).agg(kernels=("dur_ns", "size"), ns=("dur_ns", "sum"))
+    k = k.assign(grid=k["grid"].astype(str) if "grid" in k else "").join(kernels.exclusive_times(k))
+    g = k.groupby(["name", "grid"], as_index=False, sort=False).agg(
+        kernels=("dur_ns", "size"), ns=("dur_ns", "sum"), exclusive_ns=("exclusive_ns", "sum")
+    )
     matrix = {}
     if "gemv_tuning.csv" in run.meta["files"]:
         t = tuning(run)
@@ -449,10 +487,12 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
         nbytes = sum(h[1] for h in hit) / len(hit) if hit else float("nan")
         us = r.ns / 1e3
         rows.append({"kernel": kernels.short_name(r.name), "weight": label, "grid": r.grid, "kernels": r.kernels,
-                     "µs": us, "µs per kernel": us / r.kernels, "MB": nbytes * r.kernels / 1e6})  # fmt: skip
+                     "µs": us, "exclusive µs": r.exclusive_ns / 1e3, "µs per kernel": us / r.kernels,
+                     "MB": nbytes * r.kernels / 1e6})  # fmt: skip
     out = pd.DataFrame(rows)
     out["share"] = out["µs"] / out["µs"].sum()
     out["TB/s"] = out.MB / out["µs"]  # MB per µs is TB/s
+    out["TB/s exclusive"] = out.MB / out["exclusive µs"].where(out["exclusive µs"] > 0)
     return out.sort_values("µs", ascending=False).reset_index(drop=True)
 
 

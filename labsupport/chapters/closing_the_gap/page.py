@@ -21,11 +21,13 @@ from labsupport.chapters.closing_the_gap.analysis import (
     fp8_floor,
     kernel_groups,
     kernel_table,
+    kv_positions,
     ladder,
     matmul_launches,
     matmuls,
     next_to_published,
     remaining,
+    step_bytes,
     time_split,
     tokens_per_forward,
     tuning,
@@ -44,8 +46,11 @@ TOKENS_FORMATS |= {"forward × floor": "{:.2f}", "token × floor": "{:.2f}", "to
 MATMUL_FORMATS = {"MB": "{:,.0f}", "cuBLAS µs": "{:.1f}", "ours µs": "{:.1f}", "cuBLAS TB/s": "{:.2f}"}
 MATMUL_FORMATS |= {"ours TB/s": "{:.2f}", "ours faster by": "{:.2f}×"}
 LAUNCH_FORMATS = {"blocks": "{:,.0f}", "shared KB": "{:.0f}", "grid / SMs": "{:.2f}", "µs": "{:.1f}"}
-GROUP_COLUMNS = ["kernel", "weight", "kernels", "µs", "µs per kernel", "share", "MB", "TB/s"]
-GROUP_FORMATS = {"µs": "{:,.1f}", "µs per kernel": "{:.1f}", "share": "{:.1%}", "MB": "{:,.0f}", "TB/s": "{:.2f}"}
+GROUP_COLUMNS = ["kernel", "weight", "kernels", "µs", "exclusive µs", "µs per kernel", "share", "MB", "TB/s"]
+GROUP_COLUMNS += ["TB/s exclusive"]
+GROUP_FORMATS = {"µs": "{:,.1f}", "exclusive µs": "{:,.1f}", "µs per kernel": "{:.1f}", "share": "{:.1%}"}
+GROUP_FORMATS |= {"MB": "{:,.0f}", "TB/s": "{:.2f}", "TB/s exclusive": "{:.2f}"}
+STEP_BYTES_FORMATS = {"MB": "{:,.1f}", "ms at the datasheet": "{:.3f}", "ms at the ceiling": "{:.3f}"}
 
 
 @dataclass
@@ -82,8 +87,14 @@ class Page:
     matmul_text: str
     launch_text: str
     compile_matmul_text: str
-    # where the remaining time goes
+    # where the remaining time goes (by exclusive time), and the step's bytes with its KV cache
     rem_span: float
+    kv_positions: int
+    kv_mb: float
+    step_read_gb: float
+    step_floor_ms: float
+    step_ceiling_ms: float
+    best_x_step: float
     overlap_text: str
     compile_text: str
     takeaway_gap_ms: float
@@ -109,6 +120,7 @@ class Page:
     census_kernels: pd.DataFrame = field(metadata=NOT_GLUED)
     census_ms: pd.DataFrame = field(metadata=NOT_GLUED)
     remaining: pd.DataFrame = field(metadata=NOT_GLUED)
+    step_bytes: pd.DataFrame = field(metadata=NOT_GLUED)
     kernel_groups: pd.DataFrame = field(metadata=NOT_GLUED)
     timeline_kernels: pd.DataFrame = field(metadata=NOT_GLUED)
     timeline_title: str = field(metadata=NOT_GLUED)
@@ -129,6 +141,8 @@ def page(run: runs.Run, vals: dict) -> Page:
     split = time_split(run)
     rem = remaining(run, fastest)
     parts = rem.set_index("part")
+    read = step_bytes(run, vals)
+    step = read.iloc[-1]  # the weights and the KV cache together
     shapes = matmuls(run) if "matmuls.csv" in run.meta["files"] else None
     tokens = tokens_per_forward(run)
     tokens_ran = None if tokens is None or not (tokens.status == "ok").any() else tokens[tokens.status == "ok"]
@@ -166,6 +180,12 @@ def page(run: runs.Run, vals: dict) -> Page:
             lo_run, *(compiled_matmuls(lo_run, v) for v in ("compile-reduce-overhead", "compile-max-autotune"))
         ),
         rem_span=rem.ms.sum(),
+        kv_positions=kv_positions(run),
+        kv_mb=read.MB.iloc[1],
+        step_read_gb=step.bytes / 1e9,
+        step_floor_ms=step["ms at the datasheet"],
+        step_ceiling_ms=step["ms at the ceiling"],
+        best_x_step=chosen["ms"] / step["ms at the datasheet"],
         overlap_text=_overlap_text(run, steps, timed),
         compile_text=prose.compile_text(run, steps),
         takeaway_gap_ms=parts.loc["gaps between kernels", "ms"] if "gaps between kernels" in parts.index else 0.0,
@@ -198,6 +218,7 @@ def page(run: runs.Run, vals: dict) -> Page:
         census_kernels=_labelled(census_by_rung(run, "kernels")),
         census_ms=_labelled(census_by_rung(run, "gpu_ms")),
         remaining=rem,
+        step_bytes=read.drop(columns="bytes"),
         kernel_groups=kernel_groups(run, fastest)[GROUP_COLUMNS],
         timeline_kernels=layer,
         timeline_title=f"Rung {RUNG_SHORT[fastest]}: {len(layer)} kernels, mid-step",

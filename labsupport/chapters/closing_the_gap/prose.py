@@ -98,8 +98,8 @@ def overlap_text(run: runs.Run, rung: str = "pdl", without: str = "split-k") -> 
         )
     return text + (
         ". A kernel launched this way starts early and waits (`gdc_wait`) for the one before it, and the trace counts "
-        "the wait in its duration: where the best rung is this one, the rates per kernel in the table read low, and "
-        "the row *kernels overlapping each other* of the table above takes the shared time back out."
+        "the wait in its duration, so its rate by that duration (*TB/s*) reads low; by exclusive time, which leaves "
+        "the wait out, the rates are those the kernels streamed at (*TB/s exclusive*)."
     )
 
 
