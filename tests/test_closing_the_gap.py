@@ -455,7 +455,7 @@ def test_fidelity_table_and_the_published_references(run):
     # ours computed from the run; the published rows as published, below, never recomputed
     lad = ch.ladder(run).set_index("rung")
     best = ch.best(run)
-    assert list(ours["x floor"]) == [f"{lad.loc[best, 'x floor']:.2f}", f"{lad.loc[best, 'x ceiling']:.2f}"]
+    assert list(ours["x floor"]) == [f"{lad.loc[best, 'x floor']:.2f}×", f"{lad.loc[best, 'x ceiling']:.2f}×"]
     assert (ours["time per token"] == f"{lad.loc[best, 'ms']:.2f} ms").all()
     assert table.iloc[2:].reset_index(drop=True).equals(published.NEAR_FLOOR_REFERENCES)
 

@@ -376,11 +376,11 @@ def next_to_published(run: runs.Run, published: pd.DataFrame) -> pd.DataFrame:
             "time per token": f"{d.loc[b, 'ms']:.2f} ms", "source": f"run {run.run_id}"}  # fmt: skip
     if f.datasheet_tbs:
         rows.append(
-            {**base, "x floor": f"{d.loc[b, 'x floor']:.2f}", "floor from": f"datasheet ({f.datasheet_tbs:.1f} TB/s)"}
+            {**base, "x floor": f"{d.loc[b, 'x floor']:.2f}×", "floor from": f"datasheet ({f.datasheet_tbs:.1f} TB/s)"}
         )
     if f.ceiling_tbs:
         rows.append(
-            {**base, "x floor": f"{d.loc[b, 'x ceiling']:.2f}",
+            {**base, "x floor": f"{d.loc[b, 'x ceiling']:.2f}×",
              "floor from": f"practical ceiling: best rate measured ({f.ceiling_tbs:.2f} TB/s)"}
         )  # fmt: skip
     return pd.concat([pd.DataFrame(rows, columns=published.columns), published], ignore_index=True)
