@@ -89,6 +89,12 @@ def glue_text(name: str, text: str) -> None:
 NOT_GLUED = {"glue": False}
 
 
+def failures_text(failures: list[str], every: str, not_every: str) -> str:
+    """The line over a table whose rows may have failed: `every` when none did, else `not_every`
+    followed by each failure (`what: why`), as one sentence."""
+    return every if not failures else f"{not_every}: {'; '.join(failures)}."
+
+
 def glue_page(page) -> None:
     """Glue every field of a chapter's `Page` (a dataclass whose field names are the page's glue names):
     text as markdown for `{glue:md}` (escaped, glue_text), any other value as it is. A field whose

@@ -133,3 +133,11 @@ def test_glue_figure_glues_the_described_png_and_leaves_the_cell_showing_nothing
         im.load()
         assert "memory sets the pace" in im.text[figures.DESCRIPTION_KEY]
     assert fig.number not in plt.get_fignums(), "left open, the inline backend shows the figure again under its cell"
+
+
+def test_failures_text_is_the_every_line_or_each_failure_in_one_sentence():
+    assert (
+        glue.failures_text([], "Every prompt length ran.", "Not every prompt length ran") == "Every prompt length ran."
+    )
+    said = glue.failures_text(["8 tokens: failed: out of memory", "16 tokens: not run"], "Every ran.", "Not every ran")
+    assert said == "Not every ran: 8 tokens: failed: out of memory; 16 tokens: not run."

@@ -126,6 +126,10 @@ class File:
         return m.groupdict() if m else None
 
 
+# ceilings.csv as most chapters' runs hold it: the GPU's measured rates, in one row.
+CEILINGS_FILE = File("ceilings.csv", CEILINGS_LINE, CEILINGS)
+
+
 @dataclass(frozen=True)
 class Chapter:
     slug: str  # also the folder under runs/

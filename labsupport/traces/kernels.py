@@ -28,6 +28,7 @@ __all__ = [
     "source_census",
     "top_kernels",
     "unrecognised",
+    "variant_times",
 ]
 
 _HINT = re.compile(r"([A-Za-z]\w*?(?:_kernel_cuda|_kernel_impl|_kernel|Functor\w*|Ops)|CatArray\w*)\b")
@@ -184,3 +185,18 @@ def profile_row(k: pd.DataFrame, *, total: bool = True, bounds: bool = False) ->
     if bounds:
         row |= {"first_kernel_ns": int(k.start_ns.min()), "last_kernel_end_ns": int(k.end_ns.max())}
     return row
+
+
+def variant_times(k: pd.DataFrame, times: pd.DataFrame, per_call: str) -> pd.DataFrame:
+    """Each variant of one call timed two ways, a row per row of `times` (its timings from Python,
+    with each variant's kernel count): its kernels, their GPU time summed from the profiled kernels
+    `k` (both tables with a `variant` column), and its time per call, column `per_call` (µs)."""
+    gpu = k.groupby("variant").dur_ns.sum() / 1e3
+    return pd.DataFrame(
+        {
+            "variant": times.variant,
+            "kernels": times.kernels,
+            "GPU µs (profiler)": times.variant.map(gpu).values,
+            "per call µs (CUDA events)": times[per_call],
+        }
+    )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 # fmt: off
 # isort: off
 from labsupport.chapters.declaring import (  # the names, wrapped to read as a list
-    CEILINGS, CEILINGS_LINE, DEVICE, DTYPE, LENGTHS, REPEATS, TOKENS, Chapter, File, Parameters, param,
+    CEILINGS_FILE, DEVICE, DTYPE, LENGTHS, REPEATS, TOKENS, Chapter, File, Parameters, param,
 )
 # isort: on
 # fmt: on
@@ -38,7 +38,7 @@ DECLARATION = Chapter(
     "hybrid-model-token",
     "notebooks/hybrid_model_token.ipynb",
     (
-        File("ceilings.csv", CEILINGS_LINE, CEILINGS),
+        CEILINGS_FILE,
         File("variants.csv", "each backend and mode of the decode step: kernels, GPU-busy and wall time, status",
              ("backend", "mode", "status", "kernels", "gpu_busy_ns", "wall_ms_median"), required=True),
         File("step_times.csv", "every clean timing of each backend and mode", ("backend", "mode", "repeat", "wall_ms"),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 # fmt: off
 # isort: off
 from labsupport.chapters.declaring import (  # the names, wrapped to read as a list
-    BATCH, CEILINGS, CEILINGS_LINE, DEVICE, DTYPE, KERNELS_BY_LAYER, LENGTHS, REPEATS, TOKENS, Chapter, File,
+    BATCH, CEILINGS_FILE, DEVICE, DTYPE, KERNELS_BY_LAYER, LENGTHS, REPEATS, TOKENS, Chapter, File,
     Parameters, param,
 )
 # isort: on
@@ -38,7 +38,7 @@ DECLARATION = Chapter(
     "kernels-in-one-token",
     "notebooks/kernels_in_one_token.ipynb",
     (
-        File("ceilings.csv", CEILINGS_LINE, CEILINGS),
+        CEILINGS_FILE,
         File("kernels.csv", "every kernel of the profiled decode step: name, kind, times, launch, operator, layer",
              KERNELS_BY_LAYER, required=True),
         File("census.csv", "the step's kernels and GPU time by kind", ("kind", "kernels", "gpu_ms", "share"),

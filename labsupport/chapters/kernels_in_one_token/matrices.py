@@ -15,25 +15,21 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 
 def projection_shapes(preset: str) -> dict[str, tuple[int, int]]:
-    """(rows, columns) of each weight matrix of a Qwen3-style model, from its configuration."""
+    """(rows, columns) of each weight matrix of a Qwen3-style model, from its configuration: the
+    preset's shapes (models.weight_shapes), k/v and gate/up each under its own module's name."""
     from labsupport.measure import models
 
-    c = models.preset_config(preset)
-    q, kv, h, i = (
-        c["num_attention_heads"] * c["head_dim"],
-        c["num_key_value_heads"] * c["head_dim"],
-        c["hidden_size"],
-        c["intermediate_size"],
-    )
+    s = models.weight_shapes(models.preset_config(preset))
+    kv, gate_up = s["k_proj / v_proj"], s["gate_proj / up_proj"]
     return {
-        "q_proj": (q, h),
-        "k_proj": (kv, h),
-        "v_proj": (kv, h),
-        "o_proj": (h, q),
-        "gate_proj": (i, h),
-        "up_proj": (i, h),
-        "down_proj": (h, i),
-        "lm_head": (c["vocab_size"], h),
+        "q_proj": s["q_proj"],
+        "k_proj": kv,
+        "v_proj": kv,
+        "o_proj": s["o_proj"],
+        "gate_proj": gate_up,
+        "up_proj": gate_up,
+        "down_proj": s["down_proj"],
+        "lm_head": s["lm_head"],
     }
 
 

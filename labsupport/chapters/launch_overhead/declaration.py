@@ -7,7 +7,7 @@ from dataclasses import dataclass
 # fmt: off
 # isort: off
 from labsupport.chapters.declaring import (  # the names, wrapped to read as a list
-    CEILINGS, CEILINGS_LINE, DEVICE, DTYPE, REPEATS, TOKENS, Chapter, File, Parameters, param,
+    CEILINGS_FILE, DEVICE, DTYPE, REPEATS, TOKENS, Chapter, File, Parameters, param,
 )
 # isort: on
 # fmt: on
@@ -30,7 +30,7 @@ DECLARATION = Chapter(
     "launch-overhead",
     "notebooks/launch_overhead.ipynb",
     (
-        File("ceilings.csv", CEILINGS_LINE, CEILINGS),  # runs before shared.limits()
+        CEILINGS_FILE,  # runs before shared.limits()
         # the eager forms: timed by the census chapter
         File("variants.csv",
              "each form of the step (eager, static cache, CUDA graph, compiled): kernels, busy, wall time",

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from labsupport import runs
+from labsupport import glue, runs
 from labsupport.chapters import shared
 from labsupport.chapters.launch_overhead.analysis import (
     breakdown,
@@ -140,10 +140,8 @@ def page(run: runs.Run, vals: dict, lim: hardware.Limits) -> Page:
 def failed_text(table: pd.DataFrame) -> str:
     """Every variant ran, or which did not and why."""
     failed = table[table.status != "ok"]
-    if failed.empty:
-        return "Every variant ran."
-    reasons = "; ".join(f"*{VARIANTS[row.variant]}*: {row.status}" for row in failed.itertuples())
-    return f"Not every variant ran: {reasons}."
+    reasons = [f"*{VARIANTS[row.variant]}*: {row.status}" for row in failed.itertuples()]
+    return glue.failures_text(reasons, "Every variant ran.", "Not every variant ran")
 
 
 def measured_text(column: str, lim: hardware.Limits) -> str:

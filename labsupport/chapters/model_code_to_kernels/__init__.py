@@ -172,18 +172,9 @@ def rmsnorm_table(run: runs.Run) -> pd.DataFrame:
     """Each RMSNorm variant: kernels, their GPU time (profiler), time per call from Python
     (CUDA events around the call, the variants timed interleaved: the least of the calls, the
     book's estimator; the median beside it), and its largest difference from transformers' output."""
-    k = run.table("rmsnorm_kernels")
-    gpu = k.groupby("variant").dur_ns.sum() / 1e3
     t = run.table("rmsnorm_times")
-    return pd.DataFrame(
-        {
-            "variant": t.variant,
-            "kernels": t.kernels,
-            "GPU µs (profiler)": t.variant.map(gpu).values,
-            "per call µs (CUDA events)": t.us_min,
-            "median µs": t.us_median,
-            "max |difference|": t.max_abs_diff_vs_transformers,
-        }
+    return kernels.variant_times(run.table("rmsnorm_kernels"), t, "us_min").assign(
+        **{"median µs": t.us_median, "max |difference|": t.max_abs_diff_vs_transformers}
     )
 
 

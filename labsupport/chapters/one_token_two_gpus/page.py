@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
-from labsupport import runs
+from labsupport import glue, runs
 from labsupport.glue import NOT_GLUED
 
 from .analysis import (
@@ -226,11 +226,11 @@ def _texts(run: runs.Run) -> dict:
     tp = split_degree(run)
     slow = next((r.get("dtensor_slow_path_per_step") for r in run.results["ranks"] if r["tp"] == tp), None) or {}
     return {
-        "failed_text": "Every form of the step ran at every degree."
-        if failed.empty
-        else "Not every form ran: "
-        + "; ".join(f"*{VARIANTS.get(r.variant, r.variant)}* at TP={r.tp}: {r.status}" for r in failed.itertuples())
-        + ".",
+        "failed_text": glue.failures_text(
+            [f"*{VARIANTS.get(r.variant, r.variant)}* at TP={r.tp}: {r.status}" for r in failed.itertuples()],
+            "Every form of the step ran at every degree.",
+            "Not every form ran",
+        ),
         "interconnect_text": f"`nvidia-smi topo -m` lists `{link['gpu0_gpu1']}` between GPU 0 and GPU 1: "
         f"{link['means']}."
         if link.get("gpu0_gpu1")

@@ -323,19 +323,18 @@ def passes_table(run: runs.Run) -> pd.DataFrame:
         ("model FLOPs", "FLOP", "flops"),
         ("bytes that must move", "bytes", "bytes"),
         ("FLOP per byte", "FLOP/byte", "flop_per_byte"),
-        ("TFLOP/s reached, on wall time", "TFLOP/s", "tflops"),
-        ("MFU against the datasheet, on wall time", "fraction", "mfu_datasheet"),
-        ("MFU against the measured GEMM rate, on wall time", "fraction", "mfu_gemm"),
-        ("TB/s reached, on wall time", "TB/s", "tbs"),
-        ("MBU against the datasheet, on wall time", "fraction", "mbu_datasheet"),
-        (f"MBU against the {bw.short}, on wall time", "fraction", "mbu_measured"),
-        ("TFLOP/s reached, on GPU-busy time", "TFLOP/s", "tflops_busy"),
-        ("MFU against the datasheet, on GPU-busy time", "fraction", "mfu_busy_datasheet"),
-        ("MFU against the measured GEMM rate, on GPU-busy time", "fraction", "mfu_busy_gemm"),
-        ("TB/s reached, on GPU-busy time", "TB/s", "tbs_busy"),
-        ("MBU against the datasheet, on GPU-busy time", "fraction", "mbu_busy_datasheet"),
-        (f"MBU against the {bw.short}, on GPU-busy time", "fraction", "mbu_busy_measured"),
     ]
+    # The rates reached, on each time basis: the wall time, then the GPU's busy time (fields with "_busy").
+    rates = (
+        ("TFLOP/s reached", "TFLOP/s", "tflops{}"),
+        ("MFU against the datasheet", "fraction", "mfu{}_datasheet"),
+        ("MFU against the measured GEMM rate", "fraction", "mfu{}_gemm"),
+        ("TB/s reached", "TB/s", "tbs{}"),
+        ("MBU against the datasheet", "fraction", "mbu{}_datasheet"),
+        (f"MBU against the {bw.short}", "fraction", "mbu{}_measured"),
+    )
+    for basis, busy in (("wall time", ""), ("GPU-busy time", "_busy")):
+        rows += [(f"{name}, on {basis}", unit, field.format(busy)) for name, unit, field in rates]
     out = pd.DataFrame(
         [
             {"quantity": name, "unit": unit, **{ph: getattr(p[ph], field) for ph in PHASES}, "field": field}

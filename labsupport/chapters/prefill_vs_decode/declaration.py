@@ -7,7 +7,7 @@ from dataclasses import dataclass
 # fmt: off
 # isort: off
 from labsupport.chapters.declaring import (  # the names, wrapped to read as a list
-    CEILINGS, CEILINGS_LINE, DEVICE, DTYPE, KERNELS_BY_LAYER, LENGTHS, REPEATS, TOKENS, Chapter, File,
+    CEILINGS_FILE, DEVICE, DTYPE, KERNELS_BY_LAYER, LENGTHS, REPEATS, TOKENS, Chapter, File,
     Parameters, param,
 )
 # isort: on
@@ -35,7 +35,7 @@ DECLARATION = Chapter(
     "prefill-vs-decode",
     "notebooks/prefill_vs_decode.ipynb",
     (
-        File("ceilings.csv", CEILINGS_LINE, CEILINGS),
+        CEILINGS_FILE,
         File("phase_times.csv", "every timed trial of the prompt phase and of one decode step, in interleaved rounds",
              ("phase", "repeat", "wall_ms"), required=True),
         File("kernels-prefill.csv", "every kernel of the profiled prompt phase", KERNELS_BY_LAYER, required=True),

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from labsupport import runs
+from labsupport import glue, runs
 from labsupport.measure import harness
 
 from .analysis import (
@@ -343,11 +343,11 @@ def _sweep(run: runs.Run, sweep: pd.DataFrame) -> dict:
     failed = run.table("prompt_sweep").query("status != 'ok'")
     return {
         **_prefixed("x_", cross),
-        "sweep_status": "Every prompt length ran."
-        if failed.empty
-        else "Not every prompt length ran: "
-        + "; ".join(f"{row.prompt_len} tokens: {row.status}" for row in failed.itertuples())
-        + ".",
+        "sweep_status": glue.failures_text(
+            [f"{row.prompt_len} tokens: {row.status}" for row in failed.itertuples()],
+            "Every prompt length ran.",
+            "Not every prompt length ran",
+        ),
         "s_first_len": int(first.name),
         "s_last_len": int(last.name),
         "s_first_us": first["ms per token"] * 1e3,

@@ -316,17 +316,8 @@ def math_kernels(run: runs.Run) -> int:
 
 def fusion_table(run: runs.Run) -> pd.DataFrame:
     """RMSNorm eager vs compiled: kernels, GPU time (profiler) and time per call."""
-    k = run.table("fusion_kernels")
-    gpu = k.groupby("variant").dur_ns.sum() / 1e3
     t = run.table("fusion_times")
-    return pd.DataFrame(
-        {
-            "variant": t.variant,
-            "kernels": t.kernels,
-            "GPU µs (profiler)": t.variant.map(gpu).values,
-            "per call µs (CUDA events)": t[per_call_column(t)],
-        }
-    )
+    return kernels.variant_times(run.table("fusion_kernels"), t, per_call_column(t))
 
 
 from .page import TABLE_FORMATS, Page, attention_display, fastest_text, page  # noqa: E402, F401 (public names; page.py reads those above)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 # fmt: off
 # isort: off
 from labsupport.chapters.declaring import (  # the names, wrapped to read as a list
-    CEILINGS, CEILINGS_LINE, DEVICE, DTYPE, REPEATS, TOKENS, Chapter, File, Parameters, param,
+    CEILINGS_FILE, DEVICE, DTYPE, REPEATS, TOKENS, Chapter, File, Parameters, param,
 )
 # isort: on
 # fmt: on
@@ -35,7 +35,7 @@ DECLARATION = Chapter(
     "notebooks/why_a_gpu.ipynb",
     (
         # ceilings.csv and read_kernels.csv: recorded on every GPU (runs before read_kernels lack it); none on a CPU
-        File("ceilings.csv", CEILINGS_LINE, CEILINGS),
+        CEILINGS_FILE,
         File("read_kernels.csv",
              "cuBLAS and the book's Triton GEMV (each configuration its tuner tries) at every weight shape of the "
              "decode step, the LM head included: per-call time and read rate; with the read stream, the practical "

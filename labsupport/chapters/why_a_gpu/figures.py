@@ -53,6 +53,12 @@ def _batch_axis(ax, batches) -> None:
     ax.set_xlabel("batch (sequences decoded together)")
 
 
+def _mark_batch(ax, batch: float, y: float, text: str, ha: str, colour: str, text_colour=None, ls: str = "-"):
+    """A batch size marked on a panel: a vertical line, its label at height `y` on the `ha` side of it."""
+    ax.axvline(batch, color=colour, lw=1, ls=ls)
+    ax.text(batch, y, text, fontsize=10, ha=ha, color=text_colour)
+
+
 def limits_figure(run: runs.Run):
     """Measured time per step against the limits drawn at the limits: on the left the matrix
     multiplies (the weights' bytes; their operations), on the right the whole step (weights and
@@ -109,24 +115,11 @@ def limits_figure(run: runs.Run):
         a.set_yscale("log")
         figures.plain_ticks(a, "y")
         a.set_title(title)
-    ax[0].axvline(r.measured_batch, color="#555", lw=1)
-    ax[0].text(
-        r.measured_batch,
-        s["matmul ms"].min() * 0.5,
-        f"measured crossing ≈ {r.measured_batch:.0f} ",
-        fontsize=10,
-        ha="right",
-    )
+    low = s["matmul ms"].min()
+    _mark_batch(ax[0], r.measured_batch, low * 0.5, f"measured crossing ≈ {r.measured_batch:.0f} ", "right", "#555")
     if r.datasheet_batch:
-        ax[0].axvline(r.datasheet_batch, color="#bbb", lw=1, ls=":")
-        ax[0].text(
-            r.datasheet_batch,
-            s["matmul ms"].min() * 0.37,
-            f" datasheet ridge {r.datasheet_batch:.0f}",
-            fontsize=10,
-            color="#777",
-            ha="left",
-        )
+        text = f" datasheet ridge {r.datasheet_batch:.0f}"
+        _mark_batch(ax[0], r.datasheet_batch, low * 0.37, text, "left", "#bbb", text_colour="#777", ls=":")
     for a in ax:
         a.set_ylabel("ms per decode step")
         a.xaxis.set_tick_params(labelbottom=True)
