@@ -39,7 +39,7 @@ def test_an_unknown_override_in_a_notebook_is_one_line_naming_the_parameters():
         launch_overhead.Params(repeat=3)
     assert str(e.value) == (
         "'repeat' is not a parameter of launch-overhead "
-        "(parameters: preset, prompt_len, dtype, repeats, max_autotune, device)"
+        "(parameters: preset, model, prompt_len, dtype, repeats, max_autotune, device)"
     )
 
 
@@ -55,7 +55,7 @@ def test_every_numeric_parameter_has_a_check_with_an_upper_bound(ch):
     bound: the bound passes, one above it is one ParamError line, and so is NaN; no rule is of a
     kind check_rule does not know."""
     for name, rule in ch.checks.items():
-        assert rule.kind in ("between", "each_between", "one_of", "subset_of", "preset"), (name, rule)
+        assert rule.kind in ("between", "each_between", "one_of", "subset_of", "preset", "model_folder"), (name, rule)
     for name, default in ch.defaults.items():
         if not numeric(default):
             continue
@@ -70,6 +70,32 @@ def test_every_numeric_parameter_has_a_check_with_an_upper_bound(ch):
                 params.for_chapter(ch, {name: wrap(bad)})
             assert f"--param {name}=" in str(e.value) and "\n" not in str(e.value)
             assert f"from {lo} to {hi}" in str(e.value) or isinstance(bad, float)
+
+
+MODEL_CHAPTERS = (
+    "kernels-in-one-token",
+    "launch-overhead",
+    "prefill-vs-decode",
+    "model-code-to-kernels",
+    "where-kernels-come-from",
+    "why-a-gpu",
+)
+
+
+@pytest.mark.parametrize("slug", MODEL_CHAPTERS)
+def test_a_model_folder_without_a_config_is_one_line_naming_it(slug, tmp_path):
+    """`--param model=DIR` of every chapter whose model is a transformers decoder: a folder with a
+    config.json passes (empty: the preset), anything else is one ParamError line naming the folder."""
+    ch = chapters.by_slug(slug)
+    assert ch.defaults["model"] == ""
+    (tmp_path / "config.json").write_text("{}")
+    assert params.for_chapter(ch, {"model": str(tmp_path)}) == {"model": str(tmp_path)}
+    assert params.for_chapter(ch, {"model": ""}) == {"model": ""}
+    (tmp_path / "empty").mkdir()
+    for folder, why in ((tmp_path / "empty", "it has no config.json"), (tmp_path / "nowhere", "is not a folder")):
+        with pytest.raises(params.ParamError) as e:
+            params.for_chapter(ch, {"model": str(folder)})
+        assert str(folder) in str(e.value) and why in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_parameter_given_twice_counts_once_the_last_time():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MAX_ENTRIES", "Rule", "between", "each_between", "one_of", "preset", "subset_of"]
+__all__ = ["MAX_ENTRIES", "Rule", "between", "each_between", "one_of", "model_folder", "preset", "subset_of"]
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,9 @@ def subset_of(*values) -> Rule:
 def preset(*names) -> Rule:
     """One of the model presets in labsupport.measure.models (or of `names`, if given)."""
     return Rule("preset", tuple(names))
+
+
+def model_folder() -> Rule:
+    """Empty (the preset runs), or a local folder holding a transformers config.json (the model
+    source of labsupport.measure.models.source)."""
+    return Rule("model_folder", None)

@@ -28,16 +28,19 @@ def writer(declaration, params, run_id: str | None = None, root: Path | None = N
     None: runs_root(); its tables are checked against the declaration when written), after the checks
     every chapter makes first: a known model preset (if the parameters name one), a GPU to measure (a
     CPU only for the tests' tiny model, or a model folder: parameters with a `model`, which `profile`
-    runs on a CPU only with --allow-cpu) with the memory for the model, provenance collected now, and
-    a run id naming the GPU."""
+    runs on a CPU only with --allow-cpu) with the memory for the model (a model folder's is checked
+    when it is built: models.source.for_params), provenance collected now, and a run id naming the
+    GPU."""
     if getattr(params, "preset", None):
         models.preset_config(params.preset)
     small = getattr(params, "preset", "").startswith("tiny") or bool(getattr(params, "model", ""))
     decode.require_device(params.device, allow_cpu=small)
     if params.device == "cuda" and getattr(params, "preset", None):
         # The model fits in the GPU's memory (LABSUPPORT_GPU_MEMORY_GB caps the allocator here): the
-        # notebook's first check knew only the preset its overrides name, not the default.
-        stop, _ = environment.gpu_lines(params.preset, getattr(params, "dtype", None))
+        # notebook's first check knew only the preset its overrides name, not the default. A model
+        # folder is checked from its own byte count when it is built (models.source.for_params).
+        preset = None if getattr(params, "model", "") else params.preset
+        stop, _ = environment.gpu_lines(preset, getattr(params, "dtype", None))
         if stop:
             raise environment.EnvironmentProblem("; ".join(stop))
     prov = provenance.collect()

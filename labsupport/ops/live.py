@@ -44,15 +44,16 @@ def check_gpu(allow_cpu: bool) -> None:
 
 def check_environment(selected: list[chapters.Chapter], per_chapter: dict, allow_cpu: bool) -> str | None:
     """Each chapter's environment check (labsupport.measure.environment: packages, GPU, whether
-    its preset fits in the GPU's memory) in a child process, so that this process never holds a
-    CUDA context; its notes are printed. Returns the line that stops a chapter, or None."""
+    its preset fits in the GPU's memory; a model folder is checked when it is built) in a child
+    process, so that this process never holds a CUDA context; its notes are printed. Returns the
+    line that stops a chapter, or None."""
     import json
     import subprocess
 
     todo = [  # a dtype given with --param is explicit (refused on a GPU without it); else the GPU's own
         [
             ch.slug,
-            {**ch.defaults, **per_chapter[ch.slug]}.get("preset"),
+            None if per_chapter[ch.slug].get("model") else {**ch.defaults, **per_chapter[ch.slug]}.get("preset"),
             allow_cpu,
             per_chapter[ch.slug].get("dtype"),
         ]

@@ -134,6 +134,14 @@ def check_rule(name: str, value, rule: rules.Rule) -> None:
         allowed = rule.arg or tuple(models.PRESETS)
         if value not in allowed:
             raise ParamError(f"{shown}: unknown model preset {value!r} (known: {', '.join(allowed)})")
+    if rule.kind == "model_folder" and value:
+        from pathlib import Path
+
+        folder = Path(value).expanduser()
+        if not folder.is_dir():
+            raise ParamError(f"{shown}: {folder} is not a folder (a model folder holds a transformers config.json)")
+        if not (folder / "config.json").is_file():
+            raise ParamError(f"{shown}: {folder} is not a model folder: it has no config.json")
 
 
 def for_chapter(chapter: chapters.Chapter, given: dict) -> dict:

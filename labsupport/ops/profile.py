@@ -48,7 +48,6 @@ class ProfileParams(ch.Params):
     prompt's length as the one context, no fresh processes (they rebuild a preset)."""
 
     preset: str = ""
-    model: str = ""
     contexts: list[int] = field(default_factory=lambda: [PROMPT_LEN])
     fresh_processes: int = 0
 

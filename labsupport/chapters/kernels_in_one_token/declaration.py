@@ -12,7 +12,7 @@ from labsupport.chapters.declaring import (  # the names, wrapped to read as a l
 )
 # isort: on
 # fmt: on
-from labsupport.chapters.rules import between, preset
+from labsupport.chapters.rules import between, model_folder, preset
 
 
 @dataclass
@@ -20,6 +20,8 @@ class Params(Parameters):
     """What one run of the chapter measures."""
 
     preset: str = param("qwen3-8b", check=preset(), cpu="tiny")
+    # a local model folder with a transformers config.json (its safetensors, else random weights) in place of the preset
+    model: str = param("", check=model_folder())
     batch: int = param(1, check=BATCH)
     prompt_len: int = param(256, check=TOKENS, cpu=16)
     dtype: str = param("bfloat16", check=DTYPE)  # or "float16"; a GPU without BF16 (T4, V100) runs float16

@@ -86,12 +86,13 @@ def gemv_by_shape(run: runs.Run) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("projection", key=lambda s: s.map(order)).reset_index(drop=True)
 
 
-def kv_bytes_per_token(preset: str) -> int:
-    """Bytes of keys and values one token adds to the cache, over all layers (BF16)."""
-    from labsupport.measure import models
+def kv_bytes_per_token(run: runs.Run) -> int:
+    """Bytes of keys and values one token adds to the cache, over all layers: the run's model's
+    (source.run_shape: its preset's, or its model folder's), in its bytes a value (run_shapes)."""
+    from labsupport.measure.models import source
 
-    c = models.preset_config(preset)
-    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2
+    s = source.run_shape(run)
+    return 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * s["head_dim"] * run_shapes(run)[1]
 
 
 def kv_cache_traffic(run: runs.Run) -> pd.DataFrame:
@@ -104,7 +105,7 @@ def kv_cache_traffic(run: runs.Run) -> pd.DataFrame:
     all the cache's (the rotary embedding's small ones stay constant)."""
     s = run.table("context_sweep")
     s = s[s.status == "ok"].copy()
-    per_token = kv_bytes_per_token(run.parameters["preset"]) * int(run.parameters.get("batch", 1))
+    per_token = kv_bytes_per_token(run) * int(run.parameters.get("batch", 1))
     out = pd.DataFrame({"context": s.context})
     out["cache GB"] = s.context * per_token / 1e9
     out["concat GB moved"] = 2 * out["cache GB"]

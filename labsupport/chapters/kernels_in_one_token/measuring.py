@@ -12,13 +12,16 @@ import pandas as pd
 from labsupport.chapters.kernels_in_one_token.declaration import Params
 from labsupport.chapters.kernels_in_one_token.params import CHAPTER, DECLARATION, TRACE_FILE, progress
 from labsupport.measure import harness, recording
+from labsupport.measure.models import source
 from labsupport.traces import kernels, trace
 
 
 def pending_run(params: Params, run_id: str | None = None) -> recording.PendingRun:
     """The chapter's run, filled cell by cell and written by the last live cell
     (recording.PendingRun). It measures no ceilings: the page compares with those of the ceilings
-    owner's run (shared.limits())."""
+    owner's run (shared.limits()). A `model` folder is checked first (source.requested: one line
+    where transformers cannot read it), before the fresh processes run."""
+    source.requested(params)
     return recording.PendingRun(DECLARATION, params, run_id, ceilings=False, progress=progress)
 
 
@@ -225,13 +228,17 @@ def plain_eager_step(params: Params, path: Path, trials: int, tiny: bool = False
     """The same eager step timed by benchmarks/plain_eager_step.py, outside the harness, in a
     fresh process (before this one profiles): one row per trial, `wall_ms` and the host probe's
     reading just before it (`probe_ms`), from the CSV the script writes to `path`. None where the
-    script is not there (labsupport installed from its wheel, without the repository)."""
+    script is not there (labsupport installed from its wheel, without the repository), or for a
+    model folder (the script builds the preset's model)."""
     import subprocess
     import sys
 
     from labsupport.runs.provenance import REPO_ROOT
 
     script = REPO_ROOT / "benchmarks" / "plain_eager_step.py"
+    if getattr(params, "model", ""):
+        progress(f"  {script.name} builds the preset's model, not a model folder: its step is not recorded")
+        return None
     if not script.is_file():
         progress(f"  {script} is not here (no repository checkout): the plain script's step is not recorded")
         return None

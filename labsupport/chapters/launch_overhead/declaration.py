@@ -11,12 +11,14 @@ from labsupport.chapters.declaring import (  # the names, wrapped to read as a l
 )
 # isort: on
 # fmt: on
-from labsupport.chapters.rules import preset
+from labsupport.chapters.rules import model_folder, preset
 
 
 @dataclass
 class Params(Parameters):
     preset: str = param("qwen3-8b", check=preset(), smoke="tiny", cpu="tiny")
+    # a local model folder with a transformers config.json (its safetensors, else random weights) in place of the preset
+    model: str = param("", check=model_folder())
     prompt_len: int = param(256, check=TOKENS, smoke=64, cpu=16)
     dtype: str = param("bfloat16", check=DTYPE)  # or "float16"; a GPU without BF16 (T4, V100) runs float16
     # interleaved rounds: one step of each timed form per round (10 fast-host ones needed)

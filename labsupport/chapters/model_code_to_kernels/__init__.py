@@ -24,6 +24,12 @@ MLP_LINES = GATE, UP, ACT = ("gate = x @ W_gate", "up = x @ W_up", "h = silu(gat
 AS_WRITTEN, F_RMS_NORM, OURS = "transformers (as written)", "torch.nn.functional.rms_norm", "ours (one Triton kernel)"
 # The recorded decode step this chapter reads a decoder layer from.
 DECODE_TRACE = "trace.json.gz"  # of DECODE_CHAPTER's runs
+# What the live run takes from a model folder's configuration (source.chapter_config): a model without them is refused.
+MODEL_NEEDS = {
+    "hidden_size": "the hidden size (the MLP's input, RMSNorm's width)",
+    "intermediate_size": "the MLP's intermediate size (its gate and up projections)",
+    "rms_norm_eps": "an RMSNorm (its epsilon)",
+}
 
 
 def mlp_bytes(hidden: int, inter: int, tokens: int, elem: int = 2) -> dict:

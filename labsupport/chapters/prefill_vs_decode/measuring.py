@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from labsupport.measure import decode, harness, models
+from labsupport.measure.models import source
 from labsupport.traces import kernels, trace
 
 from .declaration import DECLARATION
@@ -98,12 +99,12 @@ class ModelShape:
 def model_shape(model) -> ModelShape:
     """The shape of a built model (works on the `meta` device, too)."""
     counts = models.count_model(model)
-    cfg = model.config
+    cfg = source.shape(model.config.to_dict())
     return ModelShape(
-        layers=cfg.num_hidden_layers,
-        heads=cfg.num_attention_heads,
-        kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
+        layers=cfg["num_hidden_layers"],
+        heads=cfg["num_attention_heads"],
+        kv_heads=cfg["num_key_value_heads"],
+        head_dim=cfg["head_dim"],
         matmul_parameters=counts.matmul_weight_parameters,
         lm_head_parameters=model.get_output_embeddings().weight.numel(),
         weight_bytes=counts.decode_bytes,
@@ -203,7 +204,13 @@ def model_record(model, preset: str) -> dict:
     counts = models.count_model(model, preset)
     sh = model_shape(model)
     layer = sh.layers // 2
-    block = getattr(model, model.base_model_prefix).layers[layer]
+    layers = getattr(getattr(model, model.base_model_prefix, None), "layers", None)
+    if layers is None:  # a model folder of another layout (GPT-2's decoder layers are `h`)
+        raise source.SourceError(
+            f"{CHAPTER} compares one decoder layer's matrix multiplies, and {type(model).__name__} keeps "
+            f"no decoder layers at .{model.base_model_prefix}.layers"
+        )
+    block = layers[layer]
     return {
         "model": counts.as_record(),
         "shape": asdict(sh),

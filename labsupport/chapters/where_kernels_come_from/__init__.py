@@ -34,6 +34,12 @@ from .declaration import DECLARATION, Params  # noqa: F401 (Params: the package'
 CHAPTER, load, progress = DECLARATION.slug, DECLARATION.load, DECLARATION.progress  # its declaration's
 FUSED_SOURCE = "fused_rmsnorm_source.py"
 COMPILED_TRACE = "trace-rmsnorm-compiled.json.gz"  # the compiled RMSNorm's profile, kept (newer runs)
+# What the live run takes from a model folder's configuration (source.chapter_config): a model without them is refused.
+MODEL_NEEDS = {
+    "hidden_size": "the hidden size (RMSNorm's width)",
+    "rms_norm_eps": "an RMSNorm (its epsilon)",
+    "num_attention_heads": "the attention heads (the attention it measures)",
+}
 # The host events of a compiled call in its profile: Dynamo's guard check (the cache lookup), the
 # compiled region as a whole, and the launch calls.
 HOST_EVENTS = {
@@ -68,17 +74,19 @@ def by_source(k: pd.DataFrame) -> pd.DataFrame:
     return g.drop(columns="gpu_ns")
 
 
-def attention(heads: int, kv_heads: int, head_dim: int, ctx: int, dtype: str = "bfloat16") -> dict[str, tuple]:
-    """One decode step's attention (one query token, in `dtype`) under each SDPA backend: for each,
-    (callable, largest difference from an FP32 reference), or (None, why it is not available)."""
+def attention(
+    heads: int, kv_heads: int, head_dim: int, ctx: int, dtype: str = "bfloat16", device: str = "cuda"
+) -> dict[str, tuple]:
+    """One decode step's attention (one query token, in `dtype`, on `device`) under each SDPA backend:
+    for each, (callable, largest difference from an FP32 reference), or (None, why it is not available)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     half = models.torch_dtype(dtype)
-    q = torch.randn(1, heads, 1, head_dim, device="cuda", dtype=half)
+    q = torch.randn(1, heads, 1, head_dim, device=device, dtype=half)
     # transformers repeats the KV heads to match the query heads before calling SDPA.
-    k = torch.randn(1, kv_heads, ctx, head_dim, device="cuda", dtype=half)
+    k = torch.randn(1, kv_heads, ctx, head_dim, device=device, dtype=half)
     v = torch.randn_like(k)
     k = k.repeat_interleave(heads // kv_heads, dim=1)
     v = v.repeat_interleave(heads // kv_heads, dim=1)

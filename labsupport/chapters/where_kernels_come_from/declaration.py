@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labsupport.chapters.declaring import DEVICE, DTYPE, KERNELS, LENGTHS, REPEATS, Chapter, File, Parameters, param
-from labsupport.chapters.rules import preset
+from labsupport.chapters.rules import model_folder, preset
 
 
 @dataclass
@@ -13,6 +13,8 @@ class Params(Parameters):
     """What one run of the chapter measures."""
 
     preset: str = param("qwen3-8b", check=preset())
+    # a local model folder with a transformers config.json (its safetensors, else random weights) in place of the preset
+    model: str = param("", check=model_folder())
     dtype: str = param("bfloat16", check=DTYPE)  # or "float16"; a GPU without BF16 (T4, V100) runs float16
     contexts: list[int] = param([256, 4096], check=LENGTHS, smoke=[256])  # tokens in the KV cache (attention)
     repeats: int = param(100, check=REPEATS, smoke=10)  # timed calls of each RMSNorm variant and attention backend

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from labsupport import runs
-from labsupport.measure import hardware, models
+from labsupport.measure import hardware
+from labsupport.measure.models import source
 
 from .measuring import DECODE_WARMUP, SETUP_COPY, SWEEP_METHOD
 from .one_token import counts, practical_ceiling_tbs
@@ -28,10 +29,9 @@ AGREEMENT = 0.10  # the sweep's batch-1 step and the shared eager step may diffe
 def attention_flop_per_context_token(run: runs.Run) -> int:
     """Attention's operations for one new token, per token of context it attends to: the
     scores (Q·Kᵀ) and the weighted sum of the values, a multiply and an add each, for every
-    query head of every layer (the model's configuration, from its preset)."""
-    cfg = models.preset_config(run.parameters["preset"])
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    return 4 * cfg["num_attention_heads"] * head_dim * cfg["num_hidden_layers"]
+    query head of every layer (the model's configuration: its preset's, or its model folder's)."""
+    s = source.run_shape(run)
+    return 4 * s["num_attention_heads"] * s["head_dim"] * s["num_hidden_layers"]
 
 
 def sweep(run: runs.Run) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from labsupport.chapters.declaring import (  # the names, wrapped to read as a l
 )
 # isort: on
 # fmt: on
-from labsupport.chapters.rules import each_between, preset
+from labsupport.chapters.rules import each_between, model_folder, preset
 
 
 @dataclass
@@ -19,6 +19,8 @@ class Params(Parameters):
     """The parameters a live run records (meta.json)."""
 
     preset: str = param("qwen3-8b", check=preset(), cpu="tiny")
+    # a local model folder with a transformers config.json (its safetensors, else random weights) in place of the preset
+    model: str = param("", check=model_folder())
     prompt_len: int = param(256, check=TOKENS, cpu=16)  # tokens of each sequence's prompt
     batches: list[int] = param(
         [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512], check=each_between(1, 4096), smoke=[1, 16], cpu=[1, 2, 4]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pandas as pd
 
 from labsupport.measure import harness
+from labsupport.measure.models import source
 from labsupport.traces import kernels
 
 from .declaration import DECLARATION
@@ -29,8 +30,10 @@ HOST_CLOCK = "host clock"
 
 def kv_bytes_per_token(cfg) -> int:
     """The KV cache's bytes per token of context: keys and values, every layer, two bytes a value
-    (BF16 or float16)."""
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    (BF16 or float16); `cfg` a model's configuration (its key/value heads and head size as
+    source.shape reads them)."""
+    s = source.shape(cfg.to_dict())
+    return 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * s["head_dim"] * 2
 
 
 def free(device: str) -> None:

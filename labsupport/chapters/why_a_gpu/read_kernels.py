@@ -18,11 +18,21 @@ TRITON, CUBLAS = "Triton GEMV", "cuBLAS (torch.mm)"
 COLUMNS = DECLARATION.columns_of(f"{hardware.READ_KERNELS}.csv")  # as its declaration names them
 
 
-def step_matrices(preset: str) -> dict[str, tuple[int, int]]:
+# What the read kernels take from a model folder's configuration (source.chapter_config).
+MODEL_NEEDS = {
+    "hidden_size": "the hidden size (the weight matrices' shapes)",
+    "intermediate_size": "the MLP's intermediate size (the weight matrices' shapes)",
+    "num_attention_heads": "the attention heads (the weight matrices' shapes)",
+    "vocab_size": "the vocabulary (the LM head's shape)",
+}
+
+
+def step_matrices(config: dict | str) -> dict[str, tuple[int, int]]:
     """The distinct weight shapes (rows N, columns K) one token's matmuls read in a decode step of
-    `preset`, separate and fused as the book's own step runs them, and the LM head; matrices of one
-    shape share a row, named together."""
-    named = models.weight_shapes(models.preset_config(preset))
+    the model of `config` (a preset's name, or a configuration: a model folder's from
+    source.chapter_config), separate and fused as the book's own step runs them, and the LM head;
+    matrices of one shape share a row, named together."""
+    named = models.weight_shapes(models.preset_config(config) if isinstance(config, str) else config)
     by_shape: dict[tuple[int, int], list[str]] = {}
     for name, shape in named.items():
         by_shape.setdefault(shape, []).append(name)
@@ -62,7 +72,7 @@ def cublas_call():
     return call
 
 
-def time_read_kernels(preset: str, dtype: str = "bfloat16", repeats: int = 20, progress=print) -> pd.DataFrame:
+def time_read_kernels(config: dict | str, dtype: str = "bfloat16", repeats: int = 20, progress=print) -> pd.DataFrame:
     """Time cuBLAS and the Triton GEMV (every candidate configuration) on each weight shape of the
     step (step_matrices), on the current CUDA device; the read_kernels table."""
     import torch
@@ -71,7 +81,7 @@ def time_read_kernels(preset: str, dtype: str = "bfloat16", repeats: int = 20, p
 
     half = getattr(torch, dtype)
     rows = []
-    for name, (n, k) in step_matrices(preset).items():
+    for name, (n, k) in step_matrices(config).items():
         us = gemv.time_per_call_us(n, k, cublas_call(), repeats=repeats, dtype=half)
         rows.append(row(CUBLAS, name, n, k, "", us))
         for c in gemv.CANDIDATES:
@@ -85,10 +95,10 @@ def time_read_kernels(preset: str, dtype: str = "bfloat16", repeats: int = 20, p
     return table(rows)
 
 
-def record_read_kernels(w, preset: str, dtype: str = "bfloat16", progress=print) -> pd.DataFrame:
+def record_read_kernels(w, config: dict | str, dtype: str = "bfloat16", progress=print) -> pd.DataFrame:
     """Time the read kernels and write them as the run's read_kernels table (returned)."""
     progress("timing the GEMVs of the decode step's weight matrices (cuBLAS, and our Triton GEMV's configurations)")
-    t = time_read_kernels(preset, dtype, progress=progress)
+    t = time_read_kernels(config, dtype, progress=progress)
     w.write_table(hardware.READ_KERNELS, t)
     top = t.loc[t.tbs.idxmax()]
     progress(f"  fastest read: {top.tbs:.2f} TB/s ({top.kernel} {top.config}, {top.matrix})")

@@ -62,11 +62,43 @@ class ModelSource:
             "config_sha256": self.config_sha256,
             "architecture": type(model).__name__,
             "matrices": matrices(model),
+            "shape": shape(model.config.to_dict()),
             "model_type": self.model_type,
             "parameters": counts.parameters,
             "decode_bytes": counts.decode_bytes,
             "bytes_per_parameter": counts.bytes_per_parameter,
         }
+
+
+# The numbers of a decoder's configuration the chapters compute bytes and operations from.
+SHAPE = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+)
+
+
+def shape(config: dict) -> dict:
+    """The SHAPE numbers of a configuration (a config.json's, or a preset's), each under its usual name;
+    a configuration without grouped keys or a head size has as many key/value heads as query heads, of
+    hidden_size / heads each; a number the configuration lacks is None."""
+    out = {k: config.get(k) for k in SHAPE}
+    if out["num_key_value_heads"] is None:
+        out["num_key_value_heads"] = out["num_attention_heads"]
+    if out["head_dim"] is None and out["hidden_size"] and out["num_attention_heads"]:
+        out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]
+    return out
+
+
+def run_shape(run) -> dict:
+    """The SHAPE numbers of a recorded run's model: what it recorded of its model folder
+    (results.model_source), else its preset's configuration."""
+    src = (getattr(run, "results", None) or {}).get("model_source")
+    return dict(src["shape"]) if src and "shape" in src else shape(models.preset_config(run.parameters["preset"]))
 
 
 def matrices(model) -> dict[str, list[int]]:
@@ -212,6 +244,58 @@ def check_fits(source: ModelSource, c: models.ModelCounts, device: str) -> None:
             f"{source.folder}: its weights take {need / 2**30:.1f} GiB and a step needs about "
             f"{room / 2**30:.0f} GiB more, but {where} has {free / 2**30:.1f} GiB free"
         )
+
+
+def requested(params) -> ModelSource | None:
+    """The model folder a chapter's parameters name (`model`, opened and checked: SourceError), or
+    None where they name none (the preset runs)."""
+    folder = getattr(params, "model", "")
+    return open_folder(folder) if folder else None
+
+
+def require(src: ModelSource, chapter: str, needs: dict[str, str]) -> dict:
+    """The configuration of `src` as a dict with its SHAPE numbers filled in, or a SourceError naming
+    the first of `needs` ({configuration key: what the chapter uses it for}) it lacks: a chapter
+    refuses, before it measures, a model without what it measures."""
+    config = {**src.config.to_dict(), **{k: v for k, v in shape(src.config.to_dict()).items() if v is not None}}
+    for key, what in needs.items():
+        if config.get(key) is None:
+            raise SourceError(
+                f"{src.folder}: {chapter} needs {what}, and this {src.model_type} configuration has no {key}"
+            )
+    return config
+
+
+def chapter_config(params, chapter: str, needs: dict[str, str]) -> tuple[dict, dict]:
+    """For a chapter that measures tensors of its model's sizes, never the model itself: the
+    configuration its live run takes them from, and what the run records of the model. Its
+    preset's configuration, nothing more recorded; or, with a `model` folder, the folder's
+    (require: refused in one line where it lacks one of `needs`) and `model_source`, counted from a
+    copy on the meta device, its `weights` "shapes only" (the folder's weights are never read)."""
+    src = requested(params)
+    if src is None:
+        return models.preset_config(params.preset), {}
+    config = require(src, chapter, needs)
+    model = _from_config(src, "meta", params.dtype)
+    record = src.record(model, models.count_model(model))
+    return config, {"model_source": {**record, "weights": "shapes only", "weight_files": []}}
+
+
+def for_params(params, device: str, progress=print):
+    """The model a chapter's live run measures, and what the run records of it: with a `model` folder
+    (requested), its model (build, after check_fits) with `model` (its counts) and `model_source`
+    (ModelSource.record); else the preset, with its counts as `model`, exactly as before."""
+    src = requested(params)
+    if src is None:
+        progress(f"building {params.preset} with random {models.dtype_label(params.dtype)} weights on {device}")
+        model = models.build_model(params.preset, device=device, dtype=params.dtype)
+        return model, {"model": models.count_model(model, params.preset).as_record()}
+    check_fits(src, counts(src, params.dtype), device)
+    how = f"loading {', '.join(src.weight_files)}" if src.weight_files else "building it with random weights"
+    progress(f"{src.model_type} model from {src.folder}: {how} ({params.dtype}, {device})")
+    model = build(src, device, params.dtype)
+    counted = models.count_model(model)
+    return model, {"model": counted.as_record(), "model_source": src.record(model, counted)}
 
 
 def _key(k) -> str:
