@@ -364,7 +364,7 @@ def test_notebook_shows_its_measuring_code():
     shown = "".join(c.source for c in live)
     for call in (
         "recording.PendingRun(",
-        "models.build_model(",
+        "source.for_params(",  # the preset, or the `model` folder
         "ch.time_passes(",
         "harness.profile_region(",
         "w.write_table(",

@@ -22,45 +22,13 @@ from labsupport import runs
 from labsupport.chapters import kernels_in_one_token as ch
 from labsupport.traces import kernels
 
+from .checkpoints import CHECKPOINTS, TINY, save_checkpoint, tiny_model
+
 pytestmark = pytest.mark.live
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-)
-# model type -> (configuration, saved with its weights?); the dtype each is profiled in
-CHECKPOINTS = {
-    "llama": (TINY, True),
-    "qwen3": ({**TINY, "head_dim": 16}, True),
-    "mistral": (TINY, True),
-    "gpt2": (dict(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=512), False),
-}
+# the dtype each checkpoint is profiled in
 DTYPE = {"llama": "bfloat16", "qwen3": "bfloat16", "mistral": "float16", "gpt2": "float32"}
-
-
-def _model(model_type: str):
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **CHECKPOINTS[model_type][0]))
-
-
-def save_checkpoint(folder: Path, model_type: str, weights: bool = True) -> Path:
-    """A tiny model of `model_type` saved to `folder` by save_pretrained (config.json and, with
-    `weights`, model.safetensors)."""
-    model = _model(model_type)
-    if weights:
-        model.save_pretrained(folder)
-    else:
-        model.config.save_pretrained(folder)
-    return folder
 
 
 def profile_command(folder: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -122,7 +90,7 @@ def test_the_run_records_where_its_model_came_from(profiled, model_type):
     folder, _, run = profiled[model_type]
     src = run.results["model_source"]
     weights = CHECKPOINTS[model_type][1]
-    expected = _model(model_type)  # the same architecture and shapes, counted here
+    expected = tiny_model(model_type)  # the same architecture and shapes, counted here
     counted = models.count_model(expected)
     assert src["weights"] == ("loaded" if weights else "random")
     assert src["weight_files"] == (["model.safetensors"] if weights else [])
@@ -146,7 +114,7 @@ def test_the_matrices_by_shape_are_the_models(profiled, model_type):
     (and are no nn.Linear), so its LM head alone is there."""
     _, _, run = profiled[model_type]
     g = ch.gemv_by_shape(run).set_index("projection")
-    model = _model(model_type)
+    model = tiny_model(model_type)
     linear = {n.rsplit(".", 1)[-1]: m for n, m in model.named_modules() if type(m).__name__ == "Linear"}
     assert set(g.index) == set(ch.PROJECTIONS) & set(linear)
     assert len(g) == (1 if model_type == "gpt2" else len(ch.PROJECTIONS))  # GPT-2: its LM head alone
@@ -226,7 +194,7 @@ def test_loaded_weights_are_the_folders(tmp_path):
     from labsupport.measure.models import source
 
     folder = save_checkpoint(tmp_path / "llama", "llama")
-    saved = _model("llama").state_dict()
+    saved = tiny_model("llama").state_dict()
     built = source.build(source.open_folder(folder), "cpu", "float32").state_dict()
     assert set(built) == set(saved)
     assert all(torch.equal(built[name], saved[name]) for name in saved)
