@@ -15,7 +15,7 @@ import io
 import json
 import re
 import tarfile
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from labsupport import chapters, runs
 from labsupport.ops import validate
@@ -42,13 +42,14 @@ def gpu_slug(gpu) -> str:
 
 
 def form(run: runs.Run) -> dict:
-    """What the run is a measurement of: its GPU, dtype and model preset (for a model folder
-    profiled by `python -m labsupport profile`, that folder's name)."""
+    """What the run is a measurement of: its GPU, dtype and model preset, or, for a model folder (a
+    chapter's `model` parameter, which the preset's default stands beside unused, or a folder profiled
+    by `python -m labsupport profile`), that folder's name."""
     p = run.parameters
     return {
         "gpu": str(run.provenance.get("gpu", "")),
         "dtype": str(p.get("dtype", "bfloat16")),  # runs before the dtype parameter ran in bfloat16
-        "preset": str(p.get("preset") or (f"model folder {p['model']}" if p.get("model") else "")),
+        "preset": f"model folder {PurePath(p['model']).name}" if p.get("model") else str(p.get("preset") or ""),
     }
 
 

@@ -12,16 +12,13 @@ import pandas as pd
 from labsupport.chapters.kernels_in_one_token.declaration import Params
 from labsupport.chapters.kernels_in_one_token.params import CHAPTER, DECLARATION, TRACE_FILE, progress
 from labsupport.measure import harness, recording
-from labsupport.measure.models import source
 from labsupport.traces import kernels, trace
 
 
 def pending_run(params: Params, run_id: str | None = None) -> recording.PendingRun:
     """The chapter's run, filled cell by cell and written by the last live cell
     (recording.PendingRun). It measures no ceilings: the page compares with those of the ceilings
-    owner's run (shared.limits()). A `model` folder is checked first (source.requested: one line
-    where transformers cannot read it), before the fresh processes run."""
-    source.requested(params)
+    owner's run (shared.limits())."""
     return recording.PendingRun(DECLARATION, params, run_id, ceilings=False, progress=progress)
 
 

@@ -179,10 +179,10 @@ def page(run: runs.Run, vals: dict, lim: hardware.Limits) -> Page:
         plain_text=plain_text(run),
         plain_wall_ms=plain.plain.value if plain else nan,
         plain_ratio=plain.ratio if plain else nan,
-        fresh_n=nan if effect is None else len(fresh),
+        fresh_n=nan if effect is None else 0 if fresh is None else len(fresh),
         profiled_span_ms=span,
         profiled_ratio=span / wall,
-        fresh_note=fresh_note(fresh if effect is not None else None),
+        fresh_note=fresh_note(fresh if effect is not None else None, measured=effect is not None),
         timeline_note=timeline_note(span, wall),
         **{f"p_{name}": value for name, value in headline.items()},
         p_floor_ms=p_floor_ms,
@@ -224,8 +224,14 @@ def timeline_title(layer: int, span: float, wall: float) -> str:
     return f"Decoder layer {layer}: CPU launches and GPU kernels ({stretched})"
 
 
-def fresh_note(fresh: pd.DataFrame | None) -> str:
-    """The step in fresh processes, none of which profiled (None: a run that predates them)."""
+def fresh_note(fresh: pd.DataFrame | None, measured: bool = False) -> str:
+    """The step in fresh processes, none of which profiled (None: a run that predates them, or, where
+    the profiler's effect was `measured`, a run that timed none: a model folder's, or fresh_processes=0)."""
+    if fresh is None and measured:
+        return (
+            "No fresh process timed this run's step (a fresh process builds a preset, not a model folder): its "
+            "wall times are this process's, taken before it profiled."
+        )
     if fresh is None:
         return (
             "This run predates the timing in fresh processes; its wall times were taken after the "

@@ -99,7 +99,7 @@ class ModelShape:
 def model_shape(model) -> ModelShape:
     """The shape of a built model (works on the `meta` device, too)."""
     counts = models.count_model(model)
-    cfg = source.shape(model.config.to_dict())
+    cfg = source.shape(model.config)
     return ModelShape(
         layers=cfg["num_hidden_layers"],
         heads=cfg["num_attention_heads"],

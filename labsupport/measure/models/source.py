@@ -62,7 +62,7 @@ class ModelSource:
             "config_sha256": self.config_sha256,
             "architecture": type(model).__name__,
             "matrices": matrices(model),
-            "shape": shape(model.config.to_dict()),
+            "shape": shape(model.config),
             "model_type": self.model_type,
             "parameters": counts.parameters,
             "decode_bytes": counts.decode_bytes,
@@ -82,11 +82,17 @@ SHAPE = (
 )
 
 
-def shape(config: dict) -> dict:
-    """The SHAPE numbers of a configuration (a config.json's, or a preset's), each under its usual name;
-    a configuration without grouped keys or a head size has as many key/value heads as query heads, of
-    hidden_size / heads each; a number the configuration lacks is None."""
-    out = {k: config.get(k) for k in SHAPE}
+def _value(config, key: str):
+    """`key` of a configuration: a preset's dict, or a transformers configuration object (whose
+    attribute_map names GPT-2's n_embd hidden_size, say)."""
+    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+
+def shape(config) -> dict:
+    """The SHAPE numbers of a configuration (a model's or a folder's transformers configuration, or a
+    preset's dict), each under its usual name; a configuration without grouped keys or a head size has
+    as many key/value heads as query heads, of hidden_size / heads each; a number it lacks is None."""
+    out = {k: _value(config, k) for k in SHAPE}
     if out["num_key_value_heads"] is None:
         out["num_key_value_heads"] = out["num_attention_heads"]
     if out["head_dim"] is None and out["hidden_size"] and out["num_attention_heads"]:
@@ -257,7 +263,8 @@ def require(src: ModelSource, chapter: str, needs: dict[str, str]) -> dict:
     """The configuration of `src` as a dict with its SHAPE numbers filled in, or a SourceError naming
     the first of `needs` ({configuration key: what the chapter uses it for}) it lacks: a chapter
     refuses, before it measures, a model without what it measures."""
-    config = {**src.config.to_dict(), **{k: v for k, v in shape(src.config.to_dict()).items() if v is not None}}
+    config = {**src.config.to_dict(), **{k: _value(src.config, k) for k in needs}}
+    config.update({k: v for k, v in shape(src.config).items() if v is not None})
     for key, what in needs.items():
         if config.get(key) is None:
             raise SourceError(
