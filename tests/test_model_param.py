@@ -271,3 +271,25 @@ def test_the_read_kernels_shapes_are_the_folders(folders):
     assert ch.step_matrices(source.chapter_config(ch.Params(), ch.CHAPTER, ch.MODEL_NEEDS)[0]) == ch.step_matrices(
         "qwen3-8b"
     )  # no model folder: the preset's, as before
+
+
+@pytest.mark.unit
+def test_the_documented_command_line_is_the_clis(folders, monkeypatch):
+    """*Run a chapter yourself* shows `live CHAPTER --param model=DIR`: with a real folder for DIR, the
+    command hands `live` that chapter with `model` given, and the parameter checks take it."""
+    import shlex
+
+    from labsupport.__main__ import main
+    from labsupport.ops import live, params
+
+    page = (Path(__file__).resolve().parent.parent / "book" / "run_it_yourself.md").read_text()
+    (line,) = [ln for ln in page.splitlines() if "--param model=" in ln]
+    argv = shlex.split(line.replace("path/to/my-model", str(folders["llama"])))
+    assert argv[:3] == ["python", "-m", "labsupport"]
+    handed = []
+    monkeypatch.setattr(live, "main", lambda names, given, **kw: handed.append((names, given, kw)) or 0)
+    assert main(argv[3:]) == 0
+    ((names, given, kw),) = handed
+    assert names == ["prefill-vs-decode"] and kw["publish"] is False
+    selected = [chapters.by_slug(slug) for slug in names]
+    assert params.resolve(selected, given) == {"prefill-vs-decode": {"model": str(folders["llama"])}}
