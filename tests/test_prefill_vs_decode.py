@@ -155,7 +155,7 @@ def test_live_run_on_cpu_has_every_artifact(tiny_run):
     assert "ceilings.csv" not in files, "no ceilings without a GPU"
     assert not any(f.startswith(".") for f in files), "the sweep's scratch trace is not kept"
     assert tiny_run.provenance["device"] == "cpu"
-    assert tiny_run.parameters == {**TINY, "dtype": "bfloat16"}  # the default, recorded
+    assert tiny_run.parameters == {**TINY, "dtype": "bfloat16", "model": ""}  # the defaults, recorded
     assert not list(tiny_run.path.parent.glob(".incomplete-*"))
     assert validate.check_run(chapters.by_slug(ch.CHAPTER), tiny_run) == []
 

@@ -574,7 +574,8 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, calls, swee
     assert "profile" in kinds and "time" not in kinds[kinds.index("profile") :], calls
     assert [w for k, w in calls if k == "profile"] == ["decode_step"] * 3 + ["matvec"]
     assert run.path.parent.parent == runs_root
-    assert run.parameters == {**{k: v for k, v in TINY.items() if k != "mode"}, "dtype": "bfloat16"}  # the default
+    defaults = {"dtype": "bfloat16", "model": ""}  # recorded with the rest
+    assert run.parameters == {**{k: v for k, v in TINY.items() if k != "mode"}, **defaults}
     s = run.table("batch_sweep")
     assert list(s.batch) == [1, 2, 4] and (s.status == "ok").all() and s.wall_clean.all()
     assert (s.wall_ms_min <= s.wall_ms_q1).all() and (s.wall_ms_q1 <= s.wall_ms_median).all()
