@@ -293,3 +293,48 @@ def test_the_documented_command_line_is_the_clis(folders, monkeypatch):
     assert names == ["prefill-vs-decode"] and kw["publish"] is False
     selected = [chapters.by_slug(slug) for slug in names]
     assert params.resolve(selected, given) == {"prefill-vs-decode": {"model": str(folders["llama"])}}
+
+
+# --- the live command, through papermill ------------------------------------------------------------
+
+
+def live_command(root: Path, *args: str):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "LABSUPPORT_RUNS": str(root), "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "labsupport", "live", *args]
+    return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_live_command_runs_a_chapter_on_a_model_folder(folders, runs_copy):
+    """`python -m labsupport live CHAPTER --param model=DIR`, as *Run a chapter yourself* shows it (on
+    the CPU, with the chapter's CPU values): the notebook runs through papermill and records the run."""
+    from labsupport.chapters import launch_overhead as ch
+
+    from .conftest import cpu_args
+
+    before = set(runs.list_runs(ch.CHAPTER, runs_copy))
+    done = live_command(runs_copy, *cpu_args(ch.CHAPTER), "--param", f"model={folders['mistral']}", "--no-publish")
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run_id,) = set(runs.list_runs(ch.CHAPTER, runs_copy)) - before
+    check_source(ch.load(run_id, runs_copy), folders["mistral"], "mistral")
+
+
+def test_the_live_command_refuses_a_model_the_chapter_cannot_measure_in_one_line(folders, runs_copy):
+    from labsupport.chapters import why_a_gpu as ch
+
+    from .conftest import cpu_args, tree_bytes
+
+    before = tree_bytes(runs_copy)
+    done = live_command(runs_copy, *cpu_args(ch.CHAPTER), "--param", f"model={folders['gpt2']}")
+    assert done.returncode == 1
+    (said,) = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
+    assert REFUSED[ch.CHAPTER] in said, said
+    assert tree_bytes(runs_copy) == before
+    done = live_command(runs_copy, *cpu_args(ch.CHAPTER), "--param", f"model={runs_copy / 'nowhere'}")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    (said,) = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert "--param model=" in said and f"{runs_copy / 'nowhere'} is not a folder" in said, said
