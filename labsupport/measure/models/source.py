@@ -6,7 +6,15 @@ otherwise the model is built from its configuration with random weights, as the 
 run records of it (`ModelSource.record`): which of the two it was, the SHA-256 of config.json,
 the architecture (the class AutoModelForCausalLM built), and the counts of the model itself
 (parameters, the bytes a decode step reads: models.count_model; the byte count that decides
-whether it fits comes from a copy built on the meta device, before anything is allocated).
+whether it fits comes from a copy built on the meta device, before anything is allocated), with its
+SHAPE numbers (layers, heads, head size, ...), from which the chapters count bytes and operations
+(run_shape).
+
+`python -m labsupport profile` opens a folder itself; the chapters whose model is a transformers
+decoder take one as their `model` parameter: for_params builds the model a live run measures (the
+folder's, else its preset), chapter_config gives the sizes to a chapter that measures
+tensors of its model's sizes, and require refuses, in one line, a configuration without a number the
+chapter needs (GPT-2's has no RMSNorm, for one).
 
 Everything that stops a folder is a SourceError, one line: not a model folder, a configuration
 transformers cannot build, weights that do not match it (or safetensors files under names
@@ -291,7 +299,7 @@ def chapter_config(params, chapter: str, needs: dict[str, str]) -> tuple[dict, d
 def for_params(params, device: str, progress=print):
     """The model a chapter's live run measures, and what the run records of it: with a `model` folder
     (requested), its model (build, after check_fits) with `model` (its counts) and `model_source`
-    (ModelSource.record); else the preset, with its counts as `model`, exactly as before."""
+    (ModelSource.record); else its preset, with its counts as `model`."""
     src = requested(params)
     if src is None:
         progress(f"building {params.preset} with random {models.dtype_label(params.dtype)} weights on {device}")
