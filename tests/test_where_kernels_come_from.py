@@ -194,8 +194,9 @@ def test_the_notebook_times_everything_before_it_profiles(runs_root, monkeypatch
     import torch.nn.functional as F
     from torch._inductor import utils as inductor_utils
 
-    def attention(heads, kv_heads, head_dim, ctx, dtype):
+    def attention(heads, kv_heads, head_dim, ctx, dtype, device):
         assert dtype == "bfloat16"  # the notebook's default reaches the measurement
+        assert device == "cpu"  # and so does the chapter's device
         q, k = torch.randn(1, heads, 1, head_dim), torch.randn(1, heads, ctx, head_dim)
         out = {b: (None, "not available: no GPU here") for b in ch.BACKENDS}
         out["MATH"] = (lambda: F.scaled_dot_product_attention(q, k, k), 0.0)
