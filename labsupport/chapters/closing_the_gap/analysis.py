@@ -21,6 +21,7 @@ from labsupport.chapters.closing_the_gap.params import (
     trace_file,
 )
 from labsupport.measure import hardware, models
+from labsupport.measure.models import source
 from labsupport.traces import kernels, trace
 
 
@@ -107,9 +108,8 @@ def kv_cache_bytes(run: runs.Run) -> int:
     """The KV cache one decode step reads, from the model's configuration: layers x 2 (keys and
     values) x KV heads x head dimension x positions (kv_positions) x bytes per value (the
     model's dtype, as its weights')."""
-    c = models.preset_config(run.parameters["preset"])
-    per_position = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"]
-    return per_position * kv_positions(run) * int(run.results["model"]["bytes_per_parameter"])
+    per_position = source.kv_bytes_per_position(source.run_shape(run), int(run.results["model"]["bytes_per_parameter"]))
+    return per_position * kv_positions(run)
 
 
 def step_bytes(run: runs.Run, vals: dict | None = None) -> pd.DataFrame:

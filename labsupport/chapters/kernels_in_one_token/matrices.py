@@ -91,8 +91,7 @@ def kv_bytes_per_token(run: runs.Run) -> int:
     (source.run_shape: its preset's, or its model folder's), in its bytes a value (run_shapes)."""
     from labsupport.measure.models import source
 
-    s = source.run_shape(run)
-    return 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * s["head_dim"] * run_shapes(run)[1]
+    return source.kv_bytes_per_position(source.run_shape(run), run_shapes(run)[1])
 
 
 def kv_cache_traffic(run: runs.Run) -> pd.DataFrame:

@@ -93,7 +93,8 @@ class ModelShape:
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of one token's keys and values, over all layers."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_value
+        shape = {"num_hidden_layers": self.layers, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim}
+        return source.kv_bytes_per_position(shape, self.bytes_per_value)
 
 
 def model_shape(model) -> ModelShape:

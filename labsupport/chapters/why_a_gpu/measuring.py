@@ -32,8 +32,7 @@ def kv_bytes_per_token(cfg) -> int:
     """The KV cache's bytes per token of context: keys and values, every layer, two bytes a value
     (BF16 or float16); `cfg` a model's configuration (its key/value heads and head size as
     source.shape reads them)."""
-    s = source.shape(cfg)
-    return 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * s["head_dim"] * 2
+    return source.kv_bytes_per_position(source.shape(cfg), 2)
 
 
 def free(device: str) -> None:

@@ -108,6 +108,12 @@ def shape(config) -> dict:
     return out
 
 
+def kv_bytes_per_position(shape: dict, bytes_per_value: int) -> int:
+    """Bytes the KV cache holds for one position of context (one token), over all layers: a key
+    and a value per key/value head, each head_dim values; `shape` as shape() or run_shape() give it."""
+    return 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * bytes_per_value
+
+
 def run_shape(run) -> dict:
     """The SHAPE numbers of a recorded run's model: what it recorded of its model folder
     (results.model_source), else its preset's configuration."""
