@@ -101,14 +101,15 @@ def step_forms(model, prompt, params: ProfileParams, progress) -> dict:
     return out
 
 
-def measure(model, src: source.ModelSource, params: ProfileParams, root: Path, progress=ch.progress) -> str:
-    """The chapter's census of `model` (from `src`), written as one run under `root`; its id."""
+def measure(
+    model, about: dict, src: source.ModelSource, params: ProfileParams, root: Path, progress=ch.progress
+) -> str:
+    """The chapter's census of `model` (from `src`; `about`, what the run records of it: source.load),
+    written as one run under `root`; its id."""
     w = recording.PendingRun(ch.DECLARATION, params, ceilings=False, progress=progress, root=root)
     if params.device == "cuda":  # the read stream and the GEMM in half precision (two bytes a value)
         hardware.record_ceilings(w, progress, params.dtype if params.dtype in models.DTYPES else models.DEFAULT_DTYPE)
-    counted = models.count_model(model)  # the model as it runs here, its weights loaded or made
-    w.extra["model"] = counted.as_record()
-    w.extra["model_source"] = src.record(model, counted)
+    w.extra.update(about)
     prompt = decode.Prompt.random(model.config.vocab_size, params.batch, params.prompt_len, params.device)
     sweep = ch.ContextSweep(model, params, progress)
     times = sweep.time(prompt)
@@ -143,15 +144,11 @@ def profile(folder, *, allow_cpu: bool = False, out=None, dtype: str = "bfloat16
         provenance.git_commit()  # a LABSUPPORT_GIT_COMMIT that cannot be this checkout's stops here
     except provenance.ProvenanceError as e:
         raise ProfileError(str(e)) from None
-    c = source.counts(src, dtype)
-    source.check_fits(src, c, device)
-    how = f"loading {', '.join(src.weight_files)}" if src.weight_files else "building it with random weights"
-    progress(f"{src.model_type} model, {c.parameters:,} parameters: {how} ({dtype}, {device})")
-    model = source.build(src, device, dtype)
+    model, about = source.load(src, device, dtype, progress)
     params = ProfileParams(model=src.folder.name, dtype=dtype, device=device)
     root = Path(out).expanduser() if out else default_out()
     try:
-        run_id = measure(model, src, params, root, progress)
+        run_id = measure(model, about, src, params, root, progress)
     except (
         ProfileError,
         provenance.ProvenanceError,

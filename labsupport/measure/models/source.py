@@ -311,10 +311,19 @@ def for_params(params, device: str, progress=print):
         progress(f"building {params.preset} with random {models.dtype_label(params.dtype)} weights on {device}")
         model = models.build_model(params.preset, device=device, dtype=params.dtype)
         return model, {"model": models.count_model(model, params.preset).as_record()}
-    check_fits(src, counts(src, params.dtype), device)
+    return load(src, device, params.dtype, progress)
+
+
+def load(src: ModelSource, device: str, dtype: str, progress=print):
+    """The model of folder `src` on `device` (refused before it is built where it cannot fit:
+    check_fits), and what a run records of it: `model` (its counts as it runs, its weights loaded
+    or made) and `model_source` (ModelSource.record). The chapters (for_params) and `profile`
+    share it."""
+    c = counts(src, dtype)
+    check_fits(src, c, device)
     how = f"loading {', '.join(src.weight_files)}" if src.weight_files else "building it with random weights"
-    progress(f"{src.model_type} model from {src.folder}: {how} ({params.dtype}, {device})")
-    model = build(src, device, params.dtype)
+    progress(f"{src.model_type} model from {src.folder}, {c.parameters:,} parameters: {how} ({dtype}, {device})")
+    model = build(src, device, dtype)
     counted = models.count_model(model)
     return model, {"model": counted.as_record(), "model_source": src.record(model, counted)}
 
