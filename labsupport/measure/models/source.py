@@ -304,8 +304,8 @@ def chapter_config(params, chapter: str, needs: dict[str, str]) -> tuple[dict, d
 
 def for_params(params, device: str, progress=print):
     """The model a chapter's live run measures, and what the run records of it: with a `model` folder
-    (requested), its model (build, after check_fits) with `model` (its counts) and `model_source`
-    (ModelSource.record); else its preset, with its counts as `model`."""
+    (requested), its model and both records as load() gives them; else its preset, with its counts
+    as `model`."""
     src = requested(params)
     if src is None:
         progress(f"building {params.preset} with random {models.dtype_label(params.dtype)} weights on {device}")
