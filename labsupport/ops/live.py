@@ -256,6 +256,9 @@ def main(names: list[str], parameters: dict, allow_cpu: bool = False, publish: b
         try:
             return _main(names, parameters, allow_cpu, publish)
         except children.Stopped as e:
+            # the stopped notebook's pending cell dies with its kernel: asyncio would log that task's
+            # DeadKernelError at exit, a second report of the stop this line already makes
+            logging.getLogger("asyncio").disabled = True
             print(
                 f"live: stopped by {e.name}; {e.note or 'no chapter had started, nothing was recorded'}",
                 file=sys.stderr,
