@@ -143,7 +143,7 @@ class ToyParams:
 
 
 # A chapter of no book, for the tests of the runs layer: one table, t.csv.
-TOY = Chapter("ch", "notebooks/ch.ipynb", (File("t.csv", "a toy table", ("x",)),), ToyParams)
+TOY = Chapter("ch", (File("t.csv", "a toy table", ("x",)),), ToyParams)
 
 
 @pytest.fixture(autouse=True)

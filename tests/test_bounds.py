@@ -24,7 +24,7 @@ def sleepy_chapter(tmp_path, *sleeps, timeout_s=2):
     path = tmp_path / "sleepy.ipynb"
     kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata=kernel), path)
-    return chapters.Chapter("sleepy", str(path), (), ToyParams, timeout_s=timeout_s)
+    return chapters.Chapter("sleepy", (), ToyParams, timeout_s=timeout_s, notebook=str(path))
 
 
 def test_a_notebook_past_its_limit_fails_in_one_line_naming_the_chapter_and_the_limit(tmp_path):

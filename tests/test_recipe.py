@@ -49,7 +49,6 @@ class Params(Parameters):
 
 DECLARATION = Chapter(
     "toy-chapter",
-    "notebooks/toy_chapter.ipynb",
     (File("timings.csv", "every timed trial of each variant", ("variant", "repeat", "wall_ms"), required=True),),
     Params,
 )

@@ -133,12 +133,17 @@ CEILINGS_FILE = File("ceilings.csv", CEILINGS_LINE, CEILINGS)
 @dataclass(frozen=True)
 class Chapter:
     slug: str  # also the folder under runs/
-    notebook: str  # path from the repository root
     files: tuple[File, ...]
     params: type  # the chapter's Params dataclass: every notebook parameter, with its default and checks
     reads: tuple[str, ...] = ()  # other chapters whose published runs this chapter's notebook reads
     gpus: int = 1  # GPUs its live run needs: the nightly skips it, in one line, on a box with fewer
     timeout_s: int = NOTEBOOK_TIMEOUT_S  # the longest its notebook may run live (live.run_chapter)
+    # path from the repository root: notebooks/ and the slug with underscores, unless given (a test's scratch one)
+    notebook: str = ""
+
+    def __post_init__(self):
+        if not self.notebook:
+            object.__setattr__(self, "notebook", f"notebooks/{self.slug.replace('-', '_')}.ipynb")
 
     def file(self, name: str) -> tuple[File, dict] | None:
         """The declared file `name` is (the first that matches) and its placeholders, or None."""

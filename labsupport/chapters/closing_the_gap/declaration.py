@@ -43,7 +43,6 @@ _TRACES = {
 # fmt: off
 DECLARATION = Chapter(
     "closing-the-gap",
-    "notebooks/closing_the_gap.ipynb",
     (
         File("ceilings.csv", CEILINGS_LINE, CEILINGS),  # in runs recorded before shared.limits()
         # the rungs timed elsewhere

@@ -36,7 +36,6 @@ class Params(Parameters):
 # fmt: off
 DECLARATION = Chapter(
     "hybrid-model-token",
-    "notebooks/hybrid_model_token.ipynb",
     (
         CEILINGS_FILE,
         File("variants.csv", "each backend and mode of the decode step: kernels, GPU-busy and wall time, status",

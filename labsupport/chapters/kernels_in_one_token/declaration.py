@@ -38,7 +38,6 @@ class Params(Parameters):
 # fmt: off
 DECLARATION = Chapter(
     "kernels-in-one-token",
-    "notebooks/kernels_in_one_token.ipynb",
     (
         CEILINGS_FILE,
         File("kernels.csv", "every kernel of the profiled decode step: name, kind, times, launch, operator, layer",

@@ -30,7 +30,6 @@ class Params(Parameters):
 # fmt: off
 DECLARATION = Chapter(
     "launch-overhead",
-    "notebooks/launch_overhead.ipynb",
     (
         CEILINGS_FILE,  # runs before shared.limits()
         # the eager forms: timed by the census chapter

@@ -22,7 +22,6 @@ class Params(Parameters):
 # fmt: off
 DECLARATION = Chapter(
     "model-code-to-kernels",
-    "notebooks/model_code_to_kernels.ipynb",
     (
         File("mlp_kernels.csv",
              "every kernel of one decoder layer's MLP, with the operator and module that launched it", KERNELS,

@@ -43,7 +43,6 @@ class Params(Parameters):
 # fmt: off
 DECLARATION = Chapter(
     "one-token-two-gpus",
-    "notebooks/one_token_two_gpus.ipynb",
     (
         File("ceilings.csv", CEILINGS_LINE + ", on GPU 0", CEILINGS),
         File("variants.csv",

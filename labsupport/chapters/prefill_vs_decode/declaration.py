@@ -35,7 +35,6 @@ class Params(Parameters):
 # fmt: off
 DECLARATION = Chapter(
     "prefill-vs-decode",
-    "notebooks/prefill_vs_decode.ipynb",
     (
         CEILINGS_FILE,
         File("phase_times.csv", "every timed trial of the prompt phase and of one decode step, in interleaved rounds",

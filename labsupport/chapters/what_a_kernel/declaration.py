@@ -24,7 +24,6 @@ class Params(Parameters):
 # fmt: off
 DECLARATION = Chapter(
     "what-a-kernel",
-    "notebooks/what_a_kernel.ipynb",
     (
         File("ceilings.csv", CEILINGS_LINE),
         File("add_kernels.csv", "the kernels of each vector-add implementation, as profiled",

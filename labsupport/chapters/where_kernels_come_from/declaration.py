@@ -24,7 +24,6 @@ class Params(Parameters):
 # fmt: off
 DECLARATION = Chapter(
     "where-kernels-come-from",
-    "notebooks/where_kernels_come_from.ipynb",
     (
         File("fusion_kernels.csv", "the kernels of RMSNorm eager and compiled, with their sources",
              KERNELS + ("variant",), required=True),

@@ -34,7 +34,6 @@ class Params(Parameters):
 # fmt: off
 DECLARATION = Chapter(
     "why-a-gpu",
-    "notebooks/why_a_gpu.ipynb",
     (
         # ceilings.csv and read_kernels.csv: recorded on every GPU (runs before read_kernels lack it); none on a CPU
         CEILINGS_FILE,
