@@ -656,7 +656,7 @@ def test_the_new_options_need_our_gemv():
 
 
 def test_pdl_and_the_new_rungs_are_not_run_on_a_cpu():
-    for rung in ("split-k", "pdl", "weights-first", "one-attention", "folded-norms", "fp8-weights"):
+    for rung in ("split-k", "pdl", "weights-first", "one-attention", "folded-norms", "persistent", "fp8-weights"):
         assert "needs a CUDA GPU" in ch.runs_here(rung, "cpu")
     assert ch.error_factor("fp8-weights") == ch.FP8_ERROR_FACTOR and ch.error_factor("pdl") == ch.ERROR_FACTOR
 

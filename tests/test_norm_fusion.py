@@ -25,12 +25,14 @@ from .test_weights_first import waits_as_no_ops  # noqa: E402, F401 (the interpr
 pytestmark = pytest.mark.unit
 CLOSE = dict(rtol=1e-4, atol=1e-4)
 EPS = 1e-6
-# K = 96 below: none of these blocks divides it, so every mask matters (the last one's first tile too)
+# K = 96 below: none of these blocks divides it, so every mask matters (the last one's first tile too);
+# the persistent one's programs (persistent_gemv.INTERPRETER_SMS of them) walk 8 to 12 blocks of rows each
 CONFIGS = {
     "two-tiles": gemv.Config(2, 64, 4, 2),
     "three-tiles": gemv.Config(8, 32, 4, 2),
     "split-k": gemv.Config(2, 32, 4, 2, 3),
     "one-tile-past-k": gemv.Config(4, 128, 4, 2),
+    "persistent": gemv.Config(2, 64, 4, 2, ctas_per_sm=1),
 }
 ONE_KERNEL = {name: c for name, c in CONFIGS.items() if c.split_k == 1}
 
@@ -74,7 +76,9 @@ def test_a_residual_gemv_sums_the_squares_it_writes_and_zeroes_the_scalar_of_the
     torch.testing.assert_close(into, _sumsq(act), **CLOSE)
 
 
-def test_a_chain_of_producers_and_readers_leaves_every_scalar_ready_for_the_next_call():
+@pytest.mark.parametrize("config", [gemv.Config(4, 16, 4, 2), gemv.Config(2, 16, 4, 2, ctas_per_sm=1)],
+                         ids=["", "persistent"])  # fmt: skip
+def test_a_chain_of_producers_and_readers_leaves_every_scalar_ready_for_the_next_call(config):
     """embedding row (zeroes row 2, the LM head's of the call before) -> QKV (reads row 0) ->
     o_proj + residual (adds row 1, zeroes row 0) -> gate/up (reads row 1) -> down + residual (adds
     row 2, zeroes row 1), twice: the second call starts from the scalars the first left, and would
@@ -92,7 +96,6 @@ def test_a_chain_of_producers_and_readers_leaves_every_scalar_ready_for_the_next
     qkv_f, mlp_f = folded_norms.fold(wq, in_norm), folded_norms.fold(gemv.interleave(gate, up), post_norm)
     sums, word = folded_norms.sums(1, "cpu"), folded_norms.argmax_word("cpu")
     tok = torch.tensor([[7]])
-    config = gemv.Config(4, 16, 4, 2)
     for _ in range(2):
         x = folded_norms.embed_row(tok, table, sums[0], reset=(word, sums[2, :1]), block_k=16)
         q = gemv.gemv(x, qkv_f, sumsq_in=sums[0, :1], config=config)
@@ -267,7 +270,7 @@ def test_in_bf16_the_folded_weights_rounding_keeps_the_logits_as_close_to_float3
 
 
 @pytest.mark.live
-@pytest.mark.parametrize("base", ["fused-gemv", "one-attention"])
+@pytest.mark.parametrize("base", ["fused-gemv", "one-attention", "persistent"])
 def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
     tiny_with_norms,
     waits_as_no_ops,  # noqa: F811 (the fixture imported above)
@@ -283,6 +286,7 @@ def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
 
     def counted_launch(*a, **k):
         launches.append({n: k.get(n) is not None for n in ("norm_weight", "sumsq_in", "sumsq_out", "argmax")})
+        launches[-1]["persistent"] = k.get("persistent")
         return launch(*a, **k)
 
     def no_rmsnorm_kernel(*a, **k):
@@ -290,10 +294,11 @@ def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
 
     monkeypatch.setattr(gemv, "launch", counted_launch)
     monkeypatch.setattr(triton_kernels, "rmsnorm", no_rmsnorm_kernel)
-    options = FUSED_GEMV if base == "fused-gemv" else {**ch.OWN_OPTIONS["pdl"], "early_weights": True,
-                                                                 "one_attention": True}  # fmt: skip
-    step = qwen3_decode.OwnStep(model, prompt.ids, ref.token, qwen3_decode.Options(**options, fold_norms=True),
-                                compile=False, graph=False)  # fmt: skip
+    # the folded-norms rung on rung 8's options, the rung itself (on one-attention's), the persistent rung
+    options = {"fused-gemv": {**FUSED_GEMV, "fold_norms": True}, "one-attention": ch.OWN_OPTIONS["folded-norms"],
+               "persistent": ch.OWN_OPTIONS["persistent"]}[base]  # fmt: skip
+    step = qwen3_decode.OwnStep(model, prompt.ids, ref.token, qwen3_decode.Options(**options), compile=False,
+                                graph=False)  # fmt: skip
     for _ in range(2):  # after its warm-up's three: every scalar and the word reset where a step needs it
         logits, token = step()
         torch.testing.assert_close(logits, ref.logits, **CLOSE)
@@ -311,6 +316,7 @@ def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
     assert sum(c["sumsq_in"] for c in one) == 2 * layers + 1  # QKV, gate/up, the LM head
     assert sum(c["sumsq_out"] for c in one) == 2 * layers  # o_proj + residual, down + residual
     assert [c["argmax"] for c in one] == [False] * (per_step - 1) + [True]
+    assert all(c["persistent"] == (base == "persistent") for c in launches), "every GEMV of the step, or none"
 
 
 def test_folded_norms_need_our_fused_gemv_no_fp8_and_one_gpu():

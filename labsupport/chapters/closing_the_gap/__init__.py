@@ -43,8 +43,9 @@ from .figures import (
     ladder_figure, matmul_figure,
 )
 from .measuring import (
-    best_timed, build, eager_fidelity, error_factor, fidelity, fp8_record, fp8_tuning_cases, pending_run, Reference,
-    reference, rung_row, rungs_table, runs_here, time_matmuls, time_tokens, timed_here, tuning_cases, weight_shapes,
+    best_timed, build, eager_fidelity, error_factor, fidelity, fp8_record, fp8_tuning_cases, pending_run,
+    persistent_tuning_cases, Reference, reference, rung_row, rungs_table, runs_here, time_matmuls, time_tokens,
+    timed_here, tuning_cases, weight_shapes,
 )
 from .params import (
     CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS,

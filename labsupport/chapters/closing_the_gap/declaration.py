@@ -37,6 +37,7 @@ _TRACES = {
     "weights-first": "the raw trace of our step with each GEMV loading its first weights before the wait",
     "one-attention": "the raw trace of our step with attention in one kernel",
     "folded-norms": "the raw trace of our step with the norms folded into the matrices and argmax in the LM head",
+    "persistent": "the raw trace of our step with persistent GEMVs",
     "fp8-weights": "the raw trace of our step reading FP8 weights",
 }
 

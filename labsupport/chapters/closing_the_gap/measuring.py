@@ -240,6 +240,22 @@ def fp8_tuning_cases(model) -> list:
     return fused_cases(model) + [(*weight_shapes(model)["lm_head"], PLAIN)]
 
 
+def persistent_tuning_cases(model) -> list:
+    """What gemv.tune times with the persistent candidates: the GEMVs of the persistent rung's step,
+    whose norms are folded into the weights (QKV and the LM head plain, o_proj and down_proj adding
+    the residual, gate/up writing silu(gate) * up)."""
+    from labsupport.measure.kernels.gemv import PLAIN, Fusion
+
+    s = weight_shapes(model)
+    return [
+        (*s["qkv (fused)"], PLAIN),
+        (*s["o_proj"], Fusion(residual=True)),
+        (*s["gate_up (fused)"], Fusion(silu=True)),
+        (*s["down_proj"], Fusion(residual=True)),
+        (*s["lm_head"], PLAIN),
+    ]
+
+
 def time_matmuls(shapes: dict[str, tuple[int, int]], dtype=None) -> pd.DataFrame:
     """Each weight shape read by one token's matmul: cuBLAS (torch.mm, as F.linear calls it) against our
     Triton GEMV with its tuned config, per call as inside a CUDA graph (gemv.time_per_call_us), in

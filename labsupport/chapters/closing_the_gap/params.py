@@ -26,6 +26,7 @@ RUNGS = {
     "one-attention": "+ attention in one kernel, launched the same way, the cached keys and values read first",
     "folded-norms": "+ norm weights folded into the matrices, x's sum of squares from the kernel that writes x, "
     "argmax inside the LM head",
+    "persistent": "+ persistent GEMVs: one or two programs per SM walk each matrix's rows",
     "fp8-weights": "FP8 (E4M3) weights with row scales, on rung 9: a floor of its own",
 }
 # Short names for the figure's axis, by the same keys.
@@ -44,7 +45,8 @@ RUNG_SHORT = {
     "weights-first": "12 weights before the wait",
     "one-attention": "13 one attention kernel",
     "folded-norms": "14 folded norms",
-    "fp8-weights": "15 FP8 weights (own floor)",
+    "persistent": "15 persistent GEMVs",
+    "fp8-weights": "16 FP8 weights (own floor)",
 }
 # The rungs that are transformers' step: shared quantities (labsupport.chapters.shared), timed by
 # the chapter that owns each, by the prefix of their names there. This chapter shows their
@@ -64,10 +66,12 @@ OWN_OPTIONS = {
     "fused-attention": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True},
     "split-k": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "split_k": True},
     "pdl": PDL,
-    # each on the one before: PDL with the weights loaded first, then one attention kernel, then the folded norms
+    # each on the one before: PDL with the weights loaded first, then one attention kernel, then the folded norms,
+    # then the persistent GEMVs
     "weights-first": {**PDL, "early_weights": True},
     "one-attention": {**PDL, "early_weights": True, "one_attention": True},
     "folded-norms": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True},
+    "persistent": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True, "persistent": True},
     # on rung 9's options, not on split-K's or PDL's: a failure of either cannot take this rung down
     "fp8-weights": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "fp8": True},
 }

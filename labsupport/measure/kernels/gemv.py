@@ -15,7 +15,7 @@ Three optional fusions (`Fusion`), so that one kernel does what would otherwise 
   silu(gate) * up, one value per pair, so the activation kernel after gate/up goes away;
 - `residual`: the output is residual + W x (the residual add after o_proj and down_proj).
 
-Three launch options, for the last rungs:
+Four launch options, for the last rungs:
 - FP8 weights (`scale`): W stored as float8 E4M3 with one float32 scale per row
   (labsupport.measure.kernels.gemv_fp8); each row's sum is multiplied by its scale, x stays BF16;
 - split-K (`Config.split_k` > 1): each row's K is cut into split_k stretches, one program per
@@ -27,7 +27,9 @@ Three launch options, for the last rungs:
   then lets the kernel after it be launched (`gdc_launch_dependents`);
 - weights first (`early`): each program issues the load of its first tile of W before that wait.
   The weights depend on no kernel of the step, only x does, so with `pdl` the first stretch of
-  W streams in while the kernel before is still finishing, instead of after it.
+  W streams in while the kernel before is still finishing, instead of after it;
+- persistent (`Config.ctas_per_sm` > 0): one or two programs per SM, each walking many blocks of
+  rows with the same K loop and epilogue (labsupport.measure.kernels.persistent_gemv, which says why).
 
 Three epilogues for the folded-norms rung (labsupport.measure.kernels.folded_norms, which says why):
 - `sumsq_in`: the norm's weight is folded into W and Σx² was summed by the kernel that wrote x;
@@ -49,8 +51,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from functools import cache
+from types import SimpleNamespace
 
-from labsupport.measure.kernels import folded_norms
+from labsupport.measure.kernels import folded_norms, persistent_gemv
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ class Config:
     num_warps: int
     num_stages: int
     split_k: int = 1  # programs along K per block of rows (module docstring)
+    ctas_per_sm: int = 0  # > 0: the persistent form, this many programs per SM walking the row blocks
+
+    def __post_init__(self):
+        if self.ctas_per_sm > 0 and self.split_k > 1:
+            raise ValueError(f"a persistent GEMV (ctas_per_sm={self.ctas_per_sm}) takes no split-K, got {self}")
 
 
 @dataclass(frozen=True)
@@ -103,11 +111,21 @@ SPLIT_MAX_ELEMENTS = 32 * 2**20
 FP8_CANDIDATES = [
     Config(bn, bk, w, 2) for bn, bk, w in [(8, 1024, 8), (8, 1024, 4), (16, 1024, 8), (16, 512, 4), (32, 512, 8)]
 ]
+# The persistent candidates (the persistent rung's): one or two programs per SM, each loading long
+# stretches of a few rows, its loads pipelined three deep (a stage of 8 to 16 KB: with two programs
+# per SM, 48 to 96 KB of W in flight on each); PERSISTENT_DEFAULT where none was tuned.
+PERSISTENT_CANDIDATES = [
+    Config(bn, bk, w, 3, ctas_per_sm=ctas)
+    for ctas in (1, 2) for bn, bk, w in [(2, 2048, 8), (4, 2048, 8), (2, 4096, 8)]
+]  # fmt: skip
+PERSISTENT_DEFAULT = Config(4, 2048, 8, 3, ctas_per_sm=2)
 # The chosen config for each weight shape and fusion (N, K, Fusion), filled by tune(): without
-# split-K (CHOSEN), best of all (CHOSEN_SPLIT, the split-K rung's), FP8 weights (CHOSEN_FP8).
+# split-K (CHOSEN), best of all (CHOSEN_SPLIT, the split-K rung's), FP8 weights (CHOSEN_FP8),
+# persistent (CHOSEN_PERSISTENT, the persistent rung's).
 CHOSEN: dict[tuple[int, int, Fusion], Config] = {}
 CHOSEN_SPLIT: dict[tuple[int, int, Fusion], Config] = {}
 CHOSEN_FP8: dict[tuple[int, int, Fusion], Config] = {}
+CHOSEN_PERSISTENT: dict[tuple[int, int, Fusion], Config] = {}
 
 
 @cache
@@ -127,7 +145,7 @@ def _kernel():
 
     @triton.jit
     def write_rows(
-        y, rows, row_ok, y_ptr, res_ptr, sumsq_out_ptr, sumsq_clear_ptr, N,
+        y, tile, rows, row_ok, y_ptr, res_ptr, sumsq_out_ptr, sumsq_clear_ptr, N,
         BLOCK: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr,
     ):  # fmt: skip
         # the epilogue of both kernels: rows 2i and 2i+1 are gate_i and up_i with SILU (silu(gate_i) * up_i
@@ -136,7 +154,7 @@ def _kernel():
             gate, up = tl.split(tl.reshape(y, (BLOCK // 2, 2)))
             g = gate.to(tl.float32)
             act = (g / (1.0 + tl.exp(-g))).to(up.dtype)
-            out_rows = tl.program_id(0) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
+            out_rows = tile * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
             tl.store(y_ptr + out_rows, act * up, mask=out_rows < N // 2)
             if SUMSQ_OUT:
                 sumsq_epilogue(act * up, out_rows < N // 2, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
@@ -151,6 +169,50 @@ def _kernel():
     globals().update(accumulate=accumulate, write_rows=write_rows)
     fns = folded_norms.jit_functions()
     globals().update(sumsq_epilogue=fns.sumsq_epilogue, argmax_epilogue=fns.argmax_epilogue)
+
+    @triton.jit
+    def stream_rows(
+        acc, sq, rows, row_ok, start, hi, x_ptr, w_ptr, norm_w_ptr, K,
+        BLOCK_K: tl.constexpr, NORM: tl.constexpr, STAGES: tl.constexpr,
+    ):  # fmt: skip
+        # W's rows from column `start` to `hi`, BLOCK_K at a time, into acc (x's squares into sq with NORM);
+        # STAGES: the compiler pipelines this loop's loads that deep (None: the kernel's num_stages decides)
+        for k in tl.range(start, hi, BLOCK_K, num_stages=STAGES):
+            cols = k + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            acc, sq = accumulate(acc, sq, w, x_ptr, norm_w_ptr, cols, col_ok, NORM)
+        return acc, sq
+
+    @triton.jit
+    def finish_rows(
+        acc, sq, sumsq, tile, rows, row_ok, y_ptr, res_ptr, scale_ptr, ws_ptr, sumsq_out_ptr, sumsq_clear_ptr,
+        argmax_ptr, N, K, eps,
+        NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, SCALE: tl.constexpr,
+        SPLIT_K: tl.constexpr, SUMSQ_IN: tl.constexpr, SUMSQ_OUT: tl.constexpr, ARGMAX: tl.constexpr,
+    ):  # fmt: skip
+        # the epilogue of row block `tile`: its rows' sums, scaled, rounded and written (module docstring)
+        y = tl.sum(acc, axis=1)
+        if SCALE:  # FP8 weights: each row's scale
+            y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        if SPLIT_K > 1:  # a partial sum: _finish does the rest
+            tl.atomic_add(ws_ptr + rows, y, mask=row_ok)
+        else:
+            if NORM:
+                y = y / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+            if SUMSQ_IN:
+                y = y / tl.sqrt(sumsq / K + eps)
+            y = y.to(y_ptr.dtype.element_ty)  # rounded, as a matmul's output is
+            write_rows(
+                y, tile, rows, row_ok, y_ptr, res_ptr, sumsq_out_ptr, sumsq_clear_ptr, N, BLOCK_N, SILU, RESIDUAL,
+                SUMSQ_OUT,
+            )  # fmt: skip
+            if ARGMAX:  # the LM head: no SiLU, no residual (launch refuses them), so y is what was written
+                argmax_epilogue(y, rows, row_ok, argmax_ptr)  # noqa: F821 (a global)
+
+    # Triton's interpreter looks for triton.language among a called function's module globals (a
+    # kernel's launch puts it there; the persistent kernel, in another module, calls these first).
+    globals().update(stream_rows=stream_rows, finish_rows=finish_rows, tl=tl)
 
     @triton.jit
     def gemv_kernel(
@@ -181,34 +243,21 @@ def _kernel():
         if PDL:  # wait for the kernel before (its writes visible), then let the next one launch
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+        sumsq = 0.0
         if SUMSQ_IN:  # written by the kernel before: loaded now, used after the loop
             sumsq = tl.load(sumsq_in_ptr)
         if EARLY:
             acc, sq = accumulate(acc, sq, w_first, x_ptr, norm_w_ptr, first_cols, first_ok, NORM)
             start = lo + BLOCK_K
-        for k in range(start, hi, BLOCK_K):
-            cols = k + tl.arange(0, BLOCK_K)
-            col_ok = cols < K
-            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            acc, sq = accumulate(acc, sq, w, x_ptr, norm_w_ptr, cols, col_ok, NORM)
-        y = tl.sum(acc, axis=1)
-        if SCALE:  # FP8 weights: each row's scale
-            y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-        if SPLIT_K > 1:  # a partial sum: _finish does the rest
-            tl.atomic_add(ws_ptr + rows, y, mask=row_ok)
-        else:
-            if NORM:
-                y = y / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-            if SUMSQ_IN:
-                y = y / tl.sqrt(sumsq / K + eps)
-            y = y.to(y_ptr.dtype.element_ty)  # rounded, as a matmul's output is
-            write_rows(  # noqa: F821 (a global)
-                y, rows, row_ok, y_ptr, res_ptr, sumsq_out_ptr, sumsq_clear_ptr, N, BLOCK_N, SILU, RESIDUAL, SUMSQ_OUT
-            )
-            if ARGMAX:  # the LM head: no SiLU, no residual (launch refuses them), so y is what was written
-                argmax_epilogue(y, rows, row_ok, argmax_ptr)  # noqa: F821 (a global)
+        acc, sq = stream_rows(acc, sq, rows, row_ok, start, hi, x_ptr, w_ptr, norm_w_ptr, K, BLOCK_K, NORM, None)
+        finish_rows(
+            acc, sq, sumsq, tl.program_id(0), rows, row_ok, y_ptr, res_ptr, scale_ptr, ws_ptr, sumsq_out_ptr,
+            sumsq_clear_ptr, argmax_ptr, N, K, eps, NORM, SILU, RESIDUAL, BLOCK_N, SCALE, SPLIT_K, SUMSQ_IN,
+            SUMSQ_OUT, ARGMAX,
+        )  # fmt: skip
 
-    return triton, gemv_kernel
+    persistent_kernel = persistent_gemv.kernel(accumulate, stream_rows, finish_rows)
+    return SimpleNamespace(triton=triton, plain=gemv_kernel, persistent=persistent_kernel)
 
 
 @cache
@@ -246,8 +295,9 @@ def _finish():
             y = y / tl.sqrt(tl.load(sumsq_in_ptr) / K + eps)
         y = y.to(y_ptr.dtype.element_ty)
         write_rows(  # noqa: F821 (a global)
-            y, rows, row_ok, y_ptr, res_ptr, sumsq_out_ptr, sumsq_clear_ptr, N, BLOCK, SILU, RESIDUAL, SUMSQ_OUT
-        )
+            y, tl.program_id(0), rows, row_ok, y_ptr, res_ptr, sumsq_out_ptr, sumsq_clear_ptr, N, BLOCK, SILU, RESIDUAL,
+            SUMSQ_OUT,
+        )  # fmt: skip
 
     return finish_kernel
 
@@ -266,52 +316,65 @@ def workspace(n: int, device):
     return _WORKSPACE[key]
 
 
-def choose(n: int, k: int, fusion: Fusion, fp8: bool = False, split: bool = False) -> Config:
+def choose(n: int, k: int, fusion: Fusion, fp8: bool = False, split: bool = False, persistent: bool = False) -> Config:
     """The tuned config of a weight shape and fusion: FP8's, or with split-K allowed (the split-K
-    rung), or the plain one, each falling back to the plain shape's and then DEFAULT."""
+    rung), or the plain one, each falling back to the plain shape's and then DEFAULT; `persistent`
+    (the persistent rung): the persistent one, falling back to the plain shape's, then PERSISTENT_DEFAULT."""
     tables = ([CHOSEN_FP8] if fp8 else []) + ([CHOSEN_SPLIT] if split else []) + [CHOSEN]
+    if persistent:
+        tables = [CHOSEN_PERSISTENT]
     for table in tables:
         c = table.get((n, k, fusion)) or table.get((n, k, PLAIN))
         if c is not None and not (fusion.silu and c.block_n < 2):
             return c
-    return DEFAULT
+    return PERSISTENT_DEFAULT if persistent else DEFAULT
 
 
 def launch(
     x, w, out, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, residual=None, config=None,
     scale=None, split: bool = False, pdl: bool = False, early: bool = False, sumsq_in=None, sumsq_out=None,
-    argmax=None,
+    argmax=None, persistent: bool = False,
 ):  # fmt: skip
     """Run the kernel: out = W @ f(x) (+ residual), or silu(gate) * up of its row pairs; `scale`:
     W is FP8 with these row scales; `split`: split-K configs allowed; `pdl`: launched with
     programmatic dependent launch; `early`: W's first tile loaded before the wait. Folded norms
     (module docstring): `sumsq_in`, the scalar Σx² of x (W's columns carry the norm's weight);
     `sumsq_out`, (the scalar to add the output's Σ of squares into, the scalar to zero);
-    `argmax`, the LM head's argmax word (folded_norms.argmax_word), the token put into it."""
-    triton, kernel = _kernel()
+    `argmax`, the LM head's argmax word (folded_norms.argmax_word), the token put into it;
+    `persistent`: the persistent configs (CHOSEN_PERSISTENT), whatever `split` says. A config with
+    ctas_per_sm > 0, given or chosen, runs the persistent kernel (persistent_gemv)."""
+    kernels = _kernel()
     n, k = w.shape
     fusion = Fusion(norm_weight is not None, silu, residual is not None)
-    c = config or choose(n, k, fusion, fp8=scale is not None, split=split and argmax is None)
+    c = config or choose(n, k, fusion, fp8=scale is not None, split=split and argmax is None, persistent=persistent)
     if argmax is not None and (silu or residual is not None or c.split_k > 1):
         raise ValueError("argmax is the LM head's epilogue: one kernel per row block (no split-K), no SiLU or residual")
     ws = workspace(n, x.device) if c.split_k > 1 else out
     add_into, zero = sumsq_out if sumsq_out is not None else (out, out)
     one_kernel = c.split_k == 1  # else _finish does the epilogue
     extra = {"launch_pdl": True} if pdl else {}
-    kernel[(triton.cdiv(n, c.block_n), c.split_k)](
+    blocks = kernels.triton.cdiv(n, c.block_n)
+    args = (
         x, w, out,
         norm_weight if norm_weight is not None else w, residual if residual is not None else out,
         scale if scale is not None else out, ws, sumsq_in if sumsq_in is not None else out, add_into, zero,
         argmax if argmax is not None else out,
         n, k, eps,
-        NORM=fusion.norm, SILU=silu, RESIDUAL=fusion.residual,
-        BLOCK_N=c.block_n, BLOCK_K=c.block_k, SCALE=scale is not None, SPLIT_K=c.split_k, PDL=pdl, EARLY=early,
-        SUMSQ_IN=one_kernel and sumsq_in is not None, SUMSQ_OUT=one_kernel and sumsq_out is not None,
-        ARGMAX=argmax is not None, num_warps=c.num_warps, num_stages=c.num_stages, **extra,
     )  # fmt: skip
+    flags = dict(
+        NORM=fusion.norm, SILU=silu, RESIDUAL=fusion.residual, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        SCALE=scale is not None, PDL=pdl, EARLY=early, SUMSQ_IN=one_kernel and sumsq_in is not None,
+        SUMSQ_OUT=one_kernel and sumsq_out is not None, ARGMAX=argmax is not None, num_warps=c.num_warps,
+        num_stages=c.num_stages, **extra,
+    )  # fmt: skip
+    if c.ctas_per_sm > 0:
+        grid = persistent_gemv.programs(blocks, c.ctas_per_sm, x.device)
+        kernels.persistent[(grid,)](*args, STAGES=c.num_stages, **flags)
+        return out
+    kernels.plain[(blocks, c.split_k)](*args, SPLIT_K=c.split_k, **flags)
     if c.split_k > 1:
         block = 256
-        _finish()[(triton.cdiv(n, block),)](
+        _finish()[(kernels.triton.cdiv(n, block),)](
             ws, x, out, residual if residual is not None else out, sumsq_in if sumsq_in is not None else out,
             add_into, zero, n, k, eps,
             NORM=fusion.norm, SILU=silu, RESIDUAL=fusion.residual, PDL=pdl, BLOCK=block, BLOCK_K=1024,
@@ -323,11 +386,11 @@ def launch(
 def gemv(
     x, w, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, residual=None, config=None,
     scale=None, split: bool = False, pdl: bool = False, early: bool = False, sumsq_in=None, sumsq_out=None,
-    argmax=None,
+    argmax=None, persistent: bool = False,
 ):  # fmt: skip
     """W @ f(x) for one vector x (any leading dimensions of size 1), in F.linear's convention
     (W of shape [N, K]); with `silu`, N/2 outputs; `scale`, `split`, `pdl`, `early`, `sumsq_in`,
-    `sumsq_out`, `argmax`: launch's."""
+    `sumsq_out`, `argmax`, `persistent`: launch's."""
     import math
 
     import torch
@@ -341,6 +404,7 @@ def gemv(
     launch(
         x.reshape(-1), w, out, norm_weight=norm_weight, eps=eps, silu=silu, residual=res, config=config,
         scale=scale, split=split, pdl=pdl, early=early, sumsq_in=sumsq_in, sumsq_out=sumsq_out, argmax=argmax,
+        persistent=persistent,
     )  # fmt: skip
     return out.reshape(*lead, n)
 
@@ -422,36 +486,42 @@ class Trial:
     chosen: bool = False  # the config kept without split-K (rungs 7-9), or FP8's
     chosen_split: bool = False  # the config kept with split-K allowed (the split-K rung)
     weights: str = "bf16"  # or "fp16" (a model in float16), or "fp8"
+    chosen_persistent: bool = False  # the persistent config kept (the persistent rung)
 
     def as_row(self) -> dict:
         return {"n": self.n, "k": self.k, "fusion": self.fusion.label, **asdict(self.config), "us": self.us,
                 "tbs": self.tbs, "chosen": self.chosen, "chosen_split": self.chosen_split,
-                "weights": self.weights}  # fmt: skip
+                "weights": self.weights, "chosen_persistent": self.chosen_persistent}  # fmt: skip
 
 
 def tune(
-    cases, candidates=CANDIDATES, progress=print, split_candidates=SPLIT_CANDIDATES, fp8: bool = False, dtype=None
-) -> list[Trial]:
+    cases, candidates=CANDIDATES, progress=print, split_candidates=SPLIT_CANDIDATES, fp8: bool = False, dtype=None,
+    persistent: bool = False,
+) -> list[Trial]:  # fmt: skip
     """Time every candidate config on each case (N, K, Fusion) (time_per_call_us), and the split-K
     candidates on the smaller matrices; keep the fastest without split-K in CHOSEN (in CHOSEN_FP8
     with `fp8`: FP8 weights, FP8_CANDIDATES by default, no split-K) and the fastest of all in
-    CHOSEN_SPLIT; return every trial. `dtype`: the model's activations (None: BF16; torch.float16)."""
+    CHOSEN_SPLIT; with `persistent`, PERSISTENT_CANDIDATES by default, no split-K, the fastest
+    kept in CHOSEN_PERSISTENT only; return every trial. `dtype`: the model's activations (None:
+    BF16; torch.float16)."""
     import torch
 
+    if fp8 and persistent:
+        raise ValueError("tune: the persistent candidates are tuned with BF16 (or FP16) weights, not fp8")
     half_label = "fp16" if dtype == torch.float16 else "bf16"
     trials = []
-    if fp8 and candidates is CANDIDATES:
-        candidates = FP8_CANDIDATES
+    if candidates is CANDIDATES and (fp8 or persistent):
+        candidates = FP8_CANDIDATES if fp8 else PERSISTENT_CANDIDATES
     for n, k, fusion in cases:
         mine = []
-        splits = [] if fp8 or n * k > SPLIT_MAX_ELEMENTS else list(split_candidates)
+        splits = [] if fp8 or persistent or n * k > SPLIT_MAX_ELEMENTS else list(split_candidates)
         for c in [*candidates, *splits]:
             if fusion.silu and c.block_n < 2:
                 continue
             try:
                 us = time_per_call_us(n, k, fused_call(n, k, fusion, c, fp8=fp8, dtype=dtype), fp8=fp8, dtype=dtype)
-            except Exception as e:  # a split-K or FP8 candidate failing leaves the others
-                if c.split_k == 1 and not fp8:
+            except Exception as e:  # a split-K, FP8 or persistent candidate failing leaves the others
+                if c.split_k == 1 and not (fp8 or persistent):
                     raise
                 progress(f"    {n}x{k} {fusion.label} with {c}: failed: {type(e).__name__}: {str(e)[:120]}")
                 continue
@@ -459,13 +529,17 @@ def tune(
                 Trial(n, k, fusion, c, us, n * k * (1 if fp8 else 2) / us / 1e6, weights="fp8" if fp8 else half_label)
             )
         best = min((t for t in mine if t.config.split_k == 1), key=lambda t: t.us)
-        best.chosen = True
-        (CHOSEN_FP8 if fp8 else CHOSEN)[(n, k, fusion)] = best.config
         top = min(mine, key=lambda t: t.us)
-        if not fp8:
+        if persistent:
+            best.chosen_persistent = True
+            CHOSEN_PERSISTENT[(n, k, fusion)] = best.config
+        else:
+            best.chosen = True
+            (CHOSEN_FP8 if fp8 else CHOSEN)[(n, k, fusion)] = best.config
+        if not (fp8 or persistent):
             top.chosen_split = True
             CHOSEN_SPLIT[(n, k, fusion)] = top.config
-        label = "FP8 " if fp8 else ""
+        label = "FP8 " if fp8 else "persistent " if persistent else ""
         progress(f"  {label}GEMV {n}x{k} {fusion.label}: {best.us:.1f} us, {best.tbs:.2f} TB/s with {best.config}")
         if top is not best:
             progress(f"    split-K: {top.us:.1f} us, {top.tbs:.2f} TB/s with {top.config}")

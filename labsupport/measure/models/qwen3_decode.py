@@ -15,6 +15,8 @@ forward pass in one screen, using the weights of a transformers model, so that e
                        once, its Σx² summed by the kernel that writes x (one scalar read by the
                        GEMV after), and the greedy token picked in the LM head's epilogue: no
                        final norm or argmax kernel (labsupport.measure.kernels.folded_norms)
+    Options.persistent  with pdl and fold_norms: every GEMV of the step in persistent form, one or two
+                       programs per SM walking the matrix's rows (labsupport.measure.kernels.persistent_gemv)
     Options.fp8        with fuse_gemv: every matrix in FP8 E4M3 with row scales (gemv_fp8)
 
 VerifyStep runs the same decoder on T tokens at once (a verify pass of speculative decoding):
@@ -51,6 +53,7 @@ class Options:
     early_weights: bool = False
     one_attention: bool = False
     fold_norms: bool = False
+    persistent: bool = False
 
     def __post_init__(self):
         if self.matmul not in ("torch", "triton"):
@@ -71,6 +74,8 @@ class Options:
             raise ValueError(
                 "fold_norms needs fuse_gemv=True and no fp8 (our fused GEMVs read folded weights; FP8 ones are not)"
             )
+        if self.persistent and not (self.pdl and self.fold_norms):
+            raise ValueError("persistent needs pdl=True and fold_norms=True (its GEMVs are the folded step's)")
 
 
 @cache
@@ -121,17 +126,17 @@ def ops():
         "labsupport::gemv_folded",
         mutates_args=("sums",),
         schema="(Tensor x, Tensor w, Tensor(a!) sums, int read, int add, int clear, float eps, bool silu, "
-        "Tensor? residual, bool split, bool pdl, bool early) -> Tensor",
+        "Tensor? residual, bool split, bool pdl, bool early, bool persistent) -> Tensor",
     )
-    def gemv_folded_op(x, w, sums, read, add, clear, eps, silu, residual, split, pdl, early):
+    def gemv_folded_op(x, w, sums, read, add, clear, eps, silu, residual, split, pdl, early, persistent):
         return gemv.gemv(
             x, w, eps=eps, silu=silu, residual=residual, split=split, pdl=pdl, early=early,
             sumsq_in=sums[read, :1] if read >= 0 else None,
-            sumsq_out=(sums[add, :1], sums[clear, :1]) if add >= 0 else None,
+            sumsq_out=(sums[add, :1], sums[clear, :1]) if add >= 0 else None, persistent=persistent,
         )  # fmt: skip
 
     @gemv_folded_op.register_fake
-    def _(x, w, sums, read, add, clear, eps, silu, residual, split, pdl, early):
+    def _(x, w, sums, read, add, clear, eps, silu, residual, split, pdl, early, persistent):
         return x.new_empty(*x.shape[:-1], w.shape[0] // 2 if silu else w.shape[0])
 
     return gemv_op, attention_op, gemv_folded_op
@@ -198,7 +203,8 @@ def layer(
         if gemv is None:
             return F.linear(v, weight if scale is None else gemv_fp8.dequantize(weight, scale, v.dtype))
         if fold:  # sumsq: the rows of `sums` it reads, adds into, zeroes (READ_INPUT ...)
-            return kernels[2](v, weight, sums, *sumsq, eps, silu, residual, opts.split_k, opts.pdl, opts.early_weights)
+            flags = (opts.split_k, opts.pdl, opts.early_weights, opts.persistent)
+            return kernels[2](v, weight, sums, *sumsq, eps, silu, residual, *flags)
         return gemv(v, weight, norm, eps, silu, residual, scale, opts.split_k, opts.pdl, opts.early_weights)
 
     red = (lambda t: t) if reduce is None else reduce
@@ -397,7 +403,7 @@ class Qwen3Decoder:
 
             head = gemv.gemv(
                 x, self.lm_head, eps=eps, sumsq_in=self.sums[-1, :1], argmax=self.argmax, pdl=o.pdl,
-                early=o.early_weights,
+                early=o.early_weights, persistent=o.persistent,
             )  # fmt: skip
             return head[:, -1]
         if not (step and o.matmul == "triton" and x.shape[1] == 1):

@@ -1,0 +1,126 @@
+"""The persistent GEMV (gemv.Config.ctas_per_sm > 0, labsupport.measure.kernels.persistent_gemv)
+computes what PyTorch computes while each program walks several blocks of rows, the tuner keeps its
+choice apart from the plain GEMV's, and the options that need it refuse to run without it. On a CPU,
+in float32, in Triton's interpreter (persistent_gemv.INTERPRETER_SMS stand for the SMs). Its
+folded-norms epilogues (sumsq_in, sumsq_out, argmax), the chain of Σx² scalars and the persistent
+rung's whole step on the tiny model are tested with the other folded GEMVs, in test_norm_fusion."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is built
+
+from labsupport.measure.models import qwen3_decode  # noqa: E402
+
+pytest.importorskip("triton")
+from labsupport.measure.kernels import gemv, persistent_gemv  # noqa: E402
+
+pytestmark = pytest.mark.unit
+CLOSE = dict(rtol=1e-4, atol=1e-4)
+# K = 100 and 2 x 25 rows below: no block divides either, so the last chunk of K and the last
+# block of rows are cut short, and the programs walk unequal numbers of blocks
+CONFIGS = {
+    "one-per-sm": gemv.Config(2, 32, 4, 2, ctas_per_sm=1),
+    "two-per-sm": gemv.Config(4, 64, 4, 3, ctas_per_sm=2),
+    "one-chunk-past-k": gemv.Config(4, 128, 4, 2, ctas_per_sm=1),
+}
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["", "early"])
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
+def test_the_persistent_gemv_gives_pytorchs_products_with_programs_walking_several_blocks(config, early):
+    g = torch.Generator().manual_seed(11)
+    k, i = 100, 25
+    x, nw = torch.randn(1, 1, k, generator=g), torch.randn(k, generator=g)
+    gate, up = torch.randn(i, k, generator=g), torch.randn(i, k, generator=g)
+    w = torch.cat([gate, up])
+    blocks = -(-2 * i // config.block_n)
+    assert persistent_gemv.programs(blocks, config.ctas_per_sm, "cpu") < blocks, "each program walks several blocks"
+    for _ in range(2):  # the same products on a second call
+        torch.testing.assert_close(gemv.gemv(x, w, config=config, early=early), x @ w.T, **CLOSE)
+    normed = qwen3_decode.rmsnorm(x, nw, 1e-6)
+    torch.testing.assert_close(gemv.gemv(x, w, norm_weight=nw, config=config, early=early), normed @ w.T, **CLOSE)
+    act = torch.nn.functional.silu(normed @ gate.T) * (normed @ up.T)
+    fused = gemv.gemv(x, gemv.interleave(gate, up), norm_weight=nw, silu=True, config=config, early=early)
+    torch.testing.assert_close(fused, act, **CLOSE)
+    r = torch.randn(1, 1, 2 * i, generator=g)
+    torch.testing.assert_close(gemv.gemv(x, w, residual=r, config=config, early=early), r + x @ w.T, **CLOSE)
+
+
+def test_the_persistent_grid_is_its_programs_per_sm_and_never_more_than_the_blocks():
+    sms = persistent_gemv.INTERPRETER_SMS
+    assert persistent_gemv.programs(100, 2, "cpu") == 2 * sms
+    assert persistent_gemv.programs(4, 2, torch.device("cpu")) == 4
+
+
+def test_a_persistent_gemv_takes_no_split_k():
+    with pytest.raises(ValueError, match="takes no split-K"):
+        gemv.Config(2, 32, 4, 2, split_k=3, ctas_per_sm=1)
+
+
+def test_the_persistent_rung_needs_pdl_and_folded_norms():
+    from labsupport.chapters import closing_the_gap as ch
+
+    folded = {**ch.OWN_OPTIONS["folded-norms"], "persistent": True}
+    assert ch.OWN_OPTIONS["persistent"] == folded
+    qwen3_decode.Options(**folded)
+    no_pdl = {"fused": True, "matmul": "triton", "fuse_gemv": True, "fold_norms": True}
+    for without in (no_pdl, ch.OWN_OPTIONS["one-attention"]):  # no pdl; no folded norms
+        with pytest.raises(ValueError, match="persistent needs pdl=True and fold_norms=True"):
+            qwen3_decode.Options(**without, persistent=True)
+
+
+def test_the_persistent_choice_is_kept_apart_from_the_plain_ones(monkeypatch):
+    plain, mine = gemv.Config(4, 1024, 8, 2), gemv.Config(2, 2048, 8, 3, ctas_per_sm=2)
+    monkeypatch.setattr(gemv, "CHOSEN", {(8, 16, gemv.PLAIN): plain})
+    monkeypatch.setattr(gemv, "CHOSEN_SPLIT", {})
+    monkeypatch.setattr(gemv, "CHOSEN_PERSISTENT", {})
+    assert gemv.choose(8, 16, gemv.PLAIN, persistent=True) == gemv.PERSISTENT_DEFAULT  # untuned: never the plain one
+    gemv.CHOSEN_PERSISTENT[(8, 16, gemv.PLAIN)] = mine
+    assert gemv.choose(8, 16, gemv.Fusion(residual=True), persistent=True, split=True) == mine
+    assert gemv.choose(8, 16, gemv.PLAIN) == plain and gemv.choose(8, 16, gemv.PLAIN, split=True) == plain
+
+
+def test_tune_with_persistent_candidates_fills_only_the_persistent_table(monkeypatch):
+    """tune's bookkeeping, with the timing stood in for (it needs a GPU): each case's fastest
+    persistent candidate goes into CHOSEN_PERSISTENT and is marked chosen_persistent, nothing into
+    the other tables, and a candidate that fails leaves the others."""
+    broken = gemv.PERSISTENT_CANDIDATES[0]
+    us = {c: 10.0 + i for i, c in enumerate(gemv.PERSISTENT_CANDIDATES)}
+
+    def timed(n, k, config, **_):
+        if config == broken:
+            raise RuntimeError("out of resources")
+        return us[config]
+
+    monkeypatch.setattr(gemv, "fused_call", lambda n, k, fusion, config, **_: config)
+    monkeypatch.setattr(gemv, "time_per_call_us", timed)
+    for table in ("CHOSEN", "CHOSEN_SPLIT", "CHOSEN_FP8", "CHOSEN_PERSISTENT"):
+        monkeypatch.setattr(gemv, table, {})
+    said = []
+    cases = [(64, 32, gemv.PLAIN), (64, 32, gemv.Fusion(silu=True))]
+    trials = gemv.tune(cases, progress=said.append, persistent=True)
+    assert len(trials) == 2 * (len(gemv.PERSISTENT_CANDIDATES) - 1) and any("failed" in s for s in said)
+    fastest = gemv.PERSISTENT_CANDIDATES[1]
+    assert dict.fromkeys(cases, fastest) == gemv.CHOSEN_PERSISTENT
+    assert gemv.CHOSEN == gemv.CHOSEN_SPLIT == gemv.CHOSEN_FP8 == {}
+    rows = [t.as_row() for t in trials]
+    assert not any(r["chosen"] or r["chosen_split"] for r in rows)
+    assert [r["ctas_per_sm"] for r in rows if r["chosen_persistent"]] == [fastest.ctas_per_sm] * 2
+    with pytest.raises(ValueError, match="not fp8"):
+        gemv.tune(cases, persistent=True, fp8=True)
+
+
+def test_a_persistent_and_a_plain_config_of_one_block_shape_are_two_rows_of_the_tuning_table():
+    import pandas as pd
+
+    from labsupport.chapters import closing_the_gap as ch
+    from labsupport.runs import tables
+
+    shape = (2, 2048, 8, 3)
+    rows = [gemv.Trial(64, 32, gemv.PLAIN, gemv.Config(*shape, ctas_per_sm=c), 5.0, 1.0).as_row() for c in (0, 2)]
+    tables.check_key(pd.DataFrame(rows), Path("gemv_tuning.csv"), ch.DECLARATION)  # no repeated key
