@@ -120,6 +120,7 @@ def test_tiny_models_cpu_operators_have_a_kind_and_a_source(tiny_cpu_operators):
         ("add_kernel", "elementwise", "Triton (ours)"),
         ("rmsnorm_kernel", "reduction", "Triton (ours)"),
         ("gemv_kernel", "matrix multiply", "Triton (ours)"),
+        ("persistent_gemv_kernel", "matrix multiply", "Triton (ours)"),
         ("attention_part_kernel", "attention", "Triton (ours)"),
         ("attention_combine_kernel", "attention", "Triton (ours)"),
         # cuDNN's SDPA: the attention kernel and the reduction of its split-KV partial results

@@ -56,11 +56,13 @@ KINDS = (
 # Collectives: NCCL's GPU kernels, and (CPU traces) the collective operators themselves.
 COMMUNICATION = re.compile(r"^(void )?nccl(Dev)?Kernel_|^_?c10d(_functional)?::|^(nccl|gloo):")
 
-# Our own Triton kernels (labsupport.measure.kernels.triton_kernels, .gemv, .decode_attention), by their exact names.
+# Our own Triton kernels (labsupport.measure.kernels.triton_kernels, .gemv, .persistent_gemv, .decode_attention), by
+# their exact names.
 OUR_TRITON = {
     "add_kernel": "elementwise",
     "rmsnorm_kernel": "reduction",
     "gemv_kernel": "matrix multiply",
+    "persistent_gemv_kernel": "matrix multiply",  # not cuBLAS's, whose names hold "gemv" too
     "attention_part_kernel": "attention",
     "attention_combine_kernel": "attention",
     "attention_kernel": "attention",  # decode_attention_one: the two above in one

@@ -148,8 +148,9 @@ def _kernel():
         y, tile, rows, row_ok, y_ptr, res_ptr, sumsq_out_ptr, sumsq_clear_ptr, N,
         BLOCK: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr,
     ):  # fmt: skip
-        # the epilogue of both kernels: rows 2i and 2i+1 are gate_i and up_i with SILU (silu(gate_i) * up_i
-        # written at i), else the rows plus the residual; with SUMSQ_OUT the squares of what is written summed
+        # the epilogue of every kernel here, on block `tile` of rows: rows 2i and 2i+1 are gate_i and up_i with SILU
+        # (silu(gate_i) * up_i written at i), else the rows plus the residual; with SUMSQ_OUT the squares of what
+        # is written summed
         if SILU:
             gate, up = tl.split(tl.reshape(y, (BLOCK // 2, 2)))
             g = gate.to(tl.float32)
