@@ -26,7 +26,7 @@ pytestmark = pytest.mark.unit
 CLOSE = dict(rtol=1e-4, atol=1e-4)
 EPS = 1e-6
 # K = 96 below: none of these blocks divides it, so every mask matters (the last one's first tile too);
-# the persistent one's programs (persistent_gemv.INTERPRETER_SMS of them) walk 8 to 12 blocks of rows each
+# the persistent one's programs (persistent_gemv.INTERPRETER_SMS of them) walk 6 to 16 blocks of rows each
 CONFIGS = {
     "two-tiles": gemv.Config(2, 64, 4, 2),
     "three-tiles": gemv.Config(8, 32, 4, 2),

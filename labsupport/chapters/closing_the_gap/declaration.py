@@ -56,8 +56,8 @@ DECLARATION = Chapter(
         File("matmuls.csv", "each weight shape's matmul for one token: cuBLAS against our Triton GEMV, in µs and TB/s",
              ("matrix", "n", "k", "bytes", "cublas_us", "triton_us")),
         File("gemv_tuning.csv",
-             "every configuration of our GEMV tried on every weight shape (BF16 and FP8 weights, split-K), and the "
-             "ones kept", ("n", "k", "block_n", "block_k", "num_warps", "num_stages", "us", "chosen")),
+             "every configuration of our GEMV tried on every weight shape (BF16 and FP8 weights, split-K, persistent), "
+             "and the ones kept", ("n", "k", "block_n", "block_k", "num_warps", "num_stages", "us", "chosen")),
         File("tokens_per_forward.csv",
              "the best BF16 rung's decoder on 1 to 16 tokens at once: ms per forward, in interleaved rounds",
              ("tokens", "path", "status", "ms_min")),
