@@ -265,10 +265,10 @@ def time_matmuls(shapes: dict[str, tuple[int, int]], dtype=None) -> pd.DataFrame
 
 
 def fp8_record(step, model) -> dict:
-    """What the run keeps of the FP8 rung's step: the bytes it reads as weights (FP8 matrices,
-    their float32 row scales, the BF16 norms), from which its own floor comes, and how far rounding
-    `model`'s weight matrices (every linear layer's, the LM head's) to E4M3 with row scales moved
-    them (gemv_fp8.rounding_error)."""
+    """What the run keeps of an FP8 rung's step, once for all of them (they read the same weights):
+    the bytes it reads as weights (FP8 matrices, their float32 row scales, the BF16 norms), from
+    which their own floor comes, and how far rounding `model`'s weight matrices (every linear
+    layer's, the LM head's) to E4M3 with row scales moved them (gemv_fp8.rounding_error)."""
     import torch
 
     from labsupport.measure.kernels import gemv_fp8

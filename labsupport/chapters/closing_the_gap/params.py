@@ -27,6 +27,7 @@ RUNGS = {
     "folded-norms": "+ norm weights folded into the matrices, x's sum of squares from the kernel that writes x, "
     "argmax inside the LM head",
     "fp8-weights": "FP8 (E4M3) weights with row scales, on rung 9: a floor of its own",
+    "fp8-pdl": "FP8 (E4M3) weights on rung 13: dependent launch, weights first, one attention kernel",
 }
 # Short names for the figure's axis, by the same keys.
 RUNG_SHORT = {
@@ -45,6 +46,7 @@ RUNG_SHORT = {
     "one-attention": "13 one attention kernel",
     "folded-norms": "14 folded norms",
     "fp8-weights": "15 FP8 weights (own floor)",
+    "fp8-pdl": "16 FP8 + dependent launch",
 }
 # The rungs that are transformers' step: shared quantities (labsupport.chapters.shared), timed by
 # the chapter that owns each, by the prefix of their names there. This chapter shows their
@@ -70,10 +72,14 @@ OWN_OPTIONS = {
     "folded-norms": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True},
     # on rung 9's options, not on split-K's or PDL's: a failure of either cannot take this rung down
     "fp8-weights": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "fp8": True},
+    # rung 13's options on FP8 weights (folded norms are BF16's only); rung 15 stands if PDL fails
+    "fp8-pdl": {**PDL, "early_weights": True, "one_attention": True, "fp8": True},
 }
 # The rungs whose weights are not BF16: each has its own floor (its own bytes over the datasheet),
-# is never set against the BF16 floor, and is never "the best rung" (which is BF16's).
-FP8_RUNGS = ("fp8-weights",)
+# is never set against the BF16 floor, and is never "the best rung" (which is BF16's). They read
+# the same FP8 weights, so they share that floor (run.results["fp8"]); the page speaks of the
+# fastest of them that gives eager's answers (analysis.best_fp8).
+FP8_RUNGS = ("fp8-weights", "fp8-pdl")
 # Tokens per forward: the best BF16 rung's decoder run on this many tokens at once (a verify pass).
 TOKENS = (1, 2, 4, 8, 16)
 TOKEN_COLUMNS = [
