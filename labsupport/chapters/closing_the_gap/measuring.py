@@ -233,8 +233,8 @@ def tuning_cases(model) -> list:
 
 
 def fp8_tuning_cases(model) -> list:
-    """What gemv.tune times with FP8 weights: the cases the FP8 rung runs (its fused GEMVs and
-    the LM head)."""
+    """What gemv.tune times with FP8 weights: the cases the FP8 rungs run (the same fused GEMVs and
+    LM head for both: neither folds the norms)."""
     from labsupport.measure.kernels.gemv import PLAIN
 
     return fused_cases(model) + [(*weight_shapes(model)["lm_head"], PLAIN)]

@@ -104,7 +104,7 @@ ERROR_FACTOR = 2.0
 ERROR_FLOOR = 1e-3
 # ERROR_FACTOR is a ratio of two errors in the same type (a rung's and eager's), so it holds in
 # float16 as in BF16: both round at the same relative step.
-# The FP8 rung's allowed error, as a multiple of eager's own: ERROR_FACTOR times the ratio of
+# The FP8 rungs' allowed error, as a multiple of eager's own: ERROR_FACTOR times the ratio of
 # E4M3's relative step (3 mantissa bits: 2^-3) to BF16's (2^-7), 16 (gemv_fp8's docstring).
 FP8_ERROR_FACTOR = gemv_fp8.tolerance_factor(ERROR_FACTOR)
 # By the model's dtype: in float16 (10 mantissa bits, a step of 2^-10) eager's own error is 8
