@@ -144,10 +144,11 @@ def test_the_fp8_rung_computes_rung_9_on_the_fp8_rounded_weights(tiny, fp8_round
 @pytest.mark.live
 @pytest.mark.usefixtures("waits_as_no_ops")
 def test_the_fp8_rung_on_rung_13_passes_the_check_against_its_fp8_weights(tiny, fp8_rounded, monkeypatch):
-    """Rung 16 reads the FP8 weights through rung 13's kernels (each GEMV its first tile before the
-    wait, attention in one kernel) and passes the chapter's rule against the model whose matrices are
-    those FP8 weights. (Against the exact tiny model it cannot: that model is float32, eager's own
-    error is nil, and the rounding of the weights is all that shows, as the test above checks.)"""
+    """The FP8 rung on rung 13's options reads the FP8 weights through rung 13's kernels (each GEMV
+    its first tile before the wait, attention in one kernel) and passes the chapter's rule against the
+    model whose matrices are those FP8 weights. (Against the exact tiny model it cannot: that model
+    is float32, eager's own error is nil, and the rounding of the weights is all that shows, as the
+    test above checks.)"""
     model, prompt, ref = tiny
     calls = {"fp8 early": 0, "one": 0}
     launch, one = gemv.launch, decode_attention.decode_attention_one
@@ -807,8 +808,9 @@ def test_the_fp8_rung_has_its_own_floor_and_is_never_the_best(run, tmp_path):
 
 def test_the_page_of_both_fp8_rungs_speaks_of_the_fastest_that_passes(run, tmp_path):
     """Both FP8 rungs against their one floor, each in the FP8 table; the sentence is the fastest
-    FP8 rung that gives eager's answers (here rung 15: rung 16 is faster, but fails), and what rung 16
-    changed against rung 15."""
+    FP8 rung that gives eager's answers (here the one on rung 9's options: the one on rung 13's is
+    faster, but fails), and what the second changed against the first, each by its number."""
+    first, second = (ch.RUNG_SHORT[r].split()[0] for r in ch.FP8_RUNGS)
     rows = {"fp8-weights": ("fused-attention", {"wall_ms_min": 2.0, "passed": True}),
             "fp8-pdl": ("fused-attention", {"wall_ms_min": 1.8, "passed": False})}  # fmt: skip
     fake = with_rungs(run, tmp_path, rows, fp8_bytes=7_600_000_000)
@@ -826,8 +828,8 @@ def test_the_page_of_both_fp8_rungs_speaks_of_the_fastest_that_passes(run, tmp_p
     assert t["same answers"].tolist() == ["yes", "yes", "no"]
     assert t.loc[ch.RUNGS["fp8-pdl"], "× its floor"] == pytest.approx(1.8 / f8.floor_ms)
     assert t.loc[ch.RUNGS["fp8-pdl"], "its floor ms"] == pytest.approx(f8.floor_ms)
-    assert p.fp8_launch_text.startswith(f"Rung 16 took 1.80 ms ({1.8 / f8.floor_ms:.2f}× its floor")
-    assert "rung 15's 2.00 ms" in p.fp8_launch_text and "took 0.20 ms off the FP8 step" in p.fp8_launch_text
+    assert p.fp8_launch_text.startswith(f"Rung {second} took 1.80 ms ({1.8 / f8.floor_ms:.2f}× its floor")
+    assert f"rung {first}'s 2.00 ms" in p.fp8_launch_text and "took 0.20 ms off the FP8 step" in p.fp8_launch_text
     # by name, not by position: the one that passes, else the fastest (its sentence then says none passes)
     passes = lad["same answers"].where(lad.rung != "fp8-pdl", True)
     assert ch.best_fp8(lad.assign(**{"same answers": passes})) == "fp8-pdl"
@@ -836,20 +838,21 @@ def test_the_page_of_both_fp8_rungs_speaks_of_the_fastest_that_passes(run, tmp_p
     assert ch.best_fp8(lad[~lad.rung.isin(ch.FP8_RUNGS)]) is None
 
 
-def test_a_run_recorded_before_rung_16_shows_rung_15_alone(published_run):
+def test_a_run_recorded_before_the_second_fp8_rung_shows_the_first_alone(published_run):
     """The published run has the FP8 rung on rung 9's options only: the page shows it against its
-    floor and says rung 16 is not in the run."""
+    floor and says the one on rung 13's options is not in the run."""
     p = ch.page(published_run, ch.shared_values())
     assert p.fp8_text.startswith(f"*{ch.RUNGS['fp8-weights']}*, the fastest FP8 rung that gives eager's answers")
     assert list(p.fp8_table.rung) == [p.best, ch.RUNGS["fp8-weights"]]
     why = "not in this run (recorded before this rung existed)"
-    assert p.fp8_launch_text == f"Rung 16, *{ch.RUNGS['fp8-pdl']}*, has no numbers here: {why}."
+    second = ch.RUNG_SHORT["fp8-pdl"].split()[0]
+    assert p.fp8_launch_text == f"Rung {second}, *{ch.RUNGS['fp8-pdl']}*, has no numbers here: {why}."
     assert f"*{ch.RUNGS['fp8-pdl']}*: {why}" in p.failed_text
 
 
-def test_the_kernels_of_rung_16_read_the_fp8_weights_it_was_tuned_for(published_run, tmp_path):
-    """Rung 16 is on options that allow split-K, but FP8 is tuned without it: its GEMVs are found by
-    FP8's chosen configs, as rung 15's are (here its trace is rung 15's)."""
+def test_the_kernels_of_the_fp8_rung_on_rung_13_read_the_fp8_weights_it_was_tuned_for(published_run, tmp_path):
+    """The FP8 rung on rung 13's options allows split-K, but FP8 is tuned without it: its GEMVs are
+    found by FP8's chosen configs, as the other FP8 rung's are (here its trace is that rung's)."""
     fake = with_rungs(published_run, tmp_path, {"fp8-pdl": ("fp8-weights", {})})
     columns = ["kernel", "weight", "kernels", "MB"]
     groups = ch.kernel_groups(fake, "fp8-pdl")[columns]
