@@ -24,6 +24,7 @@ from labsupport.traces import kernels  # noqa: E402
 from .conftest import fixture_run, with_shared_owners  # noqa: E402
 from .live_cells import parameters, run_live_cells, watch_harness  # noqa: E402
 from .page_names import unglued  # noqa: E402
+from .test_weights_first import waits_as_no_ops  # noqa: E402, F401 (a fixture: the interpreter has no PDL wait)
 
 pytest.importorskip("triton")
 from labsupport.measure.kernels import decode_attention, gemv  # noqa: E402
@@ -109,27 +110,69 @@ def test_each_of_our_rungs_gives_transformers_logits(tiny, rung):
     assert check["passed"] and check["same_token"]
 
 
-@pytest.mark.live
-def test_the_fp8_rung_computes_rung_9_on_the_fp8_rounded_weights(tiny):
-    """FP8 weights change the answer by their rounding only: the FP8 rung equals rung 9 run on a
-    copy of the model whose matrices were rounded to FP8 and back (row scales are per row, so
-    fusing rows first, as the step does, rounds each row as alone)."""
+@pytest.fixture(scope="module")
+def fp8_rounded(tiny):
+    """A copy of the tiny model whose matrices were rounded to FP8 and back: the weights the FP8
+    rungs compute with (row scales are per row, so fusing rows first, as the step does, rounds each
+    row as alone)."""
     import copy
 
     from labsupport.measure.kernels import gemv_fp8
 
-    model, prompt, ref = tiny
-    rounded = copy.deepcopy(model)
+    rounded = copy.deepcopy(tiny[0])
     with torch.no_grad():
         for mod in rounded.modules():
             if isinstance(mod, torch.nn.Linear):
                 mod.weight.copy_(gemv_fp8.dequantize(*gemv_fp8.quantize(mod.weight), mod.weight.dtype))
+    return rounded
+
+
+@pytest.mark.live
+def test_the_fp8_rung_computes_rung_9_on_the_fp8_rounded_weights(tiny, fp8_rounded):
+    """FP8 weights change the answer by their rounding only: the FP8 rung equals rung 9 run on a
+    copy of the model whose matrices were rounded to FP8 and back."""
+    model, prompt, ref = tiny
+    rounded = fp8_rounded
     opts = qwen3_decode.Options(**ch.OWN_OPTIONS["fp8-weights"])
     logits, _ = qwen3_decode.OwnStep(model, prompt.ids, ref.token, opts, compile=False, graph=False)()
     nine = qwen3_decode.Options(**ch.OWN_OPTIONS["fused-attention"])
     want, _ = qwen3_decode.OwnStep(rounded, prompt.ids, ref.token, nine, compile=False, graph=False)()
     torch.testing.assert_close(logits, want, rtol=1e-3, atol=1e-3)
     assert (logits - ref.logits).abs().max() > 1e-3  # and the rounding does show against the exact model
+
+
+@pytest.mark.live
+@pytest.mark.usefixtures("waits_as_no_ops")
+def test_the_fp8_rung_on_rung_13_passes_the_check_against_its_fp8_weights(tiny, fp8_rounded, monkeypatch):
+    """The FP8 rung on rung 13's options reads the FP8 weights through rung 13's kernels (each GEMV
+    its first tile before the wait, attention in one kernel) and passes the chapter's rule against the
+    model whose matrices are those FP8 weights. (Against the exact tiny model it cannot: that model
+    is float32, eager's own error is nil, and the rounding of the weights is all that shows, as the
+    test above checks.)"""
+    model, prompt, ref = tiny
+    calls = {"fp8 early": 0, "one": 0}
+    launch, one = gemv.launch, decode_attention.decode_attention_one
+
+    def counted_launch(*a, **k):
+        calls["fp8 early"] += bool(k.get("scale") is not None and k.get("early") and k.get("pdl"))
+        return launch(*a, **k)
+
+    def counted_one(*a, **k):
+        calls["one"] += bool(k.get("pdl"))
+        return one(*a, **k)
+
+    monkeypatch.setattr(gemv, "launch", counted_launch)
+    monkeypatch.setattr(decode_attention, "decode_attention_one", counted_one)
+    opts = qwen3_decode.Options(**ch.OWN_OPTIONS["fp8-pdl"])
+    out = qwen3_decode.OwnStep(model, prompt.ids, ref.token, opts, compile=False, graph=False)()
+    layers = model.config.num_hidden_layers
+    steps, rest = divmod(calls["fp8 early"], 4 * layers + 1)  # the step runs more than once (its warm-up)
+    assert steps and not rest, "every GEMV of each step, the LM head's too, reads FP8 weights, its first tile early"
+    assert calls["one"] == steps * layers, "one attention kernel a layer"
+    rounded = ch.reference(fp8_rounded, prompt)
+    assert torch.equal(rounded.token, ref.token)  # the same input token
+    check = ch.fidelity(out, rounded, ch.error_factor("fp8-pdl"))
+    assert check["passed"] and check["same_token"] and int(rounded.next_token) == int(ref.next_token)
 
 
 @pytest.mark.live
@@ -306,7 +349,7 @@ def test_ladder_arithmetic(run):
     assert lad["x floor"].to_numpy() == pytest.approx((lad.ms / f.floor_ms).to_numpy(), nan_ok=True)
     assert (lad["x floor"].dropna() > 1).all()  # nothing beats the floor
     # rungs added since the fixture was recorded are in the ladder, without numbers
-    assert lad.loc[["split-k", "pdl", "fp8-weights"], "ms"].isna().all()
+    assert lad.loc[["split-k", "pdl", *ch.FP8_RUNGS], "ms"].isna().all()
     # the waterfall adds up: eager's time minus every rung's saving is the last rung's time
     last = lad["ms"].last_valid_index()
     assert lad.loc["eager", "ms"] - lad["ms saved"].sum() == pytest.approx(lad.loc[last, "ms"])
@@ -508,9 +551,10 @@ def test_the_page_of_the_fixture_run(run, fixture_page):
     assert p.try_best_tokens == pytest.approx(1e3 / p.best_wall)
     assert (p.eager_err, p.max_logit) == (rungs.loc["eager", "eager_abs_err"], rungs.loc["eager", "max_abs_logit"])
     assert p.tolerance_text == "2 times eager's own" and p.token_note == ""
-    for rung in ("split-k", "pdl", "fp8-weights"):
+    for rung in ("split-k", "pdl", *ch.FP8_RUNGS):
         assert f"*{ch.RUNGS[rung]}*: not in this run" in p.failed_text
     assert p.fp8_text == "this run has no FP8 numbers: not in this run (recorded before this rung existed)."
+    assert p.fp8_launch_text == ""
     assert p.fp8_table is None and p.tokens_table is None and p.tokens_text.startswith("this run has no such")
     assert p.overlap_text.startswith("(Programmatic dependent launch, rung 11, has no trace here: not in this run")
     shapes = pd.read_csv(run.path / "matmuls.csv")
@@ -569,6 +613,15 @@ def test_notebook_runs_live_on_cpu_through_papermill(runs_root, monkeypatch, tmp
 
 
 # The last rungs: FP8 weights, split-K, programmatic dependent launch, several tokens per forward.
+
+
+def test_every_fp8_candidate_leaves_each_thread_16_bytes_a_load_or_more():
+    """An FP8 tile of BLOCK_N rows by BLOCK_K columns, BLOCK_K a multiple of 16, shared by the
+    program's 32 x num_warps threads leaves each thread 16 FP8 weights or more: one 16-byte load at
+    least. Among them, tiles of fewer rows than the first trial's eight (gemv.FP8_CANDIDATES)."""
+    for c in gemv.FP8_CANDIDATES:
+        assert c.block_k % 16 == 0 and c.block_n * c.block_k // (32 * c.num_warps) >= 16, c
+    assert {(c.block_n, c.block_k) for c in gemv.FP8_CANDIDATES} >= {(4, 1024), (2, 2048)}
 
 
 def test_fp8_quantisation_is_within_half_a_step_of_e4m3():
@@ -656,9 +709,11 @@ def test_the_new_options_need_our_gemv():
 
 
 def test_pdl_and_the_new_rungs_are_not_run_on_a_cpu():
-    for rung in ("split-k", "pdl", "weights-first", "one-attention", "folded-norms", "persistent", "fp8-weights"):
+    for rung in ("split-k", "pdl", "weights-first", "one-attention", "folded-norms", "persistent", *ch.FP8_RUNGS):
         assert "needs a CUDA GPU" in ch.runs_here(rung, "cpu")
-    assert ch.error_factor("fp8-weights") == ch.FP8_ERROR_FACTOR and ch.error_factor("pdl") == ch.ERROR_FACTOR
+    assert ch.FP8_RUNGS == ("fp8-weights", "fp8-pdl")
+    assert all(ch.error_factor(r) == ch.FP8_ERROR_FACTOR for r in ch.FP8_RUNGS)
+    assert ch.error_factor("pdl") == ch.ERROR_FACTOR
 
 
 @pytest.mark.live
@@ -700,27 +755,45 @@ def test_kernel_groups_account_for_every_kernel_and_the_weights_read(run):
     assert both["MB"] == pytest.approx(layers * (m.loc["o_proj", "bytes"] + m.loc["down_proj", "bytes"]) / 1e6)
 
 
-def test_the_fp8_rung_has_its_own_floor_and_is_never_the_best(run, tmp_path):
+def with_rungs(source, tmp_path, rows: dict, fp8_bytes: int | None = None):
+    """A copy of the run `source` under tmp_path, loaded, with rows added to its rungs.csv (rung ->
+    (the rung whose row and traces it copies, the columns it changes)) and, where given, the bytes of
+    its FP8 weights (meta.json: results.fp8)."""
     import hashlib
     import json
     import shutil
 
     from labsupport import runs
 
-    new = tmp_path / "closing-the-gap" / run.run_id
-    shutil.copytree(run.path, new)
+    new = tmp_path / "closing-the-gap" / source.run_id
+    shutil.copytree(source.path, new)
     r = pd.read_csv(new / "rungs.csv")
-    fa = r[r.rung == "fused-attention"].iloc[0].copy()
-    fa["rung"], fa["wall_ms_min"], fa["passed"] = "fp8-weights", 2.0, True  # faster than every BF16 rung
-    r = pd.concat([r, fa.to_frame().T], ignore_index=True)
-    r.to_csv(new / "rungs.csv", index=False)
-    shutil.copy(new / "trace-fused-attention.json.gz", new / "trace-fp8-weights.json.gz")
     meta = json.loads((new / "meta.json").read_text())
-    meta["results"]["fp8"] = {"decode_bytes": 7_600_000_000}
-    for name in ("rungs.csv", "trace-fp8-weights.json.gz"):
+    written = ["rungs.csv"]
+    for rung, (like, changes) in rows.items():
+        row = r[r.rung == like].iloc[0].copy()
+        row["rung"] = rung
+        for column, value in changes.items():
+            row[column] = value
+        r = pd.concat([r, row.to_frame().T], ignore_index=True)
+        for name in [f for f in meta["files"] if f.startswith(f"trace-{like}.")]:  # the trace and its tables
+            written.append(name.replace(f"trace-{like}.", f"trace-{rung}.", 1))
+            shutil.copy(new / name, new / written[-1])
+            if name in meta.get("derived", {}):  # a table: derived from the copy now
+                meta["derived"][written[-1]] = {**meta["derived"][name], "from": ch.trace_file(rung)}
+    r.to_csv(new / "rungs.csv", index=False)
+    if fp8_bytes is not None:
+        meta["results"]["fp8"] = {"decode_bytes": fp8_bytes}
+    for name in written:
         meta["files"][name] = hashlib.sha256((new / name).read_bytes()).hexdigest()
     (new / "meta.json").write_text(json.dumps(meta))
-    fake = runs.load_run(chapters.by_slug("closing-the-gap"), run.run_id, root=tmp_path)
+    return runs.load_run(chapters.by_slug("closing-the-gap"), source.run_id, root=tmp_path)
+
+
+def test_the_fp8_rung_has_its_own_floor_and_is_never_the_best(run, tmp_path):
+    # faster than every BF16 rung
+    fake = with_rungs(run, tmp_path, {"fp8-weights": ("fused-attention", {"wall_ms_min": 2.0, "passed": True})},
+                      fp8_bytes=7_600_000_000)  # fmt: skip
     lad = ch.ladder(fake).set_index("rung")
     f, f8 = ch.floor(fake), ch.fp8_floor(fake)
     assert f8.floor_ms == pytest.approx(7.6e9 / f.datasheet_tbs / 1e9) and f8.floor_ms < f.floor_ms
@@ -731,3 +804,57 @@ def test_the_fp8_rung_has_its_own_floor_and_is_never_the_best(run, tmp_path):
     assert ch.best(fake) == "fused-attention"  # the best rung is BF16's
     split = ch.time_split(fake).set_index("rung")
     assert split.loc["fp8-weights", "floor ms"] == pytest.approx(f8.floor_ms)
+
+
+def test_the_page_of_both_fp8_rungs_speaks_of_the_fastest_that_passes(run, tmp_path):
+    """Both FP8 rungs against their one floor, each in the FP8 table; the sentence is the fastest
+    FP8 rung that gives eager's answers (here the one on rung 9's options: the one on rung 13's is
+    faster, but fails), and what the second changed against the first, each by its number."""
+    first, second = (ch.RUNG_SHORT[r].split()[0] for r in ch.FP8_RUNGS)
+    rows = {"fp8-weights": ("fused-attention", {"wall_ms_min": 2.0, "passed": True}),
+            "fp8-pdl": ("fused-attention", {"wall_ms_min": 1.8, "passed": False})}  # fmt: skip
+    fake = with_rungs(run, tmp_path, rows, fp8_bytes=7_600_000_000)
+    lad = ch.ladder(fake)
+    f8 = ch.fp8_floor(fake)
+    for rung, ms in (("fp8-weights", 2.0), ("fp8-pdl", 1.8)):
+        row = lad.set_index("rung").loc[rung]
+        assert row["floor ms"] == pytest.approx(f8.floor_ms) and row["x floor"] == pytest.approx(ms / f8.floor_ms)
+    assert ch.best(fake) == "fused-attention" and ch.best_fp8(lad) == "fp8-weights"
+    p = ch.page(fake, ch.shared_values())
+    assert p.fp8_text.startswith(f"*{ch.RUNGS['fp8-weights']}*, the fastest FP8 rung that gives eager's answers")
+    assert "took 2.00 ms" in p.fp8_text
+    t = p.fp8_table.set_index("rung")
+    assert list(t.index) == [ch.RUNGS["fused-attention"], ch.RUNGS["fp8-weights"], ch.RUNGS["fp8-pdl"]]
+    assert t["same answers"].tolist() == ["yes", "yes", "no"]
+    assert t.loc[ch.RUNGS["fp8-pdl"], "× its floor"] == pytest.approx(1.8 / f8.floor_ms)
+    assert t.loc[ch.RUNGS["fp8-pdl"], "its floor ms"] == pytest.approx(f8.floor_ms)
+    assert p.fp8_launch_text.startswith(f"Rung {second} took 1.80 ms ({1.8 / f8.floor_ms:.2f}× its floor")
+    assert f"rung {first}'s 2.00 ms" in p.fp8_launch_text and "took 0.20 ms off the FP8 step" in p.fp8_launch_text
+    # by name, not by position: the one that passes, else the fastest (its sentence then says none passes)
+    passes = lad["same answers"].where(lad.rung != "fp8-pdl", True)
+    assert ch.best_fp8(lad.assign(**{"same answers": passes})) == "fp8-pdl"
+    none = lad["same answers"].where(~lad.rung.isin(ch.FP8_RUNGS), False)
+    assert ch.best_fp8(lad.assign(**{"same answers": none})) == "fp8-pdl"
+    assert ch.best_fp8(lad[~lad.rung.isin(ch.FP8_RUNGS)]) is None
+
+
+def test_a_run_recorded_before_the_second_fp8_rung_shows_the_first_alone(published_run):
+    """The published run has the FP8 rung on rung 9's options only: the page shows it against its
+    floor and says the one on rung 13's options is not in the run."""
+    p = ch.page(published_run, ch.shared_values())
+    assert p.fp8_text.startswith(f"*{ch.RUNGS['fp8-weights']}*, the fastest FP8 rung that gives eager's answers")
+    assert list(p.fp8_table.rung) == [p.best, ch.RUNGS["fp8-weights"]]
+    why = "not in this run (recorded before this rung existed)"
+    second = ch.RUNG_SHORT["fp8-pdl"].split()[0]
+    assert p.fp8_launch_text == f"Rung {second}, *{ch.RUNGS['fp8-pdl']}*, has no numbers here: {why}."
+    assert f"*{ch.RUNGS['fp8-pdl']}*: {why}" in p.failed_text
+
+
+def test_the_kernels_of_the_fp8_rung_on_rung_13_read_the_fp8_weights_it_was_tuned_for(published_run, tmp_path):
+    """The FP8 rung on rung 13's options allows split-K, but FP8 is tuned without it: its GEMVs are
+    found by FP8's chosen configs, as the other FP8 rung's are (here its trace is that rung's)."""
+    fake = with_rungs(published_run, tmp_path, {"fp8-pdl": ("fp8-weights", {})})
+    columns = ["kernel", "weight", "kernels", "MB"]
+    groups = ch.kernel_groups(fake, "fp8-pdl")[columns]
+    assert groups.equals(ch.kernel_groups(fake, "fp8-weights")[columns])
+    assert "gate_up (fused)" in set(groups.weight)

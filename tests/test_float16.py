@@ -79,8 +79,9 @@ def test_the_datasheet_rate_follows_the_dtype_and_a_missing_bf16_rate_is_none():
     t4 = hardware.datasheet("Tesla T4")
     assert hardware.run_limits(run_on("Tesla T4", "float16")).datasheet_tflops == t4.fp16_tflops == 65.0
     assert hardware.run_limits(run_on("Tesla T4", None)).datasheet_tflops is None  # never a crash
-    assert gap.error_factor("fp8-weights") == gap.FP8_ERROR_FACTOR == gap.ERROR_FACTOR * 16
-    assert gap.error_factor("fp8-weights", "float16") == gap.FP8_ERROR_FACTORS["float16"] == 256
+    for rung in gap.FP8_RUNGS:
+        assert gap.error_factor(rung) == gap.FP8_ERROR_FACTOR == gap.ERROR_FACTOR * 16
+        assert gap.error_factor(rung, "float16") == gap.FP8_ERROR_FACTORS["float16"] == 256
     assert gap.error_factor("pdl", "float16") == gap.ERROR_FACTOR  # same type on both sides: unchanged
 
 

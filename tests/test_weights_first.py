@@ -131,8 +131,10 @@ def test_the_ladder_climbs_past_pdl_one_change_a_rung():
 
     past = ["pdl", "weights-first", "one-attention", "folded-norms", "persistent"]
     rungs = list(ch.RUNGS)
-    assert rungs[rungs.index("pdl") : rungs.index("pdl") + len(past)] == past and rungs[-1] == "fp8-weights"
-    for before, rung in zip(past, past[1:], strict=False):
+    assert rungs[rungs.index("pdl") : rungs.index("pdl") + len(past)] == past
+    assert rungs[-2:] == list(ch.FP8_RUNGS) == ["fp8-weights", "fp8-pdl"]  # FP8 last, each on a BF16 rung's options
+    pairs = [*zip(past, past[1:], strict=False), ("fused-attention", "fp8-weights"), ("one-attention", "fp8-pdl")]
+    for before, rung in pairs:
         added = set(ch.OWN_OPTIONS[rung].items()) - set(ch.OWN_OPTIONS[before].items())
         assert len(added) == 1 and set(ch.OWN_OPTIONS[before].items()) <= set(ch.OWN_OPTIONS[rung].items())
         qwen3_decode.Options(**ch.OWN_OPTIONS[rung])  # options that fit together

@@ -11,8 +11,8 @@ remains, all computed from the run here.
     params     Params, CHAPTER, RUNGS (data key -> label shown), OWN_OPTIONS, ERROR_FACTOR, load
     measuring  pending_run, reference (eager's logits), build (each rung's step), fidelity,
                rung_row, rungs_table, weight_shapes, time_matmuls
-    analysis   floor, the step's bytes (KV cache too), ladder, best, time_split, census, fidelity table, matmuls,
-               remaining and the kernels by exclusive time, tuning, next to published
+    analysis   floor, the step's bytes (KV cache too), ladder, best (BF16's), best_fp8, time_split, census,
+               fidelity table, matmuls, remaining and the kernels by exclusive time, tuning, next to published
     split_k    split_k_text: what the split-K rung changed against rung 9, from the run's tuning
     prose      the page's sentences that depend on the run (which rungs failed, FP8, matmuls, launches, ...)
     page       Page and page(): every number and sentence the page glues, and the frames it shows
@@ -24,13 +24,13 @@ from __future__ import annotations
 
 # fmt: off
 from .analysis import (
-    best, census, census_by_rung, compiled_matmuls, fidelity_table, floor, Floor, fp8_error_factor, fp8_floor,
+    best, best_fp8, census, census_by_rung, compiled_matmuls, fidelity_table, floor, Floor, fp8_error_factor, fp8_floor,
     headline, is_shared_config, kernel_groups, kernel_table, kv_cache_bytes, kv_positions, ladder, matmul_launches,
     matmuls, next_to_published, overlaps, remaining, shared_values, step_bytes, time_split, tokens_per_forward, tuning,
 )
 from .prose import (
-    compile_matmul_text, compile_text, failed_text, fp8_rounding_text, fp8_text, fp8_tolerance_text, launch_text,
-    matmul_text, overlap_text, token_note, tokens_text, tolerance_text,
+    compile_matmul_text, compile_text, failed_text, fp8_launch_text, fp8_rounding_text, fp8_text, fp8_tolerance_text,
+    launch_text, matmul_text, overlap_text, token_note, tokens_text, tolerance_text,
 )
 from .page import (
     FIDELITY_FORMATS, FP8_FORMATS, GROUP_FORMATS, LADDER_FORMATS, LAUNCH_FORMATS, MATMUL_FORMATS, page, Page,

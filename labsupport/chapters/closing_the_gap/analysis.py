@@ -88,9 +88,9 @@ def floor(run: runs.Run, vals: dict | None = None) -> Floor:
 
 
 def fp8_floor(run: runs.Run, vals: dict | None = None) -> Floor | None:
-    """The FP8 rung's own floor: the bytes its step reads (FP8 matrices, their row scales, the
-    BF16 norms: run.results["fp8"]) at the same datasheet bandwidth and practical ceiling as the
-    BF16 floor. None for a run without an FP8 rung."""
+    """The FP8 rungs' own floor: the bytes their step reads (FP8 matrices, their row scales, the
+    BF16 norms: run.results["fp8"], the same for every FP8 rung) at the same datasheet bandwidth
+    and practical ceiling as the BF16 floor. None for a run without an FP8 rung."""
     rec = run.results.get("fp8") or {}
     if "decode_bytes" not in rec:
         return None
@@ -232,6 +232,16 @@ def best(run: runs.Run) -> str:
     d = ladder(run)
     good = d[(d.status == "ok") & d["same answers"].eq(True) & d["ms"].notna() & ~d.rung.isin(FP8_RUNGS)]
     return str(good.loc[good["ms"].idxmin(), "rung"])
+
+
+def best_fp8(steps: pd.DataFrame) -> str | None:
+    """The FP8 rung the page speaks of, from the ladder (`steps`): the fastest FP8 rung with numbers
+    that gives eager's answers, else the fastest with numbers (its sentence says it fails); None
+    where no FP8 rung has numbers (a run recorded before them, or every one failed to run)."""
+    d = steps[steps.rung.isin(FP8_RUNGS) & (steps.status == "ok") & steps["ms"].notna()]
+    passing = d[d["same answers"].eq(True)]
+    d = passing if len(passing) else d
+    return None if d.empty else str(d.loc[d["ms"].idxmin(), "rung"])
 
 
 def time_split(run: runs.Run) -> pd.DataFrame:
@@ -470,7 +480,8 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
     if "gemv_tuning.csv" in run.meta["files"]:
         t = tuning(run)
         fp8 = rung in FP8_RUNGS
-        col = "chosen_split" if OWN_OPTIONS.get(rung, {}).get("split_k") else "chosen"
+        # FP8 is tuned without split-K (its choice is `chosen`), even on the options of a rung that allows it
+        col = "chosen_split" if OWN_OPTIONS.get(rung, {}).get("split_k") and not fp8 else "chosen"
         w = t[t[col] & (t.weights.eq("fp8") if fp8 else t.weights.ne("fp8"))]  # FP8, or the model's BF16/FP16
         names = {v: n for n, v in _shape_names(run).items()}
         for r in w.itertuples():

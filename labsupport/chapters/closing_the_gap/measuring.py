@@ -233,8 +233,8 @@ def tuning_cases(model) -> list:
 
 
 def fp8_tuning_cases(model) -> list:
-    """What gemv.tune times with FP8 weights: the cases the FP8 rung runs (its fused GEMVs and
-    the LM head)."""
+    """What gemv.tune times with FP8 weights: the cases the FP8 rungs run (the same fused GEMVs and
+    LM head for both: neither folds the norms)."""
     from labsupport.measure.kernels.gemv import PLAIN
 
     return fused_cases(model) + [(*weight_shapes(model)["lm_head"], PLAIN)]
@@ -281,10 +281,10 @@ def time_matmuls(shapes: dict[str, tuple[int, int]], dtype=None) -> pd.DataFrame
 
 
 def fp8_record(step, model) -> dict:
-    """What the run keeps of the FP8 rung's step: the bytes it reads as weights (FP8 matrices,
-    their float32 row scales, the BF16 norms), from which its own floor comes, and how far rounding
-    `model`'s weight matrices (every linear layer's, the LM head's) to E4M3 with row scales moved
-    them (gemv_fp8.rounding_error)."""
+    """What the run keeps of an FP8 rung's step, once for all of them (they read the same weights):
+    the bytes it reads as weights (FP8 matrices, their float32 row scales, the BF16 norms), from
+    which their own floor comes, and how far rounding `model`'s weight matrices (every linear
+    layer's, the LM head's) to E4M3 with row scales moved them (gemv_fp8.rounding_error)."""
     import torch
 
     from labsupport.measure.kernels import gemv_fp8

@@ -14,6 +14,7 @@ from labsupport.chapters.closing_the_gap import prose
 from labsupport.chapters.closing_the_gap.analysis import (
     Floor,
     best,
+    best_fp8,
     census_by_rung,
     compiled_matmuls,
     fidelity_table,
@@ -32,7 +33,7 @@ from labsupport.chapters.closing_the_gap.analysis import (
     tokens_per_forward,
     tuning,
 )
-from labsupport.chapters.closing_the_gap.params import RUNG_SHORT, RUNGS, SHARED_RUNGS, trace_file
+from labsupport.chapters.closing_the_gap.params import FP8_RUNGS, RUNG_SHORT, RUNGS, SHARED_RUNGS, trace_file
 from labsupport.chapters.closing_the_gap.split_k import split_k_text
 from labsupport.glue import NOT_GLUED
 
@@ -56,7 +57,7 @@ STEP_BYTES_FORMATS = {"MB": "{:,.1f}", "ms at the datasheet": "{:.3f}", "ms at t
 @dataclass
 class Page:
     """The ladder from eager to near the floor (the best rung that gives eager's answers, against
-    the floor and the practical ceiling), same answers, the FP8 rung against its own floor, several
+    the floor and the practical ceiling), same answers, the FP8 rungs against their own floor, several
     tokens per forward, the matmuls shape by shape, fewer kernels and where the remaining time goes."""
 
     run_label: str
@@ -83,6 +84,7 @@ class Page:
     fp8_rounding_text: str
     # FP8 weights, tokens per forward, the matmuls, compile
     fp8_text: str
+    fp8_launch_text: str
     tokens_text: str
     matmul_text: str
     launch_text: str
@@ -112,7 +114,7 @@ class Page:
     passed: dict = field(metadata=NOT_GLUED)  # rung -> same answers
     wall_texts: dict = field(metadata=NOT_GLUED)  # shared rung -> its wall time as every page shows it
     fidelity: pd.DataFrame = field(metadata=NOT_GLUED)
-    fp8_table: pd.DataFrame | None = field(metadata=NOT_GLUED)  # None: no FP8 numbers in this run
+    fp8_table: pd.DataFrame | None = field(metadata=NOT_GLUED)  # None: no FP8 rung has numbers in this run
     tokens_table: pd.DataFrame | None = field(metadata=NOT_GLUED)
     matmuls: pd.DataFrame | None = field(metadata=NOT_GLUED)  # None: no matmuls timed shape by shape
     matmul_table: pd.DataFrame | None = field(metadata=NOT_GLUED)
@@ -148,7 +150,7 @@ def page(run: runs.Run, vals: dict) -> Page:
     tokens_ran = None if tokens is None or not (tokens.status == "ok").any() else tokens[tokens.status == "ok"]
     theirs, ours = _launches(run, steps)
     lo_run = vals["compiled_wall_ms"].run  # the launch-overhead run the shared compiled steps come from
-    fp8_text, fp8_rows = _fp8(run, vals, steps, fastest, limit)
+    fp8_text, fp8_launch_text, fp8_rows = _fp8(run, vals, steps, fastest, limit)
     layer = _middle_layer(run, fastest)
     by_rung = split.set_index("rung")
     return Page(
@@ -173,6 +175,7 @@ def page(run: runs.Run, vals: dict) -> Page:
         token_note=prose.token_note(run),
         fp8_rounding_text=prose.fp8_rounding_text(run),
         fp8_text=fp8_text,
+        fp8_launch_text=fp8_launch_text,
         tokens_text=prose.tokens_text(tokens_ran),
         matmul_text=prose.matmul_text(shapes, tuning(run) if shapes is not None else None, limit),
         launch_text=prose.launch_text(run, theirs, ours),
@@ -305,23 +308,29 @@ def _launches(run: runs.Run, steps: pd.DataFrame) -> tuple[pd.DataFrame | None, 
 
 
 def _fp8(run: runs.Run, vals: dict, steps: pd.DataFrame, fastest: str, limit: Floor):
-    """The FP8 rung's sentence and its table beside the best BF16 rung (None where it has no numbers)."""
+    """The sentence of the best FP8 rung (best_fp8), the sentence of what the FP8 rung on rung 13's
+    options changed, and the table of every FP8 rung with numbers against its own floor beside the
+    best BF16 rung against the BF16 floor (None where no FP8 rung has numbers)."""
     own_floor = fp8_floor(run, vals)
     by_rung = steps.set_index("rung")
-    fp8 = by_rung.loc["fp8-weights"] if "fp8-weights" in by_rung.index else None
-    if own_floor is None or fp8 is None or fp8.status != "ok":
-        status = fp8.status if fp8 is not None else "not in this run (recorded before the FP8 rung)"
-        return f"this run has no FP8 numbers: {status}.", None
+    chosen = best_fp8(steps)
+    if own_floor is None or chosen is None:
+        why = {r: by_rung.status[r] for r in FP8_RUNGS}  # the ladder has a row for every rung, with its reason
+        reasons = set(why.values())
+        status = reasons.pop() if len(reasons) == 1 else "; ".join(f"*{RUNGS[r]}*: {w}" for r, w in why.items())
+        return f"this run has no FP8 numbers: {status}.", "", None
+    ran = [r for r in FP8_RUNGS if by_rung.status.get(r) == "ok" and by_rung.ms.get(r) == by_rung.ms.get(r)]
     bf16 = by_rung.loc[fastest]
-    table = pd.DataFrame(
-        [
-            {"rung": RUNGS[fastest], "weights": "BF16", "GB read": limit.decode_bytes / 1e9,
-             "its floor ms": limit.floor_ms, "ms": bf16.ms, "× its floor": bf16["x floor"], "TB/s": bf16["TB/s"]},
-            {"rung": RUNGS["fp8-weights"], "weights": "FP8 E4M3 + row scales", "GB read": own_floor.decode_bytes / 1e9,
-             "its floor ms": own_floor.floor_ms, "ms": fp8.ms, "× its floor": fp8["x floor"], "TB/s": fp8["TB/s"]},
-        ]
-    )  # fmt: skip
-    return prose.fp8_text(run, fp8, own_floor, bf16), table
+
+    def row(rung: str, weights: str, f: Floor) -> dict:
+        r = by_rung.loc[rung]
+        return {"rung": RUNGS[rung], "weights": weights, "GB read": f.decode_bytes / 1e9, "its floor ms": f.floor_ms,
+                "ms": r.ms, "× its floor": r["x floor"], "TB/s": r["TB/s"],
+                "same answers": YES_NO[r["same answers"]]}  # fmt: skip
+
+    table = pd.DataFrame([row(fastest, "BF16", limit)] + [row(r, "FP8 E4M3 + row scales", own_floor) for r in ran])
+    text = prose.fp8_text(run, chosen, by_rung.loc[chosen], own_floor, bf16)
+    return text, prose.fp8_launch_text(steps), table
 
 
 def _overlap_text(run: runs.Run, steps: pd.DataFrame, timed: pd.DataFrame) -> str:

@@ -28,6 +28,7 @@ RUNGS = {
     "argmax inside the LM head",
     "persistent": "+ persistent GEMVs: one or two programs per SM walk each matrix's rows",
     "fp8-weights": "FP8 (E4M3) weights with row scales, on rung 9: a floor of its own",
+    "fp8-pdl": "FP8 (E4M3) weights on rung 13: dependent launch, weights first, one attention kernel",
 }
 # Short names for the figure's axis, by the same keys.
 RUNG_SHORT = {
@@ -47,6 +48,7 @@ RUNG_SHORT = {
     "folded-norms": "14 folded norms",
     "persistent": "15 persistent GEMVs",
     "fp8-weights": "16 FP8 weights (own floor)",
+    "fp8-pdl": "17 FP8 + dependent launch",
 }
 # The rungs that are transformers' step: shared quantities (labsupport.chapters.shared), timed by
 # the chapter that owns each, by the prefix of their names there. This chapter shows their
@@ -74,10 +76,14 @@ OWN_OPTIONS = {
     "persistent": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True, "persistent": True},
     # on rung 9's options, not on split-K's or PDL's: a failure of either cannot take this rung down
     "fp8-weights": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "fp8": True},
+    # rung 13's options on FP8 weights (folded norms are BF16's only); rung 16 stands if PDL fails
+    "fp8-pdl": {**PDL, "early_weights": True, "one_attention": True, "fp8": True},
 }
 # The rungs whose weights are not BF16: each has its own floor (its own bytes over the datasheet),
-# is never set against the BF16 floor, and is never "the best rung" (which is BF16's).
-FP8_RUNGS = ("fp8-weights",)
+# is never set against the BF16 floor, and is never "the best rung" (which is BF16's). They read
+# the same FP8 weights, so they share that floor (run.results["fp8"]); the page speaks of the
+# fastest of them that gives eager's answers (analysis.best_fp8).
+FP8_RUNGS = ("fp8-weights", "fp8-pdl")
 # Tokens per forward: the best BF16 rung's decoder run on this many tokens at once (a verify pass).
 TOKENS = (1, 2, 4, 8, 16)
 TOKEN_COLUMNS = [
@@ -102,7 +108,7 @@ ERROR_FACTOR = 2.0
 ERROR_FLOOR = 1e-3
 # ERROR_FACTOR is a ratio of two errors in the same type (a rung's and eager's), so it holds in
 # float16 as in BF16: both round at the same relative step.
-# The FP8 rung's allowed error, as a multiple of eager's own: ERROR_FACTOR times the ratio of
+# The FP8 rungs' allowed error, as a multiple of eager's own: ERROR_FACTOR times the ratio of
 # E4M3's relative step (3 mantissa bits: 2^-3) to BF16's (2^-7), 16 (gemv_fp8's docstring).
 FP8_ERROR_FACTOR = gemv_fp8.tolerance_factor(ERROR_FACTOR)
 # By the model's dtype: in float16 (10 mantissa bits, a step of 2^-10) eager's own error is 8

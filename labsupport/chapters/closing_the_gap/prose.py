@@ -1,5 +1,5 @@
 """The page's sentences that depend on the run: which rungs failed or chose another token, the
-tolerances, the FP8 rung against its own floor, several tokens per forward, the matmuls shape by
+tolerances, the FP8 rungs against their own floor, several tokens per forward, the matmuls shape by
 shape and how they were launched, what torch.compile did to them, the compile times and the
 overlap of dependent launches. Each returns Markdown the page glues; the rest of the prose is in
 the notebook's markdown."""
@@ -112,17 +112,17 @@ def fp8_rounding_text(run: runs.Run) -> str:
             "`fp8.rounding_error`)."
         )
     return (
-        f"Measured on this run's weights (every matrix rounded as the FP8 rung stores it), rounding moved a weight by "
+        f"Measured on this run's weights (every matrix rounded as the FP8 rungs store it), rounding moved a weight by "
         f"{rounding['mean']:.2%} of itself on average and by {rounding['max_normal']:.1%} at most within the normal "
         f"range; {rounding['subnormal_share']:.3%} of the weights lie below it, in E4M3's subnormals, and lose more "
         f"(up to {rounding['max']:.0%})."
     )
 
 
-def fp8_text(run: runs.Run, fp8: pd.Series, fp8_floor: Floor, best: pd.Series) -> str:
-    """The FP8 rung against its own floor, beside the best BF16 rung (`fp8`, `best`: their ladder
-    rows), with its error and its greedy token by the book's rule."""
-    fidelity = run.table("rungs").set_index("rung").loc["fp8-weights"]
+def fp8_text(run: runs.Run, rung: str, fp8: pd.Series, fp8_floor: Floor, best: pd.Series) -> str:
+    """The best FP8 rung (`rung`, analysis.best_fp8) against its own floor, beside the best BF16 rung
+    (`fp8`, `best`: their ladder rows), with its error and its greedy token by the book's rule."""
+    fidelity = run.table("rungs").set_index("rung").loc[rung]
     gap = float(fidelity.get("tie_gap", float("nan")))
     if str(fidelity.same_token) == "True":
         token = "eager's"
@@ -132,13 +132,38 @@ def fp8_text(run: runs.Run, fp8: pd.Series, fp8_floor: Floor, best: pd.Series) -
             if gap == gap  # recorded (runs since the tie_gap column)
             else ""
         )
-    verdict = "gives the same answer." if str(fidelity.passed) == "True" else "does not give the same answer."
+    passed = str(fidelity.passed) == "True"
+    verdict = "gives the same answer." if passed else "does not give the same answer."
+    passing = "the fastest FP8 rung that gives eager's answers" if passed else "the fastest FP8 rung (none passes)"
     return (
-        f"it reads {fp8_floor.decode_bytes / 1e9:.2f} GB, a floor of {fp8_floor.floor_ms:.2f} ms, and took "
+        f"*{RUNGS[rung]}*, {passing}, reads {fp8_floor.decode_bytes / 1e9:.2f} GB, a floor of "
+        f"{fp8_floor.floor_ms:.2f} ms, and took "
         f"{fp8.ms:.2f} ms ({fp8['x floor']:.2f}× its floor, {fp8['TB/s']:.2f} TB/s), against {best.ms:.2f} ms for "
         f"the best BF16 rung. Its largest logit error against float32 was "
         f"{fidelity.max_abs_err / fidelity.eager_abs_err:.1f} times eager's (allowed: {fp8_error_factor(run):g}), "
         f"and its greedy token was {token}: by the book's rule (*Same answers* above) it {verdict}"
+    )
+
+
+def fp8_launch_text(ladder: pd.DataFrame, rung: str = "fp8-pdl", before: str = "fp8-weights") -> str:
+    """What the FP8 rung on rung 13's options (`rung`) changed against the FP8 rung on rung 9's
+    (`before`), each against its own floor (Markdown; ladder(): one row per rung); empty where
+    neither has numbers, and why where one has none."""
+    d = ladder.set_index("rung")
+    has = {r: d.status.get(r) == "ok" and d.ms.get(r) == d.ms.get(r) for r in (before, rung)}
+    number = {r: RUNG_SHORT[r].split()[0] for r in (before, rung)}
+    if not any(has.values()):
+        return ""
+    if not all(has.values()):
+        missing = next(r for r, ok in has.items() if not ok)
+        return f"Rung {number[missing]}, *{RUNGS[missing]}*, has no numbers here: {d.status.get(missing)}."
+    a, b = d.loc[before], d.loc[rung]
+    saved = a.ms - b.ms
+    change = f"took {saved:.2f} ms off" if saved >= 0 else f"added {-saved:.2f} ms to"
+    return (
+        f"Rung {number[rung]} took {b.ms:.2f} ms ({b['x floor']:.2f}× its floor, {b['TB/s']:.2f} TB/s) against rung "
+        f"{number[before]}'s {a.ms:.2f} ms ({a['x floor']:.2f}×): dependent launch, each GEMV's weights loaded before "
+        f"its wait and attention in one kernel {change} the FP8 step."
     )
 
 

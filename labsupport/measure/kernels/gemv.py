@@ -107,9 +107,15 @@ SPLIT_CANDIDATES = [Config(4, 512, 4, 2, 4), Config(2, 1024, 4, 2, 4)]
 SPLIT_MAX_ELEMENTS = 32 * 2**20
 # The candidates tried with FP8 weights: the five fastest of a first trial on the H200 (eight
 # rows of 1,024 FP8 weights per program read o_proj at 2.3 TB/s, sixteen rows of 512 gate/up at
-# 3.2 TB/s; long K chunks were slower).
+# 3.2 TB/s; long K chunks were slower), and two tiles of half their bytes, 4,096 FP8 weights: a
+# thread's share of a tile, BLOCK_N x BLOCK_K / (32 x num_warps) weights, is still 16 contiguous
+# bytes or more (one 16-byte load at least), in fewer rows per program, so more programs, each
+# with fewer weights to convert from E4M3 per load. (2, 2048) is the tile the BF16 tuner picks
+# most often; (2, 4096) and (4, 2048), tiles of 8,192, were candidates of that trial, not among
+# its fastest.
 FP8_CANDIDATES = [
-    Config(bn, bk, w, 2) for bn, bk, w in [(8, 1024, 8), (8, 1024, 4), (16, 1024, 8), (16, 512, 4), (32, 512, 8)]
+    Config(bn, bk, w, 2)
+    for bn, bk, w in [(8, 1024, 8), (8, 1024, 4), (16, 1024, 8), (16, 512, 4), (32, 512, 8), (4, 1024, 4), (2, 2048, 8)]
 ]
 # The persistent candidates (the persistent rung's): one or two programs per SM, each loading long
 # stretches of a few rows, its loads pipelined three deep (a stage of 8 to 16 KB: with two programs
