@@ -219,6 +219,19 @@ def test_fused_rungs_share_one_concatenation_of_each_weight(tiny):
 
 
 @pytest.mark.live
+def test_the_two_fp8_rungs_share_one_fp8_copy_of_the_weights(tiny):
+    """Both FP8 rungs read the same FP8 weights: one copy of each matrix, its row scales and the LM
+    head's, made for the first and found by the second (each copy is 7.6 GB on Qwen3-8B)."""
+    model = tiny[0]
+    first, second = (
+        qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**ch.OWN_OPTIONS[r])) for r in ch.FP8_RUNGS
+    )
+    fp8 = [t for t in first.weights[0] if t is not None and t.dtype == torch.float8_e4m3fn]
+    assert len(fp8) == 4 and all(a is b for a, b in zip(first.weights[0], second.weights[0], strict=True))
+    assert first.lm_head is second.lm_head and first.lm_scale is second.lm_scale
+
+
+@pytest.mark.live
 def test_another_token_passes_only_as_a_near_tie_of_the_float32_step(tiny):
     """A rung whose greedy token is not eager's passes when the float32 step puts the two tokens
     within eager's own error of each other (BF16's rounding can swap them), and fails otherwise."""

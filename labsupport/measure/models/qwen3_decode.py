@@ -281,7 +281,8 @@ def joined(model):
     alive at once to be timed interleaved; with a copy each, six fused rungs held 50 GB of
     identical concatenations and the FP8 rung (rung 9's options) ran out of the H200's memory.
     (The folded matrices, Options.fold_norms, are new ones: about 10 GB for Qwen3-8B, made once
-    for every folded rung; a source's signature covers the norm's weight too.)"""
+    for every folded rung; a source's signature covers the norm's weight too. The FP8 copies, about
+    7.6 GB, are made once for both FP8 rungs.)"""
     store = _JOINED.setdefault(model, {})
 
     def made(key, sources, make):
@@ -339,13 +340,13 @@ class Qwen3Decoder:
                 else:
                     mlp = [made(("gate|up", i), mlp, lambda *g: torch.cat(g).contiguous())]
             mats = (*attn, a.o_proj.weight, *mlp, p.down_proj.weight)
-            if opts.fp8:  # FP8 copies with row scales; the BF16 concatenations are dropped
-                q = [gemv_fp8.quantize(m) for m in mats]
+            if opts.fp8:  # FP8 copies with row scales, shared by the FP8 rungs; the BF16 concatenations are dropped
+                q = [made(("fp8", i, j), (m,), gemv_fp8.quantize) for j, m in enumerate(mats)]
                 mats = (*(m for m, _ in q), *(c for _, c in q))
             self.weights.append((*norms, *mats))
         self.lm_scale = None
         if opts.fp8:
-            self.lm_head, self.lm_scale = gemv_fp8.quantize(self.lm_head)
+            self.lm_head, self.lm_scale = made(("lm_head fp8",), (self.lm_head,), gemv_fp8.quantize)
         dev, dt = self.embed.device, self.embed.dtype
         kv = (1, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k_cache = [torch.zeros(kv, device=dev, dtype=dt) for _ in m.layers]
