@@ -477,6 +477,24 @@ def test_the_budget_of_the_dependent_launch_rung_is_by_exclusive_time(published_
     assert qkv["TB/s exclusive"] > qkv["TB/s"]
 
 
+def test_a_persistent_rungs_gemvs_are_named_by_their_place_in_the_step(published_run, tmp_path):
+    """Every persistent GEMV has the same grid, so its matrix is found by launch order: four a layer
+    (q|k|v, o_proj, gate|up, down_proj), then the LM head. On the dependent-launch rung's trace, read
+    as a persistent rung's, that order gives each matrix the kernels and bytes its grid gives it."""
+    fake = with_rungs(published_run, tmp_path, {"persistent": ("pdl", {})})
+    by_order = ch.kernel_groups(fake, "persistent").set_index("weight")
+    by_grid = ch.kernel_groups(published_run, "pdl").set_index("weight")
+    layers = 36  # Qwen3-8B
+    for name in ("qkv (fused)", "gate_up (fused)", "lm_head"):
+        assert (
+            by_order.loc[name, ["kernels", "µs", "MB"]].tolist() == by_grid.loc[name, ["kernels", "µs", "MB"]].tolist()
+        )
+    both = by_order.loc[["o_proj", "down_proj"]]
+    assert both.kernels.tolist() == [layers, layers] and by_order.loc["qkv (fused)", "kernels"] == layers
+    assert both["µs"].sum() == pytest.approx(by_grid.loc["o_proj / down_proj", "µs"])
+    assert both.MB.sum() == pytest.approx(by_grid.loc["o_proj / down_proj", "MB"])  # its bytes, the two averaged
+
+
 def test_the_steps_bytes_add_the_kv_cache_to_the_floors_weights(run):
     read = ch.step_bytes(run).set_index("read")
     f = ch.floor(run)

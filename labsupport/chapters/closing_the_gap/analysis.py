@@ -473,6 +473,8 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
 
     k = kernel_table(run, rung)
     k = k.assign(grid=k["grid"].astype(str) if "grid" in k else "").join(kernels.exclusive_times(k))
+    if OWN_OPTIONS.get(rung, {}).get("persistent"):  # every persistent GEMV has the same grid
+        k["grid"] = _persistent_matrices(k)
     g = k.groupby(["name", "grid"], as_index=False, sort=False).agg(
         kernels=("dur_ns", "size"), ns=("dur_ns", "sum"), exclusive_ns=("exclusive_ns", "sum")
     )
@@ -489,10 +491,17 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
             hit = (names.get((r.n, r.k), f"{r.n}x{r.k}"), r.n * r.k * (1 if fp8 else 2))
             if hit not in matrix.setdefault(blocks, []):
                 matrix[blocks].append(hit)
+    sizes = (
+        {name: int(b) for name, b in run.table("matmuls")[["matrix", "bytes"]].itertuples(index=False)}
+        if ("matmuls.csv" in run.meta["files"])
+        else {}
+    )
     rows = []
     for r in g.itertuples():
         blocks = math.prod(int(x) for x in r.grid.split(",")) if "," in r.grid else None
         hit = matrix.get(blocks, []) if "gemv" in r.name else []
+        if r.grid in sizes:  # a persistent GEMV, named by its place in the step
+            hit = [(r.grid, sizes[r.grid])]
         # several weights of one grid (o_proj and down_proj have the same rows): each read equally often
         label = " / ".join(h[0] for h in hit)
         nbytes = sum(h[1] for h in hit) / len(hit) if hit else float("nan")
@@ -505,6 +514,22 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
     out["TB/s"] = out.MB / out["µs"]  # MB per µs is TB/s
     out["TB/s exclusive"] = out.MB / out["exclusive µs"].where(out["exclusive µs"] > 0)
     return out.sort_values("µs", ascending=False).reset_index(drop=True)
+
+
+# The matrices a layer of our folded decode step reads, in launch order, then the LM head's
+# (qwen3_decode.layer and Qwen3Decoder.step; the names are matmuls.csv's).
+LAYER_MATRICES = ("qkv (fused)", "o_proj", "gate_up (fused)", "down_proj")
+
+
+def _persistent_matrices(k: pd.DataFrame) -> pd.Series:
+    """The matrix each GEMV of a persistent rung's step read, by launch order (its grid, the same
+    for every matrix, cannot tell); other kernels keep their grid."""
+    gemvs = k[k.name.str.contains("gemv")].sort_values("start_ns").index
+    layers, extra = divmod(len(gemvs) - 1, len(LAYER_MATRICES))
+    if extra or len(gemvs) == 0:  # not one step of our folded decoder: left unnamed
+        return k["grid"]
+    names = [*LAYER_MATRICES * layers, "lm_head"]
+    return k["grid"].where(~k.index.isin(gemvs), pd.Series(names, index=gemvs))
 
 
 def _shape_names(run: runs.Run) -> dict:
