@@ -121,17 +121,9 @@ def fp8_rounding_text(run: runs.Run) -> str:
 
 def fp8_text(run: runs.Run, rung: str, fp8: pd.Series, fp8_floor: Floor, best: pd.Series) -> str:
     """The best FP8 rung (`rung`, analysis.best_fp8) against its own floor, beside the best BF16 rung
-    (`fp8`, `best`: their ladder rows), with its error and its greedy token by the book's rule."""
+    (`fp8`, `best`: their ladder rows), with its error and the book's verdict (a greedy token that is
+    not eager's is said once, in *Same answers*: token_note)."""
     fidelity = run.table("rungs").set_index("rung").loc[rung]
-    gap = float(fidelity.get("tie_gap", float("nan")))
-    if str(fidelity.same_token) == "True":
-        token = "eager's"
-    else:
-        token = "not eager's" + (
-            f", float32 putting the two {gap:.3f} apart (eager's own error: {fidelity.eager_abs_err:.3f})"
-            if gap == gap  # recorded (runs since the tie_gap column)
-            else ""
-        )
     passed = str(fidelity.passed) == "True"
     verdict = "gives the same answer." if passed else "does not give the same answer."
     passing = "the fastest FP8 rung that gives eager's answers" if passed else "the fastest FP8 rung (none passes)"
@@ -140,8 +132,8 @@ def fp8_text(run: runs.Run, rung: str, fp8: pd.Series, fp8_floor: Floor, best: p
         f"{fp8_floor.floor_ms:.2f} ms, and took "
         f"{fp8.ms:.2f} ms ({fp8['x floor']:.2f}× its floor, {fp8['TB/s']:.2f} TB/s), against {best.ms:.2f} ms for "
         f"the best BF16 rung. Its largest logit error against float32 was "
-        f"{fidelity.max_abs_err / fidelity.eager_abs_err:.1f} times eager's (allowed: {fp8_error_factor(run):g}), "
-        f"and its greedy token was {token}: by the book's rule (*Same answers* above) it {verdict}"
+        f"{fidelity.max_abs_err / fidelity.eager_abs_err:.1f} times eager's (allowed: {fp8_error_factor(run):g}): "
+        f"by the book's rule (*Same answers* above) it {verdict}"
     )
 
 
@@ -156,7 +148,7 @@ def fp8_launch_text(ladder: pd.DataFrame, rung: str = "fp8-pdl", before: str = "
         return ""
     if not all(has.values()):
         missing = next(r for r, ok in has.items() if not ok)
-        return f"Rung {number[missing]}, *{RUNGS[missing]}*, has no numbers here: {d.status.get(missing)}."
+        return f"Rung {number[missing]} has no numbers here: {d.status.get(missing)}."
     a, b = d.loc[before], d.loc[rung]
     saved = a.ms - b.ms
     change = f"took {saved:.2f} ms off" if saved >= 0 else f"added {-saved:.2f} ms to"
