@@ -253,7 +253,7 @@ def ladder_table(steps: pd.DataFrame, vals: dict) -> pd.DataFrame:
     rows = [row for _, row in steps.iterrows()]
     return pd.DataFrame(
         {
-            "rung": steps.rung.map(RUNGS),
+            "rung": steps.rung.map(RUNG_SHORT),  # each explained in the rung list
             "measured in": [
                 "–" if r.status != "ok" else ("this run" if r.rung not in SHARED_RUNGS else r["from"].split(" run ")[0])
                 for r in rows

@@ -19,9 +19,10 @@ def failed_text(ladder: pd.DataFrame) -> str:
     failed = ladder[ladder.status != "ok"]
     if failed.empty:
         return "Every rung has numbers."
-    return (
-        "Not every rung has numbers: " + "; ".join(f"*{RUNGS[r.rung]}*: {r.status}" for r in failed.itertuples()) + "."
-    )
+    by_reason = failed.groupby("status", sort=False).rung.agg(list)  # the rungs of one reason named together
+    names = {why: [f"*{RUNG_SHORT[r]}*" for r in rungs] for why, rungs in by_reason.items()}
+    said = [" and ".join(filter(None, (", ".join(n[:-1]), n[-1]))) + f": {why}" for why, n in names.items()]
+    return "Not every rung has numbers: " + "; ".join(said) + "."
 
 
 def token_note(run: runs.Run) -> str:
