@@ -81,3 +81,37 @@ def test_split_k_chosen_names_where_the_rungs_differ():
 def test_a_run_without_the_rung_says_so():
     rungs = _rungs().assign(status=["ok", "failed: out of memory"])
     assert ch.split_k_text(_Run(rungs, _tuning(False))) == "This run has no split-K rung."
+
+
+def test_the_persistent_rungs_trials_are_not_rung_9s():
+    """The persistent form is tuned apart (ctas_per_sm > 0): a faster persistent trial is not the
+    unsplit kernel that split-K is set against, nor one of the plain GEMV's configurations tried."""
+    t = _tuning(split_wins=False)
+    persistent = t[t.split_k == 1].assign(us=1.0, ctas_per_sm=2, chosen=False, chosen_split=False)
+    both = pd.concat([t.assign(ctas_per_sm=0), persistent], ignore_index=True)
+    text = ch.split_k_text(_Run(_rungs(), both))
+    assert text == ch.split_k_text(_Run(_rungs(), t)) and "1.32–1.51× slower" in text
+    shapes = pd.DataFrame(
+        {"matrix": ["a", "b"], "n": [1024, 4096], "k": 4096, "bytes": [8e6, 32e6], "cublas_us": [5.0, 9.0]}
+        | {"triton_us": [4.3, 10.7], "cublas_tbs": [1.6, 3.6], "triton_tbs": [1.9, 3.1]}
+    )
+    floor = ch.Floor(decode_bytes=10**9, datasheet_tbs=4.8, ceiling_tbs=4.2, shared=False)
+    run = _Run(_rungs(), both)
+    tuned = ch.tuning(run)
+    assert tuned.persistent.sum() == 2
+    assert "having tried up to 2 configurations on each of 2 cases" in ch.matmul_text(shapes, tuned, floor)
+
+
+def test_the_tuning_times_name_each_kind_of_tuning_the_run_did():
+    class Ran:
+        def __init__(self, tuning_s):
+            self.results = {"tuning_s": tuning_s}
+
+    ladder = pd.DataFrame({"rung": ["triton-gemv"], "compile s": [3.5]})
+    text = ch.compile_text(Ran({"bf16": 18.2, "fp8": 8.1, "persistent": 21.0}), ladder)
+    assert text == (
+        f"Compiling and warming each of our rungs took: {ch.RUNG_SHORT['triton-gemv']} 3.5 s. Tuning our GEMV took "
+        "18 s (BF16, with split-K), 8 s (FP8) and 21 s (persistent)."
+    )
+    assert ch.compile_text(Ran({"bf16": 18.2}), ladder).endswith("Tuning our GEMV took 18 s (BF16, with split-K).")
+    assert ch.compile_text(Ran({}), ladder).endswith("3.5 s.")

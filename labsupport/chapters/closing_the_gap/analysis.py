@@ -353,6 +353,8 @@ def tuning(run: runs.Run) -> pd.DataFrame:
     t["chosen_split"] = t.chosen_split.astype(str).eq("True") if "chosen_split" in t else t.chosen
     t["weights"] = t.get("weights", "bf16")
     t["split_k"] = t.get("split_k", 1)
+    # the persistent rung's trials (gemv.Config.ctas_per_sm > 0), tuned apart: runs before it have none
+    t["persistent"] = t.get("ctas_per_sm", pd.Series(0, index=t.index)).fillna(0).astype(int) > 0
     return t
 
 

@@ -178,6 +178,7 @@ def matmul_text(shapes: pd.DataFrame | None, tuned: pd.DataFrame | None, floor: 
     tried (tuning()), against the datasheet and the practical ceiling."""
     if shapes is None:
         return "This run timed no matmuls shape by shape (a run on a CPU cannot)."
+    tuned = tuned[~tuned.persistent]  # the rungs' one GEMV kernel (the persistent rung's form is its own)
     winners = tuned[tuned.chosen]
     tried = int(tuned.groupby(["n", "k", "fusion"]).size().max())
     slowest = shapes.loc[shapes.cublas_tbs.idxmin()]
@@ -258,10 +259,9 @@ def compile_text(run: runs.Run, ladder: pd.DataFrame) -> str:
         f"{RUNG_SHORT[r.rung]} {r['compile s']:.1f} s" for _, r in ladder.iterrows() if r["compile s"] == r["compile s"]
     ]
     tuned = run.results.get("tuning_s") or {}
-    return (
-        "Compiling and warming each of our rungs took: "
-        + ", ".join(times)
-        + "."
-        + (f" Tuning our GEMV took {tuned['bf16']:.0f} s (BF16, with split-K)" if "bf16" in tuned else "")
-        + (f" and {tuned['fp8']:.0f} s (FP8)." if "fp8" in tuned else ("." if "bf16" in tuned else ""))
+    what = {"bf16": "BF16, with split-K", "fp8": "FP8", "persistent": "persistent"}
+    parts = [f"{tuned[k]:.0f} s ({label})" for k, label in what.items() if k in tuned]
+    tuning = (
+        f" Tuning our GEMV took {', '.join(parts[:-1])}{' and ' if len(parts) > 1 else ''}{parts[-1]}." if parts else ""
     )
+    return "Compiling and warming each of our rungs took: " + ", ".join(times) + "." + tuning
