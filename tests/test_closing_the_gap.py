@@ -663,6 +663,17 @@ def test_every_fp8_candidate_leaves_each_thread_16_bytes_a_load_or_more():
     assert {(c.block_n, c.block_k) for c in gemv.FP8_CANDIDATES} >= {(4, 1024), (2, 2048)}
 
 
+def test_a_gemv_is_timed_on_copies_that_overflow_l2_but_never_thousands_of_them():
+    """Each weight shape is timed cycling through copies four times the L2 cache (50 MB here): 25
+    of Qwen3-8B's smallest matrix (k_proj, 8 MB), 2 of the LM head; the tiny model's 64 x 64 BF16
+    matrix would need 25,600, each launched and captured, so it gets MAX_COPIES."""
+    l2 = 50 * 2**20
+    assert gemv.weight_copies(1024 * 4096 * 2, l2) == 25
+    assert gemv.weight_copies(151_936 * 4096 * 2, l2) == 2
+    assert gemv.weight_copies(64 * 64 * 2, l2) == gemv.MAX_COPIES == 512
+    assert gemv.weight_copies(1024 * 2048 * 2, l2) == 50 < gemv.MAX_COPIES  # Qwen3-1.7B's smallest: not capped
+
+
 def test_fp8_quantisation_is_within_half_a_step_of_e4m3():
     from labsupport.measure.kernels import gemv_fp8
 
