@@ -359,3 +359,35 @@ def calls(monkeypatch):
     monkeypatch.setattr(harness, "time_region", time_region)
     monkeypatch.setattr(harness, "profile_region", profile_region)
     return order
+
+
+# Fixtures of the tests that run our Triton kernels in the interpreter (TRITON_INTERPRET=1).
+@pytest.fixture
+def waits_as_no_ops(monkeypatch):
+    """Triton's interpreter has no grid dependency control; it runs one program after another, each
+    kernel to its end before the next, so a wait that does nothing is exact there."""
+    import triton.language.extra.cuda as cuda
+
+    monkeypatch.setattr(cuda, "gdc_wait", lambda *a, **k: None)
+    monkeypatch.setattr(cuda, "gdc_launch_dependents", lambda *a, **k: None)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The keyword arguments of every GEMV launch ("gemv") and every one-kernel attention call
+    ("one"), in order, the kernels still run: what a step asked of its kernels."""
+    from labsupport.measure.kernels import decode_attention, gemv
+
+    seen = {"gemv": [], "one": []}
+    launch, one = gemv.launch, decode_attention.decode_attention_one
+
+    def counted(name, kernel):
+        def call(*a, **k):
+            seen[name].append(k)
+            return kernel(*a, **k)
+
+        return call
+
+    monkeypatch.setattr(gemv, "launch", counted("gemv", launch))
+    monkeypatch.setattr(decode_attention, "decode_attention_one", counted("one", one))
+    return seen

@@ -24,7 +24,6 @@ from labsupport.traces import kernels  # noqa: E402
 from .conftest import fixture_run, with_shared_owners  # noqa: E402
 from .live_cells import parameters, run_live_cells, watch_harness  # noqa: E402
 from .page_names import unglued  # noqa: E402
-from .test_weights_first import waits_as_no_ops  # noqa: E402, F401 (a fixture: the interpreter has no PDL wait)
 
 pytest.importorskip("triton")
 from labsupport.measure.kernels import decode_attention, gemv  # noqa: E402
@@ -143,32 +142,20 @@ def test_the_fp8_rung_computes_rung_9_on_the_fp8_rounded_weights(tiny, fp8_round
 
 @pytest.mark.live
 @pytest.mark.usefixtures("waits_as_no_ops")
-def test_the_fp8_rung_on_rung_13_passes_the_check_against_its_fp8_weights(tiny, fp8_rounded, monkeypatch):
+def test_the_fp8_rung_on_rung_13_passes_the_check_against_its_fp8_weights(tiny, fp8_rounded, launches):
     """The FP8 rung on rung 13's options reads the FP8 weights through rung 13's kernels (each GEMV
     its first tile before the wait, attention in one kernel) and passes the chapter's rule against the
     model whose matrices are those FP8 weights. (Against the exact tiny model it cannot: that model
     is float32, eager's own error is nil, and the rounding of the weights is all that shows, as the
     test above checks.)"""
     model, prompt, ref = tiny
-    calls = {"fp8 early": 0, "one": 0}
-    launch, one = gemv.launch, decode_attention.decode_attention_one
-
-    def counted_launch(*a, **k):
-        calls["fp8 early"] += bool(k.get("scale") is not None and k.get("early") and k.get("pdl"))
-        return launch(*a, **k)
-
-    def counted_one(*a, **k):
-        calls["one"] += bool(k.get("pdl"))
-        return one(*a, **k)
-
-    monkeypatch.setattr(gemv, "launch", counted_launch)
-    monkeypatch.setattr(decode_attention, "decode_attention_one", counted_one)
     opts = qwen3_decode.Options(**ch.OWN_OPTIONS["fp8-pdl"])
     out = qwen3_decode.OwnStep(model, prompt.ids, ref.token, opts, compile=False, graph=False)()
     layers = model.config.num_hidden_layers
-    steps, rest = divmod(calls["fp8 early"], 4 * layers + 1)  # the step runs more than once (its warm-up)
+    fp8_early = sum(bool(k.get("scale") is not None and k.get("early") and k.get("pdl")) for k in launches["gemv"])
+    steps, rest = divmod(fp8_early, 4 * layers + 1)  # the step runs more than once (its warm-up)
     assert steps and not rest, "every GEMV of each step, the LM head's too, reads FP8 weights, its first tile early"
-    assert calls["one"] == steps * layers, "one attention kernel a layer"
+    assert sum(bool(k.get("pdl")) for k in launches["one"]) == steps * layers, "one attention kernel a layer"
     rounded = ch.reference(fp8_rounded, prompt)
     assert torch.equal(rounded.token, ref.token)  # the same input token
     check = ch.fidelity(out, rounded, ch.error_factor("fp8-pdl"))

@@ -20,8 +20,6 @@ import triton.language as tl  # noqa: E402
 
 from labsupport.measure.kernels import folded_norms, gemv  # noqa: E402
 
-from .test_weights_first import waits_as_no_ops  # noqa: E402, F401 (the interpreter's waits: no-ops)
-
 pytestmark = pytest.mark.unit
 CLOSE = dict(rtol=1e-4, atol=1e-4)
 EPS = 1e-6
@@ -273,7 +271,7 @@ def test_in_bf16_the_folded_weights_rounding_keeps_the_logits_as_close_to_float3
 @pytest.mark.parametrize("base", ["fused-gemv", "one-attention", "persistent"])
 def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
     tiny_with_norms,
-    waits_as_no_ops,  # noqa: F811 (the fixture imported above)
+    waits_as_no_ops,
     monkeypatch,
     base,
 ):

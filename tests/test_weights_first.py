@@ -75,35 +75,11 @@ def test_attention_in_one_kernel_needs_a_power_of_two_group():
         decode_attention.decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, p, 6, 1e-6)
 
 
-@pytest.fixture
-def waits_as_no_ops(monkeypatch):
-    """Triton's interpreter has no grid dependency control; it runs one program after another, each
-    kernel to its end before the next, so a wait that does nothing is exact there."""
-    import triton.language.extra.cuda as cuda
-
-    monkeypatch.setattr(cuda, "gdc_wait", lambda *a, **k: None)
-    monkeypatch.setattr(cuda, "gdc_launch_dependents", lambda *a, **k: None)
-
-
 @pytest.mark.live
 @pytest.mark.parametrize("extra", [{"early_weights": True}, {"early_weights": True, "one_attention": True}])
-def test_our_decoder_with_the_new_options_gives_transformers_logits(waits_as_no_ops, monkeypatch, extra):
+def test_our_decoder_with_the_new_options_gives_transformers_logits(waits_as_no_ops, launches, extra):
     from labsupport.chapters import closing_the_gap as ch
     from labsupport.measure import decode, models
-
-    calls = {"early": 0, "one": 0}
-    launch, one = gemv.launch, decode_attention.decode_attention_one
-
-    def counted_launch(*a, **k):
-        calls["early"] += bool(k.get("early") and k.get("pdl"))
-        return launch(*a, **k)
-
-    def counted_one(*a, **k):
-        calls["one"] += bool(k.get("pdl"))
-        return one(*a, **k)
-
-    monkeypatch.setattr(gemv, "launch", counted_launch)
-    monkeypatch.setattr(decode_attention, "decode_attention_one", counted_one)
 
     torch.manual_seed(0)
     model = models.build_model("tiny", device="cpu", dtype=torch.float32)
@@ -114,9 +90,11 @@ def test_our_decoder_with_the_new_options_gives_transformers_logits(waits_as_no_
     torch.testing.assert_close(logits, ref.logits, **CLOSE)
     assert int(token) == int(ref.next_token)
     layers = model.config.num_hidden_layers
-    steps, rest = divmod(calls["early"], 4 * layers + 1)  # the step runs more than once (its warm-up)
+    early = sum(bool(k.get("early") and k.get("pdl")) for k in launches["gemv"])
+    steps, rest = divmod(early, 4 * layers + 1)  # the step runs more than once (its warm-up)
     assert steps and not rest, "every GEMV of each step, the LM head's too, loads its weights first"
-    assert calls["one"] == (steps * layers if "one_attention" in extra else 0), "one attention kernel a layer"
+    one = sum(bool(k.get("pdl")) for k in launches["one"])
+    assert one == (steps * layers if "one_attention" in extra else 0), "one attention kernel a layer"
 
 
 def test_the_new_options_need_what_they_build_on():
