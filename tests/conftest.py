@@ -391,3 +391,29 @@ def launches(monkeypatch):
     monkeypatch.setattr(gemv, "launch", counted("gemv", launch))
     monkeypatch.setattr(decode_attention, "decode_attention_one", counted("one", one))
     return seen
+
+
+def assert_gemv_products(config, *, early: bool, k: int, rows: int, seed: int) -> None:
+    """Our GEMV with `config` gives PyTorch's products (float32, the interpreter's tolerance) on a
+    random x of K and a gate/up weight of 2 x `rows` rows: plain (called twice: a split-K buffer or a
+    persistent program's scalars are found ready again), after RMSNorm, as SiLU(gate) x up, and with
+    the residual added."""
+    import torch
+
+    from labsupport.measure.kernels import gemv
+    from labsupport.measure.models import qwen3_decode
+
+    close = dict(rtol=1e-4, atol=1e-4)
+    g = torch.Generator().manual_seed(seed)
+    x, nw = torch.randn(1, 1, k, generator=g), torch.randn(k, generator=g)
+    gate, up = torch.randn(rows, k, generator=g), torch.randn(rows, k, generator=g)
+    w = torch.cat([gate, up])
+    for _ in range(2):
+        torch.testing.assert_close(gemv.gemv(x, w, config=config, early=early), x @ w.T, **close)
+    normed = qwen3_decode.rmsnorm(x, nw, 1e-6)
+    torch.testing.assert_close(gemv.gemv(x, w, norm_weight=nw, config=config, early=early), normed @ w.T, **close)
+    act = torch.nn.functional.silu(normed @ gate.T) * (normed @ up.T)
+    fused = gemv.gemv(x, gemv.interleave(gate, up), norm_weight=nw, silu=True, config=config, early=early)
+    torch.testing.assert_close(fused, act, **close)
+    r = torch.randn(1, 1, 2 * rows, generator=g)
+    torch.testing.assert_close(gemv.gemv(x, w, residual=r, config=config, early=early), r + x @ w.T, **close)

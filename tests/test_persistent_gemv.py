@@ -19,6 +19,8 @@ from labsupport.measure.models import qwen3_decode  # noqa: E402
 pytest.importorskip("triton")
 from labsupport.measure.kernels import gemv, persistent_gemv  # noqa: E402
 
+from .conftest import assert_gemv_products  # noqa: E402
+
 pytestmark = pytest.mark.unit
 CLOSE = dict(rtol=1e-4, atol=1e-4)
 # K = 100 and 2 x 25 rows below: no block divides either, so the last chunk of K and the last
@@ -33,22 +35,10 @@ CONFIGS = {
 @pytest.mark.parametrize("early", [False, True], ids=["", "early"])
 @pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
 def test_the_persistent_gemv_gives_pytorchs_products_with_programs_walking_several_blocks(config, early):
-    g = torch.Generator().manual_seed(11)
     k, i = 100, 25
-    x, nw = torch.randn(1, 1, k, generator=g), torch.randn(k, generator=g)
-    gate, up = torch.randn(i, k, generator=g), torch.randn(i, k, generator=g)
-    w = torch.cat([gate, up])
     blocks = -(-2 * i // config.block_n)
     assert persistent_gemv.programs(blocks, config.ctas_per_sm, "cpu") < blocks, "each program walks several blocks"
-    for _ in range(2):  # the same products on a second call
-        torch.testing.assert_close(gemv.gemv(x, w, config=config, early=early), x @ w.T, **CLOSE)
-    normed = qwen3_decode.rmsnorm(x, nw, 1e-6)
-    torch.testing.assert_close(gemv.gemv(x, w, norm_weight=nw, config=config, early=early), normed @ w.T, **CLOSE)
-    act = torch.nn.functional.silu(normed @ gate.T) * (normed @ up.T)
-    fused = gemv.gemv(x, gemv.interleave(gate, up), norm_weight=nw, silu=True, config=config, early=early)
-    torch.testing.assert_close(fused, act, **CLOSE)
-    r = torch.randn(1, 1, 2 * i, generator=g)
-    torch.testing.assert_close(gemv.gemv(x, w, residual=r, config=config, early=early), r + x @ w.T, **CLOSE)
+    assert_gemv_products(config, early=early, k=k, rows=i, seed=11)
 
 
 def test_the_persistent_grid_is_its_programs_per_sm_and_never_more_than_the_blocks():

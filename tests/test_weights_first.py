@@ -15,6 +15,8 @@ from labsupport.measure.models import qwen3_decode  # noqa: E402
 pytest.importorskip("triton")
 from labsupport.measure.kernels import decode_attention, gemv  # noqa: E402
 
+from .conftest import assert_gemv_products  # noqa: E402
+
 pytestmark = pytest.mark.unit
 CLOSE = dict(rtol=1e-4, atol=1e-4)
 
@@ -25,20 +27,8 @@ CLOSE = dict(rtol=1e-4, atol=1e-4)
     ids=["two-tiles", "three-tiles", "split-k", "one-tile-past-k"],
 )
 def test_the_gemv_with_its_first_tile_loaded_early_gives_the_same_products(config):
-    g = torch.Generator().manual_seed(7)
-    k, i = 96, 24  # K not a multiple of the block: the first tile's mask matters too
-    x, nw = torch.randn(1, 1, k, generator=g), torch.randn(k, generator=g)
-    gate, up = torch.randn(i, k, generator=g), torch.randn(i, k, generator=g)
-    w = torch.cat([gate, up])
-    for _ in range(2):  # split-K: the second call finds its buffer zeroed
-        torch.testing.assert_close(gemv.gemv(x, w, config=config, early=True), x @ w.T, **CLOSE)
-    normed = qwen3_decode.rmsnorm(x, nw, 1e-6)
-    torch.testing.assert_close(gemv.gemv(x, w, norm_weight=nw, config=config, early=True), normed @ w.T, **CLOSE)
-    act = torch.nn.functional.silu(normed @ gate.T) * (normed @ up.T)
-    fused = gemv.gemv(x, gemv.interleave(gate, up), norm_weight=nw, silu=True, config=config, early=True)
-    torch.testing.assert_close(fused, act, **CLOSE)
-    r = torch.randn(1, 1, 2 * i, generator=g)
-    torch.testing.assert_close(gemv.gemv(x, w, residual=r, config=config, early=True), r + x @ w.T, **CLOSE)
+    # K = 96, not a multiple of the block: the first tile's mask matters too; split-K's buffer is zeroed again
+    assert_gemv_products(config, early=True, k=96, rows=24, seed=7)
 
 
 def _attention_case(heads, kv_heads, d, slots, pos, seed=1):
