@@ -21,7 +21,7 @@ from labsupport.measure import decode, models
 from labsupport.measure.models import qwen3_decode  # noqa: E402
 from labsupport.traces import kernels  # noqa: E402
 
-from .conftest import fixture_run, with_shared_owners  # noqa: E402
+from .conftest import FIXTURES, fixture_run, with_shared_owners  # noqa: E402
 from .live_cells import parameters, run_live_cells, watch_harness  # noqa: E402
 from .page_names import unglued  # noqa: E402
 
@@ -326,6 +326,15 @@ def run():
     return fixture_run("closing-the-gap")
 
 
+@pytest.fixture(autouse=True)
+def _owners_of_the_fixture_run(request, monkeypatch):
+    """A test of the fixture run reads the shared quantities (the floor, the ceiling, the shared
+    steps) from the fixture runs of their owners, recorded on its GPU, as a page reads those of
+    its own book; a test of the published run reads the book's."""
+    if "run" in request.fixturenames and "published_run" not in request.fixturenames:
+        monkeypatch.setenv("LABSUPPORT_RUNS", str(FIXTURES))
+
+
 def test_ladder_arithmetic(run):
     vals = ch.shared_values()
     lad = ch.ladder(run).set_index("rung")
@@ -549,8 +558,10 @@ def test_matmul_launches_read_the_launch_shapes_of_the_trace(run):
 
 @pytest.fixture(scope="module")
 def fixture_page(run):
-    vals = ch.shared_values()  # the published owners' runs, as the page and ch.ladder read them
-    return vals, ch.page(run, vals)
+    with pytest.MonkeyPatch.context() as m:  # the fixture owners' runs, as the page and ch.ladder read them
+        m.setenv("LABSUPPORT_RUNS", str(FIXTURES))
+        vals = ch.shared_values()
+        return vals, ch.page(run, vals)
 
 
 def test_the_page_of_the_fixture_run(run, fixture_page):
@@ -875,10 +886,11 @@ def test_the_page_of_both_fp8_rungs_speaks_of_the_fastest_that_passes(run, tmp_p
     assert ch.best_fp8(lad[~lad.rung.isin(ch.FP8_RUNGS)]) is None
 
 
-def test_a_run_recorded_before_the_second_fp8_rung_shows_the_first_alone(published_run):
-    """The published run has the FP8 rung on rung 9's options only: the page shows it against its
-    floor and says the one on rung 13's options is not in the run."""
-    p = ch.page(published_run, ch.shared_values())
+def test_a_run_recorded_before_the_second_fp8_rung_shows_the_first_alone(run, tmp_path):
+    """A run with the FP8 rung on rung 9's options only: the page shows it against its floor and
+    says the one on rung 13's options is not in the run."""
+    rows = {"fp8-weights": ("fused-attention", {"wall_ms_min": 2.0, "passed": True})}
+    p = ch.page(with_rungs(run, tmp_path, rows, fp8_bytes=7_600_000_000), ch.shared_values())
     assert p.fp8_text.startswith(f"*{ch.RUNGS['fp8-weights']}*, the fastest FP8 rung that gives eager's answers")
     assert list(p.fp8_table.rung) == [p.best, ch.RUNGS["fp8-weights"]]
     why = "not in this run (recorded before this rung existed)"
@@ -887,10 +899,19 @@ def test_a_run_recorded_before_the_second_fp8_rung_shows_the_first_alone(publish
     assert f"*{ch.RUNG_SHORT['fp8-pdl']}*: {why}" in p.failed_text
 
 
-def test_the_kernels_of_the_fp8_rung_on_rung_13_read_the_fp8_weights_it_was_tuned_for(published_run, tmp_path):
+@pytest.fixture(scope="module")
+def fp8_run():
+    """A run of the chapter on the H200 with the FP8 rung's trace and FP8 tuning (kept in runs/ for
+    this; on an 80 GB card the FP8 rungs ran out of memory, so the published run has neither trace)."""
+    from labsupport import runs
+
+    return runs.load_run(chapters.by_slug("closing-the-gap"), "20261202T103503Z-h200")
+
+
+def test_the_kernels_of_the_fp8_rung_on_rung_13_read_the_fp8_weights_it_was_tuned_for(fp8_run, tmp_path):
     """The FP8 rung on rung 13's options allows split-K, but FP8 is tuned without it: its GEMVs are
     found by FP8's chosen configs, as the other FP8 rung's are (here its trace is that rung's)."""
-    fake = with_rungs(published_run, tmp_path, {"fp8-pdl": ("fp8-weights", {})})
+    fake = with_rungs(fp8_run, tmp_path, {"fp8-pdl": ("fp8-weights", {})})
     columns = ["kernel", "weight", "kernels", "MB"]
     groups = ch.kernel_groups(fake, "fp8-pdl")[columns]
     assert groups.equals(ch.kernel_groups(fake, "fp8-weights")[columns])

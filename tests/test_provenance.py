@@ -27,9 +27,7 @@ def git(*args: str) -> str:
 
 @needs_git
 def test_every_published_run_names_a_commit_in_the_history_of_head():
-    """runs/published.json: each run's git_commit (less '-dirty') is HEAD or an ancestor of it, but
-    for the runs provenance.UNTRACEABLE lists (recorded before commits were checked). That list only
-    shrinks: a run it names that is no longer published, or whose commit resolves, fails here too."""
+    """runs/published.json: each run's git_commit (less '-dirty') is HEAD or an ancestor of it."""
     manifest = json.loads((REPO / "runs" / "published.json").read_text())
     bad = {}
     for chapter, run_id in sorted(manifest.items()):
@@ -37,10 +35,7 @@ def test_every_published_run_names_a_commit_in_the_history_of_head():
         problem = provenance.commit_problem(commit)
         if problem:
             bad[(chapter, run_id)] = problem
-    new = {k: v for k, v in bad.items() if k not in provenance.UNTRACEABLE}
-    assert not new, "\n".join(f"{c} {r}: {p}" for (c, r), p in new.items())
-    stale = provenance.UNTRACEABLE - set(bad)
-    assert not stale, f"recorded again or no longer published: remove {sorted(stale)} from provenance.UNTRACEABLE"
+    assert not bad, "\n".join(f"{c} {r}: {p}" for (c, r), p in bad.items())
 
 
 @pytest.mark.parametrize("value", ["12c4b32", "HEAD", "12C4B3236A60096284EA43DD0142F2DCDEFFBC6E", "x" * 40, "main\n"])

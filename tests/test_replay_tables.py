@@ -168,7 +168,7 @@ def test_derive_writes_the_tables_of_a_run_recorded_before_them(small_run, capsy
         (small_run / name).unlink()
         del meta["files"][name]
     for key in ("derived", "format", "migrated"):  # a run of format 1, recorded before the tables
-        del meta[key]
+        meta.pop(key, None)  # "migrated" only in a run brought up to the format after it was recorded
     meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     assert replay.stored(small_run / "burst_trace.json.gz") is None
     assert cli.main(["derive", "what-a-kernel"]) == 0

@@ -16,7 +16,7 @@ from labsupport.measure import decode, environment, harness
 from labsupport.measure.kernels import triton_kernels
 from labsupport.traces import kernels
 
-from .conftest import fixture_run
+from .conftest import FIXTURES, fixture_run
 from .notebook_cells import assert_times_before_profiles, definitions, run_live
 from .page_names import prose_names, unglued
 
@@ -113,14 +113,15 @@ def test_the_queue(run):
     assert len(bk) == 40 and (bk.launch_ns <= bk.start_ns).all()
 
 
-def test_l2_and_the_add_out_of_the_cache(run):
+def test_l2_and_the_add_out_of_the_cache(run, monkeypatch):
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(FIXTURES))  # the owners' runs recorded on the fixture run's GPU
     c, h = ch.cache(run), ch.hbm_add(run)
     assert c.working_set_bytes == 3 * run.parameters["n"] * 4
     assert c.l2_bytes == 60 * 2**20 and c.fits
     assert (h.n == run.parameters["hbm_n"]).all() and (h["GB/s"] == h.bytes / (h.ms_median * 1e-3) / 1e9).all()
     assert (h["of datasheet"] == h["GB/s"] / 4800).all()
     lim = shared.limits()  # the ceilings of "Why a GPU", not this run's own
-    assert (h["of measured copy"] == h["GB/s"] / (lim.copy_tbs * 1e3)).all()
+    assert lim.copy_tbs and (h["of measured copy"] == h["GB/s"] / (lim.copy_tbs * 1e3)).all()
     torch_gbs = h.set_index("implementation").loc[ch.TORCH_ADD, "GB/s"]
     text = ch.hbm_text(run)
     assert f"{torch_gbs:,.0f} GB/s" in text and "datasheet" in text and "copy" in text
@@ -128,6 +129,26 @@ def test_l2_and_the_add_out_of_the_cache(run):
     assert "60 MiB L2 cache" in l2_text
     kernel_gbs = ch.add_table(run).loc[ch.TORCH_ADD, "GB/s during the kernel"]
     assert ("faster than the H200 SXM datasheet" in l2_text) == (kernel_gbs > 4800)
+
+
+def test_a_run_on_another_gpu_than_why_a_gpus_is_set_against_its_own_datasheet(run, tmp_path, monkeypatch):
+    """The H200 fixture run beside a run of *Why a GPU* recorded on an H100 (its fixture run, its GPU
+    renamed): the add is set against the H200's datasheet, and against no copy (that copy was
+    measured on the other GPU)."""
+    import json
+
+    owner = fixture_run("why-a-gpu")
+    copy = tmp_path / owner.chapter / owner.run_id
+    shutil.copytree(owner.path, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["provenance"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    (copy / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / "published.json").write_text(json.dumps({owner.chapter: owner.run_id}))
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(tmp_path))
+    assert shared.limits().datasheet_name == "H100 SXM"
+    h = ch.hbm_add(run)
+    assert (h["of datasheet"] == h["GB/s"] / 4800).all() and h["of measured copy"].isna().all()
+    assert "H200 SXM datasheet" in ch.hbm_text(run) and "Why a GPU" not in ch.hbm_text(run)
 
 
 def test_runs_without_the_cache_size_or_the_add_out_of_it(run, tmp_path):

@@ -85,7 +85,9 @@ HYBRID_27B_VLLM_HEADLINE = {
 GPUSTACK = "GPUStack performance lab, Qwen3-8B on an H100 SXM (one page for the three engines)"
 EMMY_502 = "cloudrift-ai/emmy PR #502"
 MEGAKERNELS_VS_GRAPHS = "msaroufim/megakernels-vs-cuda-graphs, RESULTS.md"
-GPT_FAST_ON_OUR_H200 = "pytorch-labs/gpt-fast, run on the H200 that recorded this book's runs (not one of its runs)"
+GPT_FAST_ON_OUR_H200 = (
+    "pytorch-labs/gpt-fast, run on the H200 box that recorded this book's earlier runs (not one of its runs)"
+)
 NEAR_FLOOR_REFERENCES = pd.DataFrame(
     [
         ("vLLM 0.11", "Qwen3-8B BF16", "H100 SXM", "concurrency 1", "7.28 ms", "1.61×", "datasheet", GPUSTACK),

@@ -157,6 +157,28 @@ def limits(given: dict[str, runs.Run] | None = None, root=None) -> hardware.Limi
     return hardware.run_limits(run)
 
 
+def limits_for(run: runs.Run) -> hardware.Limits:
+    """The ceilings a chapter's `run` is set against: the ceilings owner's (limits()) where that run
+    was recorded on the same GPU; else `run`'s own GPU's datasheet alone, since a ceiling measured on
+    another GPU says nothing of this one (and where no owner's run is published: a scratch folder)."""
+    from labsupport.measure import models
+
+    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
+    try:
+        lim = limits()
+    except runs.RunError:
+        lim = None
+    if lim is not None and sheet is not None and lim.datasheet_name == sheet.name:
+        return lim
+    return hardware.Limits(
+        datasheet_name=sheet.name if sheet else None,
+        datasheet_tflops=sheet.tensor_tflops(models.run_dtype(run)) if sheet else None,
+        datasheet_tbs=sheet.bandwidth_tbs if sheet else None,
+        gemm_tflops=None,
+        copy_tbs=None,
+    )
+
+
 def owner_run(owner: str, run_id: str | None = None, root=None) -> runs.Run:
     """The owner chapter's published run (or `run_id`), loaded with its declaration."""
     return runs.load_run(PACKAGES[owner].DECLARATION, run_id, root)

@@ -42,8 +42,6 @@ def published_provenance(root=None) -> pd.DataFrame:
         run = runs.open_run(chapter, run_id, root)
         problem = check_commit(run)
         in_history = "not checked (no .git)" if not provenance.has_git() else "no" if problem else "yes"
-        if problem and (chapter, run_id) in provenance.UNTRACEABLE:
-            in_history = "no: typed by hand"
         rows.append(
             {
                 "chapter": chapter,

@@ -84,24 +84,6 @@ def git_commit(root: Path = REPO_ROOT) -> str:
     return head_hash + ("-dirty" if dirty.stdout.strip() else "")
 
 
-# Published runs recorded before commits were checked, whose LABSUPPORT_GIT_COMMIT was typed by
-# hand: 12c4b3236a60... names no object of this repository (the session's own record names the
-# tree it copied as 12c4b32). They stay published until their chapters are recorded again, and the
-# trust page says so; a run is never added here (publishing refuses such a run), only removed.
-UNTRACEABLE = frozenset(
-    (chapter, run_id)
-    for chapter, run_id in (
-        ("closing-the-gap", "20261202T103503Z-h200"),
-        ("kernels-in-one-token", "20261202T103752Z-h200"),
-        ("launch-overhead", "20261202T103752Z-h200"),
-        ("model-code-to-kernels", "20261202T103211Z-h200"),
-        ("prefill-vs-decode", "20261202T103345Z-h200"),
-        ("what-a-kernel", "20261202T103211Z-h200"),
-        ("where-kernels-come-from", "20261202T103306Z-h200"),
-    )
-)
-
-
 def commit_problem(commit: str, root: Path = REPO_ROOT) -> str | None:
     """Why `commit` (a run's git_commit, '-dirty' allowed) is not a commit in the history of this
     checkout's HEAD, or None when it is, or when there is no .git here to ask."""

@@ -489,8 +489,11 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
         w = t[t[col] & (t.weights.eq("fp8") if fp8 else t.weights.ne("fp8"))]  # FP8, or the model's BF16/FP16
         names = {v: n for n, v in _shape_names(run).items()}
         for r in w.itertuples():
+            name = names.get((r.n, r.k), f"{r.n}x{r.k}")
+            if not _reads(rung, name):  # a matrix of the same grid that this rung never launches
+                continue
             blocks = math.ceil(r.n / r.block_n) * int(r.split_k)
-            hit = (names.get((r.n, r.k), f"{r.n}x{r.k}"), r.n * r.k * (1 if fp8 else 2))
+            hit = (name, r.n * r.k * (1 if fp8 else 2))
             if hit not in matrix.setdefault(blocks, []):
                 matrix[blocks].append(hit)
     sizes = (
@@ -516,6 +519,19 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
     out["TB/s"] = out.MB / out["µs"]  # MB per µs is TB/s
     out["TB/s exclusive"] = out.MB / out["exclusive µs"].where(out["exclusive µs"] > 0)
     return out.sort_values("µs", ascending=False).reset_index(drop=True)
+
+
+# The matrices whose concatenation (matmuls.csv's "qkv (fused)", "gate_up (fused)") a fused rung reads in
+# their place: a GEMV of a fused rung is never one of them, even where its grid is theirs.
+FUSED_AWAY = ("q_proj", "k_proj / v_proj", "gate_proj / up_proj")
+
+
+def _reads(rung: str, matrix: str) -> bool:
+    """Whether the GEMVs of `rung` read `matrix` (a name of matmuls.csv): a fused rung the
+    concatenations, the others the separate weights."""
+    if OWN_OPTIONS.get(rung, {}).get("fused"):
+        return matrix not in FUSED_AWAY
+    return not matrix.endswith("(fused)")
 
 
 # The matrices a layer of our folded decode step reads, in launch order, then the LM head's

@@ -18,23 +18,9 @@ from labsupport.traces import kernels, trace
 
 
 def limits(run: runs.Run) -> hardware.Limits:
-    """The ceilings the chapter compares against: the datasheet of the run's GPU and those measured in
-    the run of *Why a GPU* (shared.limits), never the run's own; the datasheet alone where no run of
-    *Why a GPU* is published (a test's empty runs folder) or where it was recorded on another GPU."""
-    sheet = hardware.datasheet_or_none(run.provenance["gpu"])
-    try:
-        lim = shared.limits()
-    except runs.RunError:
-        lim = None
-    if lim is not None and sheet is not None and lim.datasheet_name == sheet.name:
-        return lim
-    return hardware.Limits(
-        datasheet_name=sheet.name if sheet else None,
-        datasheet_tflops=sheet.tensor_tflops(models.run_dtype(run)) if sheet else None,
-        datasheet_tbs=sheet.bandwidth_tbs if sheet else None,
-        gemm_tflops=None,
-        copy_tbs=None,
-    )
+    """The ceilings the chapter compares against (shared.limits_for): those measured in the run of
+    *Why a GPU*, never the run's own; the datasheet alone where that run is of another GPU."""
+    return shared.limits_for(run)
 
 
 def timing_note(run: runs.Run) -> str:

@@ -163,7 +163,7 @@ def hbm_add(run: runs.Run) -> pd.DataFrame | None:
     if "hbm_add.csv" not in run.meta["files"]:
         return None
     h = run.table("hbm_add")
-    lim = shared.limits()
+    lim = shared.limits_for(run)
     h["GB/s"] = h.bytes / (h.ms_median * 1e-3) / 1e9
     h["of datasheet"] = h["GB/s"] / (lim.datasheet_tbs * 1e3) if lim.datasheet_tbs else float("nan")
     h["of measured copy"] = h["GB/s"] / (lim.copy_tbs * 1e3) if lim.copy_tbs else float("nan")
@@ -215,7 +215,7 @@ def hbm_text(run: runs.Run) -> str:
             f"This run did not time an add larger than the L2 cache on its own. The adds of the burst below, "
             f"{q['add_mb']:,.0f} MB each, are: each ran at {q['add_tbs']:.2f} TB/s."
         )
-    lim, c = shared.limits(), cache(run)
+    lim, c = shared.limits_for(run), cache(run)
     t = h.set_index("implementation")
     tr, ou = t.loc[TORCH_ADD], t.loc[OUR_ADD]
     vs = []
