@@ -48,3 +48,31 @@ def test_a_change_in_every_layer_is_one_line_naming_the_layers():
     names = extra.name.map(drift.kernels.short_name).unique()
     assert len(changes) == len(names) and all(c["what"].startswith("layers 0-35: ") for c in changes), changes
     assert all(c["new"] == c["old"] + 1 for c in changes)
+
+
+def test_a_run_on_another_gpu_is_compared_and_said_to_be_uncounted(tmp_path):
+    """The fixture run against a copy of itself recorded (by its provenance) on an H100: no kernel
+    changed, the report names both GPUs, and the night's line leaves the chapter out of its counts."""
+    import json
+    import shutil
+
+    from labsupport import runs
+
+    run = fixture_run(CHAPTER)
+    copy = tmp_path / CHAPTER / run.run_id
+    shutil.copytree(run.path, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["provenance"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    (copy / "meta.json").write_text(json.dumps(meta))
+    other = runs.load_run(chapters.by_slug(CHAPTER), run.run_id, root=tmp_path)
+    d = drift.compare(chapters.by_slug(CHAPTER), other, run)
+    assert d.gpus == {"published": run.provenance["gpu"], "new": "NVIDIA H100 80GB HBM3"} and not d.structural
+    md = drift.to_markdown([d], 0.25, "t")
+    assert "**Another GPU**" in md and "NVIDIA H100 80GB HBM3" in md
+    same = drift.compare(chapters.by_slug(CHAPTER), run, run)
+    assert not same.other_gpu and "Another GPU" not in drift.to_markdown([same], 0.25, "t")
+    d.structural.append({"table": "kernels.csv", "what": "kernels", "old": 1, "new": 2})
+    line = drift.summary_line([d, same], 0.25)
+    assert line.startswith("drift: 0 structural changes, 0 headline numbers moved beyond 25%")
+    assert line.endswith(f"not counted: {CHAPTER}")
+    assert drift.from_json(drift.to_json([d], 0.25))[0][0].gpus == d.gpus

@@ -2,6 +2,8 @@
 counts and names, by kind and by source) apart from timing noise (headline numbers that
 moved by more than a threshold). A host-timed headline number (a wall time) that moved with
 the host, as the ratio of the two runs' host-probe readings says, is labelled "host", not moved.
+A new run recorded on another GPU than the published one is compared all the same, and said to
+be: its changes are the GPU's, not drift, and the night's count of changes leaves them out.
 
 The markdown report escapes everything that comes from run data (kernel names above all), so
 the status page renders it as text, never as HTML."""
@@ -34,10 +36,15 @@ class ChapterDrift:
     structural: list[dict] = field(default_factory=list)
     timing: list[dict] = field(default_factory=list)
     host: dict = field(default_factory=dict)  # host_speed(): the probe of the new run against the published
+    gpus: dict = field(default_factory=dict)  # {"published": ..., "new": ...} where the two runs' GPUs differ
 
     @property
     def moved(self) -> list[dict]:
         return [t for t in self.timing if t["moved"]]
+
+    @property
+    def other_gpu(self) -> bool:
+        return bool(self.gpus)
 
     @property
     def slow_host(self) -> bool:
@@ -161,6 +168,9 @@ def compare(
     d = ChapterDrift(chapter.slug, old.run_id if old else None, new.run_id, host=host_speed(new, old))
     if old is None:
         return d
+    gpu_old, gpu_new = old.provenance.get("gpu"), new.provenance.get("gpu")
+    if gpu_old != gpu_new:
+        d.gpus = {"published": gpu_old, "new": gpu_new}
     new_k, old_k = _kernel_tables(new), _kernel_tables(old)
     for table in sorted(set(new_k) | set(old_k)):
         if table not in new_k or table not in old_k:
@@ -254,6 +264,12 @@ def to_markdown(drifts: list[ChapterDrift], threshold: float, title: str) -> str
             "",
         ]
         lines += [host_line(d.host), ""]
+        if d.other_gpu:
+            lines += [
+                f"**Another GPU**: the published run was recorded on {md_text(d.gpus['published'])}, this one on "
+                f"{md_text(d.gpus['new'])}. The changes below are what changes with the GPU, not drift.",
+                "",
+            ]
         if d.old_run is None:
             lines += ["No published run to compare with.", ""]
             continue
@@ -269,6 +285,20 @@ def to_markdown(drifts: list[ChapterDrift], threshold: float, title: str) -> str
         lines += [timing_row(t) for t in d.timing]
         lines.append("")
     return "\n".join(lines)
+
+
+def summary_line(drifts: list[ChapterDrift], threshold: float) -> str:
+    """The night's one line: structural changes and moved numbers of the chapters recorded on the
+    GPU of their published runs; those recorded on another GPU are named apart, uncounted."""
+    same = [d for d in drifts if not d.other_gpu]
+    other = [d.chapter for d in drifts if d.other_gpu]
+    text = (
+        f"drift: {sum(len(d.structural) for d in same)} structural changes, "
+        f"{sum(len(d.moved) for d in same)} headline numbers moved beyond {threshold:.0%}"
+    )
+    if other:
+        text += f"; on another GPU than their published runs, not counted: {', '.join(other)}"
+    return text
 
 
 def host_line(h: dict) -> str:

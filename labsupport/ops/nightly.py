@@ -90,12 +90,7 @@ def write_drift(run_id: str, new: dict, baseline: dict, threshold: float, out_di
     for d in drifts:  # flagged, not failed: a slow host moves host-timed numbers, not the kernels
         if d.slow_host:
             print(f"validation: {d.chapter}: host slower than usual during the run: {d.host['why']}", flush=True)
-    print(
-        f"drift: {sum(len(d.structural) for d in drifts)} structural changes, "
-        f"{sum(len(d.moved) for d in drifts)} headline numbers moved beyond {threshold:.0%} "
-        f"({out_dir / 'drift.md'})",
-        flush=True,
-    )
+    print(f"{drift.summary_line(drifts, threshold)} ({out_dir / 'drift.md'})", flush=True)
     return {f"nightly/{run_id}-drift.md": md, f"nightly/{run_id}-drift.json": js}
 
 
