@@ -624,6 +624,29 @@ def test_the_ladder_says_which_rungs_have_no_numbers():
     )
 
 
+# A rung's status as an H100 80GB run recorded it (20261205T154101Z), cut at 200 characters.
+OUT_OF_MEMORY = (
+    "failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 384.00 MiB. GPU 0 has a total capacity of "
+    "79.18 GiB of which 294.12 MiB is free. Including non-PyTorch memory, this process has 78.88 GiB memory in "
+    "use. Of the al"
+)
+
+
+def test_a_failed_rung_is_shown_by_its_first_two_sentences(run, tmp_path):
+    """The ladder and the FP8 paragraph show an out-of-memory failure by its first two sentences,
+    and the paragraph says why the FP8 rungs are the ones that run out."""
+    cut = "failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 384.00 MiB"
+    assert ch.short_status(OUT_OF_MEMORY) == cut and ch.short_status("ok") == "ok"
+    rows = {r: ("fused-attention", {"status": OUT_OF_MEMORY}) for r in ch.FP8_RUNGS}
+    fake = with_rungs(run, tmp_path, rows)
+    lad = ch.ladder(fake).set_index("rung")
+    assert lad.loc[list(ch.FP8_RUNGS), "status"].tolist() == [cut, cut]
+    p = ch.page(fake, ch.shared_values())
+    assert p.fp8_text.startswith(f"this run has no FP8 numbers: {cut}. Every rung is built and kept alive")
+    assert "made after the BF16 rungs'" in p.fp8_text and "allocator" not in p.failed_text
+    assert f"*{ch.RUNG_SHORT['fp8-weights']}* and *{ch.RUNG_SHORT['fp8-pdl']}*: {cut}." in p.failed_text
+
+
 @pytest.mark.live
 def test_notebook_runs_live_on_cpu_through_papermill(runs_root, monkeypatch, tmp_path):
     """The whole page on the CPU live path (tiny model): measured, then every analysis cell on the

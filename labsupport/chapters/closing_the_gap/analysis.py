@@ -5,6 +5,7 @@ rung by kind, the matmuls shape by shape, and the best rung's remaining time."""
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 import pandas as pd
@@ -56,6 +57,15 @@ def _shared_values(root: str) -> dict:
         return shared.values(root=Path(root))
     except runs.RunError:  # no published run of an owner (a scratch runs folder)
         return {}
+
+
+def short_status(status) -> str:
+    """A rung's status as the page shows it: a failure's first two sentences (an out-of-memory
+    error goes on with a paragraph of allocator advice; rungs.csv keeps what the run recorded)."""
+    text = str(status)
+    if not text.startswith("failed: "):
+        return text
+    return " ".join(re.split(r"(?<=\.)\s+", text)[:2]).rstrip(".")
 
 
 def shared_values() -> dict:
@@ -201,8 +211,8 @@ def ladder(run: runs.Run, vals: dict | None = None) -> pd.DataFrame:
             row["timed by"] = own.loc[rung, "timed by"]
             row["compile s"] = here.get("compile_s", nan)
         else:
-            status = here.status if here is not None else "not in this run (recorded before this rung existed)"
-            row |= {"status": status, "from": "–"}
+            gone = "not in this run (recorded before this rung existed)"
+            row |= {"status": short_status(here.status) if here is not None else gone, "from": "–"}
         rows.append(row)
     cols = ["rung", "status", "from", "same answers", "kernels", "GPU busy ms", "ms", "q1", "median", "q3", "max",
             "timed by", "compile s"]  # fmt: skip

@@ -318,7 +318,13 @@ def _fp8(run: runs.Run, vals: dict, steps: pd.DataFrame, fastest: str, limit: Fl
         why = {r: by_rung.status[r] for r in FP8_RUNGS}  # the ladder has a row for every rung, with its reason
         reasons = set(why.values())
         status = reasons.pop() if len(reasons) == 1 else "; ".join(f"*{RUNG_SHORT[r]}*: {w}" for r, w in why.items())
-        return f"this run has no FP8 numbers: {status}.", "", None
+        memory = (
+            " Every rung is built and kept alive until all are timed in turn, and the FP8 copies of the weights, "
+            "made after the BF16 rungs', did not fit in what this GPU had left."
+            if "OutOfMemoryError" in status
+            else ""
+        )
+        return f"this run has no FP8 numbers: {status}.{memory}", "", None
     ran = [r for r in FP8_RUNGS if by_rung.status.get(r) == "ok" and by_rung.ms.get(r) == by_rung.ms.get(r)]
     bf16 = by_rung.loc[fastest]
 
