@@ -123,6 +123,25 @@ def test_retries_stay_within_the_runs_budget(monkeypatch):
     assert len(t.wall_ms) == 12 and t.slow_host and len(hostprobe.slow_notes()) == 1
 
 
+def test_a_measurement_wholly_on_a_slow_host_is_judged_by_the_runs_best(monkeypatch):
+    """A first measurement reads the host at 7 ms; a second, every trial at 14 ms, would find all its
+    trials "fast" against its own best: judged by the run's best so far it retries, then is noted slow
+    (the lent box's eager step, timed wholly in the host's slow mode, read 45 ms against 29)."""
+    hostprobe.reset()
+    it = iter([7.0] * 12 + [14.0] * 36)
+    monkeypatch.setattr(hostprobe, "_timed_once", lambda: next(it))
+    first = harness.interleaved({"a": lambda: None}, device="cpu", rounds=12, warmup=0, min_fast=10)["a"]
+    assert not first.slow_host and hostprobe.best_sample_ms() == 7.0
+    t = harness.interleaved(
+        {"b": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0, min_fast=10
+    )["b"]
+    assert len(t.wall_ms) == 36 and t.slow_host and t.fast.trials == 36  # its own best alone: all "fast"
+    (note,) = hostprobe.slow_notes()
+    assert note["fast_trials"] == 0 and note["best_probe_ms"] == 7.0
+    hostprobe.reset()
+    assert hostprobe.best_sample_ms() is None
+
+
 def test_a_cpu_measurement_does_not_wait_for_its_host(monkeypatch):
     """On a CPU the host is what is timed: too few fast-host trials are noted, never retried."""
     hostprobe.reset()

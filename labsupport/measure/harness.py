@@ -21,9 +21,10 @@ Two rules hold for every number in the book (the methodology page shows why, mea
    (:mod:`labsupport.measure.hostprobe`) that each of its trials carries (`probe_ms`). A trial is a
    fast-host trial when its reading is within FAST_HOST of the best reading of its measurement;
    the estimator (:data:`ESTIMATOR`, :func:`estimate`) is the median of those trials, with their
-   minimum, quartiles and count beside it. A measurement with fewer than MIN_FAST_TRIALS of them
-   waits and times more rounds (bounded by hostprobe.RETRY_BUDGET_S per run), then is noted as
-   taken on a slow host. Runs recorded before per-trial readings fall back to the minimum.
+   minimum, quartiles and count beside it. A measurement with fewer than MIN_FAST_TRIALS of them,
+   judged by the best reading of the run so far (so that one taken wholly on a slow host is not
+   judged by its own slow best), waits and times more rounds (bounded by hostprobe.RETRY_BUDGET_S
+   per run), then is noted as taken on a slow host. Runs recorded before per-trial readings fall back to the minimum.
 """
 
 from __future__ import annotations
@@ -277,6 +278,14 @@ def spread(values: list[float], prefix: str, probe_ms: list[float] | None = None
     return out
 
 
+def run_best(probe_ms: list[float]) -> float | None:
+    """The best probe reading to judge a measurement's trials by while the run is measuring: the
+    quicker of its own best and the run's best so far (hostprobe.best_sample_ms); None without readings."""
+    own = [float(p) for p in probe_ms if p == p]
+    best = [b for b in (min(own) if own else None, hostprobe.best_sample_ms()) if b is not None]
+    return min(best) if best else None
+
+
 def too_few_fast(e: Estimate, min_fast: int = MIN_FAST_TRIALS) -> bool:
     """Whether an estimate rests on fewer than `min_fast` fast-host trials, where enough trials were
     taken to have them (smoke and CPU runs time fewer in all: never slow)."""
@@ -350,9 +359,10 @@ def time_region(
             gc.enable()
     hostprobe.read(f"after {what}")
     t = Timing(what=what, wall_ms=wall, issue_ms=issue, gpu_ms=gpu, clean=not profiled(), probe_ms=probe)
-    if min_fast and too_few_fast(t.fast, min_fast):
+    judged = estimate(wall, probe or None, run_best(probe))
+    if min_fast and too_few_fast(judged, min_fast):
         t.slow_host = True
-        hostprobe.note_slow(what, t.fast.trials, len(wall), t.fast.best_probe_ms)
+        hostprobe.note_slow(what, judged.trials, len(wall), judged.best_probe_ms)
     return t
 
 
@@ -415,8 +425,9 @@ def interleaved(
             if g is not None:
                 t.gpu_ms.append(g)
 
-    def fewest_fast() -> Estimate:
-        return min((t.fast for t in out.values()), key=lambda e: e.trials)
+    def fewest_fast() -> Estimate:  # judged by the run's best reading so far, not by the measurement's own alone
+        best = run_best([p for t in out.values() for p in t.probe_ms])
+        return min((estimate(t.wall_ms, t.probe_ms or None, best) for t in out.values()), key=lambda e: e.trials)
 
     gc.collect()
     was_enabled = gc.isenabled()
@@ -530,7 +541,9 @@ def method() -> dict:
         "rounds (harness.interleaved), many short trials each, each trial with the host probe's reading of its "
         "round; reported by the median of the fast-host trials (probe within "
         f"{FAST_HOST - 1:.0%} of its best reading in the measurement; the estimator) with their minimum, quartiles "
-        "and count; taken before the first profile in the process (clean) or in fresh processes "
+        f"and count; a headline measurement with fewer than {MIN_FAST_TRIALS} trials within {FAST_HOST - 1:.0%} of the "
+        "run's best reading so far waits and retries, then is noted as taken on a slow host; taken before the first "
+        "profile in the process (clean) or in fresh processes "
         "(labsupport.measure.fresh)",
         "estimator": ESTIMATOR,
         "fast_host": {

@@ -44,6 +44,7 @@ _readings: list[Reading] = []
 _t0: float | None = None
 _slow: list[dict] = []
 _retry_spent_s = 0.0
+_best_sample_ms = float("inf")
 
 
 def workload() -> None:
@@ -77,10 +78,24 @@ def read(at: str, repeats: int = 3) -> Reading:
 
 
 def sample() -> float:
-    """The workload timed once, in ms, not kept: the reading a host-timed trial carries."""
+    """The workload timed once, in ms: the reading a host-timed trial carries (only the quickest
+    of the run is kept, best_sample_ms)."""
+    global _best_sample_ms
+    ms = _timed_once()
+    _best_sample_ms = min(_best_sample_ms, ms)
+    return ms
+
+
+def _timed_once() -> float:
     t = time.perf_counter()
     workload()
     return round((time.perf_counter() - t) * 1e3, 4)
+
+
+def best_sample_ms() -> float | None:
+    """The quickest trial reading (sample) of this run so far: the host at its best in the run, which
+    a measurement taken wholly on a slow host must be judged by (its own best is a slow one)."""
+    return _best_sample_ms if _best_sample_ms != float("inf") else None
 
 
 def note_slow(what: str, fast_trials: int, trials: int, best_ms: float) -> None:
@@ -117,11 +132,12 @@ def readings() -> list[dict]:
 
 def reset() -> None:
     """Forget the readings, the slow notes and the retry time spent (a new run starts its own)."""
-    global _t0, _retry_spent_s
+    global _t0, _retry_spent_s, _best_sample_ms
     _readings.clear()
     _slow.clear()
     _t0 = None
     _retry_spent_s = 0.0
+    _best_sample_ms = float("inf")
 
 
 @dataclass(frozen=True)
