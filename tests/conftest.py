@@ -213,6 +213,20 @@ def with_shared_owners(root: Path) -> None:
     manifest.write_text(json.dumps(have, indent=2, sort_keys=True) + "\n")
 
 
+def ceilings_on_another_gpu(root: Path, gpu: str = "NVIDIA H100 80GB HBM3") -> Path:
+    """A runs folder `root` whose only published run is the fixture run of *Why a GPU* (the owner of
+    the ceilings), its GPU renamed to `gpu`: a page of an H200 run beside ceilings measured on
+    another GPU, as the book has when chapters were recorded on different boxes."""
+    owner = fixture_run("why-a-gpu")
+    copy = root / owner.chapter / owner.run_id
+    shutil.copytree(owner.path, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["provenance"]["gpu"] = gpu
+    (copy / "meta.json").write_text(json.dumps(meta))
+    (root / "published.json").write_text(json.dumps({owner.chapter: owner.run_id}))
+    return root
+
+
 def tree_bytes(root: Path) -> dict:
     """Every file under root with its bytes, to check that nothing changed."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

@@ -16,7 +16,7 @@ from labsupport.measure import hardware, harness, models
 from labsupport.measure.models import gated_deltanet
 from labsupport.traces import kernels, trace
 
-from .conftest import REPO, fixture_run
+from .conftest import FIXTURES, REPO, ceilings_on_another_gpu, fixture_run
 from .live_cells import parameters, watch_harness
 from .test_launch_overhead import modern_copy, replay_notebook
 
@@ -365,9 +365,10 @@ def test_tiny_hybrid_analysis_and_page(tiny_hybrid_run, tmp_path):
 
 
 @pytest.mark.book
-def test_the_page_replays_a_run_recorded_with_todays_columns(h200_run, tmp_path):
+def test_the_page_replays_a_run_recorded_with_todays_columns(h200_run, tmp_path, monkeypatch):
     run = modern_copy(h200_run, tmp_path / "runs")
     assert "before the first profile" in hybrid.timing_note(run)
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(FIXTURES))  # the ceilings of Why a GPU's fixture run: the same GPU
     v = hybrid.variants(run)
     assert hybrid.measured_column(run) == "of practical ceiling" and v["of practical ceiling"].notna().all()
     assert len(hybrid.prefill_host_device(run)) == 2
@@ -477,3 +478,22 @@ def test_page_says_what_was_not_measured(h200_run, tmp_path):
     )
     assert p.prefill_text == ""
     assert p.failed_text == "Not everything ran; each row that did not says why in its *status*."
+
+
+def test_beside_ceilings_of_another_gpu_the_page_sets_the_step_against_the_datasheet_alone(
+    h200_run, tmp_path, monkeypatch
+):
+    """The H200 run beside a run of *Why a GPU* recorded on an H100: no practical ceiling, said so in
+    words, no column of it in the table, and the datasheet's numbers as before."""
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(ceilings_on_another_gpu(tmp_path)))
+    lim = hybrid.limits(h200_run)
+    assert lim.datasheet_name == "H200 SXM" and lim.ceiling_tbs is None
+    p = hybrid.page(h200_run)
+    assert p.measured_tbs == "none on this GPU" and p.floor_ms_measured == "–"
+    assert p.measured_text.startswith("No practical ceiling was measured on this GPU")
+    assert p.mm_vs_ceiling == "(no practical ceiling was measured on this GPU)"
+    assert hybrid.measured_column(h200_run) not in hybrid.variants_compact(h200_run)
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(FIXTURES))
+    p = hybrid.page(h200_run)
+    assert p.measured_tbs.endswith(" TB/s") and p.mm_vs_ceiling.endswith("% of the practical ceiling")
+    assert hybrid.measured_column(h200_run) in hybrid.variants_compact(h200_run)

@@ -16,7 +16,7 @@ from labsupport.measure import decode, environment, harness
 from labsupport.measure.kernels import triton_kernels
 from labsupport.traces import kernels
 
-from .conftest import FIXTURES, fixture_run
+from .conftest import FIXTURES, ceilings_on_another_gpu, fixture_run
 from .notebook_cells import assert_times_before_profiles, definitions, run_live
 from .page_names import prose_names, unglued
 
@@ -135,16 +135,7 @@ def test_a_run_on_another_gpu_than_why_a_gpus_is_set_against_its_own_datasheet(r
     """The H200 fixture run beside a run of *Why a GPU* recorded on an H100 (its fixture run, its GPU
     renamed): the add is set against the H200's datasheet, and against no copy (that copy was
     measured on the other GPU)."""
-    import json
-
-    owner = fixture_run("why-a-gpu")
-    copy = tmp_path / owner.chapter / owner.run_id
-    shutil.copytree(owner.path, copy)
-    meta = json.loads((copy / "meta.json").read_text())
-    meta["provenance"]["gpu"] = "NVIDIA H100 80GB HBM3"
-    (copy / "meta.json").write_text(json.dumps(meta))
-    (tmp_path / "published.json").write_text(json.dumps({owner.chapter: owner.run_id}))
-    monkeypatch.setenv("LABSUPPORT_RUNS", str(tmp_path))
+    monkeypatch.setenv("LABSUPPORT_RUNS", str(ceilings_on_another_gpu(tmp_path)))
     assert shared.limits().datasheet_name == "H100 SXM"
     h = ch.hbm_add(run)
     assert (h["of datasheet"] == h["GB/s"] / 4800).all() and h["of measured copy"].isna().all()
