@@ -168,6 +168,7 @@ def test_the_trust_page_table_shows_each_published_commit_and_digest(tmp_path):
     run = _run_with_commit(tmp_path, NOT_A_COMMIT)
     (tmp_path / "published.json").write_text(json.dumps({"what-a-kernel": run.run_id}))
     row = validate.published_provenance(tmp_path).iloc[0]
+    assert row["GPU"] == run.provenance["gpu"] and row["GPU"]
     assert (row["commit"], row["in the history"], row["code digest (SHA-256)"]) == (
         NOT_A_COMMIT[:12],
         "no",

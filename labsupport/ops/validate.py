@@ -34,9 +34,10 @@ def check_commit(run: runs.Run) -> str | None:
 
 
 def published_provenance(root=None) -> pd.DataFrame:
-    """One row per published run: its chapter, run id, the commit it records, whether that commit
-    is in this repository's history (check_commit; "not checked" without .git), and the digest of
-    the code the box ran (provenance.tree_digest; "not recorded" for runs made before it was)."""
+    """One row per published run: its chapter, run id, the GPU it was recorded on (chapters recorded
+    on different boxes are set against their own GPU's ceilings), the commit it records, whether that
+    commit is in this repository's history (check_commit; "not checked" without .git), and the digest
+    of the code the box ran (provenance.tree_digest; "not recorded" for runs made before it was)."""
     rows = []
     for chapter, run_id in sorted(runs.published(root).items()):
         run = runs.open_run(chapter, run_id, root)
@@ -46,6 +47,7 @@ def published_provenance(root=None) -> pd.DataFrame:
             {
                 "chapter": chapter,
                 "run": run_id,
+                "GPU": str(run.provenance.get("gpu", "")),
                 # as many hex digits as `git show` needs; meta.json holds the whole of each
                 "commit": str(run.provenance.get("git_commit", ""))[:12],
                 "in the history": in_history,
