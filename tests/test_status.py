@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from labsupport import chapters, runs
-from labsupport.ops import history, status
+from labsupport.ops import drift, history, status
 
 pytestmark = pytest.mark.unit
 
@@ -37,3 +37,23 @@ def test_a_newest_value_of_zero_is_drawn_as_zero_not_dropped(runs_root):
     lines = {ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines() if not ln.get_label().startswith("_")}
     assert lines == {"busy share (now 0)": [0.5, 1.0, 0.0], "copy TB/s": [0.4, 0.5, 1.0]}
     assert list(status.relative(pd.Series([0.0, 0.0]))) == [0.0, 0.0]
+
+
+def test_a_report_written_before_reports_named_the_gpus_is_shown_with_them():
+    """The drift of the published H100 runs against the H200 runs they replaced, written before the
+    report named both GPUs: the status page reads them from the two runs and says so."""
+    published = runs.published()
+    night = status.published_night()
+    d = next(x for x in drift.from_json((runs.runs_root() / "nightly" / f"{night}-drift.json").read_text())[0]
+             if published.get(x.chapter) == night)  # fmt: skip
+    gpus = status.gpus_of(d, runs.runs_root())
+    old, new = (runs.open_run(d.chapter, r).provenance["gpu"] for r in (d.old_run, d.new_run))
+    assert gpus == ({"published": old, "new": new} if old != new else {})
+    assert ("**Another GPU**" in status.latest_drift()) == any(
+        status.gpus_of(x, runs.runs_root())
+        for n in status.published_nights()
+        for x in drift.from_json((runs.runs_root() / "nightly" / f"{n}-drift.json").read_text())[0]
+        if published.get(x.chapter) == n
+    )
+    gone = drift.ChapterDrift(d.chapter, "20000101T000000Z-gone", d.new_run)
+    assert status.gpus_of(gone, runs.runs_root()) == {}

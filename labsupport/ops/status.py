@@ -127,6 +127,8 @@ def latest_drift() -> str:
         mine = [d for d in drifts if published.get(d.chapter) == night]
         if not mine:
             continue
+        for d in mine:
+            d.gpus = d.gpus or gpus_of(d, root)
         covered |= {d.chapter for d in mine}
         text = drift.to_markdown(mine, threshold, "")
         parts.append(f"### Nightly `{night}`\n\n" + text.replace("\n## ", "\n#### ").split("\n", 2)[2].lstrip("\n"))
@@ -138,6 +140,18 @@ def latest_drift() -> str:
             + " (they were published by `live`, or before the nightly existed)."
         )
     return "\n\n".join(parts)
+
+
+def gpus_of(d: drift.ChapterDrift, root) -> dict:
+    """The GPUs of a report's two runs where they differ ({} where they do not, or where either run
+    is gone), for a report written before the drift report named them (drift.compare)."""
+    if d.old_run is None:
+        return {}
+    try:
+        old, new = (runs.open_run(d.chapter, r, root).provenance.get("gpu") for r in (d.old_run, d.new_run))
+    except runs.RunError:
+        return {}
+    return {"published": old, "new": new} if old != new else {}
 
 
 def latest_drift_name() -> str:
