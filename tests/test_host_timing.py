@@ -6,7 +6,9 @@ hostprobe)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from labsupport import chapters
@@ -199,6 +201,7 @@ class _Run:
         self.results = {"host_probe": probe}
         self.run_id, self.chapter = "r", "c"
         self.provenance = {"gpu": "a GPU no published run was recorded on"}
+        self.meta = {"files": {}}  # no tables of trials
 
 
 def test_drift_flags_a_run_recorded_on_a_slower_host():
@@ -342,3 +345,34 @@ def test_the_command_line_hands_accept_slow_host_to_the_nightly(monkeypatch):
     monkeypatch.setattr(nightly, "main", lambda *a, **kw: seen.append(kw["accept_slow_host"]) or 0)
     assert cli.main(["nightly", "--accept-slow-host"]) == 0 and cli.main(["nightly"]) == 0
     assert seen == [True, False]
+
+
+class _TrialRun:
+    """The part of a run that data_files.slow_tables reads: its files and their tables."""
+
+    def __init__(self, names):
+        self.tables = {n: pd.read_csv(TRIALS / f"{n}.csv") for n in names}
+        self.meta = {"files": {f"{n}.csv": "" for n in names}}
+
+    def table(self, name):
+        return self.tables[name]
+
+
+TRIALS = Path(__file__).resolve().parent / "fixtures" / "host_trials"
+
+
+def test_a_measurement_taken_wholly_on_a_slow_host_is_named_against_the_runs_best_trial():
+    """Real trials of one H100 run: the eager step's all read 13.5 ms or more, the plain script's
+    from 7.08 ms. Judged by the run's quickest trial reading, the eager step is named; alone, judged
+    by its own best, it is not; every batch size of Why a GPU's sweep is named against its own."""
+    from labsupport.chapters import data_files
+
+    both = data_files.slow_tables(_TrialRun(["step_times", "plain_eager_step"]))
+    assert both == (
+        "the trials of step_times.csv were taken while the host probe read well above its quickest trial "
+        "reading in the run, 7.08 ms"
+    )
+    assert data_files.slow_tables(_TrialRun(["step_times"])) == ""
+    assert data_files.slow_tables(_TrialRun(["plain_eager_step"])) == ""
+    sweep = data_files.slow_tables(_TrialRun(["batch_times"]))
+    assert sweep.startswith("the trials of batch_times.csv (all 12 measurements) were taken") and "8.51 ms" in sweep

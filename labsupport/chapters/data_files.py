@@ -123,11 +123,61 @@ def _host_speed(run):
     )
 
 
+# The columns every table of host-timed trials has (harness.Timing.rows); the others name what was
+# measured (a variant, a batch size, a context), one measurement per combination.
+TRIAL_COLUMNS = ("repeat", "round", "wall_ms", "issue_ms", "gpu_ms", "clean", "probe_ms")
+
+
+def trial_tables(run) -> dict:
+    """The run's tables of host-timed trials (those whose trials carry a `probe_ms` reading), by file name."""
+    out = {}
+    for name in sorted(run.meta["files"]):
+        if name.endswith(".csv") and not is_derived(name):
+            t = run.table(name.removesuffix(".csv"))
+            if "probe_ms" in t and t.probe_ms.notna().any():
+                out[name] = t[t.probe_ms.notna()]
+    return out
+
+
+def slow_tables(run) -> str:
+    """The measurements (a table's rows of one variant, batch size, context, ...) of at least
+    MIN_FAST_TRIALS trials of which fewer than MIN_FAST_TRIALS were taken within FAST_HOST of the
+    quickest trial reading anywhere in the run, said in words by table ("" when none): each was taken
+    wholly in the host's slow mode, though the host was faster in the same run. (Runs recorded before
+    the harness judged a measurement by the run's best judged it by its own, and counted such trials
+    as fast.)"""
+    from labsupport.measure import harness
+
+    tables = trial_tables(run)
+    if not tables:
+        return ""
+    best = min(float(t.probe_ms.min()) for t in tables.values())
+    said = []
+    for name, t in tables.items():
+        keys = [c for c in t.columns if c not in TRIAL_COLUMNS]
+        groups = [g for _, g in t.groupby(keys, sort=False)] if keys else [t]
+        judged = [g for g in groups if len(g) >= harness.MIN_FAST_TRIALS]
+        slow = [g for g in judged if (g.probe_ms <= best * harness.FAST_HOST).sum() < harness.MIN_FAST_TRIALS]
+        if len(judged) == 1 and slow:
+            said.append(name)
+        elif slow:
+            share = "all" if len(slow) == len(judged) else f"{len(slow)} of its"
+            said.append(f"{name} ({share} {len(judged)} measurements)")
+    if not said:
+        return ""
+    listed = " and ".join(filter(None, (", ".join(said[:-1]), said[-1])))
+    return (
+        f"the trials of {listed} were taken while the host probe read well above its quickest trial reading in "
+        f"the run, {best:.2f} ms"
+    )
+
+
 def slow_why(run, h) -> str:
     """Why the run counts as taken on a slow host ("" when it does not). A run that records its
     slow-host measurements (results["host_slow"], harness.interleaved) is slow when one of them kept
-    too few fast-host trials, or when even its quickest probe reading was well above the host's best
-    on this GPU; an older run by its probe readings alone (hostprobe.assess)."""
+    too few fast-host trials, when a table of its trials was taken wholly on a slow host while the host
+    was faster elsewhere in the run (slow_tables), or when even its quickest probe reading was well
+    above the host's best on this GPU; an older run by its probe readings alone (hostprobe.assess)."""
     from labsupport.measure import harness, hostprobe
 
     notes = run.results.get("host_slow")
@@ -140,6 +190,9 @@ def slow_why(run, h) -> str:
             f"{len(notes)} of its measurements ({what}) kept fewer than {harness.MIN_FAST_TRIALS} trials on a "
             "fast host after waiting and retrying"
         )
+    tables = slow_tables(run)
+    if tables:
+        why.append(tables)
     if h.reference_ms and h.best_ms >= hostprobe.SLOW * h.reference_ms:
         why.append(f"even its quickest probe reading was {h.best_ms / h.reference_ms:.2f}x the host's best on this GPU")
     return "; ".join(why)
@@ -176,11 +229,15 @@ def host_banner(run):
     why = slow_why(run, h) if h is not None else ""
     if not why:
         return HTML("")
-    how = (
-        "are reported by the median of the trials taken while the host was at its fastest in the run"
-        if "host_slow" in run.results
-        else "are reported by their minimum, which a slow phase raises least"
-    )
+    if "host_slow" not in run.results:
+        how = "are reported by their minimum, which a slow phase raises least"
+    elif slow_tables(run):  # judged by their own best reading, which was a slow one
+        how = (
+            "are reported by the median of the trials taken while the host was at its fastest during each "
+            "measurement, which for the measurements named was its slow speed"
+        )
+    else:
+        how = "are reported by the median of the trials taken while the host was at its fastest in the run"
     return HTML(
         '<div class="admonition warning"><p class="admonition-title">A slow host</p><p>'
         + html.escape(
