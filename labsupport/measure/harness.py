@@ -24,7 +24,8 @@ Two rules hold for every number in the book (the methodology page shows why, mea
    minimum, quartiles and count beside it. A measurement with fewer than MIN_FAST_TRIALS of them,
    judged by the best reading of the run so far (so that one taken wholly on a slow host is not
    judged by its own slow best), waits and times more rounds (bounded by hostprobe.RETRY_BUDGET_S
-   per run), then is noted as taken on a slow host. Runs recorded before per-trial readings fall back to the minimum.
+   per run), then is noted as taken on a slow host. Runs recorded before per-trial readings fall
+   back to the minimum.
 """
 
 from __future__ import annotations
