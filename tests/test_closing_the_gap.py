@@ -645,6 +645,21 @@ def test_a_failed_rung_is_shown_by_its_first_two_sentences(run, tmp_path):
     assert p.fp8_text.startswith(f"this run has no FP8 numbers: {cut}. Every rung is built and kept alive")
     assert "made after the BF16 rungs'" in p.fp8_text and "allocator" not in p.failed_text
     assert f"*{ch.RUNG_SHORT['fp8-weights']}* and *{ch.RUNG_SHORT['fp8-pdl']}*: {cut}." in p.failed_text
+    assert "the process held" not in p.fp8_text  # a run that did not record its memory
+    held = {"fp8-weights": {"allocated": 78.12, "reserved": 78.4, "total": 85.03}}
+    p = ch.page(with_rungs(run, tmp_path / "held", rows, results={"memory_gb": held}), ch.shared_values())
+    assert p.fp8_text.endswith(
+        "the process held 78.1 GB in tensors (78.4 GB reserved by PyTorch's allocator) of the GPU's 85.0 GB."
+    )
+
+
+def test_the_memory_held_after_each_rung_is_read_on_a_gpu_only(monkeypatch):
+    assert ch.gpu_memory_gb("cpu") is None
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 12_345_678_901)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 20_000_000_000)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 85_030_000_000}))
+    assert ch.gpu_memory_gb("cuda") == {"allocated": 12.346, "reserved": 20.0, "total": 85.03}
 
 
 @pytest.mark.live
@@ -826,10 +841,10 @@ def test_kernel_groups_account_for_every_kernel_and_the_weights_read(run):
     assert both["MB"] == pytest.approx(layers * (m.loc["o_proj", "bytes"] + m.loc["down_proj", "bytes"]) / 1e6)
 
 
-def with_rungs(source, tmp_path, rows: dict, fp8_bytes: int | None = None):
+def with_rungs(source, tmp_path, rows: dict, fp8_bytes: int | None = None, results: dict | None = None):
     """A copy of the run `source` under tmp_path, loaded, with rows added to its rungs.csv (rung ->
     (the rung whose row and traces it copies, the columns it changes)) and, where given, the bytes of
-    its FP8 weights (meta.json: results.fp8)."""
+    its FP8 weights (meta.json: results.fp8) and other results."""
     import hashlib
     import json
     import shutil
@@ -855,6 +870,7 @@ def with_rungs(source, tmp_path, rows: dict, fp8_bytes: int | None = None):
     r.to_csv(new / "rungs.csv", index=False)
     if fp8_bytes is not None:
         meta["results"]["fp8"] = {"decode_bytes": fp8_bytes}
+    meta["results"].update(results or {})
     for name in written:
         meta["files"][name] = hashlib.sha256((new / name).read_bytes()).hexdigest()
     (new / "meta.json").write_text(json.dumps(meta))

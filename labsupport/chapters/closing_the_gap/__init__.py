@@ -44,7 +44,7 @@ from .figures import (
     ladder_figure, matmul_figure,
 )
 from .measuring import (
-    best_timed, build, eager_fidelity, error_factor, fidelity, fp8_record, fp8_tuning_cases, pending_run,
+    best_timed, build, eager_fidelity, error_factor, fidelity, fp8_record, fp8_tuning_cases, gpu_memory_gb, pending_run,
     persistent_tuning_cases, Reference, reference, rung_row, rungs_table, runs_here, time_matmuls, time_tokens,
     timed_here, tuning_cases, weight_shapes,
 )

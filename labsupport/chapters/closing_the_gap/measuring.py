@@ -99,6 +99,24 @@ def build(rung: str, model, prompt: decode.Prompt, token, device: str):
     return qwen3_decode.OwnStep(model, prompt.ids, token, opts, compile=on_gpu, graph=on_gpu)
 
 
+def gpu_memory_gb(device: str) -> dict | None:
+    """What the process holds on the GPU now, in GB: allocated to tensors, reserved by PyTorch's
+    caching allocator, and the GPU's total. Recorded after each rung is built (results["memory_gb"]):
+    every rung stays alive until all are timed, so the record says what each one added, and what was
+    left where one ran out of memory. None on a CPU."""
+    if device != "cuda":
+        return None
+    import torch
+
+    gb = 1e9
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return {
+        "allocated": round(torch.cuda.memory_allocated() / gb, 3),
+        "reserved": round(torch.cuda.memory_reserved() / gb, 3),
+        "total": round(total / gb, 3),
+    }
+
+
 def runs_here(rung: str, device: str) -> str | None:
     """Why `rung` is not run here, or None. max-autotune is shared (the launch-overhead chapter
     compiles, checks and times it; compiling it again here would take minutes for numbers this

@@ -307,6 +307,22 @@ def _launches(run: runs.Run, steps: pd.DataFrame) -> tuple[pd.DataFrame | None, 
     return matmul_launches(run, "fused-projections"), matmul_launches(run, "triton-gemv")
 
 
+def _out_of_memory(run: runs.Run, why: dict) -> str:
+    """Why the FP8 rungs are the ones that ran out of memory, with what the GPU held where the run
+    recorded it (results["memory_gb"], after each rung's build)."""
+    text = (
+        " Every rung is built and kept alive until all are timed in turn, and the FP8 copies of the weights, "
+        "made after the BF16 rungs', did not fit in what this GPU had left."
+    )
+    held = run.results.get("memory_gb", {}).get(next(iter(why)))
+    if held:
+        text += (
+            f" After the first FP8 rung failed, the process held {held['allocated']:.1f} GB in tensors "
+            f"({held['reserved']:.1f} GB reserved by PyTorch's allocator) of the GPU's {held['total']:.1f} GB."
+        )
+    return text
+
+
 def _fp8(run: runs.Run, vals: dict, steps: pd.DataFrame, fastest: str, limit: Floor):
     """The sentence of the best FP8 rung (best_fp8), the sentence of what the FP8 rung on rung 13's
     options changed, and the table of every FP8 rung with numbers against its own floor beside the
@@ -318,12 +334,7 @@ def _fp8(run: runs.Run, vals: dict, steps: pd.DataFrame, fastest: str, limit: Fl
         why = {r: by_rung.status[r] for r in FP8_RUNGS}  # the ladder has a row for every rung, with its reason
         reasons = set(why.values())
         status = reasons.pop() if len(reasons) == 1 else "; ".join(f"*{RUNG_SHORT[r]}*: {w}" for r, w in why.items())
-        memory = (
-            " Every rung is built and kept alive until all are timed in turn, and the FP8 copies of the weights, "
-            "made after the BF16 rungs', did not fit in what this GPU had left."
-            if "OutOfMemoryError" in status
-            else ""
-        )
+        memory = _out_of_memory(run, why) if "OutOfMemoryError" in status else ""
         return f"this run has no FP8 numbers: {status}.{memory}", "", None
     ran = [r for r in FP8_RUNGS if by_rung.status.get(r) == "ok" and by_rung.ms.get(r) == by_rung.ms.get(r)]
     bf16 = by_rung.loc[fastest]
