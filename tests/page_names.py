@@ -41,3 +41,15 @@ def unglued(notebook: str, page) -> set[str]:
 def unshown(notebook, page) -> set[str]:
     """The Page's glued fields that the notebook's prose never uses."""
     return page_names(page) - prose_names(notebook)
+
+
+GLUE_TEXT_ROLE = re.compile(r"\{glue(?::text)?\}`([^`:]+)")  # {glue}`name`, {glue:text}`name:.2f`
+
+
+def text_roles_on_markdown(notebook, page) -> set[str]:
+    """The Page's text fields (glued as Markdown by glue.glue_page, for {glue:md}) that the prose
+    uses through {glue:text} or {glue}, which show a Markdown object's repr instead of its words."""
+    cells = json.loads((REPO / notebook).read_text())["cells"]
+    prose = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    texts = {f.name for f in dataclasses.fields(page) if f.metadata.get("glue", True) and f.type in (str, "str")}
+    return texts & set(GLUE_TEXT_ROLE.findall(prose))

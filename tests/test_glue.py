@@ -141,3 +141,20 @@ def test_failures_text_is_the_every_line_or_each_failure_in_one_sentence():
     )
     said = glue.failures_text(["8 tokens: failed: out of memory", "16 tokens: not run"], "Every ran.", "Not every ran")
     assert said == "Not every ran: 8 tokens: failed: out of memory; 16 tokens: not run."
+
+
+def test_no_prose_shows_a_text_field_of_its_page_through_glue_text():
+    """glue.glue_page glues a Page's text as Markdown, for {glue:md}: {glue:text} would print the
+    object's repr on the page ("<IPython.core.display.Markdown object>")."""
+    import importlib
+
+    from labsupport import chapters
+
+    from .page_names import text_roles_on_markdown
+
+    wrong = {}
+    for ch in chapters.CHAPTERS:
+        page = importlib.import_module(f"labsupport.chapters.{ch.slug.replace('-', '_')}").Page
+        if names := text_roles_on_markdown(ch.notebook, page):
+            wrong[ch.slug] = sorted(names)
+    assert not wrong, f"use {{glue:md}} for these: {wrong}"
