@@ -172,12 +172,13 @@ def slow_tables(run) -> str:
     )
 
 
-def slow_why(run, h) -> str:
+def slow_why(run, h, tables: str | None = None) -> str:
     """Why the run counts as taken on a slow host ("" when it does not). A run that records its
     slow-host measurements (results["host_slow"], harness.interleaved) is slow when one of them kept
     too few fast-host trials, when a table of its trials was taken wholly on a slow host while the host
     was faster elsewhere in the run (slow_tables), or when even its quickest probe reading was well
-    above the host's best on this GPU; an older run by its probe readings alone (hostprobe.assess)."""
+    above the host's best on this GPU; an older run by its probe readings alone (hostprobe.assess).
+    `tables`: slow_tables(run), where the caller has it already."""
     from labsupport.measure import harness, hostprobe
 
     notes = run.results.get("host_slow")
@@ -190,7 +191,7 @@ def slow_why(run, h) -> str:
             f"{len(notes)} of its measurements ({what}) kept fewer than {harness.MIN_FAST_TRIALS} trials on a "
             "fast host after waiting and retrying"
         )
-    tables = slow_tables(run)
+    tables = slow_tables(run) if tables is None else tables
     if tables:
         why.append(tables)
     if h.reference_ms and h.best_ms >= hostprobe.SLOW * h.reference_ms:
@@ -226,12 +227,13 @@ def host_banner(run):
     from IPython.display import HTML
 
     h = _host_speed(run)
-    why = slow_why(run, h) if h is not None else ""
+    tables = slow_tables(run) if h is not None and "host_slow" in run.results else ""
+    why = slow_why(run, h, tables) if h is not None else ""
     if not why:
         return HTML("")
     if "host_slow" not in run.results:
         how = "are reported by their minimum, which a slow phase raises least"
-    elif slow_tables(run):  # judged by their own best reading, which was a slow one
+    elif tables:  # judged by their own best reading, which was a slow one
         how = (
             "are reported by the median of the trials taken while the host was at its fastest during each "
             "measurement, which for the measurements named was its slow speed"
