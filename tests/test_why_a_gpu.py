@@ -17,7 +17,7 @@ import torch
 
 from labsupport import runs
 from labsupport.chapters import why_a_gpu as ch
-from labsupport.measure import hardware, harness, models
+from labsupport.measure import decode, hardware, harness, models
 
 from .conftest import FIXTURES, fixture_run
 from .live_cells import parameters
@@ -644,13 +644,44 @@ def test_a_copy_of_a_prefill_is_the_state_a_fresh_prefill_leaves():
     assert state[0].get_seq_length() == 16, "the kept cache is never stepped"
 
 
-def test_the_sweep_prefills_afresh_where_the_caches_do_not_fit(runs_root, calls, monkeypatch):
+def test_the_first_rows_of_a_larger_prefill_are_the_state_a_prefill_of_those_rows_leaves():
+    """Where the caches of every batch size do not fit together, a batch's steps run on a copy of
+    the first rows of the largest batch's prefill (SETUP_ROWS): each tensor the layout a prefill of
+    those prompts alone gives, in storage of its own, so the same next tokens and context."""
+    model = models.build_model("tiny", device="cpu", dtype="bfloat16")
+    state = ch.prefill_once(model, 4, 16, "cpu")
+    fresh_fn, fresh_setup = ch.fresh_step(model, decode.Prompt(ch.batch_prompt(model, 4, 16, "cpu").ids[:2]))
+    rows_fn, rows_setup = ch.step_for(model, 2, 16, "cpu", state)
+    (fc, ft), (rc, rt) = fresh_setup(), rows_setup()
+    for f, r in zip(fc.layers, rc.layers, strict=True):
+        assert f.keys.shape == r.keys.shape == (2, *state[0].layers[0].keys.shape[1:])
+        assert r.keys.is_contiguous() and r.keys.stride() == f.keys.stride() and r.values.stride() == f.values.stride()
+        assert r.keys.untyped_storage().nbytes() == r.keys.numel() * r.keys.element_size(), "its own storage"
+        torch.testing.assert_close(r.keys, f.keys)
+        torch.testing.assert_close(r.values, f.values)
+    assert torch.equal(rt, ft) and torch.equal(fresh_fn(fc, ft), rows_fn(rc, rt))
+    assert rc.get_seq_length() == 17 and state[0].get_seq_length() == 16, "the kept cache is never stepped"
+    assert state[0].layers[0].keys.shape[0] == 4
+
+
+def test_the_sweep_keeps_one_prefill_where_the_caches_do_not_fit(runs_root, calls, monkeypatch):
     monkeypatch.setattr(ch, "keeps_prefills", lambda *a: False)
+    kept = []
+    real = ch.prefill_once
+
+    def prefill_once(model, batch, *args):
+        kept.append(batch)
+        return real(model, batch, *args)
+
+    monkeypatch.setattr(ch, "prefill_once", prefill_once)
     run = run_live_cells(**TINY)
-    assert run.results["sweep_setup"] == ch.SETUP_PREFILL
+    assert run.results["sweep_setup"] == ch.SETUP_ROWS
+    batches = run.parameters["batches"]
+    assert kept == [*batches, batches[-1]], "every batch size tried once, then the largest prefilled again and kept"
     s = run.table("batch_sweep")
     assert (s.status == "ok").all() and (s.context_profiled == run.parameters["prompt_len"] + 1).all()
-    assert "after a fresh prefill of that batch" in ch.sweep_note(run)
+    assert "first rows, one per sequence of its batch" in ch.sweep_note(run)
+    assert "first rows" in ch.steps_note(run)
 
 
 def test_the_notebook_shows_its_measuring_code_and_reads_no_other_chapters_module():

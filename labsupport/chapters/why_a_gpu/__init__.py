@@ -32,7 +32,7 @@ from .measuring import (
     batch_matmuls, batch_prompt, CHAPTER, copied_step, copy_of, DECODE_WARMUP, free, fresh_step,
     gpu_matvec_operands, HOST_CLOCK, KEEP_SHARE, keeps_prefills, KERNEL_TIME, kv_bytes_per_token, load,
     matvec_table, PER_CALL, prefill_once, profile_batch, profile_matvec_gpu, progress, SETUP_COPY,
-    SETUP_PREFILL, step_for, SWEEP_METHOD, sweep_row, time_batches, time_matvec_cpu, time_matvec_gpu,
+    SETUP_PREFILL, SETUP_ROWS, step_for, SWEEP_METHOD, sweep_row, time_batches, time_matvec_cpu, time_matvec_gpu,
 )
 from .read_kernels import (
     CUBLAS, MODEL_NEEDS, record_read_kernels, step_matrices, time_read_kernels, TRITON,

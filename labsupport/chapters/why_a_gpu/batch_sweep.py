@@ -11,7 +11,7 @@ from labsupport import runs
 from labsupport.measure import hardware
 from labsupport.measure.models import source
 
-from .measuring import DECODE_WARMUP, SETUP_COPY, SWEEP_METHOD
+from .measuring import DECODE_WARMUP, SETUP_COPY, SETUP_ROWS, SWEEP_METHOD
 from .one_token import counts, practical_ceiling_tbs
 
 # The three regimes of a decode step, and the rule that puts each batch size in one (regimes).
@@ -288,13 +288,16 @@ def sweep_note(run: runs.Run, eager: dict | None = None, eager_run: str | None =
     where = f"*The kernels in one token* (run `{eager_run}`)" if eager_run else "*The kernels in one token*"
     if interleaved(run):
         rounds = int(s.wall_repeats.iloc[0]) if "wall_repeats" in s else 0
-        copied = run.results.get("sweep_setup") == SETUP_COPY
-        each = (
-            "each step on a fresh copy of the cache that one prefill of that batch's prompts left (the same "
-            "tensors, in the same layout, as a fresh prefill gives, so every step sees the same context)"
-            if copied
-            else "each step after a fresh prefill of that batch's prompts (so every step sees the same context)"
-        )
+        setup = run.results.get("sweep_setup")
+        copied = setup in (SETUP_COPY, SETUP_ROWS)
+        each = {
+            SETUP_COPY: "each step on a fresh copy of the cache that one prefill of that batch's prompts left (the "
+            "same tensors, in the same layout, as a fresh prefill gives, so every step sees the same context)",
+            SETUP_ROWS: "each step on a fresh copy of the first rows, one per sequence of its batch, of the cache "
+            "that one prefill of the largest batch's prompts left (the caches of every batch size together do not "
+            "fit this GPU's memory; the rows of a sequence are the tensors, in the layout, that a prefill of those "
+            "prompts alone gives, so every step sees the same context)",
+        }.get(setup, "each step after a fresh prefill of that batch's prompts (so every step sees the same context)")
         text = (
             f"The sweep's wall times were taken like the eager step of {where}: in each of {rounds} rounds one "
             f"step at every batch size, in an order that rotates from round to round, {each}, {DECODE_WARMUP} "

@@ -180,15 +180,19 @@ def fresh_step(model, prompt, holder: dict | None = None):
 # What each timed or profiled step runs on (run.results["sweep_setup"]; older runs have none: a
 # fresh prefill before every step). A copy of the cache one prefill left is the same tensors in the
 # same layout as a fresh prefill gives, without its matmuls: 20 rounds of the 12 batch sizes
-# prefilled anew cost about 4 minutes on an H200, copied about 10 seconds.
+# prefilled anew cost about 4 minutes on an H200, copied about 10 seconds. Where the caches of
+# every batch size do not fit together (an 80 GB card), one prefill of the largest batch is kept
+# and each batch size steps on a copy of its first rows: a prefill of those sequences alone lays
+# its cache out the same way.
 SETUP_COPY, SETUP_PREFILL = "a copy of one prefill", "a fresh prefill"
+SETUP_ROWS = "a copy of the first rows of one prefill of the largest batch"
 KEEP_SHARE = 0.6  # the prefilled caches of every batch size may hold this share of the free memory
 
 
 def keeps_prefills(model, batches: list[int], prompt_len: int, device: str) -> bool:
     """Whether one prefilled cache of every batch size can stay in memory through the sweep: their
     KV bytes together within KEEP_SHARE of the GPU's free memory (the rest for the step's copy and
-    activations). Where they cannot (a smaller GPU), every step runs after a fresh prefill."""
+    activations). Where they cannot (a smaller GPU), only the largest batch's is kept (SETUP_ROWS)."""
     if device != "cuda":
         return True
     import torch
@@ -197,21 +201,40 @@ def keeps_prefills(model, batches: list[int], prompt_len: int, device: str) -> b
     return need <= KEEP_SHARE * torch.cuda.mem_get_info()[0]
 
 
-def copy_of(state):
-    """A fresh copy of a prefilled (cache, next tokens): every tensor copied with its layout."""
+def copy_of(state, batch: int | None = None):
+    """A fresh copy of a prefilled (cache, next tokens): every tensor copied with its layout. With
+    `batch`, of its first `batch` sequences only: each of the cache's per-sequence tensors keeps its
+    first rows, copied into storage of its own, as a prefill of those sequences alone lays them out."""
     import copy
 
     import torch
 
     cache, tok = state
     with torch.inference_mode():
-        return copy.deepcopy(cache), tok
+        if batch is None or batch == tok.shape[0]:
+            return copy.deepcopy(cache), tok
+        rows = {id(t): t[:batch].clone() for t in per_sequence_tensors(cache, tok.shape[0])}
+        return copy.deepcopy(cache, rows), tok[:batch].clone()
+
+
+def per_sequence_tensors(cache, batch: int) -> list:
+    """The tensors of a transformers cache's layers whose first dimension is the batch's sequences
+    (keys and values)."""
+    import torch
+
+    return [
+        t
+        for layer in cache.layers
+        for t in vars(layer).values()
+        if torch.is_tensor(t) and t.dim() > 0 and t.shape[0] == batch
+    ]
 
 
 def prefill_once(model, batch: int, prompt_len: int, device: str):
     """One prefill of a batch size's prompts and one untimed step on a copy of its cache: raises
     torch.OutOfMemoryError where the batch does not fit (before any batch size is timed). Returns
-    the prefill's (cache, next tokens)."""
+    the prefill's (cache, next tokens). The step on a copy needs what a timed step needs beside a
+    kept cache, so a batch that passes here can be timed on copies of it, or of its first rows."""
     from labsupport.measure import decode
 
     state = decode.prefill(model, batch_prompt(model, batch, prompt_len, device))
@@ -220,14 +243,14 @@ def prefill_once(model, batch: int, prompt_len: int, device: str):
     return state
 
 
-def copied_step(model, state, holder: dict | None = None):
-    """One decode step on a copy of the cache of one prefill (`state`, prefill_once), as (fn, setup)
-    for the harness: every step sees the same context, as after a fresh prefill (fresh_step).
-    `holder["cache"]` keeps the last copy, to read its length afterwards."""
+def copied_step(model, state, holder: dict | None = None, batch: int | None = None):
+    """One decode step on a copy of the cache of one prefill (`state`, prefill_once), or of its first
+    `batch` sequences, as (fn, setup) for the harness: every step sees the same context, as after a
+    fresh prefill (fresh_step). `holder["cache"]` keeps the last copy, to read its length afterwards."""
     from labsupport.measure import decode
 
     def setup():
-        cache, tok = copy_of(state)
+        cache, tok = copy_of(state, batch)
         if holder is not None:
             holder["cache"] = cache
         return cache, tok
@@ -236,10 +259,10 @@ def copied_step(model, state, holder: dict | None = None):
 
 
 def step_for(model, batch: int, prompt_len: int, device: str, state=None, holder: dict | None = None):
-    """The (fn, setup) of one batch size's step: on a copy of `state` where one is kept, else after
-    a fresh prefill."""
+    """The (fn, setup) of one batch size's step: on a copy of `state` (the batch's own prefill, or the
+    first `batch` rows of a larger one's) where one is kept, else after a fresh prefill."""
     if state is not None:
-        return copied_step(model, state, holder)
+        return copied_step(model, state, holder, batch)
     return fresh_step(model, batch_prompt(model, batch, prompt_len, device), holder)
 
 
@@ -248,9 +271,9 @@ def time_batches(
 ) -> dict:
     """Wall times of the decode step at every batch size, interleaved (harness.interleaved): in
     each of `rounds` rounds one step per batch size, in an order that rotates from round to
-    round, each on a copy of its batch's prefilled cache (`states`, {batch: prefill_once()}) or
-    after a fresh prefill (outside the timed span); DECODE_WARMUP untimed trials per batch size
-    first. Returns {batch: harness.Timing}."""
+    round, each on a copy of its batch's prefilled cache (`states`, {batch: prefill_once()}; the
+    largest batch's, whose first rows it copies, under SETUP_ROWS) or after a fresh prefill
+    (outside the timed span); DECODE_WARMUP untimed trials per batch size first. Returns {batch: harness.Timing}."""
     states = states or {}
     variants = {f"batch {b}": step_for(model, b, prompt_len, device, states.get(b)) for b in batches}
     t = harness.interleaved(

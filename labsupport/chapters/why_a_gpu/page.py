@@ -40,7 +40,7 @@ from .comparisons import (
     ridge_text,
     split_k_evidence,
 )
-from .measuring import CHAPTER, SETUP_COPY
+from .measuring import CHAPTER, SETUP_COPY, SETUP_ROWS
 from .one_token import (
     DATASHEET,
     arithmetic_display,
@@ -221,6 +221,11 @@ def steps_note(run: runs.Run) -> str:
         return (
             "Every step was timed on a fresh copy of the cache one prefill of its batch left, so each saw the same "
             "context."
+        )
+    if run.results.get("sweep_setup") == SETUP_ROWS:
+        return (
+            "Every step was timed on a fresh copy of the first rows (one per sequence of its batch) of the cache "
+            "one prefill of the largest batch left, so each saw the same context."
         )
     return "Every step was timed after a fresh prefill, so each saw the same context."
 
