@@ -282,13 +282,19 @@ def joined(model):
     identical concatenations and the FP8 rung (rung 9's options) ran out of the H200's memory.
     (The folded matrices, Options.fold_norms, are new ones: about 10 GB for Qwen3-8B, made once
     for every folded rung; a source's signature covers the norm's weight too. The FP8 copies, about
-    7.6 GB, are made once for both FP8 rungs.)"""
+    7.6 GB, are made once for both FP8 rungs.) They are made without autograd: made from the
+    model's parameters with it, each kept the graph of its making, and with it the float32
+    intermediates its backward would need (31 GB, not 10, for the folded matrices on an H100,
+    and the FP8 rungs ran out of its 80 GB)."""
+    import torch
+
     store = _JOINED.setdefault(model, {})
 
     def made(key, sources, make):
         signature = tuple((t.data_ptr(), t._version) for t in sources)
         if key not in store or store[key][0] != signature:
-            store[key] = (signature, make(*sources))
+            with torch.no_grad():
+                store[key] = (signature, make(*sources))
         return store[key][1]
 
     return made
