@@ -382,3 +382,41 @@ def test_the_committed_llama_folder_is_llama_3_1_8b_counted_without_building_it(
     assert not src.weight_files and src.model_type == "llama"
     assert counts.parameters == 8_030_261_248 and counts.layers == 32
     assert counts.embedding_parameters == 128_256 * 4096
+
+
+# The Llama 3.1 8B configuration (random weights) profiled on an H100 and added to the gallery.
+GALLERY_LLAMA = REPO / "runs" / "gallery" / "nvidia-h100-80gb-hbm3"
+LLAMA_RUN = "20261205T175428Z-h100-80gb-hbm3"
+
+
+def test_the_report_of_a_real_gpu_profile_sets_the_forms_against_both_eager_timings():
+    """On the H100, the eager step timed beside the CUDA graph and the compiled step took 31% more
+    than the step of the wall-time line, timed before they were built: the report shows both, and
+    sets each form against the second too, rather than leave two eager steps unexplained."""
+    from labsupport.ops import profile
+
+    run = runs.load_run(ch.DECLARATION, LLAMA_RUN, root=GALLERY_LLAMA)
+    lines = profile.report(run)
+    assert lines[0].startswith("model: LlamaForCausalLM from llama-3.1-8b/ (random weights;")
+    assert "1,462, 45 in each of 32 layers" in lines[3]
+    (busy,) = [line for line in lines if line.startswith("GPU busy:")]
+    assert busy.startswith("GPU busy: 7.87 ms of a 17.87 ms step")
+    (both,) = [line for line in lines if "the eager step beside them" in line]
+    assert both == (
+        "  the eager step beside them took +31% against the 17.87 ms step above, timed before they were built; "
+        "against that step: cuda-graph 1.98 times as fast, compile-reduce-overhead 2.16 times as fast"
+    )
+    forms = run.results["step_forms"]
+    forms["eager"]["wall_ms"] = 18.5  # within 10% of the step above: one eager step, nothing to set beside it
+    assert not [line for line in profile.report(run) if "the eager step beside them" in line]
+
+
+def test_the_book_shows_the_newest_profile_run_of_the_gallery():
+    """*Run a chapter yourself* prints the report of the gallery's newest `profile` run: a census of
+    a model folder with its step forms, never a chapter's own run nor one without the forms."""
+    from labsupport.ops import gallery, profile
+
+    found = [e.run for e in gallery.entries(REPO / "runs")]
+    assert profile.example(found).run_id == LLAMA_RUN
+    assert profile.example([r for r in found if r.run_id != LLAMA_RUN]) is None, "the H200 gallery runs are presets'"
+    assert profile.example([]) is None

@@ -8,7 +8,8 @@ ever in the page's source, so none is read by the MyST parser (a backtick fence 
 a GPU's name stays text). A damaged gallery run stops the build with the RunError naming it, as a
 damaged published run does; a run that fails gallery_row.problems is left out, with a line
 saying why. Each zip holds runs/<chapter>/<run id>/ with only the files its meta.json lists (and
-meta.json, pack.json), copied after the run was loaded checked, never a link.
+meta.json, pack.json), copied after the run was loaded checked, never a link. *Run a chapter
+yourself* holds `profile-report`: the report of the gallery's newest `profile` run, a literal block.
 """
 
 import os
@@ -33,6 +34,24 @@ class GalleryTables(SphinxDirective):
         prefix = "../" * self.env.docname.count("/")  # from the page to the HTML folder's root
         table = gallery_page.html(gallery_page.gather(_root(self.env.app)), prefix=prefix)
         return [nodes.raw("", table, format="html")]
+
+
+class ProfileReport(SphinxDirective):
+    """What `python -m labsupport profile` printed for the newest such run of the gallery, made
+    from the run (labsupport.ops.profile.report) as a literal block: docutils escapes its text."""
+
+    def run(self):
+        from labsupport.ops import gallery, profile
+
+        run = profile.example([e.run for e in gallery.entries(_root(self.env.app))])
+        if run is None:
+            return [nodes.paragraph(text="The gallery holds no run of profile yet.")]
+        src = run.results["model_source"]
+        said = (
+            f"What it printed for {src['architecture']} from {src['folder']}/ on {run.provenance['gpu']}, "
+            f"run {run.run_id} of the gallery:"
+        )
+        return [nodes.paragraph(text=said), nodes.literal_block(text="\n".join(profile.report(run)))]
 
 
 def write_zips(root: Path, dst: Path) -> list[Path]:
@@ -67,6 +86,7 @@ def _serve(app, exception):
 
 def setup(app):
     app.add_directive("gallery-tables", GalleryTables)
+    app.add_directive("profile-report", ProfileReport)
     # After serve_package (priority 500), which empties <html>/download/ first.
     app.connect("build-finished", _serve, priority=650)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -18,6 +18,7 @@ device's memory, no GPU without --allow-cpu.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,9 +239,37 @@ def report(run: runs.Run) -> list[str]:
                 f"{form}: {_ms(f['wall_ms'])} against the eager {_ms(eager)} timed beside it: "
                 f"{eager / f['wall_ms']:.2f} times as fast{took}"
             )
+        lines += _two_eager_steps(forms, s.wall_ms)
     else:
         lines.append("CUDA graph and torch.compile: GPU only, not measured on a CPU")
     return lines
+
+
+def example(gallery_runs) -> runs.Run | None:
+    """The newest run of `profile` among `gallery_runs` (runs.Run), the report *Run a chapter yourself*
+    shows: a census of a model folder measured on a GPU with its step forms (None where there is none)."""
+    made = [
+        r for r in gallery_runs if r.chapter == ch.CHAPTER and "model_source" in r.results and "step_forms" in r.results
+    ]
+    return max(made, key=lambda r: r.run_id, default=None)
+
+
+EAGER_AGREEMENT = 0.10  # the two eager timings of one run, beyond which the report sets the forms against both
+
+
+def _two_eager_steps(forms: dict, step_ms: float) -> list[str]:
+    """Where the eager step timed beside the CUDA graph and the compiled step is more than
+    EAGER_AGREEMENT from the step of the wall-time line (timed before either was built), the line
+    that says so and sets each form against that step too: the reader sees both, in one place."""
+    eager = forms["eager"]["wall_ms"]
+    if math.isnan(step_ms) or abs(eager / step_ms - 1) <= EAGER_AGREEMENT:
+        return []
+    ran = {f: forms[f]["wall_ms"] for f in FORMS if forms.get(f, {}).get("status") == "ok"}
+    against = ", ".join(f"{form} {step_ms / ms:.2f} times as fast" for form, ms in ran.items())
+    return [
+        f"  the eager step beside them took {eager / step_ms - 1:+.0%} against the {_ms(step_ms)} step above, "
+        f"timed before they were built" + (f"; against that step: {against}" if against else "")
+    ]
 
 
 def main(folder, *, allow_cpu: bool = False, out=None, dtype: str = "bfloat16") -> int:
