@@ -350,9 +350,10 @@ def test_the_command_line_hands_accept_slow_host_to_the_nightly(monkeypatch):
 class _TrialRun:
     """The part of a run that data_files.slow_tables reads: its files and their tables."""
 
-    def __init__(self, names):
+    def __init__(self, names, results=None):
         self.tables = {n: pd.read_csv(TRIALS / f"{n}.csv") for n in names}
         self.meta = {"files": {f"{n}.csv": "" for n in names}}
+        self.results = results or {}
 
     def table(self, name):
         return self.tables[name]
@@ -376,3 +377,16 @@ def test_a_measurement_taken_wholly_on_a_slow_host_is_named_against_the_runs_bes
     assert data_files.slow_tables(_TrialRun(["plain_eager_step"])) == ""
     sweep = data_files.slow_tables(_TrialRun(["batch_times"]))
     assert sweep.startswith("the trials of batch_times.csv (all 12 measurements) were taken") and "8.51 ms" in sweep
+
+
+def test_a_run_whose_harness_judged_by_the_runs_best_keeps_its_own_verdict():
+    """The trial tables judge only the runs recorded before the harness judged each measurement by the
+    run's best reading so far: one recorded since retried what was slow and noted it in host_slow, and
+    its fast-host band is not judged again against a reading taken later in the run (an H100 run in the
+    host's fast mode, probe 6.3-8.5 ms, had its eager step named slow against a later 6.32 ms)."""
+    from labsupport.chapters import data_files
+
+    judged = _TrialRun(["step_times", "plain_eager_step"], results={"method": harness.method()})
+    assert harness.judged_by_run_best(judged.results) and data_files.slow_tables(judged) == ""
+    before = _TrialRun(["step_times", "plain_eager_step"], results={"method": {"wall_times": "probe within 15%"}})
+    assert not harness.judged_by_run_best(before.results) and data_files.slow_tables(before).startswith("the trials")

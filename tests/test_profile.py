@@ -161,7 +161,7 @@ def test_the_report_of_a_gpu_run(tmp_path):
     floor = run.results["model"]["decode_bytes"] / 1e9 / bandwidth
     assert f"floor: {floor:.2f} ms, the step's bytes at the datasheet's {bandwidth:.2f} TB/s" in text
     ceiling = hardware.run_limits(run).ceiling_tbs
-    assert ceiling and f"practical ceiling: {ceiling:.2f} TB/s measured now" in text
+    assert ceiling and f"practical ceiling: {ceiling:.2f} TB/s measured in this run" in text
     for form in profile.FORMS:
         times = forms["eager"].value / forms[form].value
         assert re.search(rf"^{form}: [\d.]+ ms against the eager [\d.]+ ms .*: {times:.2f} times as fast", text, re.M)

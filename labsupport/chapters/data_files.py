@@ -145,9 +145,11 @@ def slow_tables(run) -> str:
     quickest trial reading anywhere in the run, said in words by table ("" when none): each was taken
     wholly in the host's slow mode, though the host was faster in the same run. (Runs recorded before
     the harness judged a measurement by the run's best judged it by its own, and counted such trials
-    as fast.)"""
+    as fast. A run recorded since has the harness's own verdict, results["host_slow"], and gets "".)"""
     from labsupport.measure import harness
 
+    if harness.judged_by_run_best(getattr(run, "results", {})):
+        return ""
     tables = trial_tables(run)
     if not tables:
         return ""

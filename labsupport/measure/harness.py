@@ -535,6 +535,17 @@ def profile_region(
     return k
 
 
+# The words of method()["wall_times"] that say a run's measurements were judged by the run's best
+# reading so far (data_files.slow_tables judges the runs recorded before by their trial tables).
+RUN_BEST_RULE = "run's best reading so far"
+
+
+def judged_by_run_best(results: dict) -> bool:
+    """Whether a run's harness judged each headline measurement's fast-host trials by the run's
+    best reading so far (and retried it, and noted it in results["host_slow"])."""
+    return RUN_BEST_RULE in str((results.get("method") or {}).get("wall_times", ""))
+
+
 def method() -> dict:
     """How the numbers of a run were taken, for its meta.json."""
     return {
@@ -543,7 +554,7 @@ def method() -> dict:
         "round; reported by the median of the fast-host trials (probe within "
         f"{FAST_HOST - 1:.0%} of its best reading in the measurement; the estimator) with their minimum, quartiles "
         f"and count; a headline measurement with fewer than {MIN_FAST_TRIALS} trials within {FAST_HOST - 1:.0%} of the "
-        "run's best reading so far waits and retries, then is noted as taken on a slow host; taken before the first "
+        f"{RUN_BEST_RULE} waits and retries, then is noted as taken on a slow host; taken before the first "
         "profile in the process (clean) or in fresh processes "
         "(labsupport.measure.fresh)",
         "estimator": ESTIMATOR,

@@ -221,8 +221,8 @@ def report(run: runs.Run) -> list[str]:
     lim = hardware.run_limits(run)
     if lim.ceiling_tbs:
         lines.append(
-            f"practical ceiling: {lim.ceiling_tbs:.2f} TB/s measured now ({lim.ceiling_by}): the step's bytes in "
-            f"{_ms(m['decode_bytes'] / 1e9 / lim.ceiling_tbs)}"
+            f"practical ceiling: {lim.ceiling_tbs:.2f} TB/s measured in this run ({lim.ceiling_by}): "
+            f"the step's bytes in {_ms(m['decode_bytes'] / 1e9 / lim.ceiling_tbs)}"
         )
     if not on_gpu:
         lines.append("floor and practical ceiling: none on a CPU (they are a GPU's memory bandwidth)")

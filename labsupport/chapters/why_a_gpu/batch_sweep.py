@@ -314,8 +314,9 @@ def sweep_note(run: runs.Run, eager: dict | None = None, eager_run: str | None =
             text += (
                 "."
                 if check.agrees
-                else f": more than {AGREEMENT:.0%} apart, so the host ran at a different speed during one of the "
-                "two (the host probe's readings are in the run's results)."
+                else f": more than {AGREEMENT:.0%} apart. The two were timed in different processes, this one by "
+                "its minimum among larger batches, that one by its fast-host median; each run's host-probe readings "
+                "are in its results."
             )
         return text
     if not wall_times_clean(run):
