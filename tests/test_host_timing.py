@@ -88,16 +88,17 @@ def test_every_trial_carries_the_probe_reading_of_its_round(monkeypatch):
 
 
 def test_too_few_fast_host_trials_retry_then_count(monkeypatch):
-    """Twelve rounds with one fast reading: the measurement times twelve more rounds, found on a
-    fast host, and keeps every trial (the slow ones now outside the fast-host set)."""
+    """Twelve rounds with one fast reading: the measurement times more rounds, found on a fast host,
+    stops at the round that brings it to ten fast-host trials (nine more, not twelve), and keeps
+    every trial (the slow ones outside the fast-host set)."""
     hostprobe.reset()
     _probe_sequence(monkeypatch, [14.0] * 11 + [7.0] + [7.2] * 12)
     out = harness.interleaved(
         {"a": lambda: None}, device="cpu", rounds=12, warmup=0, retries=2, retry_wait_s=0, min_fast=10
     )
     t = out["a"]
-    assert len(t.wall_ms) == 24 and t.rounds == list(range(24))
-    assert t.fast.trials == 13 and not t.slow_host
+    assert len(t.wall_ms) == 21 and t.rounds == list(range(21))
+    assert t.fast.trials == 10 and not t.slow_host
     assert hostprobe.slow_notes() == [] and any("retry 1" in r["at"] for r in hostprobe.readings())
 
 

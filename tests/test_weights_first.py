@@ -31,6 +31,19 @@ def test_the_gemv_with_its_first_tile_loaded_early_gives_the_same_products(confi
     assert_gemv_products(config, early=True, k=96, rows=24, seed=7)
 
 
+def test_the_gemv_with_only_its_first_tile_loaded_early_gives_the_same_products(monkeypatch):
+    # no room for two tiles: the first alone before the wait, the second in the loop
+    monkeypatch.setattr(gemv, "EARLY_BYTES", 0)
+    assert gemv.early_tiles(gemv.Config(8, 32, 4, 2)) == 1
+    assert_gemv_products(gemv.Config(8, 32, 4, 2), early=True, k=96, rows=24, seed=7)
+
+
+def test_two_tiles_go_before_the_wait_where_they_fit_in_32_registers_a_thread():
+    assert gemv.early_tiles(gemv.Config(4, 2048, 8, 2)) == 2  # gate/up's tiling: 4 x 2048 BF16 x 2 on 256 threads
+    assert gemv.early_tiles(gemv.Config(8, 2048, 8, 2)) == 1
+    assert gemv.early_tiles(gemv.Config(8, 2048, 8, 2), fp8=True) == 2  # FP8: half the bytes
+
+
 def _attention_case(heads, kv_heads, d, slots, pos, seed=1):
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(1, 1, (heads + 2 * kv_heads) * d, generator=g)
@@ -57,6 +70,23 @@ def test_attention_in_one_kernel_matches_pytorch_and_resets_its_counters(heads, 
         torch.testing.assert_close(kc, kc_ref)  # the new k and v written where PyTorch writes them
         torch.testing.assert_close(vc, vc_ref)
         assert (decode_attention.counters(kv_heads, "cpu") == 0).all()
+
+
+@pytest.mark.parametrize("block_s", [8, 16])
+def test_attention_in_one_kernel_gives_the_same_output_at_every_stretch_length(block_s):
+    # 70 slots: 9 stretches of 8 (the last partly past the cache), 5 of 16; one combining pass
+    qkv, qn, kn, cos, sin, kc, vc, p = _attention_case(8, 2, 16, 70, 61, seed=3)
+    shape = qwen3_decode.Shape(8, 2, 16, 1e-6)
+    ref = qwen3_decode.attention([qkv], p, cos, sin, kc.clone(), vc.clone(), qn, kn, shape, fused=True)
+    out = decode_attention.decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, p, 8, 1e-6, block_s=block_s)
+    torch.testing.assert_close(out.reshape(ref.shape), ref, **CLOSE)
+
+
+def test_the_untuned_stretch_is_the_longest_that_gives_every_sm_a_program():
+    # Qwen3-8B at 256 tokens (272 slots, 8 K/V heads) on 132 SMs: 16 positions, 17 x 8 = 136 programs
+    assert decode_attention.filling_block(272, 8, 132) == 16
+    assert decode_attention.filling_block(272, 8, 64) == 32  # 9 x 8 = 72 programs already fill 64 SMs
+    assert decode_attention.filling_block(40, 2, 132) == 8  # none fills: the shortest
 
 
 def test_attention_in_one_kernel_needs_a_power_of_two_group():

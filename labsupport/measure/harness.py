@@ -52,7 +52,7 @@ ESTIMATOR = "fast-host median"
 FALLBACK_ESTIMATOR = "minimum"  # runs recorded before per-trial probe readings
 FAST_HOST = 1.15  # a trial whose probe read within this of the measurement's best is a fast-host trial
 MIN_FAST_TRIALS = 10  # fewer fast-host trials than this: wait, time more rounds, then call the host slow
-RETRY_WAIT_S = 20.0  # the wait before each retry (the host switches speed within minutes)
+RETRY_WAIT_S = 10.0  # the wait before each retry (the host switches speed within minutes)
 RETRIES = 2  # retries after the first try: 3 tries in all
 
 _profiles_in_process = 0
@@ -394,7 +394,8 @@ def interleaved(
     A headline measurement passes `min_fast` (MIN_FAST_TRIALS; the default 0: never retried nor
     noted, as the measurements of the ranks of a multi-GPU step must stay in step): when a variant
     has fewer fast-host trials than that (and at least that many trials), the measurement waits
-    `retry_wait_s` and times `rounds` more rounds, up to `retries` times within the run's retry
+    `retry_wait_s` and times up to `rounds` more rounds (stopping at the round that brings it to
+    `min_fast`), up to `retries` times within the run's retry
     budget (hostprobe.RETRY_BUDGET_S; `retries` None: RETRIES on a GPU, none on a CPU, where the
     host is what is timed); if still too few, its timings are marked `slow_host` and the run notes
     it. Refuses to run in a process that has profiled, like time_region. Returns {name: Timing}, in
@@ -441,17 +442,21 @@ def interleaved(
         done, tries = 0, 0
         while True:
             t0 = time.perf_counter()
+            last = done + rounds
             for r in range(done, done + rounds):
                 probe = hostprobe.sample()
                 order = names[r % len(names) :] + names[: r % len(names)]
                 for name in order:
                     for _ in range(per_round):
                         trial(name, r, probe)
+                last = r + 1
+                if tries and not too_few_fast(fewest_fast(), min_fast):
+                    break  # a retry stops at the round that brings the fast-host trials up to min_fast
                 if (r + 1) % every == 0 and r + 1 < done + rounds:
                     hostprobe.read(f"{label}, after round {r + 1}")
                     if progress is not None:
                         progress(f"  {what or 'timing'}: round {r + 1}/{done + rounds}")
-            done, took = done + rounds, time.perf_counter() - t0
+            done, took = last, time.perf_counter() - t0
             e = fewest_fast()
             if not min_fast or not too_few_fast(e, min_fast):
                 break

@@ -258,6 +258,22 @@ def fp8_tuning_cases(model) -> list:
     return fused_cases(model) + [(*weight_shapes(model)["lm_head"], PLAIN)]
 
 
+def tune_attention(model, prompt_len: int) -> list[dict]:
+    """The one-kernel attention (rungs 13 on) timed at each stretch length on one layer of our
+    step's cache (decode_attention.tune_one); the fastest is what the rungs run. One row each."""
+    from labsupport.measure.kernels import decode_attention
+    from labsupport.measure.models.qwen3_decode import EXTRA_SLOTS
+
+    c = model.config
+    rows = decode_attention.tune_one(
+        c.num_attention_heads, c.num_key_value_heads, c.head_dim, prompt_len + EXTRA_SLOTS, prompt_len, model.dtype
+    )
+    best = next(r for r in rows if r["chosen"])
+    progress(f"  attention in one kernel: {best['us']:.1f} us with {best['block_s']} positions per program "
+             f"({best['programs']} programs)")  # fmt: skip
+    return rows
+
+
 def persistent_tuning_cases(model) -> list:
     """What gemv.tune times with the persistent candidates: the GEMVs of the persistent rung's step,
     whose norms are folded into the weights (QKV and the LM head plain, o_proj and down_proj adding

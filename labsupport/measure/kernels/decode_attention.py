@@ -193,6 +193,19 @@ def _one_kernel():
 
 
 _COUNTERS: dict = {}
+# The stretch lengths (positions per program) decode_attention_one is tuned over, and the one
+# chosen per shape (kv_heads, slots, head_dim, group) by tune_one. The two-kernel form keeps 32:
+# 32 query heads x 9 stretches at 256 tokens already give a few hundred programs; the one kernel
+# runs one program per K/V head (8 in Qwen3-8B), so at 32 positions it leaves half an H100 idle.
+ONE_BLOCKS = (8, 16, 32)
+CHOSEN_ONE: dict = {}
+
+
+def filling_block(slots: int, kv_heads: int, sms: int) -> int:
+    """The longest stretch of ONE_BLOCKS that still gives at least one program per SM (the
+    shortest where none does): what decode_attention_one runs untuned."""
+    fits = [b for b in ONE_BLOCKS if kv_heads * -(-slots // b) >= sms]
+    return max(fits) if fits else min(ONE_BLOCKS)
 
 
 def counters(kv_heads: int, device):
@@ -227,11 +240,13 @@ def decode_attention(
 
 
 def decode_attention_one(
-    qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads: int, eps: float, block_s: int = 32,
-    pdl: bool = False, chunk: int = 16,
+    qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads: int, eps: float, block_s: int | None = None,
+    pdl: bool = False, chunk: int | None = None,
 ):  # fmt: skip
     """decode_attention's result in one kernel (module docstring); `pdl`: launched with
-    programmatic dependent launch, the cached positions read before the wait."""
+    programmatic dependent launch, the cached positions read before the wait. `block_s` None: the
+    stretch tune_one chose for this shape, else filling_block's; `chunk` None: every stretch of
+    a head combined in one pass."""
     import torch
 
     _, kv_heads, slots, head_dim = k_cache.shape
@@ -239,7 +254,10 @@ def decode_attention_one(
     if group * kv_heads != heads or group & (group - 1):
         raise ValueError(f"one-kernel attention needs a power of two query heads per K/V head, not {heads}/{kv_heads}")
     triton, kernel = _one_kernel()
+    if block_s is None:
+        block_s = CHOSEN_ONE.get((kv_heads, slots, head_dim, group)) or filling_block(slots, kv_heads, _sms(qkv.device))
     parts = triton.cdiv(slots, block_s)
+    chunk = chunk or min(32, triton.next_power_of_2(parts))
     partial = torch.empty(heads, parts, head_dim + 2, device=qkv.device, dtype=torch.float32)
     out = torch.empty(heads * head_dim, device=qkv.device, dtype=qkv.dtype)
     extra = {"launch_pdl": True} if pdl else {}
@@ -249,3 +267,54 @@ def decode_attention_one(
         PDL=pdl, num_warps=4, **extra,
     )  # fmt: skip
     return out
+
+
+def _sms(device) -> int:
+    """The SMs of `device` (on a CPU, the tests' interpreter: one)."""
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count if torch.device(device).type == "cuda" else 1
+
+
+def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dtype, repeats: int = 20) -> list[dict]:
+    """Time decode_attention_one at each stretch of ONE_BLOCKS on one layer's shapes (a cache of
+    `slots` positions, the new token at `pos`), as it runs in a decode step's CUDA graph: many calls
+    captured in one graph, each on its own copy of the cache so that none is read from L2; keep the
+    fastest in CHOSEN_ONE and return one row per stretch (block_s, programs, us, chosen)."""
+    import torch
+
+    from labsupport.measure import hardware
+    from labsupport.measure.kernels.gemv import weight_copies
+
+    dev = "cuda"
+    layer_bytes = 2 * kv_heads * slots * head_dim * torch.empty((), dtype=dtype).element_size()
+    copies = weight_copies(layer_bytes, torch.cuda.get_device_properties(0).L2_cache_size)
+    caches = [
+        (torch.randn(1, kv_heads, slots, head_dim, device=dev, dtype=dtype),
+         torch.randn(1, kv_heads, slots, head_dim, device=dev, dtype=dtype)) for _ in range(copies)
+    ]  # fmt: skip
+    qkv = torch.randn((heads + 2 * kv_heads) * head_dim, device=dev, dtype=dtype)
+    qn, kn = torch.ones(head_dim, device=dev, dtype=dtype), torch.ones(head_dim, device=dev, dtype=dtype)
+    cos, sin = torch.randn(slots, head_dim, device=dev, dtype=dtype), torch.randn(slots, head_dim, device=dev, dtype=dtype)
+    at = torch.tensor([pos], device=dev)
+    rows = []
+    for block in ONE_BLOCKS:
+
+        def calls(block=block):
+            for kc, vc in caches:
+                decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, at, heads, 1e-6, block_s=block)
+
+        calls()  # compiles the kernel (and makes the counters) outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            calls()
+        ms = sorted(hardware.time_cuda_ms(graph.replay, repeats=repeats))
+        del graph
+        parts = -(-slots // block)
+        rows.append({"block_s": block, "programs": kv_heads * parts, "us": ms[len(ms) // 2] * 1e3 / copies})
+    best = min(rows, key=lambda r: r["us"])
+    for r in rows:
+        r["chosen"] = r is best
+    CHOSEN_ONE[(kv_heads, slots, head_dim, heads // kv_heads)] = best["block_s"]
+    return rows

@@ -25,9 +25,10 @@ Four launch options, for the last rungs:
 - programmatic dependent launch (`pdl`): the kernel is launched so that it may start while the
   kernel before it drains (Hopper and later); it waits (`gdc_wait`) before reading anything,
   then lets the kernel after it be launched (`gdc_launch_dependents`);
-- weights first (`early`): each program issues the load of its first tile of W before that wait.
-  The weights depend on no kernel of the step, only x does, so with `pdl` the first stretch of
-  W streams in while the kernel before is still finishing, instead of after it;
+- weights first (`early`): each program issues the load of its first tile of W before that wait
+  (its first two where they fit in registers: early_tiles). The weights depend on no kernel of the
+  step, only x does, so with `pdl` the first stretch of W streams in while the kernel before is
+  still finishing, instead of after it;
 - persistent (`Config.ctas_per_sm` > 0): one or two programs per SM, each walking many blocks of
   rows with the same K loop and epilogue (labsupport.measure.kernels.persistent_gemv, which says why).
 
@@ -229,7 +230,7 @@ def _kernel():
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SCALE: tl.constexpr = False, SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False,
         EARLY: tl.constexpr = False, SUMSQ_IN: tl.constexpr = False, SUMSQ_OUT: tl.constexpr = False,
-        ARGMAX: tl.constexpr = False,
+        ARGMAX: tl.constexpr = False, EARLY_TILES: tl.constexpr = 1,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
@@ -247,6 +248,12 @@ def _kernel():
             w_first = tl.load(
                 w_ptr + rows[:, None] * K + first_cols[None, :], mask=row_ok[:, None] & first_ok[None, :], other=0.0
             )
+            if EARLY_TILES > 1:  # and the second, so that the two are in flight together, as the loop has them
+                next_cols = first_cols + BLOCK_K
+                next_ok = (next_cols < K) & (next_cols < hi)
+                w_next = tl.load(
+                    w_ptr + rows[:, None] * K + next_cols[None, :], mask=row_ok[:, None] & next_ok[None, :], other=0.0
+                )
         if PDL:  # wait for the kernel before (its writes visible), then let the next one launch
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -256,6 +263,9 @@ def _kernel():
         if EARLY:
             acc, sq = accumulate(acc, sq, w_first, x_ptr, norm_w_ptr, first_cols, first_ok, NORM)
             start = lo + BLOCK_K
+            if EARLY_TILES > 1:
+                acc, sq = accumulate(acc, sq, w_next, x_ptr, norm_w_ptr, next_cols, next_ok, NORM)
+                start = lo + 2 * BLOCK_K
         acc, sq = stream_rows(acc, sq, rows, row_ok, start, hi, x_ptr, w_ptr, norm_w_ptr, K, BLOCK_K, NORM, None)
         finish_rows(
             acc, sq, sumsq, tl.program_id(0), rows, row_ok, y_ptr, res_ptr, scale_ptr, ws_ptr, sumsq_out_ptr,
@@ -337,6 +347,17 @@ def choose(n: int, k: int, fusion: Fusion, fp8: bool = False, split: bool = Fals
     return PERSISTENT_DEFAULT if persistent else DEFAULT
 
 
+EARLY_BYTES = 128  # the bytes of W a thread may hold in the tiles it loads before the wait (32 registers)
+
+
+def early_tiles(c: Config, fp8: bool = False) -> int:
+    """How many tiles of W a program loads before the wait (`early`): two where both fit in
+    EARLY_BYTES a thread, so that they are in flight together as the loop's pipeline has them
+    (one alone leaves the second's latency after the first's arithmetic), else one."""
+    two_tiles = 2 * c.block_n * c.block_k * (1 if fp8 else 2)
+    return 2 if two_tiles <= EARLY_BYTES * c.num_warps * 32 else 1
+
+
 def launch(
     x, w, out, *, norm_weight=None, eps: float = 1e-6, silu: bool = False, residual=None, config=None,
     scale=None, split: bool = False, pdl: bool = False, early: bool = False, sumsq_in=None, sumsq_out=None,
@@ -378,7 +399,8 @@ def launch(
         grid = persistent_gemv.programs(blocks, c.ctas_per_sm, x.device)
         kernels.persistent[(grid,)](*args, STAGES=c.num_stages, **flags)
         return out
-    kernels.plain[(blocks, c.split_k)](*args, SPLIT_K=c.split_k, **flags)
+    tiles = early_tiles(c, fp8=scale is not None) if early else 1
+    kernels.plain[(blocks, c.split_k)](*args, SPLIT_K=c.split_k, EARLY_TILES=tiles, **flags)
     if c.split_k > 1:
         block = 256
         _finish()[(kernels.triton.cdiv(n, block),)](

@@ -469,6 +469,9 @@ class Captured:
             return self.run()
 
 
+EXTRA_SLOTS = 16  # the cache slots an OwnStep keeps past its prompt (a verify pass writes up to 16 tokens)
+
+
 class OwnStep(Captured):
     """One decode step of Qwen3Decoder at position `len(prompt)`, after a prefill of the
     prompt, fed `token`: compiled, and on a GPU captured in a CUDA graph. Returns (logits,
@@ -478,7 +481,7 @@ class OwnStep(Captured):
         import torch
 
         n = prompt_ids.shape[1]
-        self.dec = self.decoder(model, n + 16, opts)
+        self.dec = self.decoder(model, n + EXTRA_SLOTS, opts)
         dev = prompt_ids.device
         with torch.no_grad():
             self.dec.forward(prompt_ids, torch.arange(n, device=dev), step=False)
