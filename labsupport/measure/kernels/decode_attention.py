@@ -109,6 +109,18 @@ def _one_kernel():
     _kernel()  # norm_rope, among this module's globals
 
     @triton.jit
+    def norm_rope_rows(x_ptr, w_ptr, d, d_rot, sign, cos, sin, eps, D: tl.constexpr):
+        # norm_rope of G rows at once: x_ptr a [G] column of row starts
+        x = tl.load(x_ptr[:, None] + d[None, :])
+        xf, xr = x.to(tl.float32), tl.load(x_ptr[:, None] + d_rot[None, :]).to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / D + eps)
+        n = ((xf * r[:, None]).to(x.dtype) * tl.load(w_ptr + d)[None, :]).to(tl.float32)
+        nr = ((xr * r[:, None]).to(x.dtype) * tl.load(w_ptr + d_rot)[None, :]).to(tl.float32)
+        return (n * cos[None, :] + sign[None, :] * nr * sin[None, :]).to(x.dtype)
+
+    globals()["norm_rope_rows"] = norm_rope_rows
+
+    @triton.jit
     def attention_kernel(
         qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, count_ptr, out_ptr, eps,
         scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -118,6 +130,8 @@ def _one_kernel():
         kvh, part = tl.program_id(0), tl.program_id(1)
         parts = tl.num_programs(1)
         d = tl.arange(0, D)
+        g = tl.arange(0, G)
+        heads = kvh * G + g
         # Before the wait: the cached positions before the new token (written by earlier steps).
         pos = tl.load(pos_ptr)
         s = part * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -133,6 +147,7 @@ def _one_kernel():
         sign = tl.where(d < D // 2, -1.0, 1.0)
         cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)
         sin = tl.load(sin_ptr + pos * D + d).to(tl.float32)
+        q = norm_rope_rows(qkv_ptr + heads * D, qn_ptr, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)
         k = norm_rope(qkv_ptr + (H + kvh) * D, kn_ptr, d, d_rot, sign, cos, sin, eps, D)  # noqa: F821 (a global)
         v = tl.load(qkv_ptr + (H + KVH + kvh) * D + d)
         if part == 0:  # one program per K/V head writes the new position
@@ -141,41 +156,37 @@ def _one_kernel():
         now = (s == pos)[:, None]
         kt = tl.where(now, k.to(tl.float32)[None, :], kt)
         vt = tl.where(now, v.to(tl.float32)[None, :], vt)
-        live = s <= pos
-        # The query heads of this K/V head one after another, each on the keys and values loaded once
-        # (two-dimensional tiles only: a [G, BLOCK_S, D] product would not fit in registers).
-        for gi in tl.static_range(G):
-            h = kvh * G + gi
-            q = norm_rope(qkv_ptr + h * D, qn_ptr, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)  # noqa: F821
-            scores = tl.where(live, tl.sum(kt * q[None, :], axis=1) * scale, float("-inf"))
-            m = tl.max(scores, axis=0)
-            p = tl.exp(scores - tl.where(m == float("-inf"), 0.0, m))
-            row = part_ptr + (h * parts + part) * (D + 2)
-            tl.store(row + d, tl.sum(p[:, None] * vt, axis=0))
-            tl.store(row + D, m)
-            tl.store(row + D + 1, tl.sum(p, axis=0))
+        scores = tl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale  # [G, BLOCK_S]
+        scores = tl.where((s <= pos)[None, :], scores, float("-inf"))
+        m = tl.max(scores, axis=1)
+        p = tl.exp(scores - tl.where(m == float("-inf"), 0.0, m)[:, None])
+        rows = part_ptr + (heads * parts + part) * (D + 2)  # [G]
+        tl.store(rows[:, None] + d[None, :], tl.sum(p[:, :, None] * vt[None, :, :], axis=1))
+        tl.store(rows + D, m)
+        tl.store(rows + D + 1, tl.sum(p, axis=1))
         # The last program of this K/V head combines its group's stretches (acq_rel: every other
         # program's stores above are visible to it), then resets the counter for the next call.
         if tl.atomic_add(count_ptr + kvh, 1) == parts - 1:
-            for gi in tl.static_range(G):
-                first = part_ptr + (kvh * G + gi) * parts * (D + 2)  # this head's first stretch
-                top = tl.full((CHUNK,), float("-inf"), tl.float32)
-                for c in range(0, parts, CHUNK):
-                    i = c + tl.arange(0, CHUNK)
-                    top = tl.maximum(top, tl.load(first + i * (D + 2) + D, mask=i < parts, other=float("-inf")))
-                most = tl.max(top, axis=0)
-                num = tl.zeros((D,), tl.float32)
-                den = tl.zeros((CHUNK,), tl.float32)
-                for c in range(0, parts, CHUNK):
-                    i = c + tl.arange(0, CHUNK)
-                    ok = i < parts
-                    rows = first + i * (D + 2)
-                    weight = tl.exp(tl.load(rows + D, mask=ok, other=float("-inf")) - most)
-                    den += weight * tl.load(rows + D + 1, mask=ok, other=0.0)
-                    acc = tl.load(rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-                    num += tl.sum(weight[:, None] * acc, axis=0)
-                out = num / tl.sum(den, axis=0)
-                tl.store(out_ptr + (kvh * G + gi) * D + d, out.to(out_ptr.dtype.element_ty))
+            first = heads * parts * (D + 2)  # [G]: each head's first stretch
+            top = tl.full((G,), float("-inf"), tl.float32)
+            for c in range(0, parts, CHUNK):
+                i = c + tl.arange(0, CHUNK)
+                at_i = first[:, None] + i[None, :] * (D + 2)
+                top = tl.maximum(
+                    top, tl.max(tl.load(part_ptr + at_i + D, mask=(i < parts)[None, :], other=float("-inf")), axis=1)
+                )
+            num = tl.zeros((G, D), tl.float32)
+            den = tl.zeros((G,), tl.float32)
+            for c in range(0, parts, CHUNK):
+                i = c + tl.arange(0, CHUNK)
+                ok = (i < parts)[None, :]
+                at_i = first[:, None] + i[None, :] * (D + 2)
+                weight = tl.exp(tl.load(part_ptr + at_i + D, mask=ok, other=float("-inf")) - top[:, None])
+                den += tl.sum(weight * tl.load(part_ptr + at_i + D + 1, mask=ok, other=0.0), axis=1)
+                acc = tl.load(part_ptr + at_i[:, :, None] + d[None, None, :], mask=ok[:, :, None], other=0.0)
+                num += tl.sum(weight[:, :, None] * acc, axis=1)
+            out = num / den[:, None]
+            tl.store(out_ptr + heads[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty))
             tl.atomic_xchg(count_ptr + kvh, 0)
 
     return triton, attention_kernel
@@ -240,10 +251,8 @@ def decode_attention_one(
 
     _, kv_heads, slots, head_dim = k_cache.shape
     group = heads // kv_heads
-    if group * kv_heads != heads:
-        raise ValueError(
-            f"one-kernel attention needs the same number of query heads per K/V head, not {heads}/{kv_heads}"
-        )
+    if group * kv_heads != heads or group & (group - 1):
+        raise ValueError(f"one-kernel attention needs a power of two query heads per K/V head, not {heads}/{kv_heads}")
     triton, kernel = _one_kernel()
     if block_s is None:
         block_s = CHOSEN_ONE.get((kv_heads, slots, head_dim, group)) or filling_block(slots, kv_heads, _sms(qkv.device))
@@ -286,10 +295,7 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     ]  # fmt: skip
     qkv = torch.randn((heads + 2 * kv_heads) * head_dim, device=dev, dtype=dtype)
     qn, kn = torch.ones(head_dim, device=dev, dtype=dtype), torch.ones(head_dim, device=dev, dtype=dtype)
-    cos, sin = (
-        torch.randn(slots, head_dim, device=dev, dtype=dtype),
-        torch.randn(slots, head_dim, device=dev, dtype=dtype),
-    )
+    cos, sin = torch.randn(slots, head_dim, device=dev, dtype=dtype), torch.randn(slots, head_dim, device=dev, dtype=dtype)
     at = torch.tensor([pos], device=dev)
     rows = []
     for block in ONE_BLOCKS:
