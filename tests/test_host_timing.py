@@ -295,8 +295,30 @@ def test_drift_labels_a_move_the_probe_explains_as_host(monkeypatch):
     same = drift.compare(chapter, _probed("new", 7.0), old)
     assert [t["metric"] for t in same.moved] == ["wall ms", "GPU busy ms", "best wall ms", "eager wall ms"]
     # Without probe readings in either run, nothing is explained.
-    assert drift.probe_ratio(_probed("new", 7.0), _Run([])) is None
+    assert drift.probe_ratios(_probed("new", 7.0), _Run([])) == (None, None)
     assert not drift.explained_by_host(0.57, None, 0.25)
+
+
+def test_drift_sets_a_run_taken_mostly_on_a_slow_host_against_its_typical_reading(monkeypatch):
+    """The published run's quickest probe reading was as fast as the new run's, but most of its
+    readings were twice as slow (what-a-kernel's launch call, 19.7 against 9.4 us, probe typical 12.8
+    against 5.3 ms): its host-timed number halving is the host's, set against the typical readings."""
+    from labsupport.ops import drift
+
+    monkeypatch.setattr(chapters, "headline", lambda chapter, run: chapter.headline(run))
+    old = _Run([{"at": str(i), "ms": ms, "t_s": i} for i, ms in enumerate([7.0, 14.0, 14.2, 13.8, 14.1])])
+    old.run_id, old.meta = "old", {"files": {}}
+    new = _probed("new", 7.0)
+    best, typical = drift.probe_ratios(new, old)
+    assert best == 1.0 and typical < 0.55
+    chapter = _Chapter(
+        {"old": {"launch call µs": 19.7, "GPU busy ms": 7.5}, "new": {"launch call µs": 9.4, "GPU busy ms": 3.0}}
+    )
+    label = {
+        t["metric"]: ("moved" if t["moved"] else "host" if t["host"] else "noise")
+        for t in drift.compare(chapter, new, old).timing
+    }
+    assert label == {"launch call µs": "host", "GPU busy ms": "moved"}
 
 
 def test_the_nightly_keeps_a_fast_host_run_against_a_slow_host_one(capsys):
