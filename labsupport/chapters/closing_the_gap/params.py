@@ -22,7 +22,7 @@ RUNGS = {
     "fused-attention": "+ q/k norms, rotary, cache write and attention in two kernels of ours",
     "split-k": "+ split-K for the smaller matrices where the tuner finds it faster",
     "pdl": "+ programmatic dependent launch: each GEMV may start while the kernel before drains",
-    "weights-first": "+ each GEMV loads its first tile of weights before it waits for the kernel before",
+    "weights-first": "+ each GEMV loads its first weights before it waits for the kernel before",
     "one-attention": "+ attention in one kernel, launched the same way, the cached keys and values read first",
     "folded-norms": "+ norm weights folded into the matrices, x's sum of squares from the kernel that writes x, "
     "argmax inside the LM head",

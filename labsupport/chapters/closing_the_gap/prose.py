@@ -264,4 +264,18 @@ def compile_text(run: runs.Run, ladder: pd.DataFrame) -> str:
     tuning = (
         f" Tuning our GEMV took {', '.join(parts[:-1])}{' and ' if len(parts) > 1 else ''}{parts[-1]}." if parts else ""
     )
-    return "Compiling and warming each of our rungs took: " + ", ".join(times) + "." + tuning
+    return "Compiling and warming each of our rungs took: " + ", ".join(times) + "." + tuning + attention_tuning_text(run)
+
+
+def attention_tuning_text(run: runs.Run) -> str:
+    """What the one-kernel attention took a call at each number of positions per program (rungs 13
+    on run the fastest), where the run tuned it (results["attention_tuning"])."""
+    rows = run.results.get("attention_tuning") or []
+    if not rows:
+        return ""
+    each = [
+        f"{r['us']:.1f} µs with {r['block_s']} positions per program ({r['programs']} programs)"
+        + (", kept" if r.get("chosen") else "")
+        for r in rows
+    ]
+    return " One call of the one-kernel attention took " + "; ".join(each) + "."

@@ -8,7 +8,7 @@ forward pass in one screen, using the weights of a transformers model, so that e
     Options.fused_attention  q/k norms, rotary, cache write and attention in two kernels of ours
     Options.split_k    with "triton": the tuned split-K configs allowed (the smaller matrices)
     Options.pdl        with "triton": our GEMVs launched with programmatic dependent launch
-    Options.early_weights  with pdl: each GEMV loads its first tile of weights before it waits
+    Options.early_weights  with pdl: each GEMV loads its first tile (or two) of weights before it waits
     Options.one_attention  with fused_attention and pdl: attention in one kernel, PDL-launched, the
                        cached positions read before it waits (decode_attention.decode_attention_one)
     Options.fold_norms  with fuse_gemv, not fp8: each RMSNorm's weight folded into the matrix after it
