@@ -264,7 +264,8 @@ def compile_text(run: runs.Run, ladder: pd.DataFrame) -> str:
     tuning = (
         f" Tuning our GEMV took {', '.join(parts[:-1])}{' and ' if len(parts) > 1 else ''}{parts[-1]}." if parts else ""
     )
-    return "Compiling and warming each of our rungs took: " + ", ".join(times) + "." + tuning + attention_tuning_text(run)
+    attention = attention_tuning_text(run)
+    return "Compiling and warming each of our rungs took: " + ", ".join(times) + "." + tuning + attention
 
 
 def attention_tuning_text(run: runs.Run) -> str:

@@ -295,7 +295,7 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     ]  # fmt: skip
     qkv = torch.randn((heads + 2 * kv_heads) * head_dim, device=dev, dtype=dtype)
     qn, kn = torch.ones(head_dim, device=dev, dtype=dtype), torch.ones(head_dim, device=dev, dtype=dtype)
-    cos, sin = torch.randn(slots, head_dim, device=dev, dtype=dtype), torch.randn(slots, head_dim, device=dev, dtype=dtype)
+    cos, sin = (torch.randn(slots, head_dim, device=dev, dtype=dtype) for _ in range(2))
     at = torch.tensor([pos], device=dev)
     rows = []
     for block in ONE_BLOCKS:
