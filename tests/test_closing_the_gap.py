@@ -985,3 +985,24 @@ def test_the_page_gives_the_one_kernel_attentions_time_at_each_stretch_length_th
     for r in rows:
         assert f"{r['us']:.1f} µs with {r['block_s']} positions per program ({r['programs']} programs)" in text
     assert prose.attention_tuning_text(fixture_run("closing-the-gap")) == ""  # recorded before the tuning
+
+
+def test_the_rungs_that_cost_time_are_named_with_the_part_of_the_step_that_grew_most():
+    from labsupport.chapters.closing_the_gap import prose
+
+    run = ch.load()  # the published run
+    steps = ch.ladder(run)
+    costlier = ch.costlier_rungs(run, steps)
+    t = steps.set_index("rung")
+    own = [r for r in ch.RUNGS if r not in ch.SHARED_RUNGS and r not in ch.FP8_RUNGS]
+    slower = [b for a, b in zip(own, own[1:], strict=False) if t.loc[b, "ms"] > max(t.loc[a, "ms"], t.loc[a, "q3"])]
+    assert costlier.rung.tolist() == slower and (costlier.before == [own[own.index(r) - 1] for r in slower]).all()
+    text = prose.costlier_text(costlier)
+    for r in costlier.itertuples(index=False):
+        grew = ch.exclusive_parts(run, r.rung).sub(ch.exclusive_parts(run, r.before), fill_value=0.0)
+        assert r.part == grew.idxmax() and r[5] == pytest.approx(ch.exclusive_parts(run, r.rung)[r.part])
+        assert (
+            f"*{ch.RUNG_SHORT[r.rung]}* took {r.ms:.2f} ms against {r[3]:.2f}" in text
+            and f"its {r.part} kernels'" in text
+        )
+    assert prose.costlier_text(costlier.iloc[:0]) == ""

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 # fmt: off
 from .analysis import (
-    best, best_fp8, census, census_by_rung, compiled_matmuls, fidelity_table, floor, Floor, fp8_error_factor, fp8_floor,
-    headline, is_shared_config, kernel_groups, kernel_table, kv_cache_bytes, kv_positions, ladder, matmul_launches,
-    matmuls, next_to_published, overlaps, remaining, shared_values, short_status, step_bytes, time_split,
-    tokens_per_forward, tuning,
+    best, best_fp8, census, census_by_rung, compiled_matmuls, costlier_rungs, exclusive_parts, fidelity_table, floor,
+    Floor, fp8_error_factor, fp8_floor, headline, is_shared_config, kernel_groups, kernel_table, kv_cache_bytes,
+    kv_positions, ladder, matmul_launches, matmuls, next_to_published, overlaps, remaining, shared_values, short_status,
+    step_bytes, time_split, tokens_per_forward, tuning,
 )
 from .prose import (
     compile_matmul_text, compile_text, failed_text, fp8_launch_text, fp8_rounding_text, fp8_text, fp8_tolerance_text,

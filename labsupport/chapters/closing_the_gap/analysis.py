@@ -531,6 +531,43 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
     return out.sort_values("µs", ascending=False).reset_index(drop=True)
 
 
+# The parts of a step its exclusive time is split into where two rungs are compared (exclusive_parts):
+# o_proj and down_proj apart or together (a plain GEMV launches both on one grid), the attention kernels.
+SAME_PART = {"o_proj": "o_proj / down_proj", "down_proj": "o_proj / down_proj"}
+
+
+def exclusive_parts(run: runs.Run, rung: str) -> pd.Series:
+    """A rung's exclusive kernel time per step (kernel_groups), in µs, by part: each weight its GEMVs
+    read (o_proj and down_proj as one), and every other kernel by its kind ("attention", ...)."""
+    from labsupport.traces import kinds
+
+    g = kernel_groups(run, rung)
+    named = g.weight.fillna("").astype(str).map(lambda w: SAME_PART.get(w, w))
+    part = named.where(named != "", g.kernel.map(kinds.classify))
+    return g.groupby(part.values)["exclusive µs"].sum()
+
+
+def costlier_rungs(run: runs.Run, ladder_rows: pd.DataFrame) -> pd.DataFrame:
+    """Each of our BF16 rungs slower than the rung it is built on (the one before it in RUNGS, both
+    with numbers and traces in this run): its best time above the third quartile of the rung before's
+    trials; with the part whose exclusive time grew most: rung, before, ms, before ms, part, part µs, before part µs."""
+    own = [r for r in RUNGS if r not in SHARED_RUNGS and r not in FP8_RUNGS]
+    timed = ladder_rows.set_index("rung")
+    traced = {r for r in own if trace_file(r) in run.meta["files"]}
+    rows = []
+    for before, rung in zip(own, own[1:], strict=False):
+        if not {before, rung} <= traced or not {before, rung} <= set(timed.index):
+            continue
+        ms, was, spread = timed.loc[rung, "ms"], timed.loc[before, "ms"], timed.loc[before, "q3"]
+        if not (ms == ms and was == was) or ms <= max(was, spread if spread == spread else was):
+            continue  # not slower than the rung before's trials
+        a, b = exclusive_parts(run, rung), exclusive_parts(run, before)
+        grew = a.sub(b, fill_value=0.0).idxmax()
+        rows.append({"rung": rung, "before": before, "ms": ms, "before ms": was, "part": grew,
+                     "part µs": a.get(grew, 0.0), "before part µs": b.get(grew, 0.0)})  # fmt: skip
+    return pd.DataFrame(rows, columns=["rung", "before", "ms", "before ms", "part", "part µs", "before part µs"])
+
+
 # The matrices whose concatenation (matmuls.csv's "qkv (fused)", "gate_up (fused)") a fused rung reads in
 # their place: a GEMV of a fused rung is never one of them, even where its grid is theirs.
 FUSED_AWAY = ("q_proj", "k_proj / v_proj", "gate_proj / up_proj")

@@ -17,6 +17,7 @@ from labsupport.chapters.closing_the_gap.analysis import (
     best_fp8,
     census_by_rung,
     compiled_matmuls,
+    costlier_rungs,
     fidelity_table,
     floor,
     fp8_floor,
@@ -75,6 +76,7 @@ class Page:
     best_idle: float
     speedup: float
     split_k_text: str
+    costlier_text: str
     # same answers
     tolerance_text: str
     fp8_tolerance_text: str
@@ -168,6 +170,7 @@ def page(run: runs.Run, vals: dict) -> Page:
         best_idle=chosen["idle ms"],
         speedup=eager_ms / chosen["ms"],
         split_k_text=split_k_text(run),
+        costlier_text=prose.costlier_text(costlier_rungs(run, steps)),
         tolerance_text=prose.tolerance_text(),
         fp8_tolerance_text=prose.fp8_tolerance_text(run),
         eager_err=rungs.loc["eager", "eager_abs_err"],

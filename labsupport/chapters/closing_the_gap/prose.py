@@ -280,3 +280,17 @@ def attention_tuning_text(run: runs.Run) -> str:
         for r in rows
     ]
     return " One call of the one-kernel attention took " + "; ".join(each) + "."
+
+
+def costlier_text(costlier: pd.DataFrame) -> str:
+    """The rungs that cost time on this GPU instead of saving it (analysis.costlier_rungs), each
+    with the part of the step where its exclusive kernel time grew most; "" where every rung paid."""
+    if costlier.empty:
+        return ""
+    each = [
+        f"*{RUNG_SHORT[r.rung]}* took {r.ms:.2f} ms against {r.before_ms:.2f} for *{RUNG_SHORT[r.before]}*, the rung "
+        f"it is built on, and the part of the step that grew most is its {r.part} kernels' exclusive time, "
+        f"{r.part_us:,.0f} µs a step against {r.before_part_us:,.0f}"
+        for r in costlier.rename(columns=lambda c: c.replace(" ", "_").replace("µs", "us")).itertuples()
+    ]
+    return "Not every rung pays on this GPU: " + "; ".join(each) + ". Each rung after one of them is built on it too."
