@@ -23,6 +23,17 @@ def test_status_page_data():
     assert len(shown) == len(set(status.history.read().chapter)), "one panel per chapter"
 
 
+def test_the_historys_newest_rows_of_each_chapter_are_its_published_runs():
+    """The history figure calls each chapter's newest publication "today": it must be the run the
+    book shows (a run published and then set back is published again, with rows of its own)."""
+    h = history.read()
+    for chapter, run_id in runs.published().items():
+        mine = h[h.chapter == chapter]
+        assert len(mine) and mine.run_id.iloc[-1] == run_id, chapter
+        newest = mine[mine.published_as == mine.published_as.iloc[-1]]
+        assert set(newest.run_id) == {run_id}
+
+
 def test_a_newest_value_of_zero_is_drawn_as_zero_not_dropped(runs_root):
     """A headline number that is 0 today keeps its line: drawn at 0 (marked), its earlier values
     relative to its newest value that was not 0; a number that is not 0 today is 1 today."""
