@@ -12,7 +12,9 @@ remains, all computed from the run here.
     measuring  pending_run, reference (eager's logits), build (each rung's step), fidelity,
                rung_row, rungs_table, weight_shapes, time_matmuls
     analysis   floor, the step's bytes (KV cache too), ladder, best (BF16's), best_fp8, time_split, census,
-               fidelity table, matmuls, remaining and the kernels by exclusive time, tuning, next to published
+               fidelity table, matmuls, remaining, tuning, next to published
+    kernel_time  kernel_groups (where a rung's kernel time goes, exclusive of waits), exclusive_parts,
+               costlier_rungs (the rungs slower than the one they are built on, and the part that grew)
     split_k    split_k_text: what the split-K rung changed against rung 9, from the run's tuning
     prose      the page's sentences that depend on the run (which rungs failed, FP8, matmuls, launches, ...)
     page       Page and page(): every number and sentence the page glues, and the frames it shows
@@ -24,10 +26,13 @@ from __future__ import annotations
 
 # fmt: off
 from .analysis import (
-    best, best_fp8, census, census_by_rung, compiled_matmuls, costlier_rungs, exclusive_parts, fidelity_table, floor,
-    Floor, fp8_error_factor, fp8_floor, headline, is_shared_config, kernel_groups, kernel_table, kv_cache_bytes,
+    best, best_fp8, census, census_by_rung, compiled_matmuls, fidelity_table, floor,
+    Floor, fp8_error_factor, fp8_floor, headline, is_shared_config, kernel_table, kv_cache_bytes,
     kv_positions, ladder, matmul_launches, matmuls, next_to_published, overlaps, remaining, shared_values, short_status,
     step_bytes, time_split, tokens_per_forward, tuning,
+)
+from .kernel_time import (
+    costlier_rungs, exclusive_parts, kernel_groups,
 )
 from .prose import (
     compile_matmul_text, compile_text, failed_text, fp8_launch_text, fp8_rounding_text, fp8_text, fp8_tolerance_text,

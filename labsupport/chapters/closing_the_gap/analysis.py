@@ -15,7 +15,6 @@ from labsupport.chapters.closing_the_gap.params import (
     FP8_ERROR_FACTOR,
     FP8_ERROR_FACTORS,
     FP8_RUNGS,
-    OWN_OPTIONS,
     RUNGS,
     SHARED_CONFIG,
     SHARED_RUNGS,
@@ -473,131 +472,7 @@ def overlaps(k: pd.DataFrame) -> dict:
     return {"kernels": len(k), "overlapping": int((over > 0).sum()), "overlap_us": float(over.sum() / 1e3)}
 
 
-def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
-    """Where a rung's kernel time goes, kernel by kernel: its profiled step's kernels grouped by
-    name and launch shape (a GEMV's grid tells which weight it read), with kernels per step, µs in
-    all (the trace's durations) and exclusive (kernels.exclusive_times: without the time a kernel
-    before it was still running, which a dependent launch's duration counts as its wait), µs per
-    kernel, share of the kernel time, and for our GEMV the weight bytes read (the matrix found from
-    the tuned configs: N / BLOCK_N x split-K programs) and so TB/s, by duration and by exclusive
-    time."""
-    import math
-
-    k = kernel_table(run, rung)
-    k = k.assign(grid=k["grid"].astype(str) if "grid" in k else "").join(kernels.exclusive_times(k))
-    if OWN_OPTIONS.get(rung, {}).get("persistent"):  # every persistent GEMV has the same grid
-        k["grid"] = _persistent_matrices(k)
-    g = k.groupby(["name", "grid"], as_index=False, sort=False).agg(
-        kernels=("dur_ns", "size"), ns=("dur_ns", "sum"), exclusive_ns=("exclusive_ns", "sum")
-    )
-    matrix = {}
-    if "gemv_tuning.csv" in run.meta["files"]:
-        t = tuning(run)
-        fp8 = rung in FP8_RUNGS
-        # FP8 is tuned without split-K (its choice is `chosen`), even on the options of a rung that allows it
-        col = "chosen_split" if OWN_OPTIONS.get(rung, {}).get("split_k") and not fp8 else "chosen"
-        w = t[t[col] & (t.weights.eq("fp8") if fp8 else t.weights.ne("fp8"))]  # FP8, or the model's BF16/FP16
-        names = {v: n for n, v in _shape_names(run).items()}
-        for r in w.itertuples():
-            name = names.get((r.n, r.k), f"{r.n}x{r.k}")
-            if not _reads(rung, name):  # a matrix of the same grid that this rung never launches
-                continue
-            blocks = math.ceil(r.n / r.block_n) * int(r.split_k)
-            hit = (name, r.n * r.k * (1 if fp8 else 2))
-            if hit not in matrix.setdefault(blocks, []):
-                matrix[blocks].append(hit)
-    sizes = (
-        {name: int(b) for name, b in run.table("matmuls")[["matrix", "bytes"]].itertuples(index=False)}
-        if ("matmuls.csv" in run.meta["files"])
-        else {}
-    )
-    rows = []
-    for r in g.itertuples():
-        blocks = math.prod(int(x) for x in r.grid.split(",")) if "," in r.grid else None
-        hit = matrix.get(blocks, []) if "gemv" in r.name else []
-        if r.grid in sizes:  # a persistent GEMV, named by its place in the step
-            hit = [(r.grid, sizes[r.grid])]
-        # several weights of one grid (o_proj and down_proj have the same rows): each read equally often
-        label = " / ".join(h[0] for h in hit)
-        nbytes = sum(h[1] for h in hit) / len(hit) if hit else float("nan")
-        us = r.ns / 1e3
-        rows.append({"kernel": kernels.short_name(r.name), "weight": label, "grid": r.grid, "kernels": r.kernels,
-                     "µs": us, "exclusive µs": r.exclusive_ns / 1e3, "µs per kernel": us / r.kernels,
-                     "MB": nbytes * r.kernels / 1e6})  # fmt: skip
-    out = pd.DataFrame(rows)
-    out["share"] = out["µs"] / out["µs"].sum()
-    out["TB/s"] = out.MB / out["µs"]  # MB per µs is TB/s
-    out["TB/s exclusive"] = out.MB / out["exclusive µs"].where(out["exclusive µs"] > 0)
-    return out.sort_values("µs", ascending=False).reset_index(drop=True)
-
-
-# The parts of a step its exclusive time is split into where two rungs are compared (exclusive_parts):
-# o_proj and down_proj apart or together (a plain GEMV launches both on one grid), the attention kernels.
-SAME_PART = {"o_proj": "o_proj / down_proj", "down_proj": "o_proj / down_proj"}
-
-
-def exclusive_parts(run: runs.Run, rung: str) -> pd.Series:
-    """A rung's exclusive kernel time per step (kernel_groups), in µs, by part: each weight its GEMVs
-    read (o_proj and down_proj as one), and every other kernel by its kind ("attention", ...)."""
-    from labsupport.traces import kinds
-
-    g = kernel_groups(run, rung)
-    named = g.weight.fillna("").astype(str).map(lambda w: SAME_PART.get(w, w))
-    part = named.where(named != "", g.kernel.map(kinds.classify))
-    return g.groupby(part.values)["exclusive µs"].sum()
-
-
-def costlier_rungs(run: runs.Run, ladder_rows: pd.DataFrame) -> pd.DataFrame:
-    """Each of our BF16 rungs slower than the rung it is built on (the one before it in RUNGS, both
-    with numbers and traces in this run): its best time above the third quartile of the rung before's
-    trials; with the part whose exclusive time grew most: rung, before, ms, before ms, part, part µs, before part µs."""
-    own = [r for r in RUNGS if r not in SHARED_RUNGS and r not in FP8_RUNGS]
-    timed = ladder_rows.set_index("rung")
-    traced = {r for r in own if trace_file(r) in run.meta["files"]}
-    rows = []
-    for before, rung in zip(own, own[1:], strict=False):
-        if not {before, rung} <= traced or not {before, rung} <= set(timed.index):
-            continue
-        ms, was, spread = timed.loc[rung, "ms"], timed.loc[before, "ms"], timed.loc[before, "q3"]
-        if not (ms == ms and was == was) or ms <= max(was, spread if spread == spread else was):
-            continue  # not slower than the rung before's trials
-        a, b = exclusive_parts(run, rung), exclusive_parts(run, before)
-        grew = a.sub(b, fill_value=0.0).idxmax()
-        rows.append({"rung": rung, "before": before, "ms": ms, "before ms": was, "part": grew,
-                     "part µs": a.get(grew, 0.0), "before part µs": b.get(grew, 0.0)})  # fmt: skip
-    return pd.DataFrame(rows, columns=["rung", "before", "ms", "before ms", "part", "part µs", "before part µs"])
-
-
-# The matrices whose concatenation (matmuls.csv's "qkv (fused)", "gate_up (fused)") a fused rung reads in
-# their place: a GEMV of a fused rung is never one of them, even where its grid is theirs.
-FUSED_AWAY = ("q_proj", "k_proj / v_proj", "gate_proj / up_proj")
-
-
-def _reads(rung: str, matrix: str) -> bool:
-    """Whether the GEMVs of `rung` read `matrix` (a name of matmuls.csv): a fused rung the
-    concatenations, the others the separate weights."""
-    if OWN_OPTIONS.get(rung, {}).get("fused"):
-        return matrix not in FUSED_AWAY
-    return not matrix.endswith("(fused)")
-
-
-# The matrices a layer of our folded decode step reads, in launch order, then the LM head's
-# (qwen3_decode.layer and Qwen3Decoder.step; the names are matmuls.csv's).
-LAYER_MATRICES = ("qkv (fused)", "o_proj", "gate_up (fused)", "down_proj")
-
-
-def _persistent_matrices(k: pd.DataFrame) -> pd.Series:
-    """The matrix each GEMV of a persistent rung's step read, by launch order (its grid, the same
-    for every matrix, cannot tell); other kernels keep their grid."""
-    gemvs = k[k.name.str.contains("gemv")].sort_values("start_ns").index
-    layers, extra = divmod(len(gemvs) - 1, len(LAYER_MATRICES))
-    if extra or len(gemvs) == 0:  # not one step of our folded decoder: left unnamed
-        return k["grid"]
-    names = [*LAYER_MATRICES * layers, "lm_head"]
-    return k["grid"].where(~k.index.isin(gemvs), pd.Series(names, index=gemvs))
-
-
-def _shape_names(run: runs.Run) -> dict:
+def shape_names(run: runs.Run) -> dict:
     """Weight names by (N, K), from matmuls.csv (where the run has it)."""
     if "matmuls.csv" not in run.meta["files"]:
         return {}

@@ -17,11 +17,9 @@ from labsupport.chapters.closing_the_gap.analysis import (
     best_fp8,
     census_by_rung,
     compiled_matmuls,
-    costlier_rungs,
     fidelity_table,
     floor,
     fp8_floor,
-    kernel_groups,
     kernel_table,
     kv_positions,
     ladder,
@@ -34,6 +32,7 @@ from labsupport.chapters.closing_the_gap.analysis import (
     tokens_per_forward,
     tuning,
 )
+from labsupport.chapters.closing_the_gap.kernel_time import costlier_rungs, kernel_groups
 from labsupport.chapters.closing_the_gap.params import FP8_RUNGS, RUNG_SHORT, RUNGS, SHARED_RUNGS, trace_file
 from labsupport.chapters.closing_the_gap.split_k import split_k_text
 from labsupport.glue import NOT_GLUED

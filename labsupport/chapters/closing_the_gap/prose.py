@@ -283,7 +283,7 @@ def attention_tuning_text(run: runs.Run) -> str:
 
 
 def costlier_text(costlier: pd.DataFrame) -> str:
-    """The rungs that cost time on this GPU instead of saving it (analysis.costlier_rungs), each
+    """The rungs that cost time on this GPU instead of saving it (kernel_time.costlier_rungs), each
     with the part of the step where its exclusive kernel time grew most; "" where every rung paid."""
     if costlier.empty:
         return ""
