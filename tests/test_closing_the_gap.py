@@ -998,11 +998,10 @@ def test_the_rungs_that_cost_time_are_named_with_the_part_of_the_step_that_grew_
     slower = [b for a, b in zip(own, own[1:], strict=False) if t.loc[b, "ms"] > max(t.loc[a, "ms"], t.loc[a, "q3"])]
     assert costlier.rung.tolist() == slower and (costlier.before == [own[own.index(r) - 1] for r in slower]).all()
     text = prose.costlier_text(costlier)
-    for r in costlier.itertuples(index=False):
-        grew = ch.exclusive_parts(run, r.rung).sub(ch.exclusive_parts(run, r.before), fill_value=0.0)
-        assert r.part == grew.idxmax() and r[5] == pytest.approx(ch.exclusive_parts(run, r.rung)[r.part])
-        assert (
-            f"*{ch.RUNG_SHORT[r.rung]}* took {r.ms:.2f} ms against {r[3]:.2f}" in text
-            and f"its {r.part} kernels'" in text
-        )
+    for _, r in costlier.iterrows():
+        grew = ch.exclusive_parts(run, r["rung"]).sub(ch.exclusive_parts(run, r["before"]), fill_value=0.0)
+        assert r["part"] == grew.idxmax()
+        assert r["part µs"] == pytest.approx(ch.exclusive_parts(run, r["rung"])[r["part"]])
+        assert f"*{ch.RUNG_SHORT[r['rung']]}* took {r['ms']:.2f} ms against {r['before ms']:.2f}" in text
+        assert f"its {r['part']} kernels'" in text
     assert prose.costlier_text(costlier.iloc[:0]) == ""

@@ -288,9 +288,10 @@ def costlier_text(costlier: pd.DataFrame) -> str:
     if costlier.empty:
         return ""
     each = [
-        f"*{RUNG_SHORT[r.rung]}* took {r.ms:.2f} ms against {r.before_ms:.2f} for *{RUNG_SHORT[r.before]}*, the rung "
-        f"it is built on, and the part of the step that grew most is its {r.part} kernels' exclusive time, "
-        f"{r.part_us:,.0f} µs a step against {r.before_part_us:,.0f}"
-        for r in costlier.rename(columns=lambda c: c.replace(" ", "_").replace("µs", "us")).itertuples()
+        f"*{RUNG_SHORT[r['rung']]}* took {r['ms']:.2f} ms against {r['before ms']:.2f} for "
+        f"*{RUNG_SHORT[r['before']]}*, the rung it is built on, and the part of the step that grew most is its "
+        f"{r['part']} kernels' exclusive time, "
+        f"{r['part µs']:,.0f} µs a step against {r['before part µs']:,.0f}"
+        for _, r in costlier.iterrows()
     ]
     return "Not every rung pays on this GPU: " + "; ".join(each) + ". Each rung after one of them is built on it too."
