@@ -431,3 +431,30 @@ def assert_gemv_products(config, *, early: bool, k: int, rows: int, seed: int) -
     torch.testing.assert_close(fused, act, **close)
     r = torch.randn(1, 1, 2 * rows, generator=g)
     torch.testing.assert_close(gemv.gemv(x, w, residual=r, config=config, early=early), r + x @ w.T, **close)
+
+
+def tiny_model_with_norms(dtype):
+    """The tiny model (seed 0) with every RMSNorm's weight drawn from [0.5, 1.5), and a prompt: norms
+    that are not all ones, so that folding them into the matrices shows."""
+    import torch
+
+    from labsupport.measure import decode, models
+
+    torch.manual_seed(0)
+    model = models.build_model("tiny", device="cpu", dtype=dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.5 + torch.rand_like(p))
+    return model, decode.Prompt.random(model.config.vocab_size, 1, 40, "cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_with_norms():
+    """tiny_model_with_norms in float32, with eager's reference (closing_the_gap.reference)."""
+    import torch
+
+    from labsupport.chapters import closing_the_gap as ch
+
+    model, prompt = tiny_model_with_norms(torch.float32)
+    return model, prompt, ch.reference(model, prompt)

@@ -995,8 +995,9 @@ def test_the_rungs_that_cost_time_are_named_with_the_part_of_the_step_that_grew_
     costlier = ch.costlier_rungs(run, steps)
     t = steps.set_index("rung")
     own = [r for r in ch.RUNGS if r not in ch.SHARED_RUNGS and r not in ch.FP8_RUNGS]
-    slower = [b for a, b in zip(own, own[1:], strict=False) if t.loc[b, "ms"] > max(t.loc[a, "ms"], t.loc[a, "q3"])]
-    assert costlier.rung.tolist() == slower and (costlier.before == [own[own.index(r) - 1] for r in slower]).all()
+    pairs = [(ch.built_on(r), r) for r in own[1:]]
+    slower = [b for a, b in pairs if b in t.index and t.loc[b, "ms"] > max(t.loc[a, "ms"], t.loc[a, "q3"])]
+    assert costlier.rung.tolist() == slower and (costlier.before == [ch.built_on(r) for r in slower]).all()
     text = prose.costlier_text(costlier)
     for _, r in costlier.iterrows():
         grew = ch.exclusive_parts(run, r["rung"]).sub(ch.exclusive_parts(run, r["before"]), fill_value=0.0)
@@ -1005,3 +1006,22 @@ def test_the_rungs_that_cost_time_are_named_with_the_part_of_the_step_that_grew_
         assert f"*{ch.RUNG_SHORT[r['rung']]}* took {r['ms']:.2f} ms against {r['before ms']:.2f}" in text
         assert f"its {r['part']} kernels'" in text
     assert prose.costlier_text(costlier.iloc[:0]) == ""
+    # the timed rungs built on a slower one, through any rung between, carry its cost: named after them
+    timed = steps.rung[steps.status == "ok"]
+    text = prose.costlier_text(costlier, timed=timed)
+    carried = [r for r in timed if r not in slower and set(prose._ancestors(r)) & set(slower)]
+    assert carried and text.endswith(f"carry that cost too: {', '.join(f'*{ch.RUNG_SHORT[r]}*' for r in carried[:-1])}"
+                                     f" and *{ch.RUNG_SHORT[carried[-1]]}*.")  # fmt: skip
+
+
+def test_each_rung_is_built_on_the_one_before_it_but_the_branches():
+    from labsupport.chapters.closing_the_gap import prose
+
+    order = list(ch.RUNGS)
+    assert ch.built_on("eager") is None and ch.built_on("pdl") == "split-k"
+    assert ch.built_on("layer-kernel") == "folded-norms" != order[order.index("layer-kernel") - 1]
+    for rung, base in ch.BUILT_ON.items():  # a branch's options are its base's and its own change
+        extra = set(ch.OWN_OPTIONS[rung].items()) - set(ch.OWN_OPTIONS[base].items())
+        assert extra and set(ch.OWN_OPTIONS[base].items()) - set(ch.OWN_OPTIONS[rung].items()) <= {("split_k", True)}
+    assert prose._ancestors("layer-kernel")[:3] == ["folded-norms", "one-attention", "weights-first"]
+    assert prose._ancestors("layer-kernel")[-1] == "eager"

@@ -20,6 +20,8 @@ import triton.language as tl  # noqa: E402
 
 from labsupport.measure.kernels import folded_norms, gemv  # noqa: E402
 
+from .conftest import tiny_model_with_norms  # noqa: E402
+
 pytestmark = pytest.mark.unit
 CLOSE = dict(rtol=1e-4, atol=1e-4)
 EPS = 1e-6
@@ -191,27 +193,6 @@ def test_fold_multiplies_the_columns_in_float32_and_rounds_once():
 # they are all 1, and a fold would change nothing).
 
 
-def _tiny_with_norms(dtype):
-    """The tiny model (seed 0) with every RMSNorm's weight drawn from [0.5, 1.5), and a prompt."""
-    from labsupport.measure import decode, models
-
-    torch.manual_seed(0)
-    model = models.build_model("tiny", device="cpu", dtype=dtype)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(0.5 + torch.rand_like(p))
-    return model, decode.Prompt.random(model.config.vocab_size, 1, 40, "cpu")
-
-
-@pytest.fixture(scope="module")
-def tiny_with_norms():
-    from labsupport.chapters import closing_the_gap as ch
-
-    model, prompt = _tiny_with_norms(torch.float32)
-    return model, prompt, ch.reference(model, prompt)
-
-
 FUSED_GEMV = {"fused": True, "matmul": "triton", "fuse_gemv": True}  # rung 8's options
 
 
@@ -254,7 +235,7 @@ def test_in_bf16_the_folded_weights_rounding_keeps_the_logits_as_close_to_float3
 
     from labsupport.chapters import closing_the_gap as ch
 
-    model, prompt = _tiny_with_norms(torch.bfloat16)
+    model, prompt = tiny_model_with_norms(torch.bfloat16)
     ids = prompt.ids
     dec = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**FUSED_GEMV, fold_norms=True))
     with torch.no_grad():

@@ -67,6 +67,8 @@ OUR_TRITON = {
     "attention_combine_kernel": "attention",
     "attention_kernel": "attention",  # decode_attention_one: the two above in one
     "embed_kernel": "copy/convert/concat",  # folded_norms.embed_row: the embedding row, with its sum of squares
+    # layer_kernel: a whole decoder layer, its four GEMVs and attention; its time is mostly its matrices' bytes
+    "layer_kernel": "matrix multiply",
 }
 
 

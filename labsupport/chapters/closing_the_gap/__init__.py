@@ -56,7 +56,7 @@ from .measuring import (
 from .params import (
     CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS,
     progress, RUNG_COLUMNS, RUNG_SHORT, RUNGS, SHARED_CONFIG, SHARED_RUNGS, STEP_TIME_COLUMNS, TOKENS,
-    trace_file,
+    trace_file, BUILT_ON, built_on,
 )
 from .declaration import (
     DECLARATION, Params,

@@ -38,6 +38,7 @@ _TRACES = {
     "one-attention": "the raw trace of our step with attention in one kernel",
     "folded-norms": "the raw trace of our step with the norms folded into the matrices and argmax in the LM head",
     "persistent": "the raw trace of our step with persistent GEMVs",
+    "layer-kernel": "the raw trace of our step with one kernel a layer",
     "fp8-weights": "the raw trace of our step reading FP8 weights",
     "fp8-pdl": "the raw trace of our FP8 step on rung 13's options (dependent launch, weights first, one attention)",
 }

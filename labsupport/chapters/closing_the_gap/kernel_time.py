@@ -8,7 +8,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters.closing_the_gap.analysis import kernel_table, shape_names, tuning
-from labsupport.chapters.closing_the_gap.params import FP8_RUNGS, OWN_OPTIONS, RUNGS, SHARED_RUNGS, trace_file
+from labsupport.chapters.closing_the_gap.params import FP8_RUNGS, OWN_OPTIONS, RUNGS, SHARED_RUNGS, built_on, trace_file
 from labsupport.traces import kernels
 
 
@@ -56,6 +56,8 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
         hit = matrix.get(blocks, []) if "gemv" in r.name else []
         if r.grid in sizes:  # a persistent GEMV, named by its place in the step
             hit = [(r.grid, sizes[r.grid])]
+        if r.name == LAYER_KERNEL and set(LAYER_MATRICES) <= set(sizes):  # all four matrices of its layer
+            hit = [(LAYER_PART, sum(sizes[m] for m in LAYER_MATRICES))]
         # several weights of one grid (o_proj and down_proj have the same rows): each read equally often
         label = " / ".join(h[0] for h in hit)
         nbytes = sum(h[1] for h in hit) / len(hit) if hit else float("nan")
@@ -73,6 +75,9 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
 # The parts of a step its exclusive time is split into where two rungs are compared (exclusive_parts):
 # o_proj and down_proj apart or together (a plain GEMV launches both on one grid), the attention kernels.
 SAME_PART = {"o_proj": "o_proj / down_proj", "down_proj": "o_proj / down_proj"}
+# The layer kernel (qwen3_decode.Options.layer_kernel): a part of its own, set against the parts it replaces.
+LAYER_KERNEL, LAYER_PART = "layer_kernel", "layer"
+LAYER_REPLACES = ("qkv (fused)", "o_proj / down_proj", "gate_up (fused)", "attention")
 
 
 def exclusive_parts(run: runs.Run, rung: str) -> pd.Series:
@@ -87,20 +92,25 @@ def exclusive_parts(run: runs.Run, rung: str) -> pd.Series:
 
 
 def costlier_rungs(run: runs.Run, ladder_rows: pd.DataFrame) -> pd.DataFrame:
-    """Each of our BF16 rungs slower than the rung it is built on (the one before it in RUNGS, both
-    with numbers and traces in this run): its best time above the third quartile of the rung before's
-    trials; with the part whose exclusive time grew most: rung, before, ms, before ms, part, part µs, before part µs."""
+    """Each of our BF16 rungs slower than the rung it is built on (params.built_on, both with numbers
+    and traces in this run): its best time above the third quartile of the rung before's trials; with
+    the part whose exclusive time grew most (the layer kernel against the parts it replaces): rung,
+    before, ms, before ms, part, part µs, before part µs."""
     own = [r for r in RUNGS if r not in SHARED_RUNGS and r not in FP8_RUNGS]
     timed = ladder_rows.set_index("rung")
     traced = {r for r in own if trace_file(r) in run.meta["files"]}
     rows = []
-    for before, rung in zip(own, own[1:], strict=False):
+    for rung in own[1:]:
+        before = built_on(rung)
         if not {before, rung} <= traced or not {before, rung} <= set(timed.index):
             continue
         ms, was, spread = timed.loc[rung, "ms"], timed.loc[before, "ms"], timed.loc[before, "q3"]
         if not (ms == ms and was == was) or ms <= max(was, spread if spread == spread else was):
             continue  # not slower than the rung before's trials
         a, b = exclusive_parts(run, rung), exclusive_parts(run, before)
+        if LAYER_PART in a and LAYER_PART not in b:
+            b[LAYER_PART] = b.reindex(list(LAYER_REPLACES)).sum()
+            b = b.drop(list(LAYER_REPLACES), errors="ignore")
         grew = a.sub(b, fill_value=0.0).idxmax()
         rows.append({"rung": rung, "before": before, "ms": ms, "before ms": was, "part": grew,
                      "part µs": a.get(grew, 0.0), "before part µs": b.get(grew, 0.0)})  # fmt: skip

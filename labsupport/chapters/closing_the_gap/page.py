@@ -169,7 +169,7 @@ def page(run: runs.Run, vals: dict) -> Page:
         best_idle=chosen["idle ms"],
         speedup=eager_ms / chosen["ms"],
         split_k_text=split_k_text(run),
-        costlier_text=prose.costlier_text(costlier_rungs(run, steps)),
+        costlier_text=prose.costlier_text(costlier_rungs(run, steps), timed=steps.rung[steps.status == "ok"]),
         tolerance_text=prose.tolerance_text(),
         fp8_tolerance_text=prose.fp8_tolerance_text(run),
         eager_err=rungs.loc["eager", "eager_abs_err"],

@@ -27,6 +27,8 @@ RUNGS = {
     "folded-norms": "+ norm weights folded into the matrices, x's sum of squares from the kernel that writes x, "
     "argmax inside the LM head",
     "persistent": "+ persistent GEMVs: one or two programs per SM walk each matrix's rows",
+    "layer-kernel": "+ one kernel a layer: on rung 14, its four GEMVs and attention in one persistent kernel, "
+    "stages joined by counters",
     "fp8-weights": "FP8 (E4M3) weights with row scales, on rung 9: a floor of its own",
     "fp8-pdl": "FP8 (E4M3) weights on rung 13: dependent launch, weights first, one attention kernel",
 }
@@ -47,8 +49,9 @@ RUNG_SHORT = {
     "one-attention": "13 one attention kernel",
     "folded-norms": "14 folded norms",
     "persistent": "15 persistent GEMVs",
-    "fp8-weights": "16 FP8 weights (own floor)",
-    "fp8-pdl": "17 FP8 + dependent launch",
+    "layer-kernel": "16 one kernel a layer",
+    "fp8-weights": "17 FP8 weights (own floor)",
+    "fp8-pdl": "18 FP8 + dependent launch",
 }
 # The rungs that are transformers' step: shared quantities (labsupport.chapters.shared), timed by
 # the chapter that owns each, by the prefix of their names there. This chapter shows their
@@ -69,16 +72,29 @@ OWN_OPTIONS = {
     "split-k": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "split_k": True},
     "pdl": PDL,
     # each on the one before: PDL with the weights loaded first, then one attention kernel, then the folded norms,
-    # then the persistent GEMVs
+    # then the persistent GEMVs, then (on the folded norms) one kernel a layer
     "weights-first": {**PDL, "early_weights": True},
     "one-attention": {**PDL, "early_weights": True, "one_attention": True},
     "folded-norms": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True},
     "persistent": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True, "persistent": True},
+    # on the folded-norms rung's options, not the persistent rung's: its GEMV stages are persistent already
+    "layer-kernel": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True, "layer_kernel": True},
     # on rung 9's options, not on split-K's or PDL's: a failure of either cannot take this rung down
     "fp8-weights": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "fp8": True},
     # rung 13's options on FP8 weights (folded norms are BF16's only); rung 16 stands if PDL fails
     "fp8-pdl": {**PDL, "early_weights": True, "one_attention": True, "fp8": True},
 }
+# The rung each of our rungs is built on where it is not the one before it in RUNGS (its options are that
+# rung's plus its own change): what the page sets it against when it costs time.
+BUILT_ON = {"layer-kernel": "folded-norms", "fp8-weights": "fused-attention", "fp8-pdl": "one-attention"}
+
+
+def built_on(rung: str) -> str | None:
+    """The rung `rung` is built on (BUILT_ON, else the one before it in RUNGS; None for the first)."""
+    order = list(RUNGS)
+    return BUILT_ON.get(rung) or (order[order.index(rung) - 1] if order.index(rung) else None)
+
+
 # The rungs whose weights are not BF16: each has its own floor (its own bytes over the datasheet),
 # is never set against the BF16 floor, and is never "the best rung" (which is BF16's). They read
 # the same FP8 weights, so they share that floor (run.results["fp8"]); the page speaks of the

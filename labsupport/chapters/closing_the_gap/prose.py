@@ -10,7 +10,7 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters.closing_the_gap.analysis import Floor, fp8_error_factor, kernel_table, overlaps
-from labsupport.chapters.closing_the_gap.params import ERROR_FACTOR, FP8_RUNGS, RUNG_SHORT, RUNGS, trace_file
+from labsupport.chapters.closing_the_gap.params import ERROR_FACTOR, FP8_RUNGS, RUNG_SHORT, RUNGS, built_on, trace_file
 from labsupport.measure import models
 
 
@@ -282,9 +282,10 @@ def attention_tuning_text(run: runs.Run) -> str:
     return " One call of the one-kernel attention took " + "; ".join(each) + "."
 
 
-def costlier_text(costlier: pd.DataFrame) -> str:
+def costlier_text(costlier: pd.DataFrame, timed=()) -> str:
     """The rungs that cost time on this GPU instead of saving it (kernel_time.costlier_rungs), each
-    with the part of the step where its exclusive kernel time grew most; "" where every rung paid."""
+    with the part of the step where its exclusive kernel time grew most, and those of the `timed`
+    rungs built on them; "" where every rung paid."""
     if costlier.empty:
         return ""
     each = [
@@ -294,4 +295,17 @@ def costlier_text(costlier: pd.DataFrame) -> str:
         f"{r['part µs']:,.0f} µs a step against {r['before part µs']:,.0f}"
         for _, r in costlier.iterrows()
     ]
-    return "Not every rung pays on this GPU: " + "; ".join(each) + ". Each rung after one of them is built on it too."
+    slower = set(costlier.rung)
+    carried = [x for x in RUNGS if x in set(timed) and x not in slower and set(_ancestors(x)) & slower]
+    names = [f"*{RUNG_SHORT[x]}*" for x in carried]
+    also = " and ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else ""
+    carry = f" The rungs built on them carry that cost too: {also}." if also else ""
+    return "Not every rung pays on this GPU: " + "; ".join(each) + "." + carry
+
+
+def _ancestors(rung: str) -> list[str]:
+    """The rungs `rung` is built on, nearest first (params.built_on, back to the first rung)."""
+    chain = []
+    while (rung := built_on(rung)) is not None:
+        chain.append(rung)
+    return chain

@@ -231,7 +231,7 @@ class SplitDecoder(Qwen3Decoder):
                 x = triton_kernels.rmsnorm(x, self.norm, eps)
             else:
                 x = qwen3_decode.rmsnorm(x, self.norm, eps)
-            shard = self.kernels[0](x, self.lm_head, None, eps, False, None, None, o.split_k, o.pdl, o.early_weights)
+            shard = self.kernels.gemv(x, self.lm_head, None, eps, False, None, None, o.split_k, o.pdl, o.early_weights)
             shard = shard[:, -1]
         else:
             shard = F.linear(qwen3_decode.rmsnorm(x, self.norm, eps), self.lm_head)[:, -1]

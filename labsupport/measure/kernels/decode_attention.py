@@ -25,6 +25,7 @@ Triton is imported on first use; on a CPU set TRITON_INTERPRET=1 first (no bfloa
 from __future__ import annotations
 
 from functools import cache
+from types import SimpleNamespace
 
 
 @cache
@@ -102,7 +103,10 @@ def _kernel():
 
 
 @cache
-def _one_kernel():
+def one_kernel():
+    """decode_attention_one's kernel, with the two pieces it is made of, which the layer kernel
+    (labsupport.measure.kernels.layer_kernel) runs too: `stretch_kv`, a stretch's cached k and v,
+    and `attend_stretch`, the rest of one (K/V head, stretch), the combine by the last included."""
     import triton
     import triton.language as tl
 
@@ -121,28 +125,31 @@ def _one_kernel():
     globals()["norm_rope_rows"] = norm_rope_rows
 
     @triton.jit
-    def attention_kernel(
-        qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, count_ptr, out_ptr, eps,
-        scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
-        CHUNK: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        G: tl.constexpr = H // KVH
-        kvh, part = tl.program_id(0), tl.program_id(1)
-        parts = tl.num_programs(1)
+    def stretch_kv(kc_ptr, vc_ptr, pos, kvh, part, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr):
+        # the cached k and v of one stretch of positions, those before the new token only (float32)
         d = tl.arange(0, D)
-        g = tl.arange(0, G)
-        heads = kvh * G + g
-        # Before the wait: the cached positions before the new token (written by earlier steps).
-        pos = tl.load(pos_ptr)
         s = part * BLOCK_S + tl.arange(0, BLOCK_S)
-        cache_at = kvh * SLOTS * D
-        at = cache_at + s[:, None] * D + d[None, :]
+        at = kvh * SLOTS * D + s[:, None] * D + d[None, :]
         old = (s < pos)[:, None]
         kt = tl.load(kc_ptr + at, mask=old, other=0.0).to(tl.float32)
         vt = tl.load(vc_ptr + at, mask=old, other=0.0).to(tl.float32)
-        if PDL:  # the QKV GEMV's output is read from here on
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        return kt, vt
+
+    @triton.jit
+    def attend_stretch(
+        kt, vt, qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos, kvh, part, parts, part_ptr, count_ptr,
+        out_ptr, eps, scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr,
+        BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
+    ):  # fmt: skip
+        # one (K/V head, stretch) once the QKV GEMV's output is there: the group's q (and k) normed and
+        # rotated, the new k and v into the cache (stretch 0), the stretch's softmax partials, and the
+        # combine of the group's stretches by the last of `parts` programs to finish for this K/V head
+        G: tl.constexpr = H // KVH
+        d = tl.arange(0, D)
+        g = tl.arange(0, G)
+        heads = kvh * G + g
+        s = part * BLOCK_S + tl.arange(0, BLOCK_S)
+        cache_at = kvh * SLOTS * D
         d_rot = (d + D // 2) % D
         sign = tl.where(d < D // 2, -1.0, 1.0)
         cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)
@@ -189,7 +196,28 @@ def _one_kernel():
             tl.store(out_ptr + heads[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty))
             tl.atomic_xchg(count_ptr + kvh, 0)
 
-    return triton, attention_kernel
+    # (tl too: Triton's interpreter looks for it there when the layer kernel calls these)
+    globals().update(stretch_kv=stretch_kv, attend_stretch=attend_stretch, tl=tl)
+
+    @triton.jit
+    def attention_kernel(
+        qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, count_ptr, out_ptr, eps,
+        scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
+        CHUNK: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        kvh, part = tl.program_id(0), tl.program_id(1)
+        # Before the wait: the cached positions before the new token (written by earlier steps).
+        pos = tl.load(pos_ptr)
+        kt, vt = stretch_kv(kc_ptr, vc_ptr, pos, kvh, part, D, SLOTS, BLOCK_S)
+        if PDL:  # the QKV GEMV's output is read from here on
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        attend_stretch(
+            kt, vt, qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos, kvh, part, tl.num_programs(1),
+            part_ptr, count_ptr, out_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK,
+        )  # fmt: skip
+
+    return SimpleNamespace(triton=triton, kernel=attention_kernel, stretch_kv=stretch_kv, attend_stretch=attend_stretch)
 
 
 _COUNTERS: dict = {}
@@ -253,7 +281,8 @@ def decode_attention_one(
     group = heads // kv_heads
     if group * kv_heads != heads or group & (group - 1):
         raise ValueError(f"one-kernel attention needs a power of two query heads per K/V head, not {heads}/{kv_heads}")
-    triton, kernel = _one_kernel()
+    one = one_kernel()
+    triton, kernel = one.triton, one.kernel
     if block_s is None:
         block_s = CHOSEN_ONE.get((kv_heads, slots, head_dim, group)) or filling_block(slots, kv_heads, _sms(qkv.device))
     parts = triton.cdiv(slots, block_s)

@@ -273,8 +273,15 @@ def _kernel():
             SUMSQ_OUT, ARGMAX,
         )  # fmt: skip
 
-    persistent_kernel = persistent_gemv.kernel(accumulate, stream_rows, finish_rows)
-    return SimpleNamespace(triton=triton, plain=gemv_kernel, persistent=persistent_kernel)
+    persistent = persistent_gemv.kernel(accumulate, stream_rows, finish_rows)
+    return SimpleNamespace(triton=triton, plain=gemv_kernel, persistent=persistent.kernel,
+                           first_chunk=persistent.first_chunk, walk_blocks=persistent.walk_blocks)  # fmt: skip
+
+
+def jit_kernels():
+    """The GEMV's Triton kernels and the pieces of the persistent one (first_chunk, walk_blocks), which
+    the layer kernel (labsupport.measure.kernels.layer_kernel) runs too; built on first use."""
+    return _kernel()
 
 
 @cache

@@ -37,6 +37,7 @@ Triton is imported on first use; on a CPU set TRITON_INTERPRET=1 first (no bfloa
 from __future__ import annotations
 
 from functools import cache
+from types import SimpleNamespace
 
 # Triton's interpreter runs the programs one after another on the CPU: a few stand for the SMs
 # (an odd number, so that with the tests' shapes programs walk unequal numbers of row blocks).
@@ -60,37 +61,37 @@ def programs(blocks: int, ctas_per_sm: int, device) -> int:
 
 def kernel(accumulate, stream_rows, finish_rows):
     """The persistent kernel, calling the plain GEMV's jit functions it is given (gemv builds it
-    beside its own kernel): one BLOCK_K chunk's product, the K loop, the epilogue."""
+    beside its own kernel): one BLOCK_K chunk's product, the K loop, the epilogue. Returned with
+    the two pieces it is made of, which the layer kernel (labsupport.measure.kernels.layer_kernel)
+    runs too: `first_chunk`, a program's first block's first chunk of W, and `walk_blocks`, the
+    walk over the row blocks from there."""
     import triton
     import triton.language as tl
 
     # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
-    globals().update(accumulate=accumulate, stream_rows=stream_rows, finish_rows=finish_rows)
+    # (and, in the interpreter, triton.language among a called function's: the layer kernel calls these first).
+    globals().update(accumulate=accumulate, stream_rows=stream_rows, finish_rows=finish_rows, tl=tl)
 
     @triton.jit
-    def persistent_gemv_kernel(
-        x_ptr, w_ptr, y_ptr, norm_w_ptr, res_ptr, scale_ptr, ws_ptr, sumsq_in_ptr, sumsq_out_ptr, sumsq_clear_ptr,
-        argmax_ptr, N, K, eps,
+    def first_chunk(w_ptr, pid, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # program pid's first block's first chunk of W: it depends on no kernel of the step
+        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.arange(0, BLOCK_K)
+        return tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=(rows < N)[:, None] & (cols < K)[None, :],
+                       other=0.0)  # fmt: skip
+
+    @triton.jit
+    def walk_blocks(
+        w_next, pid, step, sumsq, x_ptr, w_ptr, y_ptr, norm_w_ptr, res_ptr, scale_ptr, ws_ptr, sumsq_out_ptr,
+        sumsq_clear_ptr, argmax_ptr, N, K, eps,
         NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SCALE: tl.constexpr = False, PDL: tl.constexpr = False,
-        EARLY: tl.constexpr = False, SUMSQ_IN: tl.constexpr = False, SUMSQ_OUT: tl.constexpr = False,
-        ARGMAX: tl.constexpr = False,
+        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SCALE: tl.constexpr, EARLY: tl.constexpr,
+        SUMSQ_IN: tl.constexpr, SUMSQ_OUT: tl.constexpr, ARGMAX: tl.constexpr,
     ):  # fmt: skip
-        pid, step = tl.program_id(0), tl.num_programs(0)
+        # the row blocks pid, pid + step, ...: each one's K loop and epilogue; with EARLY, `w_next` is the
+        # first block's first chunk of W, loaded already, and each block loads the next one's
         first_cols = tl.arange(0, BLOCK_K)
         first_ok = first_cols < K
-        if EARLY:  # the first block's first chunk of W depends on no kernel of the step: issued before the wait
-            first_rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-            w_next = tl.load(
-                w_ptr + first_rows[:, None] * K + first_cols[None, :],
-                mask=(first_rows < N)[:, None] & first_ok[None, :], other=0.0,
-            )  # fmt: skip
-        if PDL:  # wait for the kernel before (its writes visible), then let the next one launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        sumsq = 0.0
-        if SUMSQ_IN:  # written by the kernel before: loaded once, used by every block
-            sumsq = tl.load(sumsq_in_ptr)
         for tile in range(pid, tl.cdiv(N, BLOCK_N), step):
             rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
             row_ok = rows < N
@@ -114,4 +115,31 @@ def kernel(accumulate, stream_rows, finish_rows):
                 argmax_ptr, N, K, eps, NORM, SILU, RESIDUAL, BLOCK_N, SCALE, 1, SUMSQ_IN, SUMSQ_OUT, ARGMAX,
             )  # fmt: skip
 
-    return persistent_gemv_kernel
+    globals().update(first_chunk=first_chunk, walk_blocks=walk_blocks)
+
+    @triton.jit
+    def persistent_gemv_kernel(
+        x_ptr, w_ptr, y_ptr, norm_w_ptr, res_ptr, scale_ptr, ws_ptr, sumsq_in_ptr, sumsq_out_ptr, sumsq_clear_ptr,
+        argmax_ptr, N, K, eps,
+        NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SCALE: tl.constexpr = False, PDL: tl.constexpr = False,
+        EARLY: tl.constexpr = False, SUMSQ_IN: tl.constexpr = False, SUMSQ_OUT: tl.constexpr = False,
+        ARGMAX: tl.constexpr = False,
+    ):  # fmt: skip
+        pid, step = tl.program_id(0), tl.num_programs(0)
+        w_next = 0.0
+        if EARLY:  # the first block's first chunk of W depends on no kernel of the step: issued before the wait
+            w_next = first_chunk(w_ptr, pid, N, K, BLOCK_N, BLOCK_K)
+        if PDL:  # wait for the kernel before (its writes visible), then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        sumsq = 0.0
+        if SUMSQ_IN:  # written by the kernel before: loaded once, used by every block
+            sumsq = tl.load(sumsq_in_ptr)
+        walk_blocks(
+            w_next, pid, step, sumsq, x_ptr, w_ptr, y_ptr, norm_w_ptr, res_ptr, scale_ptr, ws_ptr, sumsq_out_ptr,
+            sumsq_clear_ptr, argmax_ptr, N, K, eps, NORM, SILU, RESIDUAL, BLOCK_N, BLOCK_K, STAGES, SCALE, EARLY,
+            SUMSQ_IN, SUMSQ_OUT, ARGMAX,
+        )  # fmt: skip
+
+    return SimpleNamespace(kernel=persistent_gemv_kernel, first_chunk=first_chunk, walk_blocks=walk_blocks)

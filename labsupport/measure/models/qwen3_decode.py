@@ -17,6 +17,8 @@ forward pass in one screen, using the weights of a transformers model, so that e
                        final norm or argmax kernel (labsupport.measure.kernels.folded_norms)
     Options.persistent  with pdl and fold_norms: every GEMV of the step in persistent form, one or two
                        programs per SM walking the matrix's rows (labsupport.measure.kernels.persistent_gemv)
+    Options.layer_kernel  with fold_norms and one_attention: each decoder layer in ONE persistent kernel,
+                       its four GEMVs and attention stages joined by counters (labsupport.measure.kernels.layer_kernel)
     Options.fp8        with fuse_gemv: every matrix in FP8 E4M3 with row scales (gemv_fp8)
 
 VerifyStep runs the same decoder on T tokens at once (a verify pass of speculative decoding):
@@ -36,6 +38,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from functools import cache, partial
+from typing import NamedTuple
 
 from labsupport.measure.kernels import folded_norms, gemv_fp8
 from labsupport.measure.kernels.folded_norms import READ_ATTENDED, READ_INPUT, WRITE_ATTENDED, WRITE_OUTPUT
@@ -54,6 +57,7 @@ class Options:
     one_attention: bool = False
     fold_norms: bool = False
     persistent: bool = False
+    layer_kernel: bool = False
 
     def __post_init__(self):
         if self.matmul not in ("torch", "triton"):
@@ -76,15 +80,19 @@ class Options:
             )
         if self.persistent and not (self.pdl and self.fold_norms):
             raise ValueError("persistent needs pdl=True and fold_norms=True (its GEMVs are the folded step's)")
+        if self.layer_kernel and not (self.fold_norms and self.one_attention and self.early_weights):
+            raise ValueError(
+                "layer_kernel needs fold_norms, one_attention and early_weights (its stages are those kernels')"
+            )
 
 
 @cache
 def ops():
     """Our Triton kernels as PyTorch custom operators, which torch.compile calls as they are:
-    (gemv, decode_attention, gemv_folded)."""
+    (gemv, decode_attention, gemv_folded, layer), by name too (Kernels)."""
     import torch
 
-    from labsupport.measure.kernels import decode_attention, gemv
+    from labsupport.measure.kernels import decode_attention, gemv, layer_kernel
 
     # The schemas are written out: this module's annotations are strings (PEP 563).
     @torch.library.custom_op(
@@ -139,7 +147,33 @@ def ops():
     def _(x, w, sums, read, add, clear, eps, silu, residual, split, pdl, early, persistent):
         return x.new_empty(*x.shape[:-1], w.shape[0] // 2 if silu else w.shape[0])
 
-    return gemv_op, attention_op, gemv_folded_op
+    # A whole layer of the folded step in one kernel: `sums` is the layer's three Σx² scalars.
+    @torch.library.custom_op(
+        "labsupport::layer",
+        mutates_args=("k_cache", "v_cache", "sums"),
+        schema="(Tensor x, Tensor wqkv, Tensor wo, Tensor wgu, Tensor wd, Tensor q_norm, Tensor k_norm, Tensor cos, "
+        "Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor pos, Tensor(c!) sums, int heads, float eps, "
+        "bool pdl) -> Tensor",
+    )
+    def layer_op(x, wqkv, wo, wgu, wd, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, sums, heads, eps, pdl):
+        return layer_kernel.layer(
+            x, wqkv, wo, wgu, wd, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, sums, heads, eps, pdl=pdl
+        )
+
+    @layer_op.register_fake
+    def _(x, wqkv, wo, wgu, wd, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, sums, heads, eps, pdl):
+        return torch.empty_like(x)
+
+    return Kernels(gemv_op, attention_op, gemv_folded_op, layer_op)
+
+
+class Kernels(NamedTuple):
+    """ops()' custom operators, by name."""
+
+    gemv: object
+    attention: object
+    gemv_folded: object
+    layer: object
 
 
 def rmsnorm(x, weight, eps):
@@ -194,7 +228,7 @@ def layer(
     attn_in, wo = w[4 : 4 + n_in], w[4 + n_in]
     mlp_in, wdown = w[5 + n_in : -1], w[-1]
     one_token = x.shape[1] == 1 and kernels is not None
-    gemv = kernels[0] if one_token and opts.matmul == "triton" else None
+    gemv = kernels.gemv if one_token and opts.matmul == "triton" else None
 
     fuse = opts.fuse_gemv and gemv is not None
     fold = fuse and opts.fold_norms
@@ -204,14 +238,17 @@ def layer(
             return F.linear(v, weight if scale is None else gemv_fp8.dequantize(weight, scale, v.dtype))
         if fold:  # sumsq: the rows of `sums` it reads, adds into, zeroes (READ_INPUT ...)
             flags = (opts.split_k, opts.pdl, opts.early_weights, opts.persistent)
-            return kernels[2](v, weight, sums, *sumsq, eps, silu, residual, *flags)
+            return kernels.gemv_folded(v, weight, sums, *sumsq, eps, silu, residual, *flags)
         return gemv(v, weight, norm, eps, silu, residual, scale, opts.split_k, opts.pdl, opts.early_weights)
 
     red = (lambda t: t) if reduce is None else reduce
+    if fold and opts.layer_kernel:  # the whole layer, one kernel
+        return kernels.layer(x, attn_in[0], wo, mlp_in[0], wdown, q_norm, k_norm, cos, sin, k_cache, v_cache, pos,
+                             sums, s.heads, eps, opts.pdl)  # fmt: skip
     h = x if fuse else rmsnorm(x, in_norm, eps)
     qkv = [mm(h, wi, norm=in_norm if fuse else None, scale=sc[0], sumsq=READ_INPUT) for wi in attn_in]
     if opts.fused_attention and one_token:
-        a = kernels[1](qkv[0], q_norm, k_norm, cos, sin, k_cache, v_cache, pos, s.heads, eps, opts.one_attention)
+        a = kernels.attention(qkv[0], q_norm, k_norm, cos, sin, k_cache, v_cache, pos, s.heads, eps, opts.one_attention)
         a = a.view(1, 1, -1)
     else:
         a = attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s, opts.fused)
@@ -424,7 +461,7 @@ class Qwen3Decoder:
             x = triton_kernels.rmsnorm(x, self.norm, eps)
         else:
             x = rmsnorm(x, self.norm, eps)
-        head = self.kernels[0](
+        head = self.kernels.gemv(
             x, self.lm_head, None, eps, False, None, self.lm_scale, o.split_k, o.pdl, o.early_weights
         )  # fmt: skip
         return head[:, -1]
@@ -492,6 +529,11 @@ class OwnStep(Captured):
         if compile:
             self.dec.compile()
         self.compile_s = self.warm_and_capture(dev, graph, since=t)
+        if opts.layer_kernel and dev.type == "cuda":  # a wait that gave up in the warm-up: the numbers are wrong
+            from labsupport.measure.kernels import layer_kernel
+
+            if n := layer_kernel.timeouts(dev):
+                raise RuntimeError(f"the layer kernel's programs gave up waiting for each other {n} times")
 
     def decoder(self, model, max_len: int, opts: Options) -> Qwen3Decoder:
         """The decoder this step runs (a subclass may give another: tp_split's, one rank's shard)."""

@@ -1,0 +1,288 @@
+"""A whole decoder layer of the folded-norms step in ONE kernel: the four GEMVs and attention that
+the rungs before launch as five kernels (qwen3_decode.Options.layer_kernel).
+
+The layer runs in five stages, each needing all of the one before: QKV, attention, o_proj +
+residual, gate/up + SiLU, down + residual. A kernel boundary is what makes a stage wait for the
+one before; here the kernel is persistent instead (`programs`: `ctas_per_sm` programs per SM,
+all resident at once) and the stages are joined by counters in global memory (`counters`):
+each program walks its share of a stage's work, then adds one to the stage's counter (a release:
+its writes are visible to whoever sees the count); before the next stage it waits until the
+counter reaches the number of programs (an acquire). Nothing is launched, drained or started
+between stages, and what a program needs before its wait is loaded before it: the first chunk
+of its first block of W for a GEMV, the cached keys and values of its first stretch for
+attention (which depend on nothing in the step), as the GEMVs with weights first do before
+`gdc_wait`. The layer's first stage waits on the kernel before (programmatic dependent launch),
+as they do.
+
+The pieces are the other rungs' own, called, not copied: a GEMV stage is the persistent GEMV's
+walk over row blocks (persistent_gemv's `first_chunk` and `walk_blocks`, with the folded
+norms' Σx² epilogues), attention is the one-kernel attention's (decode_attention's
+`stretch_kv` and `attend_stretch`: one item per (K/V head, stretch), combined by the last item of
+each K/V head to finish). The Σx² scalars are used as in the folded-norms step (folded_norms):
+QKV reads row 0, o_proj adds into row 1 and zeroes row 0, gate/up reads row 1, down adds into row 2
+and zeroes row 1; each zeroing comes after the stage that read the row, two counters earlier.
+
+Waiting for another program is safe only when every program is resident: one not yet started
+would never arrive. So the grid is at most what fits on the GPU at once (`check_resident` says
+so once the kernel is compiled), and a wait gives up after MAX_SPINS polls, counting a
+timeout (`timeouts`), so that a grid that does not fit ends with wrong numbers and a count,
+never a hang. The stage counters are set back to zero by the last program to finish, for
+the next launch; the attention's by the last item of each K/V head.
+
+Triton's interpreter (TRITON_INTERPRET=1, on a CPU) runs one program after another, so there a
+wait for the other programs would never end: it runs the layer as one program (`programs`).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from labsupport.measure.kernels import decode_attention, folded_norms, gemv, persistent_gemv
+
+# The counters (int32) after which the attention's per-K/V-head counters start: stages 0-3 (QKV,
+# attention, o_proj, gate/up) done, programs done with the layer, waits that gave up.
+DONE, TIMEOUTS, SYNC = 4, 5, 8
+# Polls of a counter before a wait gives up: each is a round trip to L2 (about a microsecond),
+# so some milliseconds, a hundred times a stage's length.
+MAX_SPINS = 1 << 14
+# The GEMV stages' block shape, warps and pipeline depth, and the programs per SM: the persistent
+# GEMV's default tiling, one program per SM.
+DEFAULT = gemv.Config(4, 2048, 8, 3, ctas_per_sm=1)
+_COUNTERS: dict = {}
+
+
+def counters(kv_heads: int, device):
+    """The layer kernel's int32 counters on `device` (SYNC + one per K/V head): zeroed once, made on
+    first use (before any CUDA-graph capture), and left at zero by every launch but the timeouts'."""
+    import torch
+
+    key = (kv_heads, str(device))
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(SYNC + kv_heads, device=device, dtype=torch.int32)
+    return _COUNTERS[key]
+
+
+def timeouts(device) -> int:
+    """The waits that gave up on `device` since its counters were made (0 when all were resident)."""
+    return sum(int(c[TIMEOUTS]) for key, c in _COUNTERS.items() if key[1] == str(device))
+
+
+def programs(config: gemv.Config, device) -> int:
+    """The grid: `config.ctas_per_sm` programs per SM of `device` (one in the interpreter, module docstring)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return 1
+    return config.ctas_per_sm * persistent_gemv.sm_count(str(device))
+
+
+def resident(
+    n_regs: int, shared: int, num_warps: int, regs_per_sm: int, threads_per_sm: int, shared_per_sm: int
+) -> int:
+    """How many programs of a compiled kernel fit on one SM at once, by its registers (a thread's,
+    allocated per warp in 256s), its shared memory and its threads."""
+    regs_per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
+    by_regs = regs_per_sm // (regs_per_warp * num_warps)
+    by_threads = threads_per_sm // (32 * num_warps)
+    by_shared = shared_per_sm // shared if shared else by_threads
+    return min(by_regs, by_threads, by_shared)
+
+
+@cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    g = gemv.jit_kernels()
+    one = decode_attention.one_kernel()
+    fns = folded_norms.jit_functions()
+    # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
+    globals().update(first_chunk=g.first_chunk, walk_blocks=g.walk_blocks, stretch_kv=one.stretch_kv,
+                     attend_stretch=one.attend_stretch, tl=tl, sumsq_epilogue=fns.sumsq_epilogue)  # fmt: skip
+
+    @triton.jit
+    def arrive(sync_ptr, counter):
+        # this program's writes of the stage issued by every thread, then released with one count
+        tl.debug_barrier()
+        tl.atomic_add(sync_ptr + counter, 1, sem="release")
+
+    @triton.jit
+    def wait_for(sync_ptr, counter, target, MAX: tl.constexpr, TIMEOUTS_AT: tl.constexpr):
+        # until `counter` reaches `target` (acquire: the writes released with it visible), at most MAX polls
+        seen = tl.atomic_add(sync_ptr + counter, 0, sem="acquire")
+        polls = 0
+        while (seen < target) & (polls < MAX):
+            seen = tl.atomic_add(sync_ptr + counter, 0, sem="acquire")
+            polls += 1
+        if seen < target:
+            tl.atomic_add(sync_ptr + TIMEOUTS_AT, 1, sem="relaxed")
+        tl.debug_barrier()
+
+    globals().update(arrive=arrive, wait_for=wait_for)
+
+    @triton.jit
+    def gemv_stage(
+        x_ptr, w_ptr, y_ptr, res_ptr, sumsq_in_ptr, sumsq_out_ptr, clear_ptr, N, K, eps, sync_ptr, after, pid, P,
+        SILU: tl.constexpr, RESIDUAL: tl.constexpr, SUMSQ_IN: tl.constexpr, SUMSQ_OUT: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, MAX: tl.constexpr,
+        TIMEOUTS_AT: tl.constexpr,
+    ):  # fmt: skip
+        # y = W x (scaled by the norm of x from its Σx², SiLU x up, + residual, Σy² out) over this program's
+        # row blocks, once stage `after` is done everywhere; the first chunk of W loaded before that
+        w_next = first_chunk(w_ptr, pid, N, K, BLOCK_N, BLOCK_K)  # noqa: F821 (a global)
+        wait_for(sync_ptr, after, P, MAX, TIMEOUTS_AT)
+        sumsq = 0.0
+        if SUMSQ_IN:
+            sumsq = tl.load(sumsq_in_ptr)
+        walk_blocks(  # noqa: F821 (a global)
+            w_next, pid, P, sumsq, x_ptr, w_ptr, y_ptr, w_ptr, res_ptr, y_ptr, y_ptr, sumsq_out_ptr, clear_ptr,
+            y_ptr, N, K, eps, False, SILU, RESIDUAL, BLOCK_N, BLOCK_K, STAGES, False, True, SUMSQ_IN, SUMSQ_OUT,
+            False,
+        )  # fmt: skip
+
+    globals()["gemv_stage"] = gemv_stage
+
+    @triton.jit
+    def layer_kernel(
+        x_ptr, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr,
+        sums_ptr, sync_ptr, qkv_ptr, part_ptr, attn_ptr, h2_ptr, act_ptr, out_ptr, eps, scale, HIDDEN, INTER,
+        H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
+        CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+        PDL: tl.constexpr, MAX: tl.constexpr, ROW: tl.constexpr, DONE_AT: tl.constexpr, TIMEOUTS_AT: tl.constexpr,
+        SYNC_AT: tl.constexpr,
+    ):  # fmt: skip
+        pid, P = tl.program_id(0), tl.num_programs(0)
+        row0, row1, row2 = sums_ptr, sums_ptr + ROW, sums_ptr + 2 * ROW
+        pos = tl.load(pos_ptr)
+        # Stage 0, QKV (reads row 0): its first chunk of W before the wait for the kernel before (x, row 0).
+        w_next = first_chunk(wqkv_ptr, pid, (H + 2 * KVH) * D, HIDDEN, BLOCK_N, BLOCK_K)  # noqa: F821
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        walk_blocks(  # noqa: F821 (a global)
+            w_next, pid, P, tl.load(row0), x_ptr, wqkv_ptr, qkv_ptr, wqkv_ptr, x_ptr, qkv_ptr, qkv_ptr, row0, row0,
+            qkv_ptr, (H + 2 * KVH) * D, HIDDEN, eps, False, False, False, BLOCK_N, BLOCK_K, STAGES, False, True,
+            True, False, False,
+        )  # fmt: skip
+        arrive(sync_ptr, 0)
+        # Stage 1, attention: one item per (K/V head, stretch); the first item's cached k and v before the wait.
+        parts = tl.cdiv(SLOTS, BLOCK_S)
+        items = KVH * parts
+        first = tl.minimum(pid, items - 1)
+        kt, vt = stretch_kv(kc_ptr, vc_ptr, pos, first // parts, first % parts, D, SLOTS, BLOCK_S)  # noqa: F821
+        wait_for(sync_ptr, 0, P, MAX, TIMEOUTS_AT)
+        for item in range(pid, items, P):
+            if item != pid:
+                kt, vt = stretch_kv(kc_ptr, vc_ptr, pos, item // parts, item % parts, D, SLOTS, BLOCK_S)  # noqa: F821
+            attend_stretch(  # noqa: F821 (a global)
+                kt, vt, qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos, item // parts, item % parts,
+                parts, part_ptr, sync_ptr + SYNC_AT, attn_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK,
+            )  # fmt: skip
+        arrive(sync_ptr, 1)
+        # Stage 2, o_proj + residual (adds into row 1, zeroes row 0, read by stage 0).
+        gemv_stage(
+            attn_ptr, wo_ptr, h2_ptr, x_ptr, row0, row1, row0, HIDDEN, H * D, eps, sync_ptr, 1, pid, P,
+            False, True, False, True, BLOCK_N, BLOCK_K, STAGES, MAX, TIMEOUTS_AT,
+        )  # fmt: skip
+        arrive(sync_ptr, 2)
+        # Stage 3, gate/up + SiLU (reads row 1).
+        gemv_stage(
+            h2_ptr, wgu_ptr, act_ptr, h2_ptr, row1, row1, row1, 2 * INTER, HIDDEN, eps, sync_ptr, 2, pid, P,
+            True, False, True, False, BLOCK_N, BLOCK_K, STAGES, MAX, TIMEOUTS_AT,
+        )  # fmt: skip
+        arrive(sync_ptr, 3)
+        # Stage 4, down + residual (adds into row 2, zeroes row 1, read by stage 3).
+        gemv_stage(
+            act_ptr, wd_ptr, out_ptr, h2_ptr, row1, row2, row1, HIDDEN, INTER, eps, sync_ptr, 3, pid, P,
+            False, True, False, True, BLOCK_N, BLOCK_K, STAGES, MAX, TIMEOUTS_AT,
+        )  # fmt: skip
+        # The last program to finish sets the stage counters back for the next launch (all others are past
+        # their waits).
+        if tl.atomic_add(sync_ptr + DONE_AT, 1) == P - 1:
+            for c in range(0, DONE_AT + 1):
+                tl.store(sync_ptr + c, 0)
+
+    return triton, layer_kernel
+
+
+_CHECKED: set = set()
+
+
+def layer(
+    x, wqkv, wo, wgu, wd, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, sums, heads: int, eps: float,
+    config: gemv.Config | None = None, pdl: bool = False, block_s: int | None = None,
+):  # fmt: skip
+    """The decoder layer's output [hidden] for one token x (any leading dimensions of size 1), from the
+    folded QKV, o_proj, interleaved folded gate/up and down weights, writing the token's k and v
+    into the caches ([1, kv_heads, slots, head_dim]) at `pos` ([1]) and using the layer's three Σx²
+    scalars `sums` (folded_norms.sums' rows for this layer) as the folded-norms step does;
+    `pdl`: launched with programmatic dependent launch. `block_s`: the attention's positions per
+    item (None: attention_block's)."""
+    import torch
+
+    triton, kernel = _kernel()
+    c = config or DEFAULT
+    if c.ctas_per_sm < 1 or c.split_k > 1 or c.block_n % 2:
+        raise ValueError(f"the layer kernel needs programs per SM, no split-K and an even block of rows, not {c}")
+    hidden = x.shape[-1]
+    _, kv_heads, slots, head_dim = k_cache.shape
+    inter = wgu.shape[0] // 2
+    grid = programs(c, x.device)
+    block_s = block_s or attention_block(slots, kv_heads, grid)
+    parts = triton.cdiv(slots, block_s)
+    dev, dt = x.device, x.dtype
+    made = {n: torch.empty(size, device=dev, dtype=dt) for n, size in
+            [("qkv", (heads + 2 * kv_heads) * head_dim), ("attn", heads * head_dim), ("h2", hidden), ("act", inter),
+             ("out", hidden)]}  # fmt: skip
+    partial = torch.empty(heads, parts, head_dim + 2, device=dev, dtype=torch.float32)
+    extra = {"launch_pdl": True} if pdl else {}
+    compiled = kernel[(grid,)](
+        x.reshape(-1), wqkv, wo, wgu, wd, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, sums,
+        counters(kv_heads, dev), made["qkv"], partial, made["attn"], made["h2"], made["act"], made["out"], eps,
+        head_dim**-0.5, hidden, inter,
+        H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=block_s,
+        CHUNK=min(32, triton.next_power_of_2(parts)), BLOCK_N=c.block_n, BLOCK_K=c.block_k, STAGES=c.num_stages,
+        PDL=pdl, MAX=MAX_SPINS, ROW=folded_norms.ROW, DONE_AT=DONE, TIMEOUTS_AT=TIMEOUTS, SYNC_AT=SYNC,
+        num_warps=c.num_warps, num_stages=c.num_stages, **extra,
+    )  # fmt: skip
+    if dev.type == "cuda":
+        check_resident(compiled, c, dev)
+    return made["out"].reshape(x.shape)
+
+
+def check_resident(compiled, config: gemv.Config, device) -> None:
+    """Raise if `config.ctas_per_sm` programs of the compiled layer kernel do not fit on an SM at once
+    (module docstring: its waits need every program resident); checked once per compiled kernel."""
+    import torch
+
+    key = (id(compiled), config, str(device))
+    if key in _CHECKED:
+        return
+    import triton
+
+    props = torch.cuda.get_device_properties(device)
+    regs = triton.runtime.driver.active.utils.get_device_properties(props_index(device))["max_num_regs"]
+    fits = resident(compiled.n_regs, compiled.metadata.shared, config.num_warps, regs,
+                    props.max_threads_per_multi_processor, props.shared_memory_per_multiprocessor)  # fmt: skip
+    if fits < config.ctas_per_sm:
+        raise RuntimeError(
+            f"the layer kernel with {config} needs {config.ctas_per_sm} programs an SM resident at once; "
+            f"{fits} fit ({compiled.n_regs} registers a thread, {compiled.metadata.shared} B of shared memory)"
+        )
+    _CHECKED.add(key)
+
+
+def props_index(device) -> int:
+    """The CUDA device index of `device` (the current one where it names none)."""
+    import torch
+
+    dev = torch.device(device)
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+def attention_block(slots: int, kv_heads: int, grid: int) -> int:
+    """The attention's positions per item in the layer kernel: the shortest stretch of
+    decode_attention.ONE_BLOCKS whose items (one per K/V head and stretch) every program can take
+    at once, so that none takes two in turn while the others wait for it (the longest where none fits)."""
+    fits = [b for b in decode_attention.ONE_BLOCKS if kv_heads * -(-slots // b) <= grid]
+    return min(fits) if fits else max(decode_attention.ONE_BLOCKS)

@@ -1,0 +1,178 @@
+"""The layer kernel (qwen3_decode.Options.layer_kernel, labsupport.measure.kernels.layer_kernel)
+computes a decoder layer as PyTorch does, leaves the Σx² scalars as the folded-norms step leaves
+them and its counters at zero, and a step of them gives transformers' logits and token. On a
+CPU, in float32, in Triton's interpreter, which runs its programs one after another: the layer
+runs as one program there (a wait for another program would never end), so these tests check
+every stage's arithmetic and the order of the scalars, not programs waiting on each other, which
+only a GPU runs."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is built
+
+from labsupport.measure.models import qwen3_decode  # noqa: E402
+
+pytest.importorskip("triton")
+from labsupport.measure.kernels import folded_norms, gemv, layer_kernel  # noqa: E402
+
+pytestmark = pytest.mark.unit
+CLOSE = dict(rtol=1e-4, atol=1e-4)
+EPS = 1e-6
+# hidden 40 and intermediate 24: no block of rows or of K divides them, so every mask matters
+HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, SLOTS, POS = 40, 24, 4, 2, 16, 20, 13
+# (the config of the GEMV stages, the attention's positions per item: 8 is three stretches, 32 one)
+CASES = {"two-rows": (gemv.Config(2, 16, 4, 2, ctas_per_sm=1), 8),
+         "four-rows": (gemv.Config(4, 32, 4, 3, ctas_per_sm=1), None)}  # fmt: skip
+
+
+def _layer(seed):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, lo=None):
+        t = torch.randn(*shape, generator=g)
+        return t if lo is None else lo + torch.rand(*shape, generator=g)
+
+    qkv_rows = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    w = {"qkv": r(qkv_rows, HIDDEN) / 4, "o": r(HIDDEN, HEADS * HEAD_DIM) / 4, "gate": r(INTER, HIDDEN) / 4,
+         "up": r(INTER, HIDDEN) / 4, "down": r(HIDDEN, INTER) / 4, "in_norm": r(HIDDEN, lo=0.5),
+         "post_norm": r(HIDDEN, lo=0.5), "q_norm": r(HEAD_DIM, lo=0.5), "k_norm": r(HEAD_DIM, lo=0.5)}  # fmt: skip
+    caches = [r(1, KV_HEADS, SLOTS, HEAD_DIM) for _ in range(2)]
+    return r(1, 1, HIDDEN), w, caches
+
+
+def _reference(x, w, caches):
+    """The layer in PyTorch, unfolded: (output, k cache, v cache)."""
+    kc, vc = (c.clone() for c in caches)
+    shape = qwen3_decode.Shape(HEADS, KV_HEADS, HEAD_DIM, EPS)
+    cfg = type("Cfg", (), {"rope_theta": 10000.0, "head_dim": HEAD_DIM})()
+    cos, sin = qwen3_decode.rotary(cfg, SLOTS, "cpu", torch.float32)
+    h = qwen3_decode.rmsnorm(x, w["in_norm"], EPS)
+    a = qwen3_decode.attention(
+        [h @ w["qkv"].T], torch.tensor([POS]), cos, sin, kc, vc, w["q_norm"], w["k_norm"], shape, fused=True
+    )
+    x2 = x + a @ w["o"].T
+    h2 = qwen3_decode.rmsnorm(x2, w["post_norm"], EPS)
+    act = torch.nn.functional.silu(h2 @ w["gate"].T) * (h2 @ w["up"].T)
+    return x2 + act @ w["down"].T, kc, vc, (cos, sin)
+
+
+@pytest.mark.parametrize("pdl", [False, True], ids=["", "pdl"])
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_the_layer_kernel_gives_the_layer_and_leaves_the_scalars_as_the_folded_step_does(case, pdl, waits_as_no_ops):
+    config, block_s = case
+    x, w, caches = _layer(0)
+    want, want_k, want_v, (cos, sin) = _reference(x, w, caches)
+    kc, vc = (c.clone() for c in caches)
+    sums = torch.zeros(3, folded_norms.ROW)
+    sums[0, 0] = (x**2).sum()  # the layer's input Σx², as the kernel before leaves it
+    wqkv = folded_norms.fold(w["qkv"], w["in_norm"])
+    wgu = folded_norms.fold(gemv.interleave(w["gate"], w["up"]), w["post_norm"])
+    out = layer_kernel.layer(
+        x, wqkv, w["o"], wgu, w["down"], w["q_norm"], w["k_norm"], cos, sin, kc, vc, torch.tensor([POS]), sums,
+        HEADS, EPS, config=config, pdl=pdl, block_s=block_s,
+    )  # fmt: skip
+    torch.testing.assert_close(out, want, **CLOSE)
+    torch.testing.assert_close(kc, want_k, **CLOSE)  # the new position written, the rest as it was
+    torch.testing.assert_close(vc, want_v, **CLOSE)
+    # row 0 (read by QKV) zeroed by o_proj, row 1 (read by gate/up) by down, row 2 the output's Σ
+    assert float(sums[0, 0]) == 0.0 and float(sums[1, 0]) == 0.0
+    assert float(sums[2, 0]) == pytest.approx(float((out**2).sum()), rel=1e-5)
+    assert not sums[:, 1:].any()
+    sync = layer_kernel.counters(KV_HEADS, "cpu")
+    assert not sync.any(), "every counter back at zero for the next launch, and no wait gave up"
+
+
+def test_a_second_launch_finds_its_counters_and_scalars_ready(waits_as_no_ops):
+    x, w, caches = _layer(1)
+    want, *_, (cos, sin) = _reference(x, w, caches)
+    wqkv = folded_norms.fold(w["qkv"], w["in_norm"])
+    wgu = folded_norms.fold(gemv.interleave(w["gate"], w["up"]), w["post_norm"])
+    sums = torch.zeros(3, folded_norms.ROW)
+    for _ in range(2):  # as a step's replay does: the same layer, the input's Σx² put back, its output's zeroed
+        sums[0, 0], sums[2, 0] = (x**2).sum(), 0.0
+        kc, vc = (c.clone() for c in caches)
+        out = layer_kernel.layer(
+            x, wqkv, w["o"], wgu, w["down"], w["q_norm"], w["k_norm"], cos, sin, kc, vc, torch.tensor([POS]), sums,
+            HEADS, EPS, config=CASES["two-rows"][0], pdl=True, block_s=8,
+        )  # fmt: skip
+        torch.testing.assert_close(out, want, **CLOSE)
+
+
+def test_the_grid_is_one_program_in_the_interpreter_and_programs_per_sm_on_a_gpu(monkeypatch):
+    assert layer_kernel.programs(gemv.Config(4, 2048, 8, 3, ctas_per_sm=2), "cpu") == 1
+    monkeypatch.setattr(layer_kernel.persistent_gemv, "sm_count", lambda device: 132)
+    assert layer_kernel.programs(gemv.Config(4, 2048, 8, 3, ctas_per_sm=2), "cuda") == 264
+
+
+def test_programs_fit_on_an_sm_by_registers_threads_and_shared_memory():
+    hopper = dict(regs_per_sm=65536, threads_per_sm=2048, shared_per_sm=233472)
+    # 8 warps of 128 registers a thread take 32,768 registers: two fit
+    assert layer_kernel.resident(128, 0, 8, **hopper) == 2
+    # 129 registers round up to 136 a thread (a warp's in 256s): 8 x 32 x 136 = 34,816, one fits
+    assert layer_kernel.resident(129, 0, 8, **hopper) == 1
+    assert layer_kernel.resident(32, 0, 4, **hopper) == 16  # by threads: 2,048 / 128
+    assert layer_kernel.resident(32, 100_000, 4, **hopper) == 2  # by shared memory
+
+
+def test_the_attention_stretch_is_the_shortest_whose_items_every_program_takes_at_once():
+    # Qwen3-8B at 272 slots, 8 K/V heads: 16 positions give 136 items, 32 give 72
+    assert layer_kernel.attention_block(272, 8, 132) == 32
+    assert layer_kernel.attention_block(272, 8, 264) == 16
+    assert layer_kernel.attention_block(272, 8, 300) == 8
+    assert layer_kernel.attention_block(4096, 8, 132) == 32  # none fits: the longest
+
+
+def test_the_layer_kernel_refuses_a_config_without_programs_per_sm_or_with_split_k():
+    x, w, caches = _layer(2)
+    args = (x, w["qkv"], w["o"], w["qkv"], w["down"], w["q_norm"], w["k_norm"], x, x, *caches, torch.tensor([POS]),
+            torch.zeros(3, 4), HEADS, EPS)  # fmt: skip
+    for bad in (gemv.Config(2, 16, 4, 2), gemv.Config(3, 16, 4, 2, ctas_per_sm=1)):
+        with pytest.raises(ValueError, match="the layer kernel needs programs per SM"):
+            layer_kernel.layer(*args, config=bad)
+
+
+def test_the_layer_kernel_option_needs_the_folded_step_with_one_attention_kernel():
+    from labsupport.chapters import closing_the_gap as ch
+
+    qwen3_decode.Options(**ch.OWN_OPTIONS["layer-kernel"])
+    assert ch.OWN_OPTIONS["layer-kernel"] == {**ch.OWN_OPTIONS["folded-norms"], "layer_kernel": True}
+    with pytest.raises(ValueError, match="layer_kernel needs fold_norms"):
+        qwen3_decode.Options(**{**ch.OWN_OPTIONS["one-attention"], "layer_kernel": True})
+
+
+@pytest.mark.live
+def test_our_decoder_with_one_kernel_a_layer_gives_transformers_logits_and_token(
+    tiny_with_norms, waits_as_no_ops, monkeypatch
+):
+    from labsupport.chapters import closing_the_gap as ch
+
+    model, prompt, ref = tiny_with_norms
+    launched = {"layer": 0, "gemv": []}
+    layer, launch = layer_kernel.layer, gemv.launch
+
+    def counted_layer(*a, **k):
+        launched["layer"] += 1
+        return layer(*a, **k)
+
+    def counted_launch(*a, **k):
+        launched["gemv"].append(k.get("argmax") is not None)
+        return launch(*a, **k)
+
+    monkeypatch.setattr(layer_kernel, "layer", counted_layer)
+    monkeypatch.setattr(gemv, "launch", counted_launch)
+    opts = qwen3_decode.Options(**ch.OWN_OPTIONS["layer-kernel"])
+    step = qwen3_decode.OwnStep(model, prompt.ids, ref.token, opts, compile=False, graph=False)
+    for _ in range(2):  # after the warm-up's three: the scalars and the argmax word ready for each step
+        logits, token = step()
+        torch.testing.assert_close(logits, ref.logits, **CLOSE)
+        assert int(token) == int(ref.next_token)
+        assert ch.fidelity((logits, token), ref, ch.ERROR_FACTOR)["passed"]
+        sums = step.dec.sums
+        assert sums[:-1].eq(0).all() and sums[:, 1:].eq(0).all()  # as the folded step leaves them
+    layers = model.config.num_hidden_layers
+    assert launched["layer"] == 5 * layers, "one layer kernel a layer, every step"
+    assert launched["gemv"] == [True] * 5, "the only GEMV left outside is the LM head, with its argmax"
