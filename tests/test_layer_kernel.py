@@ -176,3 +176,28 @@ def test_our_decoder_with_one_kernel_a_layer_gives_transformers_logits_and_token
     layers = model.config.num_hidden_layers
     assert launched["layer"] == 5 * layers, "one layer kernel a layer, every step"
     assert launched["gemv"] == [True] * 5, "the only GEMV left outside is the LM head, with its argmax"
+
+
+def test_registers_are_capped_so_that_the_programs_of_an_sm_fit_together():
+    assert layer_kernel.max_registers(gemv.Config(4, 2048, 8, 3, ctas_per_sm=2)) == 128  # 65,536 / (2 x 256)
+    assert layer_kernel.max_registers(gemv.Config(8, 2048, 16, 3, ctas_per_sm=1)) == 128
+    assert layer_kernel.max_registers(gemv.Config(2, 512, 4, 2, ctas_per_sm=1)) == 248  # ptxas's 255, down to 8s
+    assert layer_kernel.max_registers(gemv.Config(2, 512, 4, 2, ctas_per_sm=3)) == 168  # 170, down to 8s
+    for c in layer_kernel.CANDIDATES:  # every candidate fits its programs by the same sum resident() does
+        regs = layer_kernel.max_registers(c)
+        assert layer_kernel.resident(regs, 0, c.num_warps, 65536, 2048, 233472) >= c.ctas_per_sm
+
+
+def test_the_page_gives_the_layer_kernels_time_with_each_config_the_run_tried():
+    from types import SimpleNamespace
+
+    from labsupport.chapters.closing_the_gap import prose
+
+    rows = [{"block_n": 4, "block_k": 2048, "num_warps": 8, "num_stages": 3, "ctas_per_sm": 2, "programs": 264,
+             "us": 101.25, "status": "ok", "chosen": True},
+            {"block_n": 8, "block_k": 2048, "num_warps": 16, "num_stages": 3, "ctas_per_sm": 1, "programs": 132,
+             "us": float("nan"), "status": "failed: RuntimeError: gave up waiting", "chosen": False}]  # fmt: skip
+    text = prose.layer_tuning_text(SimpleNamespace(results={"layer_tuning": rows}))
+    assert "2 programs of 8 warps per SM, 4 rows of 2,048 at a time: 101.2 µs, kept" in text
+    assert "1 program of 16 warps per SM, 8 rows of 2,048 at a time: failed: RuntimeError" in text
+    assert prose.layer_tuning_text(SimpleNamespace(results={})) == ""  # a run recorded before the rung

@@ -51,7 +51,7 @@ from .figures import (
 from .measuring import (
     best_timed, build, eager_fidelity, error_factor, fidelity, fp8_record, fp8_tuning_cases, gpu_memory_gb, pending_run,
     persistent_tuning_cases, Reference, reference, rung_row, rungs_table, runs_here, time_matmuls, time_tokens,
-    timed_here, tune_attention, tuning_cases, weight_shapes,
+    timed_here, tune_attention, tune_layer_kernel, tuning_cases, weight_shapes,
 )
 from .params import (
     CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS,

@@ -274,6 +274,23 @@ def tune_attention(model, prompt_len: int) -> list[dict]:
     return rows
 
 
+def tune_layer_kernel(model, prompt_len: int) -> list[dict]:
+    """The layer kernel (the one-kernel-a-layer rung) timed with each of its candidate configs on one
+    layer of our step's shapes (layer_kernel.tune); the fastest is what the rung runs. One row each."""
+    from labsupport.measure.kernels import layer_kernel
+    from labsupport.measure.models.qwen3_decode import EXTRA_SLOTS
+
+    c = model.config
+    rows = layer_kernel.tune(
+        c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+        prompt_len + EXTRA_SLOTS, prompt_len, model.dtype,
+    )  # fmt: skip
+    for r in rows:
+        how = f"{r['us']:.1f} us a layer" if r["status"] == "ok" else r["status"]
+        progress(f"  one kernel a layer, {r['ctas_per_sm']} x {r['num_warps']} warps a SM, {r['block_n']} rows: {how}")
+    return rows
+
+
 def persistent_tuning_cases(model) -> list:
     """What gemv.tune times with the persistent candidates: the GEMVs of the persistent rung's step,
     whose norms are folded into the weights (QKV and the LM head plain, o_proj and down_proj adding

@@ -264,7 +264,7 @@ def compile_text(run: runs.Run, ladder: pd.DataFrame) -> str:
     tuning = (
         f" Tuning our GEMV took {', '.join(parts[:-1])}{' and ' if len(parts) > 1 else ''}{parts[-1]}." if parts else ""
     )
-    attention = attention_tuning_text(run)
+    attention = attention_tuning_text(run) + layer_tuning_text(run)
     return "Compiling and warming each of our rungs took: " + ", ".join(times) + "." + tuning + attention
 
 
@@ -280,6 +280,21 @@ def attention_tuning_text(run: runs.Run) -> str:
         for r in rows
     ]
     return " One call of the one-kernel attention took " + "; ".join(each) + "."
+
+
+def layer_tuning_text(run: runs.Run) -> str:
+    """What one layer took in the layer kernel with each config tried (the one-kernel-a-layer rung
+    runs the fastest), where the run tuned it (results["layer_tuning"])."""
+    rows = run.results.get("layer_tuning") or []
+    if not rows:
+        return ""
+    each = [
+        f"{r['ctas_per_sm']} program{'s' if r['ctas_per_sm'] > 1 else ''} of {r['num_warps']} warps per SM, "
+        f"{r['block_n']} rows of {r['block_k']:,} at a time: "
+        + (f"{r['us']:.1f} µs" + (", kept" if r.get("chosen") else "") if r["status"] == "ok" else r["status"])
+        for r in rows
+    ]
+    return " One layer in the layer kernel took, by its config: " + "; ".join(each) + "."
 
 
 def costlier_text(costlier: pd.DataFrame, timed=()) -> str:

@@ -45,9 +45,15 @@ DONE, TIMEOUTS, SYNC = 4, 5, 8
 # Polls of a counter before a wait gives up: each is a round trip to L2 (about a microsecond),
 # so some milliseconds, a hundred times a stage's length.
 MAX_SPINS = 1 << 14
-# The GEMV stages' block shape, warps and pipeline depth, and the programs per SM: the persistent
-# GEMV's default tiling, one program per SM.
-DEFAULT = gemv.Config(4, 2048, 8, 3, ctas_per_sm=1)
+# The GEMV stages' block shape, warps and pipeline depth, and the programs per SM. On the H100 the
+# persistent GEMV's tuning (stop 50's run) read gate/up at 67 us with two programs of 4 rows per
+# SM, 86 us with one: a program of 8 warps keeps too few bytes in flight alone. So the default is
+# two per SM (their registers capped so that both fit, `max_registers`), and the tuner (`tune`) also
+# tries one program of 16 warps and 8 rows, as many bytes in flight from one program.
+DEFAULT = gemv.Config(4, 2048, 8, 3, ctas_per_sm=2)
+CANDIDATES = (DEFAULT, gemv.Config(8, 2048, 16, 3, ctas_per_sm=1))
+# The config `tune` kept per layer shape (hidden, intermediate, heads, kv_heads, head_dim, slots).
+CHOSEN: dict = {}
 _COUNTERS: dict = {}
 
 
@@ -65,6 +71,12 @@ def counters(kv_heads: int, device):
 def timeouts(device) -> int:
     """The waits that gave up on `device` since its counters were made (0 when all were resident)."""
     return sum(int(c[TIMEOUTS]) for key, c in _COUNTERS.items() if key[1] == str(device))
+
+
+def max_registers(config: gemv.Config, regs_per_sm: int = 65536) -> int:
+    """The registers a thread may use so that `config.ctas_per_sm` programs of its warps fit on an
+    SM (65,536 registers on every NVIDIA GPU since Volta), rounded down to 8 as ptxas takes them."""
+    return min(255, regs_per_sm // (config.ctas_per_sm * config.num_warps * 32)) // 8 * 8
 
 
 def programs(config: gemv.Config, device) -> int:
@@ -221,11 +233,11 @@ def layer(
     import torch
 
     triton, kernel = _kernel()
-    c = config or DEFAULT
+    _, kv_heads, slots, head_dim = k_cache.shape
+    c = config or CHOSEN.get((x.shape[-1], wgu.shape[0] // 2, heads, kv_heads, head_dim, slots), DEFAULT)
     if c.ctas_per_sm < 1 or c.split_k > 1 or c.block_n % 2:
         raise ValueError(f"the layer kernel needs programs per SM, no split-K and an even block of rows, not {c}")
     hidden = x.shape[-1]
-    _, kv_heads, slots, head_dim = k_cache.shape
     inter = wgu.shape[0] // 2
     grid = programs(c, x.device)
     block_s = block_s or attention_block(slots, kv_heads, grid)
@@ -236,6 +248,8 @@ def layer(
              ("out", hidden)]}  # fmt: skip
     partial = torch.empty(heads, parts, head_dim + 2, device=dev, dtype=torch.float32)
     extra = {"launch_pdl": True} if pdl else {}
+    if dev.type == "cuda":  # registers capped so that the programs of an SM fit together
+        extra["maxnreg"] = max_registers(c)
     compiled = kernel[(grid,)](
         x.reshape(-1), wqkv, wo, wgu, wd, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, sums,
         counters(kv_heads, dev), made["qkv"], partial, made["attn"], made["h2"], made["act"], made["out"], eps,
@@ -286,3 +300,62 @@ def attention_block(slots: int, kv_heads: int, grid: int) -> int:
     at once, so that none takes two in turn while the others wait for it (the longest where none fits)."""
     fits = [b for b in decode_attention.ONE_BLOCKS if kv_heads * -(-slots // b) <= grid]
     return min(fits) if fits else max(decode_attention.ONE_BLOCKS)
+
+
+def tune(
+    hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dtype,
+    candidates=CANDIDATES, repeats: int = 20, calls: int = 8,
+) -> list[dict]:  # fmt: skip
+    """Time the layer kernel with each config of `candidates` on one layer of these shapes (random
+    weights: a layer's are hundreds of MB, far past the L2 cache, so each call reads them from
+    memory), `calls` calls in one CUDA graph, launched as the step launches them; keep the fastest
+    in CHOSEN and return one row per config (its fields, programs, us per call, status, chosen). A
+    config that fails (its programs not all resident, a wait that gave up) is a row with its reason."""
+    import torch
+
+    from labsupport.measure import hardware
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+
+    def r(*shape):
+        return torch.randn(*shape, device=dev, dtype=dtype) / 16
+
+    w = (r((heads + 2 * kv_heads) * head_dim, hidden), r(hidden, heads * head_dim), r(2 * inter, hidden),
+         r(hidden, inter))  # fmt: skip
+    norms = (torch.ones(head_dim, device=dev, dtype=dtype), torch.ones(head_dim, device=dev, dtype=dtype))
+    cos, sin = r(slots, head_dim), r(slots, head_dim)
+    kc, vc = r(1, kv_heads, slots, head_dim), r(1, kv_heads, slots, head_dim)
+    x, at = r(1, 1, hidden), torch.tensor([pos], device=dev)
+    sums = torch.zeros(3, folded_norms.ROW, device=dev, dtype=torch.float32)
+    sums[0, 0] = hidden / 256  # Σx² of x
+    rows = []
+    for c in candidates:
+        row = {**{k: getattr(c, k) for k in ("block_n", "block_k", "num_warps", "num_stages", "ctas_per_sm")},
+               "programs": programs(c, dev), "us": float("nan"), "status": "ok"}  # fmt: skip
+
+        def step(c=c):
+            for _ in range(calls):  # (x's Σx², zeroed by the first call's o_proj, then scales by 1 / sqrt(eps))
+                layer(x, *w, *norms, cos, sin, kc, vc, at, sums, heads, 1e-6, config=c, pdl=True)
+
+        try:
+            before = timeouts(dev)
+            step()  # compiles, and checks that the programs are all resident, outside the capture
+            torch.cuda.synchronize()
+            if timeouts(dev) > before:
+                raise RuntimeError("its programs gave up waiting for each other")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            ms = sorted(hardware.time_cuda_ms(graph.replay, repeats=repeats))
+            del graph
+            row["us"] = ms[len(ms) // 2] * 1e3 / calls
+        except Exception as e:
+            row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        rows.append(row)
+    ok = [row for row in rows if row["status"] == "ok"]
+    best = min(ok, key=lambda row: row["us"]) if ok else None
+    for row, c in zip(rows, candidates, strict=True):
+        row["chosen"] = row is best
+        if row is best:
+            CHOSEN[(hidden, inter, heads, kv_heads, head_dim, slots)] = c
+    return rows

@@ -525,15 +525,15 @@ class OwnStep(Captured):
         self.tok, self.pos = token.reshape(1, 1).clone(), torch.tensor([n], device=dev)
         self.before_compile()
         self.compile_s = 0.0
+        from labsupport.measure.kernels import layer_kernel
+
+        gave_up = layer_kernel.timeouts(dev) if opts.layer_kernel else 0
         t = time.perf_counter()
         if compile:
             self.dec.compile()
         self.compile_s = self.warm_and_capture(dev, graph, since=t)
-        if opts.layer_kernel and dev.type == "cuda":  # a wait that gave up in the warm-up: the numbers are wrong
-            from labsupport.measure.kernels import layer_kernel
-
-            if n := layer_kernel.timeouts(dev):
-                raise RuntimeError(f"the layer kernel's programs gave up waiting for each other {n} times")
+        if opts.layer_kernel and (n := layer_kernel.timeouts(dev) - gave_up):  # in the warm-up: its numbers are wrong
+            raise RuntimeError(f"the layer kernel's programs gave up waiting for each other {n} times")
 
     def decoder(self, model, max_len: int, opts: Options) -> Qwen3Decoder:
         """The decoder this step runs (a subclass may give another: tp_split's, one rank's shard)."""
