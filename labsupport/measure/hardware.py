@@ -129,6 +129,30 @@ def time_cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
     return times
 
 
+def graph_us_per_call(run, calls: int, repeats: int = 20, side_stream: bool = False) -> float:
+    """Microseconds per call of a kernel as it runs inside a decode step's CUDA graph: `run()` makes
+    `calls` calls; it is run once outside any capture (Triton compiles there; on a side stream with
+    `side_stream`, as a step's warm-up runs), captured in one graph, and the graph's replays timed
+    by CUDA events (time_cuda_ms): their median over `calls`."""
+    import torch
+
+    if side_stream:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run()
+        torch.cuda.current_stream().wait_stream(side)
+    else:
+        run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    ms = sorted(time_cuda_ms(graph.replay, repeats=repeats))
+    del graph
+    return ms[len(ms) // 2] * 1e3 / calls
+
+
 def measure_ceilings(
     copy_gib: float = 2.0, read_gib: float = 4.0, gemm_n: int = 8192, repeats: int = 20, dtype: str = "bfloat16"
 ) -> Ceilings:

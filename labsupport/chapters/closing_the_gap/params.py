@@ -81,7 +81,7 @@ OWN_OPTIONS = {
     "layer-kernel": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True, "layer_kernel": True},
     # on rung 9's options, not on split-K's or PDL's: a failure of either cannot take this rung down
     "fp8-weights": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "fp8": True},
-    # rung 13's options on FP8 weights (folded norms are BF16's only); rung 16 stands if PDL fails
+    # rung 13's options on FP8 weights (folded norms are BF16's only); rung 17 stands if PDL fails
     "fp8-pdl": {**PDL, "early_weights": True, "one_attention": True, "fp8": True},
 }
 # The rung each of our rungs is built on where it is not the one before it in RUNGS (its options are that

@@ -329,19 +329,12 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     rows = []
     for block in ONE_BLOCKS:
 
-        def calls(block=block):
+        def calls(block=block):  # (the first, outside the capture, compiles the kernel and makes the counters)
             for kc, vc in caches:
                 decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, at, heads, 1e-6, block_s=block)
 
-        calls()  # compiles the kernel (and makes the counters) outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            calls()
-        ms = sorted(hardware.time_cuda_ms(graph.replay, repeats=repeats))
-        del graph
-        parts = -(-slots // block)
-        rows.append({"block_s": block, "programs": kv_heads * parts, "us": ms[len(ms) // 2] * 1e3 / copies})
+        us = hardware.graph_us_per_call(calls, copies, repeats=repeats)
+        rows.append({"block_s": block, "programs": kv_heads * -(-slots // block), "us": us})
     best = min(rows, key=lambda r: r["us"])
     for r in rows:
         r["chosen"] = r is best

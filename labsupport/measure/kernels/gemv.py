@@ -484,20 +484,12 @@ def time_per_call_us(n: int, k: int, call, repeats: int = 20, fp8: bool = False,
     ws = [torch.randn(n, k, device="cuda", dtype=half).to(dtype) for _ in range(copies)]
     x = torch.randn(1, k, device="cuda", dtype=half)
     calls = max(32, copies)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(calls):  # compiles a Triton kernel on first use, outside the capture
-            call(x, ws[i % copies])
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def run():
         for i in range(calls):
             call(x, ws[i % copies])
-    ms = sorted(hardware.time_cuda_ms(graph.replay, repeats=repeats))
-    del graph, ws
-    return ms[len(ms) // 2] * 1e3 / calls
+
+    return hardware.graph_us_per_call(run, calls, repeats=repeats, side_stream=True)
 
 
 def fused_call(
