@@ -1025,3 +1025,15 @@ def test_each_rung_is_built_on_the_one_before_it_but_the_branches():
         assert extra and set(ch.OWN_OPTIONS[base].items()) - set(ch.OWN_OPTIONS[rung].items()) <= {("split_k", True)}
     assert prose._ancestors("layer-kernel")[:3] == ["folded-norms", "one-attention", "weights-first"]
     assert prose._ancestors("layer-kernel")[-1] == "eager"
+
+
+def test_the_layer_kernel_is_set_against_the_parts_of_the_step_it_replaces():
+    from labsupport.chapters.closing_the_gap import kernel_time
+
+    before = pd.Series({"qkv (fused)": 600.0, "attention": 300.0, "o_proj / down_proj": 1700.0,
+                        "gate_up (fused)": 2300.0, "lm_head": 400.0, "copy/convert/concat": 5.0})  # fmt: skip
+    mine = pd.Series({"layer": 5000.0, "lm_head": 410.0, "copy/convert/concat": 5.0})
+    cut = kernel_time.as_parts_of(mine, before)
+    assert cut.to_dict() == {"lm_head": 400.0, "copy/convert/concat": 5.0, "layer": 4900.0}
+    assert kernel_time.as_parts_of(before, mine) is mine  # a rung without the layer kernel: as it is
+    assert mine.sub(cut, fill_value=0.0).idxmax() == "layer"

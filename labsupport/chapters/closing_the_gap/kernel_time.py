@@ -108,13 +108,21 @@ def costlier_rungs(run: runs.Run, ladder_rows: pd.DataFrame) -> pd.DataFrame:
         if not (ms == ms and was == was) or ms <= max(was, spread if spread == spread else was):
             continue  # not slower than the rung before's trials
         a, b = exclusive_parts(run, rung), exclusive_parts(run, before)
-        if LAYER_PART in a and LAYER_PART not in b:
-            b[LAYER_PART] = b.reindex(list(LAYER_REPLACES)).sum()
-            b = b.drop(list(LAYER_REPLACES), errors="ignore")
+        b = as_parts_of(a, b)
         grew = a.sub(b, fill_value=0.0).idxmax()
         rows.append({"rung": rung, "before": before, "ms": ms, "before ms": was, "part": grew,
                      "part µs": a.get(grew, 0.0), "before part µs": b.get(grew, 0.0)})  # fmt: skip
     return pd.DataFrame(rows, columns=["rung", "before", "ms", "before ms", "part", "part µs", "before part µs"])
+
+
+def as_parts_of(parts: pd.Series, before: pd.Series) -> pd.Series:
+    """The rung before's exclusive µs by part (exclusive_parts), cut as `parts` is: where `parts` has
+    the layer kernel's part and `before` has not, the parts of `before` that one kernel replaces
+    (LAYER_REPLACES) summed into it."""
+    if LAYER_PART not in parts or LAYER_PART in before:
+        return before
+    replaced = before.reindex(list(LAYER_REPLACES)).sum()
+    return pd.concat([before.drop(list(LAYER_REPLACES), errors="ignore"), pd.Series({LAYER_PART: replaced})])
 
 
 # The matrices whose concatenation (matmuls.csv's "qkv (fused)", "gate_up (fused)") a fused rung reads in
