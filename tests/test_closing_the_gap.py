@@ -1037,3 +1037,6 @@ def test_the_layer_kernel_is_set_against_the_parts_of_the_step_it_replaces():
     assert cut.to_dict() == {"lm_head": 400.0, "copy/convert/concat": 5.0, "layer": 4900.0}
     assert kernel_time.as_parts_of(before, mine) is mine  # a rung without the layer kernel: as it is
     assert mine.sub(cut, fill_value=0.0).idxmax() == "layer"
+    whole = pd.Series({"step": 5300.0, "copy/convert/concat": 5.0})  # the step kernel: all but the embedding row
+    assert kernel_time.as_parts_of(whole, before).to_dict() == {"copy/convert/concat": 5.0, "step": 5300.0}
+    assert kernel_time.as_parts_of(whole, cut).to_dict() == {"copy/convert/concat": 5.0, "step": 5300.0}

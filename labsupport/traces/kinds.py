@@ -69,6 +69,7 @@ OUR_TRITON = {
     "embed_kernel": "copy/convert/concat",  # folded_norms.embed_row: the embedding row, with its sum of squares
     # layer_kernel: a whole decoder layer, its four GEMVs and attention; its time is mostly its matrices' bytes
     "layer_kernel": "matrix multiply",
+    "step_kernel": "matrix multiply",  # every layer's and the LM head's: the step's matrices
 }
 
 

@@ -39,6 +39,7 @@ _TRACES = {
     "folded-norms": "the raw trace of our step with the norms folded into the matrices and argmax in the LM head",
     "persistent": "the raw trace of our step with persistent GEMVs",
     "layer-kernel": "the raw trace of our step with one kernel a layer",
+    "step-kernel": "the raw trace of our step in one kernel after the embedding row",
     "fp8-weights": "the raw trace of our step reading FP8 weights",
     "fp8-pdl": "the raw trace of our FP8 step on rung 13's options (dependent launch, weights first, one attention)",
 }

@@ -4,6 +4,8 @@ duration counts, and summed by part of the step, so that two rungs can be set si
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from labsupport import runs
@@ -56,8 +58,11 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
         hit = matrix.get(blocks, []) if "gemv" in r.name else []
         if r.grid in sizes:  # a persistent GEMV, named by its place in the step
             hit = [(r.grid, sizes[r.grid])]
-        if r.name == LAYER_KERNEL and set(LAYER_MATRICES) <= set(sizes):  # all four matrices of its layer
-            hit = [(LAYER_PART, sum(sizes[m] for m in LAYER_MATRICES))]
+        if r.name in WHOLE and set(LAYER_MATRICES) <= set(sizes):  # a layer's matrices (the step's, and the LM head)
+            layer_bytes = sum(sizes[m] for m in LAYER_MATRICES)
+            layers = run.results["model"]["layers"]
+            step_bytes = layer_bytes * layers + sizes.get("lm_head", 0)
+            hit = [(WHOLE[r.name].weight, layer_bytes if r.name == "layer_kernel" else step_bytes)]
         # several weights of one grid (o_proj and down_proj have the same rows): each read equally often
         label = " / ".join(h[0] for h in hit)
         nbytes = sum(h[1] for h in hit) / len(hit) if hit else float("nan")
@@ -75,9 +80,24 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
 # The parts of a step its exclusive time is split into where two rungs are compared (exclusive_parts):
 # o_proj and down_proj apart or together (a plain GEMV launches both on one grid), the attention kernels.
 SAME_PART = {"o_proj": "o_proj / down_proj", "down_proj": "o_proj / down_proj"}
-# The layer kernel (qwen3_decode.Options.layer_kernel): a part of its own, set against the parts it replaces.
-LAYER_KERNEL, LAYER_PART = "layer_kernel", "layer"
-LAYER_REPLACES = ("qkv (fused)", "o_proj / down_proj", "gate_up (fused)", "attention")
+
+
+@dataclass(frozen=True)
+class Whole:
+    """A kernel that does several parts of the step at once (qwen3_decode.Options.layer_kernel,
+    step_kernel): the part it is, the weights it reads, and the parts of a step of separate kernels
+    it replaces (None: all but the embedding row's copy)."""
+
+    part: str
+    weight: str
+    replaces: tuple[str, ...] | None
+
+
+WHOLE = {
+    "layer_kernel": Whole("layer", "every matrix of a layer", ("qkv (fused)", "o_proj / down_proj", "gate_up (fused)",
+                                                               "attention")),
+    "step_kernel": Whole("step", "every matrix of the step", None),
+}  # fmt: skip
 
 
 def exclusive_parts(run: runs.Run, rung: str) -> pd.Series:
@@ -86,7 +106,8 @@ def exclusive_parts(run: runs.Run, rung: str) -> pd.Series:
     from labsupport.traces import kinds
 
     g = kernel_groups(run, rung)
-    named = g.weight.fillna("").astype(str).map(lambda w: SAME_PART.get(w, w))
+    as_part = SAME_PART | {w.weight: w.part for w in WHOLE.values()}
+    named = g.weight.fillna("").astype(str).map(lambda w: as_part.get(w, w))
     part = named.where(named != "", g.kernel.map(kinds.classify))
     return g.groupby(part.values)["exclusive µs"].sum()
 
@@ -117,12 +138,14 @@ def costlier_rungs(run: runs.Run, ladder_rows: pd.DataFrame) -> pd.DataFrame:
 
 def as_parts_of(parts: pd.Series, before: pd.Series) -> pd.Series:
     """The rung before's exclusive µs by part (exclusive_parts), cut as `parts` is: where `parts` has
-    the layer kernel's part and `before` has not, the parts of `before` that one kernel replaces
-    (LAYER_REPLACES) summed into it."""
-    if LAYER_PART not in parts or LAYER_PART in before:
-        return before
-    replaced = before.reindex(list(LAYER_REPLACES)).sum()
-    return pd.concat([before.drop(list(LAYER_REPLACES), errors="ignore"), pd.Series({LAYER_PART: replaced})])
+    the part of a kernel that does several (WHOLE) and `before` has not, the parts of `before` it
+    replaces summed into it."""
+    for whole in WHOLE.values():
+        if whole.part in parts and whole.part not in before:
+            gone = [p for p in before.index if p != "copy/convert/concat"] if whole.replaces is None else whole.replaces
+            replaced = before.reindex(list(gone)).sum()
+            before = pd.concat([before.drop(list(gone), errors="ignore"), pd.Series({whole.part: replaced})])
+    return before
 
 
 # The matrices whose concatenation (matmuls.csv's "qkv (fused)", "gate_up (fused)") a fused rung reads in

@@ -276,12 +276,12 @@ def tune_attention(model, prompt_len: int) -> list[dict]:
 
 def tune_layer_kernel(model, prompt_len: int) -> list[dict]:
     """The layer kernel (the one-kernel-a-layer rung) timed with each of its candidate configs on one
-    layer of our step's shapes (layer_kernel.tune); the fastest is what the rung runs. One row each."""
-    from labsupport.measure.kernels import layer_kernel
+    layer of our step's shapes (megakernel.tune); the fastest is what the rung runs. One row each."""
+    from labsupport.measure.kernels import megakernel
     from labsupport.measure.models.qwen3_decode import EXTRA_SLOTS
 
     c = model.config
-    rows = layer_kernel.tune(
+    rows = megakernel.tune(
         c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
         prompt_len + EXTRA_SLOTS, prompt_len, model.dtype,
     )  # fmt: skip

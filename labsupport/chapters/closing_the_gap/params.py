@@ -29,6 +29,7 @@ RUNGS = {
     "persistent": "+ persistent GEMVs: one or two programs per SM walk each matrix's rows",
     "layer-kernel": "+ one kernel a layer: on rung 14, its four GEMVs and attention in one persistent kernel, "
     "stages joined by counters",
+    "step-kernel": "+ one kernel a step: every layer and the LM head in one persistent kernel, after the embedding row",
     "fp8-weights": "FP8 (E4M3) weights with row scales, on rung 9: a floor of its own",
     "fp8-pdl": "FP8 (E4M3) weights on rung 13: dependent launch, weights first, one attention kernel",
 }
@@ -50,8 +51,9 @@ RUNG_SHORT = {
     "folded-norms": "14 folded norms",
     "persistent": "15 persistent GEMVs",
     "layer-kernel": "16 one kernel a layer",
-    "fp8-weights": "17 FP8 weights (own floor)",
-    "fp8-pdl": "18 FP8 + dependent launch",
+    "step-kernel": "17 one kernel a step",
+    "fp8-weights": "18 FP8 weights (own floor)",
+    "fp8-pdl": "19 FP8 + dependent launch",
 }
 # The rungs that are transformers' step: shared quantities (labsupport.chapters.shared), timed by
 # the chapter that owns each, by the prefix of their names there. This chapter shows their
@@ -63,6 +65,7 @@ SHARED_RUNGS = {"eager": "eager", "cuda-graph": "graph", "compile": "compiled", 
 SHARED_CONFIG = {"preset": "qwen3-8b", "prompt_len": 256}
 # The rungs that are our own decode step, and the options of each (qwen3_decode.Options).
 PDL = {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "split_k": True, "pdl": True}
+LAYER_KERNEL = {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True, "layer_kernel": True}
 OWN_OPTIONS = {
     "own-compiled": {},
     "fused-projections": {"fused": True},
@@ -72,16 +75,17 @@ OWN_OPTIONS = {
     "split-k": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "split_k": True},
     "pdl": PDL,
     # each on the one before: PDL with the weights loaded first, then one attention kernel, then the folded norms,
-    # then the persistent GEMVs, then (on the folded norms) one kernel a layer
+    # then the persistent GEMVs, then (on the folded norms) one kernel a layer, then one kernel a step
     "weights-first": {**PDL, "early_weights": True},
     "one-attention": {**PDL, "early_weights": True, "one_attention": True},
     "folded-norms": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True},
     "persistent": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True, "persistent": True},
     # on the folded-norms rung's options, not the persistent rung's: its GEMV stages are persistent already
-    "layer-kernel": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True, "layer_kernel": True},
+    "layer-kernel": LAYER_KERNEL,
+    "step-kernel": {**LAYER_KERNEL, "step_kernel": True},
     # on rung 9's options, not on split-K's or PDL's: a failure of either cannot take this rung down
     "fp8-weights": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "fp8": True},
-    # rung 13's options on FP8 weights (folded norms are BF16's only); rung 17 stands if PDL fails
+    # rung 13's options on FP8 weights (folded norms are BF16's only); rung 18 stands if PDL fails
     "fp8-pdl": {**PDL, "early_weights": True, "one_attention": True, "fp8": True},
 }
 # The rung each of our rungs is built on where it is not the one before it in RUNGS (its options are that

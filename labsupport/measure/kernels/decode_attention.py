@@ -105,7 +105,7 @@ def _kernel():
 @cache
 def one_kernel():
     """decode_attention_one's kernel, with the two pieces it is made of, which the layer kernel
-    (labsupport.measure.kernels.layer_kernel) runs too: `stretch_kv`, a stretch's cached k and v,
+    (labsupport.measure.kernels.megakernel) runs too: `stretch_kv`, a stretch's cached k and v,
     and `attend_stretch`, the rest of one (K/V head, stretch), the combine by the last included."""
     import triton
     import triton.language as tl

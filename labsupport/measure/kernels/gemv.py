@@ -280,7 +280,7 @@ def _kernel():
 
 def jit_kernels():
     """The GEMV's Triton kernels and the pieces of the persistent one (first_chunk, walk_blocks), which
-    the layer kernel (labsupport.measure.kernels.layer_kernel) runs too; built on first use."""
+    the layer kernel (labsupport.measure.kernels.megakernel) runs too; built on first use."""
     return _kernel()
 
 

@@ -18,7 +18,9 @@ forward pass in one screen, using the weights of a transformers model, so that e
     Options.persistent  with pdl and fold_norms: every GEMV of the step in persistent form, one or two
                        programs per SM walking the matrix's rows (labsupport.measure.kernels.persistent_gemv)
     Options.layer_kernel  with fold_norms and one_attention: each decoder layer in ONE persistent kernel,
-                       its four GEMVs and attention stages joined by counters (labsupport.measure.kernels.layer_kernel)
+                       its four GEMVs and attention stages joined by counters (labsupport.measure.kernels.megakernel)
+    Options.step_kernel  with layer_kernel: the whole step after the embedding row in ONE kernel, every layer's
+                       stages and the LM head's (megakernel.step)
     Options.fp8        with fuse_gemv: every matrix in FP8 E4M3 with row scales (gemv_fp8)
 
 VerifyStep runs the same decoder on T tokens at once (a verify pass of speculative decoding):
@@ -58,6 +60,7 @@ class Options:
     fold_norms: bool = False
     persistent: bool = False
     layer_kernel: bool = False
+    step_kernel: bool = False
 
     def __post_init__(self):
         if self.matmul not in ("torch", "triton"):
@@ -84,6 +87,8 @@ class Options:
             raise ValueError(
                 "layer_kernel needs fold_norms, one_attention and early_weights (its stages are those kernels')"
             )
+        if self.step_kernel and not self.layer_kernel:
+            raise ValueError("step_kernel needs layer_kernel (its layers are the layer kernel's)")
 
 
 @cache
@@ -92,7 +97,7 @@ def ops():
     (gemv, decode_attention, gemv_folded, layer), by name too (Kernels)."""
     import torch
 
-    from labsupport.measure.kernels import decode_attention, gemv, layer_kernel
+    from labsupport.measure.kernels import decode_attention, gemv, megakernel
 
     # The schemas are written out: this module's annotations are strings (PEP 563).
     @torch.library.custom_op(
@@ -156,7 +161,7 @@ def ops():
         "bool pdl) -> Tensor",
     )
     def layer_op(x, wqkv, wo, wgu, wd, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, sums, heads, eps, pdl):
-        return layer_kernel.layer(
+        return megakernel.layer(
             x, wqkv, wo, wgu, wd, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, sums, heads, eps, pdl=pdl
         )
 
@@ -395,6 +400,15 @@ class Qwen3Decoder:
         self.k_cache = [torch.zeros(kv, device=dev, dtype=dt) for _ in m.layers]
         self.v_cache = [torch.zeros(kv, device=dev, dtype=dt) for _ in m.layers]
         self.cos, self.sin = rotary(cfg, max_len, dev, dt)
+        self.inter = cfg.intermediate_size
+        if opts.step_kernel:  # every layer's tensors by address, for the step kernel (megakernel.table)
+            from labsupport.measure.kernels import megakernel
+
+            names = ("q_norm", "k_norm", "qkv", "o_proj", "gate_up", "down")  # a folded layer's, from its third
+            self.table = megakernel.table([
+                {**dict(zip(names, w[2:], strict=True)), "k_cache": kc, "v_cache": vc}
+                for w, kc, vc in zip(self.weights, self.k_cache, self.v_cache, strict=True)
+            ])  # fmt: skip
         if opts.fold_norms:
             self.sums = folded_norms.sums(len(m.layers), dev)
             self.argmax = folded_norms.argmax_word(dev)
@@ -436,6 +450,15 @@ class Qwen3Decoder:
         if folded:  # the embedding row and its Σx², for the first QKV GEMV
             last = (self.argmax, self.sums[-1, :1])  # the LM head's, the step before's: reset here
             x = folded_norms.embed_row(tokens, self.embed, self.sums[0], o.pdl, reset=last)
+            if o.step_kernel:  # every layer and the LM head, one kernel
+                from labsupport.measure.kernels import megakernel
+
+                s = self.shape
+                logits = megakernel.step(
+                    x, self.table, self.lm_head, self.argmax, self.cos, self.sin, pos, self.sums, inter=self.inter,
+                    heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, slots=self.max_len, eps=eps, pdl=o.pdl,
+                )  # fmt: skip
+                return logits.view(1, -1)
         else:
             x = F.embedding(tokens, self.embed)
         for i, (w, kc, vc) in enumerate(zip(self.weights, self.k_cache, self.v_cache, strict=True)):
@@ -525,14 +548,14 @@ class OwnStep(Captured):
         self.tok, self.pos = token.reshape(1, 1).clone(), torch.tensor([n], device=dev)
         self.before_compile()
         self.compile_s = 0.0
-        from labsupport.measure.kernels import layer_kernel
+        from labsupport.measure.kernels import megakernel
 
-        gave_up = layer_kernel.timeouts(dev) if opts.layer_kernel else 0
+        gave_up = megakernel.timeouts(dev) if opts.layer_kernel else 0
         t = time.perf_counter()
         if compile:
             self.dec.compile()
         self.compile_s = self.warm_and_capture(dev, graph, since=t)
-        if opts.layer_kernel and (n := layer_kernel.timeouts(dev) - gave_up):  # in the warm-up: its numbers are wrong
+        if opts.layer_kernel and (n := megakernel.timeouts(dev) - gave_up):  # in the warm-up: its numbers are wrong
             raise RuntimeError(f"the layer kernel's programs gave up waiting for each other {n} times")
 
     def decoder(self, model, max_len: int, opts: Options) -> Qwen3Decoder:

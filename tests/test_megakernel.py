@@ -1,4 +1,4 @@
-"""The layer kernel (qwen3_decode.Options.layer_kernel, labsupport.measure.kernels.layer_kernel)
+"""The layer kernel (qwen3_decode.Options.layer_kernel, labsupport.measure.kernels.megakernel)
 computes a decoder layer as PyTorch does, leaves the Σx² scalars as the folded-norms step leaves
 them and its counters at zero, and a step of them gives transformers' logits and token. On a
 CPU, in float32, in Triton's interpreter, which runs its programs one after another: the layer
@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 from labsupport.measure.models import qwen3_decode  # noqa: E402
 
 pytest.importorskip("triton")
-from labsupport.measure.kernels import folded_norms, gemv, layer_kernel  # noqa: E402
+from labsupport.measure.kernels import folded_norms, gemv, megakernel  # noqa: E402
 
 pytestmark = pytest.mark.unit
 CLOSE = dict(rtol=1e-4, atol=1e-4)
@@ -71,7 +71,7 @@ def test_the_layer_kernel_gives_the_layer_and_leaves_the_scalars_as_the_folded_s
     sums[0, 0] = (x**2).sum()  # the layer's input Σx², as the kernel before leaves it
     wqkv = folded_norms.fold(w["qkv"], w["in_norm"])
     wgu = folded_norms.fold(gemv.interleave(w["gate"], w["up"]), w["post_norm"])
-    out = layer_kernel.layer(
+    out = megakernel.layer(
         x, wqkv, w["o"], wgu, w["down"], w["q_norm"], w["k_norm"], cos, sin, kc, vc, torch.tensor([POS]), sums,
         HEADS, EPS, config=config, pdl=pdl, block_s=block_s,
     )  # fmt: skip
@@ -82,7 +82,7 @@ def test_the_layer_kernel_gives_the_layer_and_leaves_the_scalars_as_the_folded_s
     assert float(sums[0, 0]) == 0.0 and float(sums[1, 0]) == 0.0
     assert float(sums[2, 0]) == pytest.approx(float((out**2).sum()), rel=1e-5)
     assert not sums[:, 1:].any()
-    sync = layer_kernel.counters(KV_HEADS, "cpu")
+    sync = megakernel.counters(KV_HEADS, "cpu")
     assert not sync.any(), "every counter back at zero for the next launch, and no wait gave up"
 
 
@@ -95,7 +95,7 @@ def test_a_second_launch_finds_its_counters_and_scalars_ready(waits_as_no_ops):
     for _ in range(2):  # as a step's replay does: the same layer, the input's Σx² put back, its output's zeroed
         sums[0, 0], sums[2, 0] = (x**2).sum(), 0.0
         kc, vc = (c.clone() for c in caches)
-        out = layer_kernel.layer(
+        out = megakernel.layer(
             x, wqkv, w["o"], wgu, w["down"], w["q_norm"], w["k_norm"], cos, sin, kc, vc, torch.tensor([POS]), sums,
             HEADS, EPS, config=CASES["two-rows"][0], pdl=True, block_s=8,
         )  # fmt: skip
@@ -103,27 +103,27 @@ def test_a_second_launch_finds_its_counters_and_scalars_ready(waits_as_no_ops):
 
 
 def test_the_grid_is_one_program_in_the_interpreter_and_programs_per_sm_on_a_gpu(monkeypatch):
-    assert layer_kernel.programs(gemv.Config(4, 2048, 8, 3, ctas_per_sm=2), "cpu") == 1
-    monkeypatch.setattr(layer_kernel.persistent_gemv, "sm_count", lambda device: 132)
-    assert layer_kernel.programs(gemv.Config(4, 2048, 8, 3, ctas_per_sm=2), "cuda") == 264
+    assert megakernel.programs(gemv.Config(4, 2048, 8, 3, ctas_per_sm=2), "cpu") == 1
+    monkeypatch.setattr(megakernel.persistent_gemv, "sm_count", lambda device: 132)
+    assert megakernel.programs(gemv.Config(4, 2048, 8, 3, ctas_per_sm=2), "cuda") == 264
 
 
 def test_programs_fit_on_an_sm_by_registers_threads_and_shared_memory():
     hopper = dict(regs_per_sm=65536, threads_per_sm=2048, shared_per_sm=233472)
     # 8 warps of 128 registers a thread take 32,768 registers: two fit
-    assert layer_kernel.resident(128, 0, 8, **hopper) == 2
+    assert megakernel.resident(128, 0, 8, **hopper) == 2
     # 129 registers round up to 136 a thread (a warp's in 256s): 8 x 32 x 136 = 34,816, one fits
-    assert layer_kernel.resident(129, 0, 8, **hopper) == 1
-    assert layer_kernel.resident(32, 0, 4, **hopper) == 16  # by threads: 2,048 / 128
-    assert layer_kernel.resident(32, 100_000, 4, **hopper) == 2  # by shared memory
+    assert megakernel.resident(129, 0, 8, **hopper) == 1
+    assert megakernel.resident(32, 0, 4, **hopper) == 16  # by threads: 2,048 / 128
+    assert megakernel.resident(32, 100_000, 4, **hopper) == 2  # by shared memory
 
 
 def test_the_attention_stretch_is_the_shortest_whose_items_every_program_takes_at_once():
     # Qwen3-8B at 272 slots, 8 K/V heads: 16 positions give 136 items, 32 give 72
-    assert layer_kernel.attention_block(272, 8, 132) == 32
-    assert layer_kernel.attention_block(272, 8, 264) == 16
-    assert layer_kernel.attention_block(272, 8, 300) == 8
-    assert layer_kernel.attention_block(4096, 8, 132) == 32  # none fits: the longest
+    assert megakernel.attention_block(272, 8, 132) == 32
+    assert megakernel.attention_block(272, 8, 264) == 16
+    assert megakernel.attention_block(272, 8, 300) == 8
+    assert megakernel.attention_block(4096, 8, 132) == 32  # none fits: the longest
 
 
 def test_the_layer_kernel_refuses_a_config_without_programs_per_sm_or_with_split_k():
@@ -132,7 +132,7 @@ def test_the_layer_kernel_refuses_a_config_without_programs_per_sm_or_with_split
             torch.zeros(3, 4), HEADS, EPS)  # fmt: skip
     for bad in (gemv.Config(2, 16, 4, 2), gemv.Config(3, 16, 4, 2, ctas_per_sm=1)):
         with pytest.raises(ValueError, match="the layer kernel needs programs per SM"):
-            layer_kernel.layer(*args, config=bad)
+            megakernel.layer(*args, config=bad)
 
 
 def test_the_layer_kernel_option_needs_the_folded_step_with_one_attention_kernel():
@@ -152,7 +152,7 @@ def test_our_decoder_with_one_kernel_a_layer_gives_transformers_logits_and_token
 
     model, prompt, ref = tiny_with_norms
     launched = {"layer": 0, "gemv": []}
-    layer, launch = layer_kernel.layer, gemv.launch
+    layer, launch = megakernel.layer, gemv.launch
 
     def counted_layer(*a, **k):
         launched["layer"] += 1
@@ -162,7 +162,7 @@ def test_our_decoder_with_one_kernel_a_layer_gives_transformers_logits_and_token
         launched["gemv"].append(k.get("argmax") is not None)
         return launch(*a, **k)
 
-    monkeypatch.setattr(layer_kernel, "layer", counted_layer)
+    monkeypatch.setattr(megakernel, "layer", counted_layer)
     monkeypatch.setattr(gemv, "launch", counted_launch)
     opts = qwen3_decode.Options(**ch.OWN_OPTIONS["layer-kernel"])
     step = qwen3_decode.OwnStep(model, prompt.ids, ref.token, opts, compile=False, graph=False)
@@ -179,13 +179,13 @@ def test_our_decoder_with_one_kernel_a_layer_gives_transformers_logits_and_token
 
 
 def test_registers_are_capped_so_that_the_programs_of_an_sm_fit_together():
-    assert layer_kernel.max_registers(gemv.Config(4, 2048, 8, 3, ctas_per_sm=2)) == 128  # 65,536 / (2 x 256)
-    assert layer_kernel.max_registers(gemv.Config(8, 2048, 16, 3, ctas_per_sm=1)) == 128
-    assert layer_kernel.max_registers(gemv.Config(2, 512, 4, 2, ctas_per_sm=1)) == 248  # ptxas's 255, down to 8s
-    assert layer_kernel.max_registers(gemv.Config(2, 512, 4, 2, ctas_per_sm=3)) == 168  # 170, down to 8s
-    for c in layer_kernel.CANDIDATES:  # every candidate fits its programs by the same sum resident() does
-        regs = layer_kernel.max_registers(c)
-        assert layer_kernel.resident(regs, 0, c.num_warps, 65536, 2048, 233472) >= c.ctas_per_sm
+    assert megakernel.max_registers(gemv.Config(4, 2048, 8, 3, ctas_per_sm=2)) == 128  # 65,536 / (2 x 256)
+    assert megakernel.max_registers(gemv.Config(8, 2048, 16, 3, ctas_per_sm=1)) == 128
+    assert megakernel.max_registers(gemv.Config(2, 512, 4, 2, ctas_per_sm=1)) == 248  # ptxas's 255, down to 8s
+    assert megakernel.max_registers(gemv.Config(2, 512, 4, 2, ctas_per_sm=3)) == 168  # 170, down to 8s
+    for c in megakernel.CANDIDATES:  # every candidate fits its programs by the same sum resident() does
+        regs = megakernel.max_registers(c)
+        assert megakernel.resident(regs, 0, c.num_warps, 65536, 2048, 233472) >= c.ctas_per_sm
 
 
 def test_the_page_gives_the_layer_kernels_time_with_each_config_the_run_tried():
@@ -201,3 +201,81 @@ def test_the_page_gives_the_layer_kernels_time_with_each_config_the_run_tried():
     assert "2 programs of 8 warps per SM, 4 rows of 2,048 at a time: 101.2 µs, kept" in text
     assert "1 program of 16 warps per SM, 8 rows of 2,048 at a time: failed: RuntimeError" in text
     assert prose.layer_tuning_text(SimpleNamespace(results={})) == ""  # a run recorded before the rung
+
+
+def test_the_step_kernel_gives_what_the_layer_kernels_and_the_lm_head_give_one_after_another(waits_as_no_ops):
+    """Two layers and an LM head: the step kernel (each layer's tensors by address) against the layer
+    kernel on each layer and the folded LM head's GEMV with its argmax."""
+    vocab = 50
+    x, _, _ = _layer(3)
+    layers = [_layer(4 + i)[1:] for i in range(2)]
+    cfg = type("Cfg", (), {"rope_theta": 10000.0, "head_dim": HEAD_DIM})()
+    cos, sin = qwen3_decode.rotary(cfg, SLOTS, "cpu", torch.float32)
+    lm = torch.randn(vocab, HIDDEN, generator=torch.Generator().manual_seed(9)) / 4
+    pos = torch.tensor([POS])
+
+    def state():
+        sums = torch.zeros(5, folded_norms.ROW)
+        sums[0, 0] = (x**2).sum()
+        folded = [{"qkv": folded_norms.fold(w["qkv"], w["in_norm"]), "o_proj": w["o"],
+                   "gate_up": folded_norms.fold(gemv.interleave(w["gate"], w["up"]), w["post_norm"]),
+                   "down": w["down"], "q_norm": w["q_norm"], "k_norm": w["k_norm"], "k_cache": caches[0].clone(),
+                   "v_cache": caches[1].clone()} for w, caches in layers]  # fmt: skip
+        return sums, folded, folded_norms.argmax_word("cpu")
+
+    sums, folded, word = state()
+    h = x
+    for i, t in enumerate(folded):
+        mats = [t[n] for n in ("qkv", "o_proj", "gate_up", "down", "q_norm", "k_norm")]
+        h = megakernel.layer(h, *mats, cos, sin, t["k_cache"], t["v_cache"], pos, sums[2 * i : 2 * i + 3], HEADS, EPS,
+                             block_s=8)  # fmt: skip
+    want = gemv.gemv(h, lm, eps=EPS, sumsq_in=sums[-1, :1], argmax=word)
+    mine_sums, mine, mine_word = state()
+    logits = megakernel.step(
+        x, megakernel.table(mine), lm, mine_word, cos, sin, pos, mine_sums, inter=INTER, heads=HEADS,
+        kv_heads=KV_HEADS, head_dim=HEAD_DIM, slots=SLOTS, eps=EPS, pdl=True, block_s=8,
+    )  # fmt: skip
+    torch.testing.assert_close(logits, want.reshape(-1), **CLOSE)
+    assert int(folded_norms.token_of(mine_word)) == int(folded_norms.token_of(word)) == int(want.argmax())
+    for a, b in zip(mine, folded, strict=True):  # every layer's new k and v written through the table
+        torch.testing.assert_close(a["k_cache"], b["k_cache"], **CLOSE)
+        torch.testing.assert_close(a["v_cache"], b["v_cache"], **CLOSE)
+    torch.testing.assert_close(mine_sums, sums, **CLOSE)  # the scalars left as the layer kernels leave them
+    assert not megakernel.counters(KV_HEADS, "cpu").any(), "every counter back at zero, no wait gave up"
+
+
+def test_the_step_kernels_table_holds_each_layers_tensors_by_address_in_its_columns_order():
+    ts = [{name: torch.zeros(2) for name in megakernel.TABLE_COLUMNS} for _ in range(3)]
+    t = megakernel.table(ts)
+    assert t.dtype == torch.int64 and t.shape == (3, len(megakernel.TABLE_COLUMNS))
+    assert t[2, megakernel.TABLE_COLUMNS.index("k_cache")] == ts[2]["k_cache"].data_ptr()
+
+
+@pytest.mark.live
+def test_our_decoder_in_one_kernel_a_step_gives_transformers_logits_and_token(
+    tiny_with_norms, waits_as_no_ops, monkeypatch
+):
+    from labsupport.chapters import closing_the_gap as ch
+
+    model, prompt, ref = tiny_with_norms
+    launched = {"layer": 0, "gemv": 0}
+
+    def no_layer_kernel(*a, **k):
+        launched["layer"] += 1
+
+    def no_gemv(*a, **k):
+        launched["gemv"] += 1
+
+    monkeypatch.setattr(megakernel, "layer", no_layer_kernel)
+    monkeypatch.setattr(gemv, "launch", no_gemv)
+    opts = qwen3_decode.Options(**ch.OWN_OPTIONS["step-kernel"])
+    step = qwen3_decode.OwnStep(model, prompt.ids, ref.token, opts, compile=False, graph=False)
+    for _ in range(2):
+        logits, token = step()
+        torch.testing.assert_close(logits, ref.logits, **CLOSE)
+        assert int(token) == int(ref.next_token)
+        sums = step.dec.sums
+        assert sums[:-1].eq(0).all() and sums[:, 1:].eq(0).all()  # as the folded step leaves them
+    assert launched == {"layer": 0, "gemv": 0}, "neither a layer kernel nor a GEMV: one kernel after the embedding row"
+    with pytest.raises(ValueError, match="step_kernel needs layer_kernel"):
+        qwen3_decode.Options(**ch.OWN_OPTIONS["folded-norms"], step_kernel=True)

@@ -1,5 +1,6 @@
 """A whole decoder layer of the folded-norms step in ONE kernel: the four GEMVs and attention that
-the rungs before launch as five kernels (qwen3_decode.Options.layer_kernel).
+the rungs before launch as five kernels (`layer`, qwen3_decode.Options.layer_kernel); and the whole
+step after the embedding row in one kernel, every layer and the LM head (`step`, Options.step_kernel).
 
 The layer runs in five stages, each needing all of the one before: QKV, attention, o_proj +
 residual, gate/up + SiLU, down + residual. A kernel boundary is what makes a stage wait for the
@@ -29,6 +30,13 @@ timeout (`timeouts`), so that a grid that does not fit ends with wrong numbers a
 never a hang. The stage counters are set back to zero by the last program to finish, for
 the next launch; the attention's by the last item of each K/V head.
 
+The step kernel runs the same layer body for each layer in turn, its weights, caches and q/k norms
+found by address in a table (`table`), the counters counting on from layer to layer (a stage of
+layer l waits for l + 1 times the programs), then the LM head's GEMV with its argmax. Each layer
+has its own rows of the scratch buffers: a buffer reused by the next layer would be read again in
+the same launch after another SM rewrote it, and an SM's L1 cache, which is not kept coherent with
+the other SMs' writes, could still hold the old line.
+
 Triton's interpreter (TRITON_INTERPRET=1, on a CPU) runs one program after another, so there a
 wait for the other programs would never end: it runs the layer as one program (`programs`).
 """
@@ -36,12 +44,14 @@ wait for the other programs would never end: it runs the layer as one program (`
 from __future__ import annotations
 
 from functools import cache
+from types import SimpleNamespace
 
 from labsupport.measure.kernels import decode_attention, folded_norms, gemv, persistent_gemv
 
-# The counters (int32) after which the attention's per-K/V-head counters start: stages 0-3 (QKV,
-# attention, o_proj, gate/up) done, programs done with the layer, waits that gave up.
-DONE, TIMEOUTS, SYNC = 4, 5, 8
+# The counters (int32): 0-4 the stages QKV, attention, o_proj, gate/up and down done (counted on
+# through the layers of a launch), then the programs done with the launch, the waits that gave up,
+# and from SYNC on the attention's, one per K/V head.
+DONE, TIMEOUTS, SYNC = 5, 6, 8
 # Polls of a counter before a wait gives up: each is a round trip to L2 (about a microsecond),
 # so some milliseconds, a hundred times a stage's length.
 MAX_SPINS = 1 << 14
@@ -134,25 +144,90 @@ def _kernel():
 
     @triton.jit
     def gemv_stage(
-        x_ptr, w_ptr, y_ptr, res_ptr, sumsq_in_ptr, sumsq_out_ptr, clear_ptr, N, K, eps, sync_ptr, after, pid, P,
+        w_next, x_ptr, w_ptr, y_ptr, res_ptr, sumsq_in_ptr, sumsq_out_ptr, clear_ptr, word_ptr, N, K, eps, sync_ptr,
+        after, target, pid, P,
         SILU: tl.constexpr, RESIDUAL: tl.constexpr, SUMSQ_IN: tl.constexpr, SUMSQ_OUT: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, MAX: tl.constexpr,
-        TIMEOUTS_AT: tl.constexpr,
+        ARGMAX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+        MAX: tl.constexpr, TIMEOUTS_AT: tl.constexpr,
     ):  # fmt: skip
-        # y = W x (scaled by the norm of x from its Σx², SiLU x up, + residual, Σy² out) over this program's
-        # row blocks, once stage `after` is done everywhere; the first chunk of W loaded before that
-        w_next = first_chunk(w_ptr, pid, N, K, BLOCK_N, BLOCK_K)  # noqa: F821 (a global)
-        wait_for(sync_ptr, after, P, MAX, TIMEOUTS_AT)
+        # y = W x (scaled by the norm of x from its Σx², SiLU x up, + residual, Σy² out, argmax) over this
+        # program's row blocks, once counter `after` reaches `target`; `w_next`, the first chunk of W, was
+        # loaded before that wait
+        wait_for(sync_ptr, after, target, MAX, TIMEOUTS_AT)
         sumsq = 0.0
         if SUMSQ_IN:
             sumsq = tl.load(sumsq_in_ptr)
         walk_blocks(  # noqa: F821 (a global)
             w_next, pid, P, sumsq, x_ptr, w_ptr, y_ptr, w_ptr, res_ptr, y_ptr, y_ptr, sumsq_out_ptr, clear_ptr,
-            y_ptr, N, K, eps, False, SILU, RESIDUAL, BLOCK_N, BLOCK_K, STAGES, False, True, SUMSQ_IN, SUMSQ_OUT,
-            False,
+            word_ptr, N, K, eps, False, SILU, RESIDUAL, BLOCK_N, BLOCK_K, STAGES, False, True, SUMSQ_IN, SUMSQ_OUT,
+            ARGMAX,
         )  # fmt: skip
 
     globals()["gemv_stage"] = gemv_stage
+
+    @triton.jit
+    def layer_body(
+        w_next, x_ptr, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos,
+        sums_ptr, sync_ptr, qkv_ptr, part_ptr, attn_ptr, h2_ptr, act_ptr, out_ptr, eps, scale, HIDDEN, INTER, pid,
+        P, base,
+        H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
+        CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+        MAX: tl.constexpr, ROW: tl.constexpr, TIMEOUTS_AT: tl.constexpr, SYNC_AT: tl.constexpr,
+    ):  # fmt: skip
+        # One layer's five stages; each counter has reached `base` (P times the layers before, in this
+        # launch) and reaches base + P when every program is done with its stage here. `w_next`: the first
+        # chunk of W of this program's first block of QKV, loaded already.
+        row0, row1, row2 = sums_ptr, sums_ptr + ROW, sums_ptr + 2 * ROW
+        # Stage 0, QKV (reads row 0), once the layer before is done everywhere (its output x, row 0).
+        gemv_stage(
+            w_next, x_ptr, wqkv_ptr, qkv_ptr, x_ptr, row0, row0, row0, row0, (H + 2 * KVH) * D, HIDDEN, eps, sync_ptr,
+            4, base, pid, P, False, False, True, False, False, BLOCK_N, BLOCK_K, STAGES, MAX, TIMEOUTS_AT,
+        )  # fmt: skip
+        arrive(sync_ptr, 0)
+        # Stage 1, attention: one item per (K/V head, stretch); the first item's cached k and v before the wait.
+        parts = tl.cdiv(SLOTS, BLOCK_S)
+        items = KVH * parts
+        first = tl.minimum(pid, items - 1)
+        kt, vt = stretch_kv(kc_ptr, vc_ptr, pos, first // parts, first % parts, D, SLOTS, BLOCK_S)  # noqa: F821
+        wait_for(sync_ptr, 0, base + P, MAX, TIMEOUTS_AT)
+        for item in range(pid, items, P):
+            if item != pid:
+                kt, vt = stretch_kv(kc_ptr, vc_ptr, pos, item // parts, item % parts, D, SLOTS, BLOCK_S)  # noqa: F821
+            attend_stretch(  # noqa: F821 (a global)
+                kt, vt, qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos, item // parts, item % parts,
+                parts, part_ptr, sync_ptr + SYNC_AT, attn_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK,
+            )  # fmt: skip
+        arrive(sync_ptr, 1)
+        # Stage 2, o_proj + residual (adds into row 1, zeroes row 0, read by stage 0).
+        w_next = first_chunk(wo_ptr, pid, HIDDEN, H * D, BLOCK_N, BLOCK_K)  # noqa: F821 (a global)
+        gemv_stage(
+            w_next, attn_ptr, wo_ptr, h2_ptr, x_ptr, row0, row1, row0, row0, HIDDEN, H * D, eps, sync_ptr, 1, base + P,
+            pid, P, False, True, False, True, False, BLOCK_N, BLOCK_K, STAGES, MAX, TIMEOUTS_AT,
+        )  # fmt: skip
+        arrive(sync_ptr, 2)
+        # Stage 3, gate/up + SiLU (reads row 1).
+        w_next = first_chunk(wgu_ptr, pid, 2 * INTER, HIDDEN, BLOCK_N, BLOCK_K)  # noqa: F821 (a global)
+        gemv_stage(
+            w_next, h2_ptr, wgu_ptr, act_ptr, h2_ptr, row1, row1, row1, row1, 2 * INTER, HIDDEN, eps, sync_ptr, 2,
+            base + P, pid, P, True, False, True, False, False, BLOCK_N, BLOCK_K, STAGES, MAX, TIMEOUTS_AT,
+        )  # fmt: skip
+        arrive(sync_ptr, 3)
+        # Stage 4, down + residual (adds into row 2, zeroes row 1, read by stage 3).
+        w_next = first_chunk(wd_ptr, pid, HIDDEN, INTER, BLOCK_N, BLOCK_K)  # noqa: F821 (a global)
+        gemv_stage(
+            w_next, act_ptr, wd_ptr, out_ptr, h2_ptr, row1, row2, row1, row1, HIDDEN, INTER, eps, sync_ptr, 3,
+            base + P, pid, P, False, True, False, True, False, BLOCK_N, BLOCK_K, STAGES, MAX, TIMEOUTS_AT,
+        )  # fmt: skip
+        arrive(sync_ptr, 4)
+
+    @triton.jit
+    def finish(sync_ptr, P, DONE_AT: tl.constexpr):
+        # the last program to finish sets the counters back for the next launch (all others are past their waits)
+        if tl.atomic_add(sync_ptr + DONE_AT, 1) == P - 1:
+            for c in range(0, DONE_AT + 1):
+                tl.store(sync_ptr + c, 0)
+
+    globals().update(layer_body=layer_body, finish=finish)
 
     @triton.jit
     def layer_kernel(
@@ -164,57 +239,70 @@ def _kernel():
         SYNC_AT: tl.constexpr,
     ):  # fmt: skip
         pid, P = tl.program_id(0), tl.num_programs(0)
-        row0, row1, row2 = sums_ptr, sums_ptr + ROW, sums_ptr + 2 * ROW
         pos = tl.load(pos_ptr)
-        # Stage 0, QKV (reads row 0): its first chunk of W before the wait for the kernel before (x, row 0).
+        # QKV's first chunk of W before the wait for the kernel before (x, row 0).
         w_next = first_chunk(wqkv_ptr, pid, (H + 2 * KVH) * D, HIDDEN, BLOCK_N, BLOCK_K)  # noqa: F821
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        walk_blocks(  # noqa: F821 (a global)
-            w_next, pid, P, tl.load(row0), x_ptr, wqkv_ptr, qkv_ptr, wqkv_ptr, x_ptr, qkv_ptr, qkv_ptr, row0, row0,
-            qkv_ptr, (H + 2 * KVH) * D, HIDDEN, eps, False, False, False, BLOCK_N, BLOCK_K, STAGES, False, True,
-            True, False, False,
+        layer_body(
+            w_next, x_ptr, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos,
+            sums_ptr, sync_ptr, qkv_ptr, part_ptr, attn_ptr, h2_ptr, act_ptr, out_ptr, eps, scale, HIDDEN, INTER,
+            pid, P, 0, H, KVH, D, SLOTS, BLOCK_S, CHUNK, BLOCK_N, BLOCK_K, STAGES, MAX, ROW, TIMEOUTS_AT, SYNC_AT,
         )  # fmt: skip
-        arrive(sync_ptr, 0)
-        # Stage 1, attention: one item per (K/V head, stretch); the first item's cached k and v before the wait.
-        parts = tl.cdiv(SLOTS, BLOCK_S)
-        items = KVH * parts
-        first = tl.minimum(pid, items - 1)
-        kt, vt = stretch_kv(kc_ptr, vc_ptr, pos, first // parts, first % parts, D, SLOTS, BLOCK_S)  # noqa: F821
-        wait_for(sync_ptr, 0, P, MAX, TIMEOUTS_AT)
-        for item in range(pid, items, P):
-            if item != pid:
-                kt, vt = stretch_kv(kc_ptr, vc_ptr, pos, item // parts, item % parts, D, SLOTS, BLOCK_S)  # noqa: F821
-            attend_stretch(  # noqa: F821 (a global)
-                kt, vt, qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos, item // parts, item % parts,
-                parts, part_ptr, sync_ptr + SYNC_AT, attn_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK,
-            )  # fmt: skip
-        arrive(sync_ptr, 1)
-        # Stage 2, o_proj + residual (adds into row 1, zeroes row 0, read by stage 0).
-        gemv_stage(
-            attn_ptr, wo_ptr, h2_ptr, x_ptr, row0, row1, row0, HIDDEN, H * D, eps, sync_ptr, 1, pid, P,
-            False, True, False, True, BLOCK_N, BLOCK_K, STAGES, MAX, TIMEOUTS_AT,
-        )  # fmt: skip
-        arrive(sync_ptr, 2)
-        # Stage 3, gate/up + SiLU (reads row 1).
-        gemv_stage(
-            h2_ptr, wgu_ptr, act_ptr, h2_ptr, row1, row1, row1, 2 * INTER, HIDDEN, eps, sync_ptr, 2, pid, P,
-            True, False, True, False, BLOCK_N, BLOCK_K, STAGES, MAX, TIMEOUTS_AT,
-        )  # fmt: skip
-        arrive(sync_ptr, 3)
-        # Stage 4, down + residual (adds into row 2, zeroes row 1, read by stage 3).
-        gemv_stage(
-            act_ptr, wd_ptr, out_ptr, h2_ptr, row1, row2, row1, HIDDEN, INTER, eps, sync_ptr, 3, pid, P,
-            False, True, False, True, BLOCK_N, BLOCK_K, STAGES, MAX, TIMEOUTS_AT,
-        )  # fmt: skip
-        # The last program to finish sets the stage counters back for the next launch (all others are past
-        # their waits).
-        if tl.atomic_add(sync_ptr + DONE_AT, 1) == P - 1:
-            for c in range(0, DONE_AT + 1):
-                tl.store(sync_ptr + c, 0)
+        finish(sync_ptr, P, DONE_AT)
 
-    return triton, layer_kernel
+    @triton.jit
+    def step_kernel(
+        x_ptr, table_ptr, cos_ptr, sin_ptr, pos_ptr, sums_ptr, sync_ptr, qkv_ptr, part_ptr, attn_ptr, h2_ptr,
+        act_ptr, out_ptr, lm_ptr, logits_ptr, word_ptr, eps, scale, HIDDEN, INTER, VOCAB, LAYERS,
+        H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
+        CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+        PDL: tl.constexpr, MAX: tl.constexpr, ROW: tl.constexpr, DONE_AT: tl.constexpr, TIMEOUTS_AT: tl.constexpr,
+        SYNC_AT: tl.constexpr, TABLE: tl.constexpr,
+    ):  # fmt: skip
+        # Every layer (its weights, caches and q/k norms by address: table row l, TABLE_COLUMNS), then the LM
+        # head with argmax. Each layer has its own rows of the scratch buffers, so that no address is read in
+        # this launch before its last write (none waits on a cache line another program rewrote).
+        pid, P = tl.program_id(0), tl.num_programs(0)
+        wt = x_ptr.dtype.element_ty
+        pos = tl.load(pos_ptr)
+        PARTS: tl.constexpr = (SLOTS + BLOCK_S - 1) // BLOCK_S
+        QKV_N: tl.constexpr = (H + 2 * KVH) * D
+        w_next = first_chunk(tl.load(table_ptr).to(tl.pointer_type(wt)), pid, QKV_N, HIDDEN, BLOCK_N, BLOCK_K)  # noqa: F821
+        if PDL:  # the embedding row (x, row 0) comes from the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        x_in = x_ptr
+        for layer in range(LAYERS):
+            at = table_ptr + layer * TABLE
+            wqkv = tl.load(at).to(tl.pointer_type(wt))
+            layer_body(
+                w_next, x_in, wqkv, tl.load(at + 1).to(tl.pointer_type(wt)), tl.load(at + 2).to(tl.pointer_type(wt)),
+                tl.load(at + 3).to(tl.pointer_type(wt)), tl.load(at + 6).to(tl.pointer_type(wt)),
+                tl.load(at + 7).to(tl.pointer_type(wt)), cos_ptr, sin_ptr, tl.load(at + 4).to(tl.pointer_type(wt)),
+                tl.load(at + 5).to(tl.pointer_type(wt)), pos, sums_ptr + 2 * layer * ROW, sync_ptr,
+                qkv_ptr + layer * QKV_N, part_ptr + layer * H * PARTS * (D + 2), attn_ptr + layer * H * D,
+                h2_ptr + layer * HIDDEN, act_ptr + layer * INTER, out_ptr + layer * HIDDEN, eps, scale, HIDDEN, INTER,
+                pid, P, layer * P, H, KVH, D, SLOTS, BLOCK_S, CHUNK, BLOCK_N, BLOCK_K, STAGES, MAX, ROW, TIMEOUTS_AT,
+                SYNC_AT,
+            )  # fmt: skip
+            x_in = out_ptr + layer * HIDDEN
+            # the next layer's (or the LM head's) first chunk of W, before that layer's wait
+            if layer + 1 < LAYERS:
+                nxt = tl.load(at + TABLE).to(tl.pointer_type(wt))
+                w_next = first_chunk(nxt, pid, QKV_N, HIDDEN, BLOCK_N, BLOCK_K)  # noqa: F821 (a global)
+            else:
+                w_next = first_chunk(lm_ptr, pid, VOCAB, HIDDEN, BLOCK_N, BLOCK_K)  # noqa: F821
+        # The LM head (reads the last layer's output and its Σx², the step's last row), its argmax into the word.
+        last = sums_ptr + 2 * LAYERS * ROW
+        gemv_stage(
+            w_next, x_in, lm_ptr, logits_ptr, x_in, last, last, last, word_ptr, VOCAB, HIDDEN, eps, sync_ptr, 4,
+            LAYERS * P, pid, P, False, False, True, False, True, BLOCK_N, BLOCK_K, STAGES, MAX, TIMEOUTS_AT,
+        )  # fmt: skip
+        finish(sync_ptr, P, DONE_AT)
+
+    return SimpleNamespace(triton=triton, layer=layer_kernel, step=step_kernel)
 
 
 _CHECKED: set = set()
@@ -230,38 +318,85 @@ def layer(
     scalars `sums` (folded_norms.sums' rows for this layer) as the folded-norms step does;
     `pdl`: launched with programmatic dependent launch. `block_s`: the attention's positions per
     item (None: attention_block's)."""
+    _, kv_heads, slots, head_dim = k_cache.shape
+    hidden, inter = x.shape[-1], wgu.shape[0] // 2
+    c, grid, shape, extra, made = _launch(x, 1, hidden, inter, heads, kv_heads, head_dim, slots, config, pdl, block_s)
+    compiled = _kernel().layer[(grid,)](
+        x.reshape(-1), wqkv, wo, wgu, wd, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, sums,
+        counters(kv_heads, x.device), made["qkv"], made["partial"], made["attn"], made["h2"], made["act"],
+        made["out"], eps, head_dim**-0.5, hidden, inter, **shape, **extra,
+    )  # fmt: skip
+    if x.device.type == "cuda":
+        check_resident(compiled, c, x.device)
+    return made["out"].reshape(x.shape)
+
+
+# The columns of the step kernel's table: the addresses of each layer's weights, caches and q/k norms.
+TABLE_COLUMNS = ("qkv", "o_proj", "gate_up", "down", "k_cache", "v_cache", "q_norm", "k_norm")
+
+
+def table(layers: list[dict]):
+    """The step kernel's table (int64 [layers, TABLE_COLUMNS]): each layer's tensors by name, as
+    addresses. The tensors must outlive every launch that reads the table (the decoder holds them)."""
     import torch
 
-    triton, kernel = _kernel()
-    _, kv_heads, slots, head_dim = k_cache.shape
-    c = config or CHOSEN.get((x.shape[-1], wgu.shape[0] // 2, heads, kv_heads, head_dim, slots), DEFAULT)
+    device = layers[0]["qkv"].device
+    rows = [[ts[name].data_ptr() for name in TABLE_COLUMNS] for ts in layers]
+    return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+def step(
+    x, layer_table, lm_head, word, cos, sin, pos, sums, *, inter: int, heads: int, kv_heads: int, head_dim: int,
+    slots: int, eps: float, config: gemv.Config | None = None, pdl: bool = False, block_s: int | None = None,
+):  # fmt: skip
+    """The logits [vocab] of a whole decode step after its embedding row x, in ONE kernel: every layer
+    (layer_table, as `table` makes it; each as `layer` runs it) and the folded LM head, whose argmax
+    goes into `word` (folded_norms.argmax_word). `sums`: the step's Σx² scalars (folded_norms.sums),
+    `pos` [1]; the caches, of `slots` positions, are written through the table."""
+    import torch
+
+    layers, hidden = layer_table.shape[0], x.shape[-1]
+    c, grid, shape, extra, made = _launch(
+        x, layers, hidden, inter, heads, kv_heads, head_dim, slots, config, pdl, block_s
+    )  # fmt: skip
+    logits = torch.empty(lm_head.shape[0], device=x.device, dtype=x.dtype)
+    compiled = _kernel().step[(grid,)](
+        x.reshape(-1), layer_table, cos, sin, pos, sums, counters(kv_heads, x.device), made["qkv"], made["partial"],
+        made["attn"], made["h2"], made["act"], made["out"], lm_head, logits, word, eps, head_dim**-0.5, hidden, inter,
+        lm_head.shape[0], layers, TABLE=len(TABLE_COLUMNS), **shape, **extra,
+    )  # fmt: skip
+    if x.device.type == "cuda":
+        check_resident(compiled, c, x.device)
+    return logits
+
+
+def _launch(x, layers, hidden, inter, heads, kv_heads, head_dim, slots, config, pdl, block_s):
+    """What a launch of the layer or the step kernel needs: its config (given, tuned, or DEFAULT), its
+    grid, the constexprs of its shapes, its launch options and the scratch buffers of `layers` layers
+    (each its own rows: the step kernel's docstring says why)."""
+    import torch
+
+    triton = _kernel().triton
+    c = config or CHOSEN.get((hidden, inter, heads, kv_heads, head_dim, slots), DEFAULT)
     if c.ctas_per_sm < 1 or c.split_k > 1 or c.block_n % 2:
         raise ValueError(f"the layer kernel needs programs per SM, no split-K and an even block of rows, not {c}")
-    hidden = x.shape[-1]
-    inter = wgu.shape[0] // 2
     grid = programs(c, x.device)
     block_s = block_s or attention_block(slots, kv_heads, grid)
     parts = triton.cdiv(slots, block_s)
     dev, dt = x.device, x.dtype
-    made = {n: torch.empty(size, device=dev, dtype=dt) for n, size in
-            [("qkv", (heads + 2 * kv_heads) * head_dim), ("attn", heads * head_dim), ("h2", hidden), ("act", inter),
-             ("out", hidden)]}  # fmt: skip
-    partial = torch.empty(heads, parts, head_dim + 2, device=dev, dtype=torch.float32)
+    sizes = {"qkv": (heads + 2 * kv_heads) * head_dim, "attn": heads * head_dim, "h2": hidden, "act": inter,
+             "out": hidden}  # fmt: skip
+    made = {n: torch.empty(layers, size, device=dev, dtype=dt) for n, size in sizes.items()}
+    made["partial"] = torch.empty(layers, heads, parts, head_dim + 2, device=dev, dtype=torch.float32)
+    shape = dict(
+        H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=block_s, CHUNK=min(32, triton.next_power_of_2(parts)),
+        BLOCK_N=c.block_n, BLOCK_K=c.block_k, STAGES=c.num_stages, PDL=pdl, MAX=MAX_SPINS, ROW=folded_norms.ROW,
+        DONE_AT=DONE, TIMEOUTS_AT=TIMEOUTS, SYNC_AT=SYNC, num_warps=c.num_warps, num_stages=c.num_stages,
+    )  # fmt: skip
     extra = {"launch_pdl": True} if pdl else {}
     if dev.type == "cuda":  # registers capped so that the programs of an SM fit together
         extra["maxnreg"] = max_registers(c)
-    compiled = kernel[(grid,)](
-        x.reshape(-1), wqkv, wo, wgu, wd, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, sums,
-        counters(kv_heads, dev), made["qkv"], partial, made["attn"], made["h2"], made["act"], made["out"], eps,
-        head_dim**-0.5, hidden, inter,
-        H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=block_s,
-        CHUNK=min(32, triton.next_power_of_2(parts)), BLOCK_N=c.block_n, BLOCK_K=c.block_k, STAGES=c.num_stages,
-        PDL=pdl, MAX=MAX_SPINS, ROW=folded_norms.ROW, DONE_AT=DONE, TIMEOUTS_AT=TIMEOUTS, SYNC_AT=SYNC,
-        num_warps=c.num_warps, num_stages=c.num_stages, **extra,
-    )  # fmt: skip
-    if dev.type == "cuda":
-        check_resident(compiled, c, dev)
-    return made["out"].reshape(x.shape)
+    return c, grid, shape, extra, made
 
 
 def check_resident(compiled, config: gemv.Config, device) -> None:
