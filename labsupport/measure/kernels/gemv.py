@@ -173,8 +173,20 @@ def _kernel():
             if SUMSQ_OUT:
                 sumsq_epilogue(y, row_ok, sumsq_out_ptr, sumsq_clear_ptr)  # noqa: F821 (a global)
 
+    @triton.jit
+    def after_wait(sumsq_in_ptr, PDL: tl.constexpr, SUMSQ_IN: tl.constexpr):
+        # with PDL, wait for the kernel before (its writes visible), then let the next one launch; then the
+        # scalar Σx² it wrote (SUMSQ_IN), loaded once here, used at the end
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        sumsq = 0.0
+        if SUMSQ_IN:
+            sumsq = tl.load(sumsq_in_ptr)
+        return sumsq
+
     # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
-    globals().update(accumulate=accumulate, write_rows=write_rows)
+    globals().update(accumulate=accumulate, write_rows=write_rows, after_wait=after_wait)
     fns = folded_norms.jit_functions()
     globals().update(sumsq_epilogue=fns.sumsq_epilogue, argmax_epilogue=fns.argmax_epilogue)
 
@@ -254,12 +266,7 @@ def _kernel():
                 w_next = tl.load(
                     w_ptr + rows[:, None] * K + next_cols[None, :], mask=row_ok[:, None] & next_ok[None, :], other=0.0
                 )
-        if PDL:  # wait for the kernel before (its writes visible), then let the next one launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        sumsq = 0.0
-        if SUMSQ_IN:  # written by the kernel before: loaded now, used after the loop
-            sumsq = tl.load(sumsq_in_ptr)
+        sumsq = after_wait(sumsq_in_ptr, PDL, SUMSQ_IN)
         if EARLY:
             acc, sq = accumulate(acc, sq, w_first, x_ptr, norm_w_ptr, first_cols, first_ok, NORM)
             start = lo + BLOCK_K
@@ -273,7 +280,7 @@ def _kernel():
             SUMSQ_OUT, ARGMAX,
         )  # fmt: skip
 
-    persistent = persistent_gemv.kernel(accumulate, stream_rows, finish_rows)
+    persistent = persistent_gemv.kernel(accumulate, stream_rows, finish_rows, after_wait)
     return SimpleNamespace(triton=triton, plain=gemv_kernel, persistent=persistent.kernel,
                            first_chunk=persistent.first_chunk, walk_blocks=persistent.walk_blocks)  # fmt: skip
 

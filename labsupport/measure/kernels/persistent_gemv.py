@@ -59,9 +59,10 @@ def programs(blocks: int, ctas_per_sm: int, device) -> int:
     return min(blocks, ctas_per_sm * sm_count(str(device)))
 
 
-def kernel(accumulate, stream_rows, finish_rows):
+def kernel(accumulate, stream_rows, finish_rows, after_wait):
     """The persistent kernel, calling the plain GEMV's jit functions it is given (gemv builds it
-    beside its own kernel): one BLOCK_K chunk's product, the K loop, the epilogue. Returned with
+    beside its own kernel): one BLOCK_K chunk's product, the K loop, the epilogue, the wait and the
+    scalar Σx² after it. Returned with
     the two pieces it is made of, which the layer kernel (labsupport.measure.kernels.megakernel)
     runs too: `first_chunk`, a program's first block's first chunk of W, and `walk_blocks`, the
     walk over the row blocks from there."""
@@ -70,7 +71,8 @@ def kernel(accumulate, stream_rows, finish_rows):
 
     # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
     # (and, in the interpreter, triton.language among a called function's: the layer kernel calls these first).
-    globals().update(accumulate=accumulate, stream_rows=stream_rows, finish_rows=finish_rows, tl=tl)
+    globals().update(accumulate=accumulate, stream_rows=stream_rows, finish_rows=finish_rows, after_wait=after_wait,
+                     tl=tl)  # fmt: skip
 
     @triton.jit
     def first_chunk(w_ptr, pid, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -130,12 +132,7 @@ def kernel(accumulate, stream_rows, finish_rows):
         w_next = 0.0
         if EARLY:  # the first block's first chunk of W depends on no kernel of the step: issued before the wait
             w_next = first_chunk(w_ptr, pid, N, K, BLOCK_N, BLOCK_K)
-        if PDL:  # wait for the kernel before (its writes visible), then let the next one launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        sumsq = 0.0
-        if SUMSQ_IN:  # written by the kernel before: loaded once, used by every block
-            sumsq = tl.load(sumsq_in_ptr)
+        sumsq = after_wait(sumsq_in_ptr, PDL, SUMSQ_IN)  # noqa: F821 (a global): used by every block
         walk_blocks(
             w_next, pid, step, sumsq, x_ptr, w_ptr, y_ptr, norm_w_ptr, res_ptr, scale_ptr, ws_ptr, sumsq_out_ptr,
             sumsq_clear_ptr, argmax_ptr, N, K, eps, NORM, SILU, RESIDUAL, BLOCK_N, BLOCK_K, STAGES, SCALE, EARLY,
