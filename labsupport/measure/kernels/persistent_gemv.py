@@ -62,10 +62,9 @@ def programs(blocks: int, ctas_per_sm: int, device) -> int:
 def kernel(accumulate, stream_rows, finish_rows, after_wait):
     """The persistent kernel, calling the plain GEMV's jit functions it is given (gemv builds it
     beside its own kernel): one BLOCK_K chunk's product, the K loop, the epilogue, the wait and the
-    scalar Σx² after it. Returned with
-    the two pieces it is made of, which the layer kernel (labsupport.measure.kernels.megakernel)
-    runs too: `first_chunk`, a program's first block's first chunk of W, and `walk_blocks`, the
-    walk over the row blocks from there."""
+    scalar Σx² after it. Returned with the two pieces it is made of, which the layer and step
+    kernels (labsupport.measure.kernels.megakernel) run too: `first_chunk`, a program's first
+    block's first chunk of W, and `walk_blocks`, the walk over the row blocks from there."""
     import triton
     import triton.language as tl
 
