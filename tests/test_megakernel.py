@@ -279,3 +279,18 @@ def test_our_decoder_in_one_kernel_a_step_gives_transformers_logits_and_token(
     assert launched == {"layer": 0, "gemv": 0}, "neither a layer kernel nor a GEMV: one kernel after the embedding row"
     with pytest.raises(ValueError, match="step_kernel needs layer_kernel"):
         qwen3_decode.Options(**ch.OWN_OPTIONS["folded-norms"], step_kernel=True)
+
+
+def test_the_benchmark_that_checks_the_megakernels_before_a_nightly_runs_the_three_ways_alike(waits_as_no_ops):
+    """benchmarks/megakernel_check.py on small shapes in the interpreter: the separate kernels, one
+    kernel a layer and one a step give the same logits and token, and no wait gives up."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "megakernel_check.py"
+    spec = importlib.util.spec_from_file_location("megakernel_check", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    line = bench.check(bench.TINY, 2, "cpu")
+    assert set(line["rel_diff"]) == set(bench.WAYS) and max(line["rel_diff"].values()) <= 1e-5
+    assert all(line["same_token"].values()) and line["timeouts"] == 0 and line["us"] == {}  # no timing on a CPU
