@@ -55,9 +55,10 @@ DONE, TIMEOUTS, SYNC = 5, 6, 8
 # Polls of a counter before a wait gives up: each is a round trip to L2 (about a microsecond),
 # so some milliseconds, a hundred times a stage's length.
 MAX_SPINS = 1 << 14
-# The GEMV stages' block shape, warps and pipeline depth, and the programs per SM. On the H100 the
-# persistent GEMV's tuning (stop 50's run) read gate/up at 67 us with two programs of 4 rows per
-# SM, 86 us with one: a program of 8 warps keeps too few bytes in flight alone. So the default is
+# The GEMV stages' block shape, warps and pipeline depth, and the programs per SM. On an H100 the
+# persistent GEMV's tuning (gemv_tuning.csv of closing-the-gap run 20261205T190637Z-h100-80gb-hbm3)
+# read gate/up at 67 us with two programs of 4 rows per SM, 86 us with one: a program of 8 warps
+# keeps too few bytes in flight alone. So the default is
 # two per SM (their registers capped so that both fit, `max_registers`), and the tuner (`tune`) also
 # tries one program of 16 warps and 8 rows, as many bytes in flight from one program.
 DEFAULT = gemv.Config(4, 2048, 8, 3, ctas_per_sm=2)
