@@ -249,6 +249,9 @@ def test_the_step_kernels_table_holds_each_layers_tensors_by_address_in_its_colu
     t = megakernel.table(ts)
     assert t.dtype == torch.int64 and t.shape == (3, len(megakernel.TABLE_COLUMNS))
     assert t[2, megakernel.TABLE_COLUMNS.index("k_cache")] == ts[2]["k_cache"].data_ptr()
+    ts[1]["down"] = torch.zeros(8)[1:]  # 4 bytes past an aligned start: loads through it could not be 16 wide
+    with pytest.raises(ValueError, match="layer 1's down is not contiguous from a 16-byte boundary"):
+        megakernel.table(ts)
 
 
 @pytest.mark.live

@@ -228,7 +228,13 @@ def _kernel():
             for c in range(0, DONE_AT + 1):
                 tl.store(sync_ptr + c, 0)
 
-    globals().update(layer_body=layer_body, finish=finish)
+    @triton.jit
+    def address(row_ptr, column, ELEMENT: tl.constexpr):
+        # a tensor's address from the step kernel's table, 16-byte aligned (`table` checks it), so that
+        # loads through it are as wide as through a kernel argument, which Triton knows aligned
+        return tl.multiple_of(tl.load(row_ptr + column).to(tl.pointer_type(ELEMENT)), 16)
+
+    globals().update(layer_body=layer_body, finish=finish, address=address)
 
     @triton.jit
     def layer_kernel(
@@ -270,19 +276,17 @@ def _kernel():
         pos = tl.load(pos_ptr)
         PARTS: tl.constexpr = (SLOTS + BLOCK_S - 1) // BLOCK_S
         QKV_N: tl.constexpr = (H + 2 * KVH) * D
-        w_next = first_chunk(tl.load(table_ptr).to(tl.pointer_type(wt)), pid, QKV_N, HIDDEN, BLOCK_N, BLOCK_K)  # noqa: F821
+        w_next = first_chunk(address(table_ptr, 0, wt), pid, QKV_N, HIDDEN, BLOCK_N, BLOCK_K)  # noqa: F821
         if PDL:  # the embedding row (x, row 0) comes from the kernel before
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         x_in = x_ptr
         for layer in range(LAYERS):
             at = table_ptr + layer * TABLE
-            wqkv = tl.load(at).to(tl.pointer_type(wt))
             layer_body(
-                w_next, x_in, wqkv, tl.load(at + 1).to(tl.pointer_type(wt)), tl.load(at + 2).to(tl.pointer_type(wt)),
-                tl.load(at + 3).to(tl.pointer_type(wt)), tl.load(at + 6).to(tl.pointer_type(wt)),
-                tl.load(at + 7).to(tl.pointer_type(wt)), cos_ptr, sin_ptr, tl.load(at + 4).to(tl.pointer_type(wt)),
-                tl.load(at + 5).to(tl.pointer_type(wt)), pos, sums_ptr + 2 * layer * ROW, sync_ptr,
+                w_next, x_in, address(at, 0, wt), address(at, 1, wt), address(at, 2, wt), address(at, 3, wt),
+                address(at, 6, wt), address(at, 7, wt), cos_ptr, sin_ptr, address(at, 4, wt), address(at, 5, wt),
+                pos, sums_ptr + 2 * layer * ROW, sync_ptr,
                 qkv_ptr + layer * QKV_N, part_ptr + layer * H * PARTS * (D + 2), attn_ptr + layer * H * D,
                 h2_ptr + layer * HIDDEN, act_ptr + layer * INTER, out_ptr + layer * HIDDEN, eps, scale, HIDDEN, INTER,
                 pid, P, layer * P, H, KVH, D, SLOTS, BLOCK_S, CHUNK, BLOCK_N, BLOCK_K, STAGES, MAX, ROW, TIMEOUTS_AT,
@@ -291,8 +295,7 @@ def _kernel():
             x_in = out_ptr + layer * HIDDEN
             # the next layer's (or the LM head's) first chunk of W, before that layer's wait
             if layer + 1 < LAYERS:
-                nxt = tl.load(at + TABLE).to(tl.pointer_type(wt))
-                w_next = first_chunk(nxt, pid, QKV_N, HIDDEN, BLOCK_N, BLOCK_K)  # noqa: F821 (a global)
+                w_next = first_chunk(address(at + TABLE, 0, wt), pid, QKV_N, HIDDEN, BLOCK_N, BLOCK_K)  # noqa: F821
             else:
                 w_next = first_chunk(lm_ptr, pid, VOCAB, HIDDEN, BLOCK_N, BLOCK_K)  # noqa: F821
         # The LM head (reads the last layer's output and its Σx², the step's last row), its argmax into the word.
@@ -338,10 +341,15 @@ TABLE_COLUMNS = ("qkv", "o_proj", "gate_up", "down", "k_cache", "v_cache", "q_no
 
 def table(layers: list[dict]):
     """The step kernel's table (int64 [layers, TABLE_COLUMNS]): each layer's tensors by name, as
-    addresses. The tensors must outlive every launch that reads the table (the decoder holds them)."""
+    addresses, each 16-byte aligned (the kernel loads through them as wide as through its arguments)
+    and contiguous. The tensors must outlive every launch that reads the table (the decoder holds them)."""
     import torch
 
     device = layers[0]["qkv"].device
+    for i, ts in enumerate(layers):
+        for name in TABLE_COLUMNS:
+            if ts[name].data_ptr() % 16 or not ts[name].is_contiguous():
+                raise ValueError(f"layer {i}'s {name} is not contiguous from a 16-byte boundary: the table needs it")
     rows = [[ts[name].data_ptr() for name in TABLE_COLUMNS] for ts in layers]
     return torch.tensor(rows, dtype=torch.int64, device=device)
 
