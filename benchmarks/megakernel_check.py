@@ -104,20 +104,17 @@ def check(shape: dict, layers: int, device: str, seed: int = 0) -> dict:
             if device == "cuda":  # replayed on the state the first call left (the numbers are checked above, not here)
                 us[way] = hardware.graph_us_per_call(lambda run=run, state=state: run(*state), 1)
     ref, top = out[WAYS[0]], float(out[WAYS[0]].abs().max())
+    config = megakernel.chosen(s["hidden"], s["inter"], s["heads"], s["kv_heads"], s["head_dim"], s["slots"])
     return {
         "device": torch.cuda.get_device_name() if device == "cuda" else device,
         "layers": layers,
         "shape": s,
-        "config": asdict(megakernel.CHOSEN.get(_key(s), megakernel.DEFAULT)),
+        "config": asdict(config),
         "rel_diff": {way: float((o - ref).abs().max()) / top for way, o in out.items()},
         "same_token": {way: t == tokens[WAYS[0]] for way, t in tokens.items()},
         "timeouts": megakernel.timeouts(device) - gave_up,
         "us": us,
     }
-
-
-def _key(s: dict) -> tuple:
-    return (s["hidden"], s["inter"], s["heads"], s["kv_heads"], s["head_dim"], s["slots"])
 
 
 def main(argv=None) -> None:

@@ -68,6 +68,11 @@ CHOSEN: dict = {}
 _COUNTERS: dict = {}
 
 
+def chosen(hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, slots: int) -> gemv.Config:
+    """The config `tune` kept for a layer of these shapes, else DEFAULT."""
+    return CHOSEN.get((hidden, inter, heads, kv_heads, head_dim, slots), DEFAULT)
+
+
 def counters(kv_heads: int, device):
     """The layer kernel's int32 counters on `device` (SYNC + one per K/V head): zeroed once, made on
     first use (before any CUDA-graph capture), and left at zero by every launch but the timeouts'."""
@@ -386,7 +391,7 @@ def _launch(x, layers, hidden, inter, heads, kv_heads, head_dim, slots, config, 
     import torch
 
     triton = _kernel().triton
-    c = config or CHOSEN.get((hidden, inter, heads, kv_heads, head_dim, slots), DEFAULT)
+    c = config or chosen(hidden, inter, heads, kv_heads, head_dim, slots)
     if c.ctas_per_sm < 1 or c.split_k > 1 or c.block_n % 2:
         raise ValueError(f"the layer kernel needs programs per SM, no split-K and an even block of rows, not {c}")
     grid = programs(c, x.device)
