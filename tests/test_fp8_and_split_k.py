@@ -117,7 +117,10 @@ def test_the_tuning_times_name_each_kind_of_tuning_the_run_did():
     assert ch.compile_text(Ran({}), ladder).endswith("3.5 s.")
 
 
-@pytest.mark.parametrize(("ceiling", "says"), [(3.196, "by 0.1%: within the run-to-run noise"), (3.0, "timed no kernel")])
+@pytest.mark.parametrize(
+    ("ceiling", "says"),
+    [(3.19, "by 0.3%: within the run-to-run noise"), (3.1985, "by less than 0.1%: within"), (3.0, "timed no kernel")],
+)
 def test_a_gemv_above_the_ceiling_says_by_how_much_within_the_noise(ceiling, says):
     """Our LM head read 3.1967 TB/s where Why a GPU's run, on the same GPU and commit, recorded 3.1965 for the same
     kernel (closing-the-gap run 20261206T004616Z-h100-80gb-hbm3): a hair above is the noise of one kernel timed

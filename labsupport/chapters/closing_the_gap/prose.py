@@ -199,9 +199,12 @@ def matmul_text(shapes: pd.DataFrame | None, tuned: pd.DataFrame | None, floor: 
     )
     if floor.ceiling_tbs and top.triton_tbs > floor.ceiling_tbs:
         over = top.triton_tbs / floor.ceiling_tbs - 1
-        text += f" That is above the practical ceiling, {floor.ceiling_tbs:.2f} TB/s, the best read rate *Why a GPU*'s run "
+        text += (
+            f" That is above the practical ceiling, {floor.ceiling_tbs:.2f} TB/s, the best read rate *Why a GPU*'s run "
+        )
         if over <= hardware.CEILING_TOLERANCE:  # the same kernel timed on two nights
-            text += f"recorded, by {over:.1%}: within the run-to-run noise of one kernel timed twice."
+            by = f"{over:.1%}" if over >= 0.001 else "less than 0.1%"
+            text += f"recorded, by {by}: within the run-to-run noise of one kernel timed twice."
         else:
             text += "recorded: that run timed no kernel at this rate."
     if floor.datasheet_tbs:
