@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 from labsupport.measure.models import qwen3_decode  # noqa: E402
 
 pytest.importorskip("triton")
-from labsupport.measure.kernels import folded_norms, gemv, megakernel  # noqa: E402
+from labsupport.measure.kernels import folded_norms, gemv, megakernel, persistent_gemv  # noqa: E402
 
 pytestmark = pytest.mark.unit
 CLOSE = dict(rtol=1e-4, atol=1e-4)
@@ -179,12 +179,15 @@ def test_our_decoder_with_one_kernel_a_layer_gives_transformers_logits_and_token
 
 
 def test_registers_are_capped_so_that_the_programs_of_an_sm_fit_together():
-    assert megakernel.max_registers(gemv.Config(4, 2048, 8, 3, ctas_per_sm=2)) == 128  # 65,536 / (2 x 256)
-    assert megakernel.max_registers(gemv.Config(8, 2048, 16, 3, ctas_per_sm=1)) == 128
-    assert megakernel.max_registers(gemv.Config(2, 512, 4, 2, ctas_per_sm=1)) == 248  # ptxas's 255, down to 8s
-    assert megakernel.max_registers(gemv.Config(2, 512, 4, 2, ctas_per_sm=3)) == 168  # 170, down to 8s
-    for c in megakernel.CANDIDATES:  # every candidate fits its programs by the same sum resident() does
-        regs = megakernel.max_registers(c)
+    assert persistent_gemv.max_registers(gemv.Config(4, 2048, 8, 3, ctas_per_sm=2)) == 128  # 65,536 / (2 x 256)
+    assert persistent_gemv.max_registers(gemv.Config(8, 2048, 16, 3, ctas_per_sm=1)) == 128
+    assert persistent_gemv.max_registers(gemv.Config(2, 512, 4, 2, ctas_per_sm=1)) == 248  # ptxas's 255, down to 8s
+    assert persistent_gemv.max_registers(gemv.Config(2, 512, 4, 2, ctas_per_sm=3)) == 168  # 170, down to 8s
+    assert persistent_gemv.max_registers(gemv.Config(4, 2048, 8, 3, ctas_per_sm=3)) == 80  # 85, down to 8s
+    assert persistent_gemv.max_registers(gemv.Config(4, 2048, 8, 3, ctas_per_sm=4)) == 64
+    # every candidate of the layer kernel and of the persistent GEMV fits its programs by the same sum resident() does
+    for c in (*megakernel.CANDIDATES, *gemv.PERSISTENT_CANDIDATES):
+        regs = persistent_gemv.max_registers(c)
         assert megakernel.resident(regs, 0, c.num_warps, 65536, 2048, 233472) >= c.ctas_per_sm
 
 

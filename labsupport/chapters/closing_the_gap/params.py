@@ -26,7 +26,7 @@ RUNGS = {
     "one-attention": "+ attention in one kernel, launched the same way, the cached keys and values read first",
     "folded-norms": "+ norm weights folded into the matrices, x's sum of squares from the kernel that writes x, "
     "argmax inside the LM head",
-    "persistent": "+ persistent GEMVs: one or two programs per SM walk each matrix's rows",
+    "persistent": "+ persistent GEMVs: a few programs per SM walk each matrix's rows",
     "layer-kernel": "+ one kernel a layer: on rung 14, its four GEMVs and attention in one persistent kernel, "
     "stages joined by counters",
     "step-kernel": "+ one kernel a step: every layer and the LM head in one persistent kernel, after the embedding row",

@@ -29,7 +29,7 @@ Four launch options, for the last rungs:
   (its first two where they fit in registers: early_tiles). The weights depend on no kernel of the
   step, only x does, so with `pdl` the first stretch of W streams in while the kernel before is
   still finishing, instead of after it;
-- persistent (`Config.ctas_per_sm` > 0): one or two programs per SM, each walking many blocks of
+- persistent (`Config.ctas_per_sm` > 0): a few programs per SM, each walking many blocks of
   rows with the same K loop and epilogue (labsupport.measure.kernels.persistent_gemv, which says why).
 
 Three epilogues for the folded-norms rung (labsupport.measure.kernels.folded_norms, which says why):
@@ -118,12 +118,14 @@ FP8_CANDIDATES = [
     Config(bn, bk, w, 2)
     for bn, bk, w in [(8, 1024, 8), (8, 1024, 4), (16, 1024, 8), (16, 512, 4), (32, 512, 8), (4, 1024, 4), (2, 2048, 8)]
 ]
-# The persistent candidates (the persistent rung's): one or two programs per SM, each loading long
-# stretches of a few rows, its loads pipelined three deep (a stage of 8 to 16 KB: with two programs
-# per SM, 48 to 96 KB of W in flight on each); PERSISTENT_DEFAULT where none was tuned.
+# The persistent candidates (the persistent rung's): two to four programs per SM, each loading long
+# stretches of a few rows, its loads pipelined three deep (a stage of 8 to 16 KB: 48 to 192 KB of W
+# in flight on each SM); PERSISTENT_DEFAULT where none was tuned. One program per SM was slowest on
+# every shape (closing-the-gap 20261206T004616Z-h100-80gb-hbm3: gate/up 87 us, 68 with two, 65 for
+# the plain GEMV's 64 warps an SM), so the candidates go up in programs per SM instead.
 PERSISTENT_CANDIDATES = [
     Config(bn, bk, w, 3, ctas_per_sm=ctas)
-    for ctas in (1, 2) for bn, bk, w in [(2, 2048, 8), (4, 2048, 8), (2, 4096, 8)]
+    for ctas in (2, 3, 4) for bn, bk, w in [(2, 2048, 8), (4, 2048, 8), (2, 4096, 8)]
 ]  # fmt: skip
 PERSISTENT_DEFAULT = Config(4, 2048, 8, 3, ctas_per_sm=2)
 # The chosen config for each weight shape and fusion (N, K, Fusion), filled by tune(): without
@@ -411,7 +413,8 @@ def launch(
     )  # fmt: skip
     if c.ctas_per_sm > 0:
         grid = persistent_gemv.programs(blocks, c.ctas_per_sm, x.device)
-        kernels.persistent[(grid,)](*args, STAGES=c.num_stages, **flags)
+        cap = {"maxnreg": persistent_gemv.max_registers(c)} if x.device.type == "cuda" else {}  # all resident
+        kernels.persistent[(grid,)](*args, STAGES=c.num_stages, **flags, **cap)
         return out
     tiles = early_tiles(c, fp8=scale is not None) if early else 1
     kernels.plain[(blocks, c.split_k)](*args, SPLIT_K=c.split_k, EARLY_TILES=tiles, **flags)

@@ -59,10 +59,14 @@ MAX_SPINS = 1 << 14
 # persistent GEMV's tuning (gemv_tuning.csv of closing-the-gap run 20261205T190637Z-h100-80gb-hbm3)
 # read gate/up at 67 us with two programs of 4 rows per SM, 86 us with one: a program of 8 warps
 # keeps too few bytes in flight alone. So the default is
-# two per SM (their registers capped so that both fit, `max_registers`), and the tuner (`tune`) also
-# tries one program of 16 warps and 8 rows, as many bytes in flight from one program.
+# two per SM (their registers capped so that both fit, persistent_gemv.max_registers). In the first
+# run with this kernel (closing-the-gap 20261206T004616Z-h100-80gb-hbm3) one layer took 150 us with
+# that default, 170 us with one program of 16 warps and 8 rows per SM, against about 138 us for the
+# folded-norms rung's five kernels, whose GEMVs run 64 warps per SM: so the tuner (`tune`) also
+# tries three and four programs per SM, 24 and 32 warps, with fewer registers each.
 DEFAULT = gemv.Config(4, 2048, 8, 3, ctas_per_sm=2)
-CANDIDATES = (DEFAULT, gemv.Config(8, 2048, 16, 3, ctas_per_sm=1))
+CANDIDATES = (DEFAULT, gemv.Config(8, 2048, 16, 3, ctas_per_sm=1),
+              *(gemv.Config(4, 2048, 8, 3, ctas_per_sm=n) for n in (3, 4)))  # fmt: skip
 # The config `tune` kept per layer shape (hidden, intermediate, heads, kv_heads, head_dim, slots).
 CHOSEN: dict = {}
 _COUNTERS: dict = {}
@@ -87,12 +91,6 @@ def counters(kv_heads: int, device):
 def timeouts(device) -> int:
     """The waits that gave up on `device` since its counters were made (0 when all were resident)."""
     return sum(int(c[TIMEOUTS]) for key, c in _COUNTERS.items() if key[1] == str(device))
-
-
-def max_registers(config: gemv.Config, regs_per_sm: int = 65536) -> int:
-    """The registers a thread may use so that `config.ctas_per_sm` programs of its warps fit on an
-    SM (65,536 registers on every NVIDIA GPU since Volta), rounded down to 8 as ptxas takes them."""
-    return min(255, regs_per_sm // (config.ctas_per_sm * config.num_warps * 32)) // 8 * 8
 
 
 def programs(config: gemv.Config, device) -> int:
@@ -409,7 +407,7 @@ def _launch(x, layers, hidden, inter, heads, kv_heads, head_dim, slots, config, 
     )  # fmt: skip
     extra = {"launch_pdl": True} if pdl else {}
     if dev.type == "cuda":  # registers capped so that the programs of an SM fit together
-        extra["maxnreg"] = max_registers(c)
+        extra["maxnreg"] = persistent_gemv.max_registers(c)
     return c, grid, shape, extra, made
 
 

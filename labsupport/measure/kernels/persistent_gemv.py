@@ -6,7 +6,8 @@ many times what the GPU holds at once, so they run in waves. Each GEMV of a step
 cost besides reading its bytes (about 3.5 us on an H200, times ~145 GEMVs a step): the launch
 and retirement of every program, the ramp-up before the first bytes arrive, and the tail of the
 last wave, in which part of the SMs has nothing left to do. Here the grid is at most
-`ctas_per_sm` programs per SM (`programs`), all resident at once, and program p walks the row
+`ctas_per_sm` programs per SM (`programs`), all resident at once (their registers capped so that
+they fit: `max_registers`), and program p walks the row
 blocks p, p + P, p + 2P, ... (P programs), running the plain kernel's K loop and epilogue on each
 (gemv's `stream_rows` and `finish_rows`, called, not copied). So there are few programs to start
 and retire, no wave after the first, and the blocks that run at one time are P adjacent ones.
@@ -57,6 +58,14 @@ def programs(blocks: int, ctas_per_sm: int, device) -> int:
     """The persistent grid: `ctas_per_sm` programs per SM of `device`, never more than the
     `blocks` blocks of rows."""
     return min(blocks, ctas_per_sm * sm_count(str(device)))
+
+
+def max_registers(config, regs_per_sm: int = 65536) -> int:
+    """The registers a thread may use so that `config.ctas_per_sm` programs of its `num_warps` fit on
+    an SM (65,536 registers on every NVIDIA GPU since Volta), rounded down to 8 as ptxas takes them:
+    without the cap a program of ~100 registers a thread leaves room for two of 8 warps, and a third
+    would wait for a place instead of running beside them."""
+    return min(255, regs_per_sm // (config.ctas_per_sm * config.num_warps * 32)) // 8 * 8
 
 
 def kernel(accumulate, stream_rows, finish_rows, after_wait):

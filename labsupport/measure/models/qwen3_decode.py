@@ -15,7 +15,7 @@ forward pass in one screen, using the weights of a transformers model, so that e
                        once, its Σx² summed by the kernel that writes x (one scalar read by the
                        GEMV after), and the greedy token picked in the LM head's epilogue: no
                        final norm or argmax kernel (labsupport.measure.kernels.folded_norms)
-    Options.persistent  with pdl and fold_norms: every GEMV of the step in persistent form, one or two
+    Options.persistent  with pdl and fold_norms: every GEMV of the step in persistent form, a few
                        programs per SM walking the matrix's rows (labsupport.measure.kernels.persistent_gemv)
     Options.layer_kernel  with fold_norms and one_attention: each decoder layer in ONE persistent kernel,
                        its four GEMVs and attention stages joined by counters (labsupport.measure.kernels.megakernel)
