@@ -261,8 +261,19 @@ def test_the_page_says_a_run_without_tie_gaps_cannot_tell_a_tie_from_a_fault():
 
     run = runs.load_run(chapters.by_slug("closing-the-gap"), "20261201T230816Z-h200")
     note = ch.token_note(run)
-    assert "cannot tell a near tie" in note and "attention in two kernels of ours" in note
+    assert "cannot tell a near tie" in note and "*9 our attention kernels*" in note
     assert ch.token_note(fixture_run("closing-the-gap")) == ""  # every rung chose eager's token there
+
+
+def test_the_fp8_rungs_that_change_the_token_within_their_own_error_are_explained_once():
+    """Run 20261206T004616Z: both FP8 rungs chose another token, 0.671 apart in float32: more than eager's
+    error (0.333), less than theirs (2.447, 2.388). One sentence names both."""
+    from labsupport import runs
+
+    run = runs.load_run(chapters.by_slug("closing-the-gap"), "20261206T004616Z-h100-80gb-hbm3")
+    note = ch.token_note(run)
+    assert note.startswith("*18 FP8 weights (own floor)* and *19 FP8 + dependent launch* chose another greedy token")
+    assert note.count("0.671 apart") == 1 and "own errors (2.447 and 2.388)" in note and "fails them" in note
 
 
 def test_options_that_do_not_fit_together_are_refused():

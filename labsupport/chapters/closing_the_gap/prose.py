@@ -35,8 +35,12 @@ def token_note(run: runs.Run) -> str:
     if r.empty:
         return ""
     eager_err = float(run.table("rungs").set_index("rung").loc["eager", "eager_abs_err"])
-    names = ", ".join(f"*{RUNGS.get(x, x)}*" for x in r.rung)
-    text = f"{names} chose another greedy token than eager. "
+
+    def named(rungs) -> str:
+        n = [f"*{RUNG_SHORT.get(x, x)}*" for x in rungs]
+        return " and ".join(filter(None, (", ".join(n[:-1]), n[-1])))
+
+    text = f"{named(r.rung)} chose another greedy token than eager. "
     if "tie_gap" not in r or r.tie_gap.isna().all():
         return text + (
             "This run did not record how far apart the float32 step puts the two tokens (runs recorded since do: "
@@ -49,27 +53,28 @@ def token_note(run: runs.Run) -> str:
     ties = r[r.tie_gap <= eager_err]
     if len(ties):
         text += (
-            f"For {', '.join(f'*{RUNGS.get(x, x)}*' for x in ties.rung)} float32 puts the two tokens "
-            f"{ties.tie_gap.max():.3f} apart at most, less than eager's own error ({eager_err:.3f}): a near tie that "
-            f"{half}'s rounding alone can swap, which the rule passes when the error is within its bound. "
+            f"For {named(ties.rung)} float32 puts the two tokens {ties.tie_gap.max():.3f} apart at most, less than "
+            f"eager's own error ({eager_err:.3f}): a near tie that {half}'s rounding alone can swap, which the rule "
+            "passes when the error is within its bound. "
         )
     far = r[r.tie_gap > eager_err]
     # A rung of coarser weights (FP8) rounds more than eager: a gap within its own error is a tie at its precision.
     own = far[far.rung.isin(FP8_RUNGS) & (far.tie_gap <= far.max_abs_err)]
-    for _, x in own.iterrows():
+    if len(own):
+        errors = " and ".join(f"{e:.3f}" for e in own.max_abs_err)
+        whose = "rungs' own errors" if len(own) > 1 else "rung's own error"
         text += (
-            f"For *{RUNGS.get(x.rung, x.rung)}* float32 puts the two tokens {x.tie_gap:.3f} apart: more than eager's "
-            f"own error ({eager_err:.3f}), so {half}'s rounding cannot swap them, but less than this rung's own error "
-            f"({x.max_abs_err:.3f}), so rounding the weights to 8 bits can. Random weights put the top logits close "
-            "together, and FP8's precision alone is enough to change the greedy token here; the rule (eager's token, "
-            f"or a near tie within eager's error) fails the rung, and a run on random weights cannot tell this from "
-            "a fault. "
+            f"For {named(own.rung)} float32 puts the two tokens {own.tie_gap.max():.3f} apart at most: more than "
+            f"eager's own error ({eager_err:.3f}), so {half}'s rounding cannot swap them, but less than the FP8 "
+            f"{whose} ({errors}), so rounding the weights to 8 bits can. Random weights put the top logits "
+            "close together; the rule (eager's token, or a near tie within eager's error) fails "
+            f"{'them' if len(own) > 1 else 'the rung'}, and a run on random weights cannot tell this from a fault. "
         )
     far = far[~far.rung.isin(own.rung)]
     if len(far):
         text += (
-            f"For {', '.join(f'*{RUNGS.get(x, x)}*' for x in far.rung)} float32 puts the two tokens further apart than "
-            "the rung's own error: no rounding explains it, and the rung fails."
+            f"For {named(far.rung)} float32 puts the two tokens further apart than the rung's own error: no "
+            "rounding explains it, and the rung fails."
         )
     return text.strip()
 
@@ -310,9 +315,8 @@ def costlier_text(costlier: pd.DataFrame, timed=()) -> str:
         return ""
     each = [
         f"*{RUNG_SHORT[r['rung']]}* took {r['ms']:.2f} ms against {r['before ms']:.2f} for "
-        f"*{RUNG_SHORT[r['before']]}*, the rung it is built on, and the part of the step that grew most is its "
-        f"{r['part']} kernels' exclusive time, "
-        f"{r['part µs']:,.0f} µs a step against {r['before part µs']:,.0f}"
+        f"*{RUNG_SHORT[r['before']]}*, the rung it is built on (grew most: its {r['part']} kernels' exclusive time, "
+        f"{r['part µs']:,.0f} µs a step against {r['before part µs']:,.0f})"
         for _, r in costlier.iterrows()
     ]
     slower = set(costlier.rung)
