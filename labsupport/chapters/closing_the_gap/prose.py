@@ -14,14 +14,19 @@ from labsupport.chapters.closing_the_gap.params import ERROR_FACTOR, FP8_RUNGS, 
 from labsupport.measure import hardware, models
 
 
+def rung_names(rungs) -> str:
+    """Rungs by their short names, in Markdown italics: "*a*", "*a* and *b*", "*a*, *b* and *c*"."""
+    n = [f"*{RUNG_SHORT.get(r, r)}*" for r in rungs]
+    return " and ".join(filter(None, (", ".join(n[:-1]), n[-1]))) if n else ""
+
+
 def failed_text(ladder: pd.DataFrame) -> str:
     """Every rung has numbers, or which have none and why (ladder(): one row per rung)."""
     failed = ladder[ladder.status != "ok"]
     if failed.empty:
         return "Every rung has numbers."
     by_reason = failed.groupby("status", sort=False).rung.agg(list)  # the rungs of one reason named together
-    names = {why: [f"*{RUNG_SHORT[r]}*" for r in rungs] for why, rungs in by_reason.items()}
-    said = [" and ".join(filter(None, (", ".join(n[:-1]), n[-1]))) + f": {why}" for why, n in names.items()]
+    said = [f"{rung_names(rungs)}: {why}" for why, rungs in by_reason.items()]
     return "Not every rung has numbers: " + "; ".join(said) + "."
 
 
@@ -36,11 +41,7 @@ def token_note(run: runs.Run) -> str:
         return ""
     eager_err = float(run.table("rungs").set_index("rung").loc["eager", "eager_abs_err"])
 
-    def named(rungs) -> str:
-        n = [f"*{RUNG_SHORT.get(x, x)}*" for x in rungs]
-        return " and ".join(filter(None, (", ".join(n[:-1]), n[-1])))
-
-    text = f"{named(r.rung)} chose another greedy token than eager. "
+    text = f"{rung_names(r.rung)} chose another greedy token than eager. "
     if "tie_gap" not in r or r.tie_gap.isna().all():
         return text + (
             "This run did not record how far apart the float32 step puts the two tokens (runs recorded since do: "
@@ -53,9 +54,9 @@ def token_note(run: runs.Run) -> str:
     ties = r[r.tie_gap <= eager_err]
     if len(ties):
         text += (
-            f"For {named(ties.rung)} float32 puts the two tokens {ties.tie_gap.max():.3f} apart at most, less than "
-            f"eager's own error ({eager_err:.3f}): a near tie that {half}'s rounding alone can swap, which the rule "
-            "passes when the error is within its bound. "
+            f"For {rung_names(ties.rung)} float32 puts the two tokens {ties.tie_gap.max():.3f} apart at most, less "
+            f"than eager's own error ({eager_err:.3f}): a near tie that {half}'s rounding alone can swap, which the "
+            "rule passes when the error is within its bound. "
         )
     far = r[r.tie_gap > eager_err]
     # A rung of coarser weights (FP8) rounds more than eager: a gap within its own error is a tie at its precision.
@@ -64,7 +65,7 @@ def token_note(run: runs.Run) -> str:
         errors = " and ".join(f"{e:.3f}" for e in own.max_abs_err)
         whose = "rungs' own errors" if len(own) > 1 else "rung's own error"
         text += (
-            f"For {named(own.rung)} float32 puts the two tokens {own.tie_gap.max():.3f} apart at most: more than "
+            f"For {rung_names(own.rung)} float32 puts the two tokens {own.tie_gap.max():.3f} apart at most: more than "
             f"eager's own error ({eager_err:.3f}), so {half}'s rounding cannot swap them, but less than the FP8 "
             f"{whose} ({errors}), so rounding the weights to 8 bits can. Random weights put the top logits "
             "close together; the rule (eager's token, or a near tie within eager's error) fails "
@@ -73,7 +74,7 @@ def token_note(run: runs.Run) -> str:
     far = far[~far.rung.isin(own.rung)]
     if len(far):
         text += (
-            f"For {named(far.rung)} float32 puts the two tokens further apart than the rung's own error: no "
+            f"For {rung_names(far.rung)} float32 puts the two tokens further apart than the rung's own error: no "
             "rounding explains it, and the rung fails."
         )
     return text.strip()
@@ -321,8 +322,7 @@ def costlier_text(costlier: pd.DataFrame, timed=()) -> str:
     ]
     slower = set(costlier.rung)
     carried = [x for x in RUNGS if x in set(timed) and x not in slower and set(_ancestors(x)) & slower]
-    names = [f"*{RUNG_SHORT[x]}*" for x in carried]
-    also = " and ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else ""
+    also = rung_names(carried)
     carry = f" The rungs built on them carry that cost too: {also}." if also else ""
     return "Not every rung pays on this GPU: " + "; ".join(each) + "." + carry
 

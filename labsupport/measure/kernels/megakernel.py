@@ -58,8 +58,8 @@ MAX_SPINS = 1 << 14
 # The GEMV stages' block shape, warps and pipeline depth, and the programs per SM. On an H100 the
 # persistent GEMV's tuning (gemv_tuning.csv of closing-the-gap run 20261205T190637Z-h100-80gb-hbm3)
 # read gate/up at 67 us with two programs of 4 rows per SM, 86 us with one: a program of 8 warps
-# keeps too few bytes in flight alone. So the default is
-# two per SM (their registers capped so that both fit, persistent_gemv.max_registers). In the first
+# keeps too few bytes in flight alone. So the default is two per SM (their registers capped so that
+# both fit, persistent_gemv.max_registers). In the first
 # run with this kernel (closing-the-gap 20261206T004616Z-h100-80gb-hbm3) one layer took 150 us with
 # that default, 170 us with one program of 16 warps and 8 rows per SM, against about 138 us for the
 # folded-norms rung's five kernels, whose GEMVs run 64 warps per SM: so the tuner (`tune`) also
