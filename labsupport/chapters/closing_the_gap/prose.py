@@ -280,17 +280,20 @@ def compile_text(run: runs.Run, ladder: pd.DataFrame) -> str:
 
 
 def attention_tuning_text(run: runs.Run) -> str:
-    """What the one-kernel attention took a call at each number of positions per program (rungs 13
-    on run the fastest), where the run tuned it (results["attention_tuning"])."""
+    """What the one-kernel attention took a call with the config the run kept (rungs 13 on run it),
+    and the range over every config it tried, where the run tuned it (results["attention_tuning"]).
+    Runs tuned before warps and head order were tuned ran 4 warps, a group's heads together."""
     rows = run.results.get("attention_tuning") or []
     if not rows:
         return ""
-    each = [
-        f"{r['us']:.1f} µs with {r['block_s']} positions per program ({r['programs']} programs)"
-        + (", kept" if r.get("chosen") else "")
-        for r in rows
-    ]
-    return " One call of the one-kernel attention took " + "; ".join(each) + "."
+    kept = next((r for r in rows if r.get("chosen")), min(rows, key=lambda r: r["us"]))
+    heads = "its query heads together" if kept.get("grouped", True) else "one query head after another"
+    times = [r["us"] for r in rows]
+    return (
+        f" One call of the one-kernel attention took {kept['us']:.1f} µs with {kept['block_s']} positions per "
+        f"program ({kept['programs']} programs of {kept.get('num_warps', 4)} warps, {heads}): the fastest of "
+        f"{len(rows)} configs tried, which took {min(times):.1f} to {max(times):.1f} µs."
+    )
 
 
 def layer_tuning_text(run: runs.Run) -> str:

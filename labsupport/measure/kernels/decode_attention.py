@@ -17,13 +17,16 @@ once for all of them), and the last program to finish for a K/V head (a counter,
 atomically after each program has written its stretch) combines that head group's stretches, so
 no second kernel is launched. Launched with programmatic dependent launch (`pdl`) it reads the
 cached positions before the new token, which nothing in this step writes, before it waits for the
-kernel before it (the QKV GEMV) to finish.
+kernel before it (the QKV GEMV) to finish. A program takes its group's query heads in one product
+(`OneConfig.grouped`) or one after another: the first needs G times the registers, the second G
+times the reductions in turn; `tune_one` times both, on 4 and 8 warps, at each stretch length.
 
 Triton is imported on first use; on a CPU set TRITON_INTERPRET=1 first (no bfloat16 there).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from types import SimpleNamespace
 
@@ -139,11 +142,12 @@ def one_kernel():
     def attend_stretch(
         kt, vt, qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos, kvh, part, parts, part_ptr, count_ptr,
         out_ptr, eps, scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr,
-        BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
+        BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, GROUPED: tl.constexpr,
     ):  # fmt: skip
         # one (K/V head, stretch) once the QKV GEMV's output is there: the group's q (and k) normed and
         # rotated, the new k and v into the cache (stretch 0), the stretch's softmax partials, and the
-        # combine of the group's stretches by the last of `parts` programs to finish for this K/V head
+        # combine of the group's stretches by the last of `parts` programs to finish for this K/V head;
+        # GROUPED: the group's heads in one [G, BLOCK_S, D] product, else one head after another
         G: tl.constexpr = H // KVH
         d = tl.arange(0, D)
         g = tl.arange(0, G)
@@ -154,7 +158,6 @@ def one_kernel():
         sign = tl.where(d < D // 2, -1.0, 1.0)
         cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)
         sin = tl.load(sin_ptr + pos * D + d).to(tl.float32)
-        q = norm_rope_rows(qkv_ptr + heads * D, qn_ptr, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)
         k = norm_rope(qkv_ptr + (H + kvh) * D, kn_ptr, d, d_rot, sign, cos, sin, eps, D)  # noqa: F821 (a global)
         v = tl.load(qkv_ptr + (H + KVH + kvh) * D + d)
         if part == 0:  # one program per K/V head writes the new position
@@ -163,47 +166,91 @@ def one_kernel():
         now = (s == pos)[:, None]
         kt = tl.where(now, k.to(tl.float32)[None, :], kt)
         vt = tl.where(now, v.to(tl.float32)[None, :], vt)
-        scores = tl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale  # [G, BLOCK_S]
-        scores = tl.where((s <= pos)[None, :], scores, float("-inf"))
-        m = tl.max(scores, axis=1)
-        p = tl.exp(scores - tl.where(m == float("-inf"), 0.0, m)[:, None])
-        rows = part_ptr + (heads * parts + part) * (D + 2)  # [G]
-        tl.store(rows[:, None] + d[None, :], tl.sum(p[:, :, None] * vt[None, :, :], axis=1))
-        tl.store(rows + D, m)
-        tl.store(rows + D + 1, tl.sum(p, axis=1))
+        if GROUPED:
+            q = norm_rope_rows(qkv_ptr + heads * D, qn_ptr, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)
+            scores = tl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale  # [G, BLOCK_S]
+            scores = tl.where((s <= pos)[None, :], scores, float("-inf"))
+            m = tl.max(scores, axis=1)
+            p = tl.exp(scores - tl.where(m == float("-inf"), 0.0, m)[:, None])
+            rows = part_ptr + (heads * parts + part) * (D + 2)  # [G]
+            tl.store(rows[:, None] + d[None, :], tl.sum(p[:, :, None] * vt[None, :, :], axis=1))
+            tl.store(rows + D, m)
+            tl.store(rows + D + 1, tl.sum(p, axis=1))
+        else:
+            for j in tl.static_range(G):
+                q1 = norm_rope(qkv_ptr + (kvh * G + j) * D, qn_ptr, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)  # noqa: F821
+                score = tl.where(s <= pos, tl.sum(kt * q1[None, :], axis=1) * scale, float("-inf"))  # [BLOCK_S]
+                m1 = tl.max(score, axis=0)
+                p1 = tl.exp(score - tl.where(m1 == float("-inf"), 0.0, m1))
+                row = part_ptr + ((kvh * G + j) * parts + part) * (D + 2)
+                tl.store(row + d, tl.sum(p1[:, None] * vt, axis=0))
+                tl.store(row + D, m1)
+                tl.store(row + D + 1, tl.sum(p1, axis=0))
         # The last program of this K/V head combines its group's stretches (acq_rel: every other
         # program's stores above are visible to it), then resets the counter for the next call.
         if tl.atomic_add(count_ptr + kvh, 1) == parts - 1:
-            first = heads * parts * (D + 2)  # [G]: each head's first stretch
-            top = tl.full((G,), float("-inf"), tl.float32)
-            for c in range(0, parts, CHUNK):
-                i = c + tl.arange(0, CHUNK)
-                at_i = first[:, None] + i[None, :] * (D + 2)
-                top = tl.maximum(
-                    top, tl.max(tl.load(part_ptr + at_i + D, mask=(i < parts)[None, :], other=float("-inf")), axis=1)
-                )
-            num = tl.zeros((G, D), tl.float32)
-            den = tl.zeros((G,), tl.float32)
-            for c in range(0, parts, CHUNK):
-                i = c + tl.arange(0, CHUNK)
-                ok = (i < parts)[None, :]
-                at_i = first[:, None] + i[None, :] * (D + 2)
-                weight = tl.exp(tl.load(part_ptr + at_i + D, mask=ok, other=float("-inf")) - top[:, None])
-                den += tl.sum(weight * tl.load(part_ptr + at_i + D + 1, mask=ok, other=0.0), axis=1)
-                acc = tl.load(part_ptr + at_i[:, :, None] + d[None, None, :], mask=ok[:, :, None], other=0.0)
-                num += tl.sum(weight[:, :, None] * acc, axis=1)
-            out = num / den[:, None]
-            tl.store(out_ptr + heads[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty))
+            if GROUPED:
+                combine_group(part_ptr, out_ptr, heads, parts, G, D, CHUNK)
+            else:
+                for j in tl.static_range(G):
+                    combine_head(part_ptr, out_ptr, kvh * G + j, parts, D, CHUNK)
             tl.atomic_xchg(count_ptr + kvh, 0)
 
+    @triton.jit
+    def combine_group(part_ptr, out_ptr, heads, parts, G: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
+        # the softmax over every stretch of the G heads `heads` at once, CHUNK stretches at a time
+        d = tl.arange(0, D)
+        first = heads * parts * (D + 2)  # [G]: each head's first stretch
+        top = tl.full((G,), float("-inf"), tl.float32)
+        for c in range(0, parts, CHUNK):
+            i = c + tl.arange(0, CHUNK)
+            at_i = first[:, None] + i[None, :] * (D + 2)
+            top = tl.maximum(
+                top, tl.max(tl.load(part_ptr + at_i + D, mask=(i < parts)[None, :], other=float("-inf")), axis=1)
+            )
+        num = tl.zeros((G, D), tl.float32)
+        den = tl.zeros((G,), tl.float32)
+        for c in range(0, parts, CHUNK):
+            i = c + tl.arange(0, CHUNK)
+            ok = (i < parts)[None, :]
+            at_i = first[:, None] + i[None, :] * (D + 2)
+            weight = tl.exp(tl.load(part_ptr + at_i + D, mask=ok, other=float("-inf")) - top[:, None])
+            den += tl.sum(weight * tl.load(part_ptr + at_i + D + 1, mask=ok, other=0.0), axis=1)
+            acc = tl.load(part_ptr + at_i[:, :, None] + d[None, None, :], mask=ok[:, :, None], other=0.0)
+            num += tl.sum(weight[:, :, None] * acc, axis=1)
+        out = num / den[:, None]
+        tl.store(out_ptr + heads[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def combine_head(part_ptr, out_ptr, h, parts, D: tl.constexpr, CHUNK: tl.constexpr):
+        # the softmax over every stretch of head h, CHUNK stretches at a time: their maximum, then the sums
+        d = tl.arange(0, D)
+        first = part_ptr + h * parts * (D + 2)
+        top = tl.full((CHUNK,), float("-inf"), tl.float32)
+        for c in range(0, parts, CHUNK):
+            i = c + tl.arange(0, CHUNK)
+            top = tl.maximum(top, tl.load(first + i * (D + 2) + D, mask=i < parts, other=float("-inf")))
+        most = tl.max(top, axis=0)
+        num = tl.zeros((D,), tl.float32)
+        den = tl.zeros((CHUNK,), tl.float32)
+        for c in range(0, parts, CHUNK):
+            i = c + tl.arange(0, CHUNK)
+            ok = i < parts
+            weight = tl.exp(tl.load(first + i * (D + 2) + D, mask=ok, other=float("-inf")) - most)
+            den += weight * tl.load(first + i * (D + 2) + D + 1, mask=ok, other=0.0)
+            acc = tl.load(first + i[:, None] * (D + 2) + d[None, :], mask=ok[:, None], other=0.0)
+            num += tl.sum(weight[:, None] * acc, axis=0)
+        tl.store(out_ptr + h * D + d, (num / tl.sum(den, axis=0)).to(out_ptr.dtype.element_ty))
+
     # (tl too: Triton's interpreter looks for it there when the layer kernel calls these)
-    globals().update(stretch_kv=stretch_kv, attend_stretch=attend_stretch, tl=tl)
+    globals().update(stretch_kv=stretch_kv, attend_stretch=attend_stretch, combine_group=combine_group,
+                     combine_head=combine_head, tl=tl)  # fmt: skip
 
     @triton.jit
     def attention_kernel(
         qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, count_ptr, out_ptr, eps,
         scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
-        CHUNK: tl.constexpr, PDL: tl.constexpr,
+        CHUNK: tl.constexpr, PDL: tl.constexpr, GROUPED: tl.constexpr,
     ):  # fmt: skip
         kvh, part = tl.program_id(0), tl.program_id(1)
         # Before the wait: the cached positions before the new token (written by earlier steps).
@@ -214,18 +261,41 @@ def one_kernel():
             tl.extra.cuda.gdc_launch_dependents()
         attend_stretch(
             kt, vt, qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos, kvh, part, tl.num_programs(1),
-            part_ptr, count_ptr, out_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK,
+            part_ptr, count_ptr, out_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK, GROUPED,
         )  # fmt: skip
 
     return SimpleNamespace(triton=triton, kernel=attention_kernel, stretch_kv=stretch_kv, attend_stretch=attend_stretch)
 
 
 _COUNTERS: dict = {}
-# The stretch lengths (positions per program) decode_attention_one is tuned over, and the one
-# chosen per shape (kv_heads, slots, head_dim, group) by tune_one. The two-kernel form keeps 32:
-# 32 query heads x 9 stretches at 256 tokens already give a few hundred programs; the one kernel
-# runs one program per K/V head (8 in Qwen3-8B), so at 32 positions it leaves half an H100 idle.
+# The stretch lengths (positions per program) decode_attention_one is tuned over. The two-kernel
+# form keeps 32: 32 query heads x 9 stretches at 256 tokens already give a few hundred programs;
+# the one kernel runs one program per K/V head and stretch (8 K/V heads in Qwen3-8B), so at 32
+# positions it leaves half an H100 idle.
 ONE_BLOCKS = (8, 16, 32)
+ONE_WARPS = (4, 8)
+# A thread's share of the grouped product [G, BLOCK_S, D] in float32 registers, at most; past it
+# the compiler spills to memory. (Closing-the-gap 20261205T191713Z-h200 ran the group's heads at once
+# with 128 a thread, 32 positions on 4 warps: one call took 13.6 us, and 20 us of a step's layer by
+# exclusive time, against 8 for the two kernels.) The combine's tile, [G or 1, CHUNK, D], gets half.
+PRODUCT_FLOATS = 64
+COMBINE_FLOATS = 32
+
+
+@dataclass(frozen=True)
+class OneConfig:
+    """How decode_attention_one runs: positions per program, warps per program, and whether a program
+    takes its group's query heads in one product (`grouped`) or one after another (fewer registers,
+    more reductions one after the other)."""
+
+    block_s: int
+    num_warps: int = 4
+    grouped: bool = True
+
+
+# The configs tune_one times (those whose grouped product fits: fits_grouped), and the one chosen
+# per shape (kv_heads, slots, head_dim, group).
+ONE_CANDIDATES = [OneConfig(b, w, g) for b in ONE_BLOCKS for w in ONE_WARPS for g in (True, False)]
 CHOSEN_ONE: dict = {}
 
 
@@ -234,6 +304,22 @@ def filling_block(slots: int, kv_heads: int, sms: int) -> int:
     shortest where none does): what decode_attention_one runs untuned."""
     fits = [b for b in ONE_BLOCKS if kv_heads * -(-slots // b) >= sms]
     return max(fits) if fits else min(ONE_BLOCKS)
+
+
+def fits_grouped(block_s: int, group: int, head_dim: int, num_warps: int) -> bool:
+    """Whether the grouped product [group, block_s, head_dim] holds PRODUCT_FLOATS a thread or fewer."""
+    return group * block_s * head_dim <= PRODUCT_FLOATS * 32 * num_warps
+
+
+def combine_chunk(parts: int, group: int, head_dim: int, num_warps: int, grouped: bool) -> int:
+    """The stretches the last program combines at a time: every one of `parts` (a power of two at or
+    past it) where their tile ([group or 1, chunk, head_dim]) holds COMBINE_FLOATS a thread or fewer,
+    else the most that does (at least one)."""
+    rows = group if grouped else 1
+    chunk = 1
+    while chunk < parts and rows * 2 * chunk * head_dim <= COMBINE_FLOATS * 32 * num_warps:
+        chunk *= 2
+    return chunk
 
 
 def counters(kv_heads: int, device):
@@ -268,13 +354,13 @@ def decode_attention(
 
 
 def decode_attention_one(
-    qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads: int, eps: float, block_s: int | None = None,
+    qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads: int, eps: float, config: OneConfig | None = None,
     pdl: bool = False, chunk: int | None = None,
 ):  # fmt: skip
     """decode_attention's result in one kernel (module docstring); `pdl`: launched with
-    programmatic dependent launch, the cached positions read before the wait. `block_s` None: the
-    stretch tune_one chose for this shape, else filling_block's; `chunk` None: every stretch of
-    a head combined in one pass."""
+    programmatic dependent launch, the cached positions read before the wait. `config` None: the
+    one tune_one chose for this shape, else filling_block's stretch on 4 warps (grouped where it
+    fits); `chunk` None: combine_chunk's."""
     import torch
 
     _, kv_heads, slots, head_dim = k_cache.shape
@@ -283,17 +369,20 @@ def decode_attention_one(
         raise ValueError(f"one-kernel attention needs a power of two query heads per K/V head, not {heads}/{kv_heads}")
     one = one_kernel()
     triton, kernel = one.triton, one.kernel
-    if block_s is None:
-        block_s = CHOSEN_ONE.get((kv_heads, slots, head_dim, group)) or filling_block(slots, kv_heads, _sms(qkv.device))
-    parts = triton.cdiv(slots, block_s)
-    chunk = chunk or min(32, triton.next_power_of_2(parts))
+    if config is None:
+        config = CHOSEN_ONE.get((kv_heads, slots, head_dim, group))
+    if config is None:
+        block = filling_block(slots, kv_heads, _sms(qkv.device))
+        config = OneConfig(block, 4, fits_grouped(block, group, head_dim, 4))
+    parts = triton.cdiv(slots, config.block_s)
+    chunk = chunk or combine_chunk(parts, group, head_dim, config.num_warps, config.grouped)
     partial = torch.empty(heads, parts, head_dim + 2, device=qkv.device, dtype=torch.float32)
     out = torch.empty(heads * head_dim, device=qkv.device, dtype=qkv.dtype)
     extra = {"launch_pdl": True} if pdl else {}
     kernel[(kv_heads, parts)](
         qkv.reshape(-1), q_norm, k_norm, cos, sin, k_cache, v_cache, pos, partial, counters(kv_heads, qkv.device),
-        out, eps, head_dim**-0.5, H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=block_s, CHUNK=chunk,
-        PDL=pdl, num_warps=4, **extra,
+        out, eps, head_dim**-0.5, H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=config.block_s, CHUNK=chunk,
+        PDL=pdl, GROUPED=config.grouped, num_warps=config.num_warps, **extra,
     )  # fmt: skip
     return out
 
@@ -306,16 +395,18 @@ def _sms(device) -> int:
 
 
 def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dtype, repeats: int = 20) -> list[dict]:
-    """Time decode_attention_one at each stretch of ONE_BLOCKS on one layer's shapes (a cache of
-    `slots` positions, the new token at `pos`), as it runs in a decode step's CUDA graph: many calls
-    captured in one graph, each on its own copy of the cache so that none is read from L2; keep the
-    fastest in CHOSEN_ONE and return one row per stretch (block_s, programs, us, chosen)."""
+    """Time decode_attention_one with each config of ONE_CANDIDATES whose grouped product fits
+    (fits_grouped) on one layer's shapes (a cache of `slots` positions, the new token at `pos`), as it
+    runs in a decode step's CUDA graph: many calls captured in one graph, each on its own copy of the
+    cache so that none is read from L2; keep the fastest in CHOSEN_ONE and return one row per config
+    (block_s, num_warps, grouped, programs, us, chosen)."""
     import torch
 
     from labsupport.measure import hardware
     from labsupport.measure.kernels.gemv import weight_copies
 
     dev = "cuda"
+    group = heads // kv_heads
     layer_bytes = 2 * kv_heads * slots * head_dim * torch.empty((), dtype=dtype).element_size()
     copies = weight_copies(layer_bytes, torch.cuda.get_device_properties(0).L2_cache_size)
     caches = [
@@ -327,16 +418,19 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     cos, sin = (torch.randn(slots, head_dim, device=dev, dtype=dtype) for _ in range(2))
     at = torch.tensor([pos], device=dev)
     rows = []
-    for block in ONE_BLOCKS:
+    for c in ONE_CANDIDATES:
+        if c.grouped and not fits_grouped(c.block_s, group, head_dim, c.num_warps):
+            continue
 
-        def calls(block=block):  # (the first, outside the capture, compiles the kernel and makes the counters)
+        def calls(c=c):  # (the first, outside the capture, compiles the kernel and makes the counters)
             for kc, vc in caches:
-                decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, at, heads, 1e-6, block_s=block)
+                decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, at, heads, 1e-6, config=c)
 
         us = hardware.graph_us_per_call(calls, copies, repeats=repeats)
-        rows.append({"block_s": block, "programs": kv_heads * -(-slots // block), "us": us})
+        rows.append({"block_s": c.block_s, "num_warps": c.num_warps, "grouped": c.grouped,
+                     "programs": kv_heads * -(-slots // c.block_s), "us": us})  # fmt: skip
     best = min(rows, key=lambda r: r["us"])
     for r in rows:
         r["chosen"] = r is best
-    CHOSEN_ONE[(kv_heads, slots, head_dim, heads // kv_heads)] = best["block_s"]
+    CHOSEN_ONE[(kv_heads, slots, head_dim, group)] = OneConfig(best["block_s"], best["num_warps"], best["grouped"])
     return rows

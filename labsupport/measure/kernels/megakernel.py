@@ -197,9 +197,10 @@ def _kernel():
         for item in range(pid, items, P):
             if item != pid:
                 kt, vt = stretch_kv(kc_ptr, vc_ptr, pos, item // parts, item % parts, D, SLOTS, BLOCK_S)  # noqa: F821
+            # (the group's heads in one product: on 8 warps or more it fits, decode_attention.fits_grouped)
             attend_stretch(  # noqa: F821 (a global)
                 kt, vt, qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos, item // parts, item % parts,
-                parts, part_ptr, sync_ptr + SYNC_AT, attn_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK,
+                parts, part_ptr, sync_ptr + SYNC_AT, attn_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK, True,
             )  # fmt: skip
         arrive(sync_ptr, 1)
         # Stage 2, o_proj + residual (adds into row 1, zeroes row 0, read by stage 0).
@@ -401,7 +402,8 @@ def _launch(x, layers, hidden, inter, heads, kv_heads, head_dim, slots, config, 
     made = {n: torch.empty(layers, size, device=dev, dtype=dt) for n, size in sizes.items()}
     made["partial"] = torch.empty(layers, heads, parts, head_dim + 2, device=dev, dtype=torch.float32)
     shape = dict(
-        H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=block_s, CHUNK=min(32, triton.next_power_of_2(parts)),
+        H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=block_s,
+        CHUNK=decode_attention.combine_chunk(parts, heads // kv_heads, head_dim, c.num_warps, grouped=True),
         BLOCK_N=c.block_n, BLOCK_K=c.block_k, STAGES=c.num_stages, PDL=pdl, MAX=MAX_SPINS, ROW=folded_norms.ROW,
         DONE_AT=DONE, TIMEOUTS_AT=TIMEOUTS, SYNC_AT=SYNC, num_warps=c.num_warps, num_stages=c.num_stages,
     )  # fmt: skip
