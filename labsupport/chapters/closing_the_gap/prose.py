@@ -288,11 +288,13 @@ def attention_tuning_text(run: runs.Run) -> str:
         return ""
     kept = next((r for r in rows if r.get("chosen")), min(rows, key=lambda r: r["us"]))
     heads = "its query heads together" if kept.get("grouped", True) else "one query head after another"
-    times = [r["us"] for r in rows]
+    times = [r["us"] for r in rows if r.get("status", "ok") == "ok"]
+    failed = len(rows) - len(times)
     return (
         f" One call of the one-kernel attention took {kept['us']:.1f} µs with {kept['block_s']} positions per "
         f"program ({kept['programs']} programs of {kept.get('num_warps', 4)} warps, {heads}): the fastest of "
-        f"{len(rows)} configs tried, which took {min(times):.1f} to {max(times):.1f} µs."
+        f"{len(rows)} configs tried, which took {min(times):.1f} to {max(times):.1f} µs"
+        + (f" ({failed} did not run here)." if failed else ".")
     )
 
 

@@ -399,7 +399,8 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     (fits_grouped) on one layer's shapes (a cache of `slots` positions, the new token at `pos`), as it
     runs in a decode step's CUDA graph: many calls captured in one graph, each on its own copy of the
     cache so that none is read from L2; keep the fastest in CHOSEN_ONE and return one row per config
-    (block_s, num_warps, grouped, programs, us, chosen)."""
+    (block_s, num_warps, grouped, programs, us, status, chosen). A config that fails is a row with its
+    reason; if none runs, this raises."""
     import torch
 
     from labsupport.measure import hardware
@@ -426,10 +427,17 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
             for kc, vc in caches:
                 decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, at, heads, 1e-6, config=c)
 
-        us = hardware.graph_us_per_call(calls, copies, repeats=repeats)
-        rows.append({"block_s": c.block_s, "num_warps": c.num_warps, "grouped": c.grouped,
-                     "programs": kv_heads * -(-slots // c.block_s), "us": us})  # fmt: skip
-    best = min(rows, key=lambda r: r["us"])
+        row = {"block_s": c.block_s, "num_warps": c.num_warps, "grouped": c.grouped,
+               "programs": kv_heads * -(-slots // c.block_s), "us": float("nan"), "status": "ok"}  # fmt: skip
+        try:
+            row["us"] = hardware.graph_us_per_call(calls, copies, repeats=repeats)
+        except Exception as e:  # (one that does not compile, say, on this GPU's Triton)
+            row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        rows.append(row)
+    ok = [r for r in rows if r["status"] == "ok"]
+    if not ok:
+        raise RuntimeError(f"no config of the one-kernel attention ran: {rows[0]['status']}")
+    best = min(ok, key=lambda r: r["us"])
     for r in rows:
         r["chosen"] = r is best
     CHOSEN_ONE[(kv_heads, slots, head_dim, group)] = OneConfig(best["block_s"], best["num_warps"], best["grouped"])
