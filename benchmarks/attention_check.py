@@ -47,9 +47,7 @@ def check(layers: int = 36) -> dict:
     kc, vc = caches[0]
     ref = da.decode_attention(qkv, *args, kc.clone(), vc.clone(), at, HEADS, 1e-6).float()
     diff = {}
-    for c in da.ONE_CANDIDATES:
-        if c.grouped and not da.fits_grouped(c.block_s, HEADS // KV_HEADS, HEAD_DIM, c.num_warps):
-            continue
+    for c in da.tuned_configs(HEADS // KV_HEADS, HEAD_DIM):
         out = da.decode_attention_one(qkv, *args, kc.clone(), vc.clone(), at, HEADS, 1e-6, config=c).float()
         diff[f"{c.block_s}x{c.num_warps}{'g' if c.grouped else 'h'}"] = float((out - ref).abs().max())
 

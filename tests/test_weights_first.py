@@ -102,6 +102,9 @@ def test_the_grouped_product_is_tuned_only_where_it_fits_in_registers():
     # Qwen3-8B: 4 query heads a K/V head of 128. 32 positions on 4 warps were 128 floats a thread
     assert not decode_attention.fits_grouped(32, 4, 128, 4)
     assert decode_attention.fits_grouped(32, 4, 128, 8) and decode_attention.fits_grouped(16, 4, 128, 4)
+    tried = decode_attention.tuned_configs(4, 128)
+    assert decode_attention.OneConfig(32, 4, grouped=True) not in tried and len(tried) == 11
+    assert decode_attention.OneConfig(32, 4, grouped=False) in tried  # one head at a time: always tried
 
 
 def test_the_combine_takes_every_stretch_at_once_where_its_tile_fits():

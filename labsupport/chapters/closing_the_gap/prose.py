@@ -40,7 +40,6 @@ def token_note(run: runs.Run) -> str:
     if r.empty:
         return ""
     eager_err = float(run.table("rungs").set_index("rung").loc["eager", "eager_abs_err"])
-
     text = f"{rung_names(r.rung)} chose another greedy token than eager. "
     if "tie_gap" not in r or r.tie_gap.isna().all():
         return text + (

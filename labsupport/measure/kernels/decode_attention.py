@@ -274,10 +274,13 @@ _COUNTERS: dict = {}
 # positions it leaves half an H100 idle.
 ONE_BLOCKS = (8, 16, 32)
 ONE_WARPS = (4, 8)
-# A thread's share of the grouped product [G, BLOCK_S, D] in float32 registers, at most; past it
-# the compiler spills to memory. (Closing-the-gap 20261205T191713Z-h200 ran the group's heads at once
-# with 128 a thread, 32 positions on 4 warps: one call took 13.6 us, and 20 us of a step's layer by
-# exclusive time, against 8 for the two kernels.) The combine's tile, [G or 1, CHUNK, D], gets half.
+# A thread's share of the grouped product [G, BLOCK_S, D] in float32 registers, at most, so that the
+# compiler need not spill it; the combine's tile, [G or 1, CHUNK, D], gets half. (Closing-the-gap
+# 20261205T191713Z-h200 ran the group's heads at once with 128 a thread, 32 positions on 4 warps: one
+# call took 13.6 us, and 20 us of a step's layer by exclusive time, against 8 for the two kernels.
+# With these limits, 20261206T041852Z-h100-80gb-hbm3 found no gain: the smaller combine tile cost
+# 1.3 to 2.3 us a call against one pass, one head after another 1.5 to 3 times the grouped time,
+# and 8 warps paid only at 32 positions. What bounds the kernel is its round trips after the wait.)
 PRODUCT_FLOATS = 64
 COMBINE_FLOATS = 32
 
@@ -293,8 +296,8 @@ class OneConfig:
     grouped: bool = True
 
 
-# The configs tune_one times (those whose grouped product fits: fits_grouped), and the one chosen
-# per shape (kv_heads, slots, head_dim, group).
+# The configs tune_one may time (tuned_configs: those whose grouped product fits), and the one
+# chosen per shape (kv_heads, slots, head_dim, group).
 ONE_CANDIDATES = [OneConfig(b, w, g) for b in ONE_BLOCKS for w in ONE_WARPS for g in (True, False)]
 CHOSEN_ONE: dict = {}
 
@@ -309,6 +312,12 @@ def filling_block(slots: int, kv_heads: int, sms: int) -> int:
 def fits_grouped(block_s: int, group: int, head_dim: int, num_warps: int) -> bool:
     """Whether the grouped product [group, block_s, head_dim] holds PRODUCT_FLOATS a thread or fewer."""
     return group * block_s * head_dim <= PRODUCT_FLOATS * 32 * num_warps
+
+
+def tuned_configs(group: int, head_dim: int) -> list[OneConfig]:
+    """The configs of ONE_CANDIDATES that tune_one times for heads of `head_dim`, `group` a K/V head:
+    one head after another always, the grouped product where it fits (fits_grouped)."""
+    return [c for c in ONE_CANDIDATES if not c.grouped or fits_grouped(c.block_s, group, head_dim, c.num_warps)]
 
 
 def combine_chunk(parts: int, group: int, head_dim: int, num_warps: int, grouped: bool) -> int:
@@ -395,12 +404,11 @@ def _sms(device) -> int:
 
 
 def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dtype, repeats: int = 20) -> list[dict]:
-    """Time decode_attention_one with each config of ONE_CANDIDATES whose grouped product fits
-    (fits_grouped) on one layer's shapes (a cache of `slots` positions, the new token at `pos`), as it
-    runs in a decode step's CUDA graph: many calls captured in one graph, each on its own copy of the
-    cache so that none is read from L2; keep the fastest in CHOSEN_ONE and return one row per config
-    (block_s, num_warps, grouped, programs, us, status, chosen). A config that fails is a row with its
-    reason; if none runs, this raises."""
+    """Time decode_attention_one with each of tuned_configs on one layer's shapes (a cache of `slots`
+    positions, the new token at `pos`), as it runs in a decode step's CUDA graph: many calls captured
+    in one graph, each on its own copy of the cache so that none is read from L2; keep the fastest in
+    CHOSEN_ONE and return one row per config (block_s, num_warps, grouped, programs, us, status,
+    chosen). A config that fails is a row with its reason; if none runs, this raises."""
     import torch
 
     from labsupport.measure import hardware
@@ -419,9 +427,7 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     cos, sin = (torch.randn(slots, head_dim, device=dev, dtype=dtype) for _ in range(2))
     at = torch.tensor([pos], device=dev)
     rows = []
-    for c in ONE_CANDIDATES:
-        if c.grouped and not fits_grouped(c.block_s, group, head_dim, c.num_warps):
-            continue
+    for c in tuned_configs(group, head_dim):
 
         def calls(c=c):  # (the first, outside the capture, compiles the kernel and makes the counters)
             for kc, vc in caches:

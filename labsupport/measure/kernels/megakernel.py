@@ -59,11 +59,11 @@ MAX_SPINS = 1 << 14
 # persistent GEMV's tuning (gemv_tuning.csv of closing-the-gap run 20261205T190637Z-h100-80gb-hbm3)
 # read gate/up at 67 us with two programs of 4 rows per SM, 86 us with one: a program of 8 warps
 # keeps too few bytes in flight alone. So the default is two per SM (their registers capped so that
-# both fit, persistent_gemv.max_registers). In the first
-# run with this kernel (closing-the-gap 20261206T004616Z-h100-80gb-hbm3) one layer took 150 us with
-# that default, 170 us with one program of 16 warps and 8 rows per SM, against about 138 us for the
-# folded-norms rung's five kernels, whose GEMVs run 64 warps per SM: so the tuner (`tune`) also
-# tries three and four programs per SM, 24 and 32 warps, with fewer registers each.
+# both fit, persistent_gemv.max_registers). In the first run with this kernel (closing-the-gap
+# 20261206T004616Z-h100-80gb-hbm3) one layer took 150 us with that default, 170 us with one program
+# of 16 warps and 8 rows per SM, against about 138 us for the folded-norms rung's five kernels, whose
+# GEMVs run 64 warps per SM: so the tuner (`tune`) also tries three and four programs per SM, 24 and
+# 32 warps, with fewer registers each (20261206T041852Z-h100-80gb-hbm3: 162 and 186 us, against 151).
 DEFAULT = gemv.Config(4, 2048, 8, 3, ctas_per_sm=2)
 CANDIDATES = (DEFAULT, gemv.Config(8, 2048, 16, 3, ctas_per_sm=1),
               *(gemv.Config(4, 2048, 8, 3, ctas_per_sm=n) for n in (3, 4)))  # fmt: skip
