@@ -49,7 +49,7 @@ def check(layers: int = 36) -> dict:
     diff = {}
     for c in da.tuned_configs(HEADS // KV_HEADS, HEAD_DIM):
         out = da.decode_attention_one(qkv, *args, kc.clone(), vc.clone(), at, HEADS, 1e-6, config=c).float()
-        diff[f"{c.block_s}x{c.num_warps}{'g' if c.grouped else 'h'}"] = float((out - ref).abs().max())
+        diff[f"{c.block_s}x{c.num_warps}{'h' if c.per_head else 'g'}"] = float((out - ref).abs().max())
 
     alone = da.tune_one(HEADS, KV_HEADS, HEAD_DIM, SLOTS, POS, dt)
 

@@ -995,7 +995,9 @@ def test_the_page_gives_the_one_kernel_attentions_kept_config_and_the_range_the_
     assert f"took {kept['us']:.1f} µs with {kept['block_s']} positions per program ({kept['programs']} programs" in text
     assert f"the fastest of {len(rows)} configs tried" in text
     assert f"which took {kept['us']:.1f} to {max(r['us'] for r in rows):.1f} µs." in text
-    order = "its query heads together" if kept.get("grouped", True) else "one query head after another"
+    order = {True: "one program per query head", False: "its query heads together"}[kept.get("per_head", False)]
+    if "grouped" in kept and not kept["grouped"]:  # an earlier form: one program took its heads in turn
+        order = "one query head after another"
     assert f"{kept.get('num_warps', 4)} warps, {order})" in text  # runs before these were tuned: 4, together
     assert prose.attention_tuning_text(fixture_run("closing-the-gap")) == ""  # recorded before the tuning
 

@@ -73,46 +73,49 @@ def test_attention_in_one_kernel_matches_pytorch_and_resets_its_counters(heads, 
 
 
 @pytest.mark.parametrize("block_s", [8, 16])
-@pytest.mark.parametrize("grouped", [True, False], ids=["heads-together", "head-by-head"])
-def test_attention_in_one_kernel_gives_the_same_output_at_every_stretch_length(block_s, grouped):
+@pytest.mark.parametrize("per_head", [False, True], ids=["heads-together", "a-program-a-head"])
+def test_attention_in_one_kernel_gives_the_same_output_at_every_stretch_length(block_s, per_head):
     # 70 slots: 9 stretches of 8 (the last partly past the cache), 5 of 16; one combining pass
     qkv, qn, kn, cos, sin, kc, vc, p = _attention_case(8, 2, 16, 70, 61, seed=3)
     shape = qwen3_decode.Shape(8, 2, 16, 1e-6)
     ref = qwen3_decode.attention([qkv], p, cos, sin, kc.clone(), vc.clone(), qn, kn, shape, fused=True)
-    config = decode_attention.OneConfig(block_s, 4, grouped)
+    config = decode_attention.OneConfig(block_s, 4, per_head)
     out = decode_attention.decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, p, 8, 1e-6, config=config)
     torch.testing.assert_close(out.reshape(ref.shape), ref, **CLOSE)
 
 
-def test_attention_head_by_head_combines_in_chunks_and_resets_its_counters():
-    # 70 slots in stretches of 8: 9 to combine, two at a time (five passes, the last half empty)
+def test_attention_a_program_a_head_writes_the_cache_once_combines_in_chunks_and_resets_its_counters():
+    # 70 slots in stretches of 8: 9 to combine, two at a time (five passes, the last half empty); a
+    # counter per query head (8), and the new k and v written by one program of each K/V head
     qkv, qn, kn, cos, sin, kc, vc, p = _attention_case(8, 2, 16, 70, 37, seed=5)
     shape = qwen3_decode.Shape(8, 2, 16, 1e-6)
     kc_ref, vc_ref = kc.clone(), vc.clone()
     ref = qwen3_decode.attention([qkv], p, cos, sin, kc_ref, vc_ref, qn, kn, shape, fused=True)
-    config = decode_attention.OneConfig(8, 4, grouped=False)
+    config = decode_attention.OneConfig(8, 4, per_head=True)
     for _ in range(2):
         out = decode_attention.decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, p, 8, 1e-6, config=config, chunk=2)
         torch.testing.assert_close(out.reshape(ref.shape), ref, **CLOSE)
         torch.testing.assert_close(kc, kc_ref)
-        assert (decode_attention.counters(2, "cpu") == 0).all()
+        torch.testing.assert_close(vc, vc_ref)
+        assert (decode_attention.counters(8, "cpu") == 0).all()
 
 
-def test_the_grouped_product_is_tuned_only_where_it_fits_in_registers():
+def test_the_grouped_product_is_tuned_only_where_it_fits_in_registers_a_program_a_head_from_16_positions():
     # Qwen3-8B: 4 query heads a K/V head of 128. 32 positions on 4 warps were 128 floats a thread
     assert not decode_attention.fits_grouped(32, 4, 128, 4)
     assert decode_attention.fits_grouped(32, 4, 128, 8) and decode_attention.fits_grouped(16, 4, 128, 4)
     tried = decode_attention.tuned_configs(4, 128)
-    assert decode_attention.OneConfig(32, 4, grouped=True) not in tried and len(tried) == 11
-    assert decode_attention.OneConfig(32, 4, grouped=False) in tried  # one head at a time: always tried
+    together = [(c.block_s, c.num_warps) for c in tried if not c.per_head]
+    apart = [(c.block_s, c.num_warps) for c in tried if c.per_head]
+    assert together == [(8, 4), (8, 8), (16, 4), (16, 8), (32, 8)]
+    assert apart == [(16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (64, 8)]
 
 
-def test_the_combine_takes_every_stretch_at_once_where_its_tile_fits():
-    assert decode_attention.combine_chunk(9, 4, 128, 4, grouped=True) == 8  # 4 x 8 x 128 = 32 a thread
-    assert decode_attention.combine_chunk(9, 4, 128, 8, grouped=True) == 16  # 9 stretches: one pass
-    assert decode_attention.combine_chunk(17, 4, 128, 4, grouped=False) == 32  # one head: 32 x 128
-    assert decode_attention.combine_chunk(5, 4, 16, 4, grouped=True) == 8  # small heads: all at once
-    assert decode_attention.combine_chunk(1, 4, 128, 4, grouped=True) == 1
+def test_the_combine_takes_every_stretch_in_one_pass_up_to_32():
+    assert decode_attention.combine_chunk(9) == 16
+    assert decode_attention.combine_chunk(17) == 32
+    assert decode_attention.combine_chunk(34) == 32  # two passes
+    assert decode_attention.combine_chunk(1) == 1
 
 
 def test_the_untuned_stretch_is_the_longest_that_gives_every_sm_a_program():

@@ -259,9 +259,9 @@ def fp8_tuning_cases(model) -> list:
 
 
 def tune_attention(model, prompt_len: int) -> list[dict]:
-    """The one-kernel attention (rungs 13 on) timed with each config (stretch length, warps, head
-    order) on one layer of our step's cache (decode_attention.tune_one); the fastest is what the
-    rungs run. One row each."""
+    """The one-kernel attention (rungs 13 on) timed with each config (stretch length, warps, a program
+    per K/V head or per query head) on one layer of our step's cache (decode_attention.tune_one); the
+    fastest is what the rungs run. One row each."""
     from labsupport.measure.kernels import decode_attention
     from labsupport.measure.models.qwen3_decode import EXTRA_SLOTS
 
@@ -270,7 +270,7 @@ def tune_attention(model, prompt_len: int) -> list[dict]:
         c.num_attention_heads, c.num_key_value_heads, c.head_dim, prompt_len + EXTRA_SLOTS, prompt_len, model.dtype
     )
     best = next(r for r in rows if r["chosen"])
-    order = "heads together" if best["grouped"] else "head by head"
+    order = "one per query head" if best["per_head"] else "one per K/V head"
     progress(f"  attention in one kernel: {best['us']:.1f} us with {best['block_s']} positions per program "
              f"({best['programs']} programs of {best['num_warps']} warps, {order}), best of {len(rows)}")  # fmt: skip
     return rows

@@ -281,12 +281,12 @@ def compile_text(run: runs.Run, ladder: pd.DataFrame) -> str:
 def attention_tuning_text(run: runs.Run) -> str:
     """What the one-kernel attention took a call with the config the run kept (rungs 13 on run it),
     and the range over every config it tried, where the run tuned it (results["attention_tuning"]).
-    Runs tuned before warps and head order were tuned ran 4 warps, a group's heads together."""
+    Runs tuned before warps and forms were tuned ran 4 warps, a group's heads together."""
     rows = run.results.get("attention_tuning") or []
     if not rows:
         return ""
     kept = next((r for r in rows if r.get("chosen")), min(rows, key=lambda r: r["us"]))
-    heads = "its query heads together" if kept.get("grouped", True) else "one query head after another"
+    heads = attention_form(kept)
     times = [r["us"] for r in rows if r.get("status", "ok") == "ok"]
     failed = len(rows) - len(times)
     return (
@@ -295,6 +295,15 @@ def attention_tuning_text(run: runs.Run) -> str:
         f"{len(rows)} configs tried, which took {min(times):.1f} to {max(times):.1f} µs"
         + (f" ({failed} did not run here)." if failed else ".")
     )
+
+
+def attention_form(row: dict) -> str:
+    """How a config of the one-kernel attention splits the work, in words: a program per query head
+    (`per_head`), or per K/V head with its query heads in one product (runs before the per-head form
+    was tried have `grouped` instead, False for one query head after another in that program)."""
+    if row.get("per_head"):
+        return "one program per query head"
+    return "its query heads together" if row.get("grouped", True) else "one query head after another"
 
 
 def layer_tuning_text(run: runs.Run) -> str:

@@ -11,15 +11,20 @@ stretch's softmax maximum, sum and weighted values. The second combines the stre
 head. (The new position's k and v come from registers, not from the cache another program is
 writing.)
 
-`decode_attention_one` does the same in ONE kernel, the way a megakernel would: one program per
-(K/V head, stretch) serves the query heads that share that K/V head (reading each cached k and v
-once for all of them), and the last program to finish for a K/V head (a counter, incremented
-atomically after each program has written its stretch) combines that head group's stretches, so
-no second kernel is launched. Launched with programmatic dependent launch (`pdl`) it reads the
-cached positions before the new token, which nothing in this step writes, before it waits for the
-kernel before it (the QKV GEMV) to finish. A program takes its group's query heads in one product
-(`OneConfig.grouped`) or one after another: the first needs G times the registers, the second G
-times the reductions in turn; `tune_one` times both, on 4 and 8 warps, at each stretch length.
+`decode_attention_one` does the same in ONE kernel, the way a megakernel would, in one of two
+forms (`OneConfig.per_head`). Grouped: one program per (K/V head, stretch) serves the query heads
+that share that K/V head in one [G, BLOCK_S, D] product, reading each cached k and v once for all
+of them. Per head: one program per (query head, stretch), as the two-kernel form splits it; the G
+programs of a K/V head each read its stretch (from L2 after the first). In both, the last program
+to finish (a counter per K/V head, or per query head, incremented atomically after each program
+has written its stretch) combines the stretches, so no second kernel is launched. Launched with
+programmatic dependent launch (`pdl`) it reads, before it waits for the kernel before it (the QKV
+GEMV) to finish, everything that kernel does not write: the cached positions before the new token,
+the rotary table's row and the norms' weights. What is left after the wait is a chain of dependent
+steps (q and k normed and rotated, the scores, the softmax, the weighted sum, the partials stored,
+the counter, the combine), so the form with the shorter chain wins: the grouped product's
+reductions across a [G, BLOCK_S, D] tile take several times the instructions of one head's, which
+`tune_one` weighs against the grouped form's fewer programs and single read of the cache.
 
 Triton is imported on first use; on a CPU set TRITON_INTERPRET=1 first (no bfloat16 there).
 """
@@ -116,16 +121,36 @@ def one_kernel():
     _kernel()  # norm_rope, among this module's globals
 
     @triton.jit
-    def norm_rope_rows(x_ptr, w_ptr, d, d_rot, sign, cos, sin, eps, D: tl.constexpr):
-        # norm_rope of G rows at once: x_ptr a [G] column of row starts
+    def tables(cos_ptr, sin_ptr, qn_ptr, kn_ptr, pos, D: tl.constexpr):
+        # what the step after the QKV GEMV reads that no kernel of the step writes, so loaded before the
+        # wait: the rotary row of `pos` (float32) and the q and k norms' weights, straight and rotated
+        d = tl.arange(0, D)
+        d_rot = (d + D // 2) % D
+        cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)
+        sin = tl.load(sin_ptr + pos * D + d).to(tl.float32)
+        return cos, sin, tl.load(qn_ptr + d), tl.load(qn_ptr + d_rot), tl.load(kn_ptr + d), tl.load(kn_ptr + d_rot)
+
+    @triton.jit
+    def norm_rope_w(x_ptr, w, w_rot, d, d_rot, sign, cos, sin, eps, D: tl.constexpr):
+        # norm_rope with the norm's weight loaded already (w at d, w_rot at d_rot)
+        x = tl.load(x_ptr + d)
+        xf, xr = x.to(tl.float32), tl.load(x_ptr + d_rot).to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+        n = ((xf * r).to(x.dtype) * w).to(tl.float32)
+        nr = ((xr * r).to(x.dtype) * w_rot).to(tl.float32)
+        return (n * cos + sign * nr * sin).to(x.dtype)
+
+    @triton.jit
+    def norm_rope_rows(x_ptr, w, w_rot, d, d_rot, sign, cos, sin, eps, D: tl.constexpr):
+        # norm_rope_w of G rows at once: x_ptr a [G] column of row starts
         x = tl.load(x_ptr[:, None] + d[None, :])
         xf, xr = x.to(tl.float32), tl.load(x_ptr[:, None] + d_rot[None, :]).to(tl.float32)
         r = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / D + eps)
-        n = ((xf * r[:, None]).to(x.dtype) * tl.load(w_ptr + d)[None, :]).to(tl.float32)
-        nr = ((xr * r[:, None]).to(x.dtype) * tl.load(w_ptr + d_rot)[None, :]).to(tl.float32)
+        n = ((xf * r[:, None]).to(x.dtype) * w[None, :]).to(tl.float32)
+        nr = ((xr * r[:, None]).to(x.dtype) * w_rot[None, :]).to(tl.float32)
         return (n * cos[None, :] + sign[None, :] * nr * sin[None, :]).to(x.dtype)
 
-    globals()["norm_rope_rows"] = norm_rope_rows
+    globals().update(norm_rope_w=norm_rope_w, norm_rope_rows=norm_rope_rows)
 
     @triton.jit
     def stretch_kv(kc_ptr, vc_ptr, pos, kvh, part, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -139,62 +164,82 @@ def one_kernel():
         return kt, vt
 
     @triton.jit
-    def attend_stretch(
-        kt, vt, qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos, kvh, part, parts, part_ptr, count_ptr,
-        out_ptr, eps, scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr,
-        BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, GROUPED: tl.constexpr,
-    ):  # fmt: skip
-        # one (K/V head, stretch) once the QKV GEMV's output is there: the group's q (and k) normed and
-        # rotated, the new k and v into the cache (stretch 0), the stretch's softmax partials, and the
-        # combine of the group's stretches by the last of `parts` programs to finish for this K/V head;
-        # GROUPED: the group's heads in one [G, BLOCK_S, D] product, else one head after another
-        G: tl.constexpr = H // KVH
+    def new_kv(kt, vt, qkv_ptr, kc_ptr, vc_ptr, kw, kw_rot, cos, sin, pos, kvh, write, eps,
+               H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
+               s):  # fmt: skip
+        # the new token's k (normed, rotated) and v, written into the cache where `write`, and put in
+        # the stretch's rows at `pos` from registers, not from the cache another program is writing
         d = tl.arange(0, D)
-        g = tl.arange(0, G)
-        heads = kvh * G + g
-        s = part * BLOCK_S + tl.arange(0, BLOCK_S)
-        cache_at = kvh * SLOTS * D
         d_rot = (d + D // 2) % D
         sign = tl.where(d < D // 2, -1.0, 1.0)
-        cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)
-        sin = tl.load(sin_ptr + pos * D + d).to(tl.float32)
-        k = norm_rope(qkv_ptr + (H + kvh) * D, kn_ptr, d, d_rot, sign, cos, sin, eps, D)  # noqa: F821 (a global)
+        k = norm_rope_w(qkv_ptr + (H + kvh) * D, kw, kw_rot, d, d_rot, sign, cos, sin, eps, D)  # noqa: F821
         v = tl.load(qkv_ptr + (H + KVH + kvh) * D + d)
-        if part == 0:  # one program per K/V head writes the new position
-            tl.store(kc_ptr + cache_at + pos * D + d, k)
-            tl.store(vc_ptr + cache_at + pos * D + d, v)
+        if write:
+            tl.store(kc_ptr + kvh * SLOTS * D + pos * D + d, k)
+            tl.store(vc_ptr + kvh * SLOTS * D + pos * D + d, v)
         now = (s == pos)[:, None]
-        kt = tl.where(now, k.to(tl.float32)[None, :], kt)
-        vt = tl.where(now, v.to(tl.float32)[None, :], vt)
-        if GROUPED:
-            q = norm_rope_rows(qkv_ptr + heads * D, qn_ptr, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)
-            scores = tl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale  # [G, BLOCK_S]
-            scores = tl.where((s <= pos)[None, :], scores, float("-inf"))
-            m = tl.max(scores, axis=1)
-            p = tl.exp(scores - tl.where(m == float("-inf"), 0.0, m)[:, None])
-            rows = part_ptr + (heads * parts + part) * (D + 2)  # [G]
-            tl.store(rows[:, None] + d[None, :], tl.sum(p[:, :, None] * vt[None, :, :], axis=1))
-            tl.store(rows + D, m)
-            tl.store(rows + D + 1, tl.sum(p, axis=1))
-        else:
-            for j in tl.static_range(G):
-                q1 = norm_rope(qkv_ptr + (kvh * G + j) * D, qn_ptr, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)  # noqa: F821
-                score = tl.where(s <= pos, tl.sum(kt * q1[None, :], axis=1) * scale, float("-inf"))  # [BLOCK_S]
-                m1 = tl.max(score, axis=0)
-                p1 = tl.exp(score - tl.where(m1 == float("-inf"), 0.0, m1))
-                row = part_ptr + ((kvh * G + j) * parts + part) * (D + 2)
-                tl.store(row + d, tl.sum(p1[:, None] * vt, axis=0))
-                tl.store(row + D, m1)
-                tl.store(row + D + 1, tl.sum(p1, axis=0))
+        return tl.where(now, k.to(tl.float32)[None, :], kt), tl.where(now, v.to(tl.float32)[None, :], vt)
+
+    @triton.jit
+    def attend_stretch(
+        kt, vt, cos, sin, qw, qw_rot, kw, kw_rot, qkv_ptr, kc_ptr, vc_ptr, pos, kvh, part, parts, part_ptr,
+        count_ptr, out_ptr, eps, scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr,
+        BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
+    ):  # fmt: skip
+        # one (K/V head, stretch) once the QKV GEMV's output is there (the grouped form): the group's q
+        # (and k) normed and rotated, the new k and v into the cache (stretch 0), the stretch's softmax
+        # partials in one [G, BLOCK_S, D] product, and the combine of the group's stretches by the last
+        # of `parts` programs to finish for this K/V head
+        G: tl.constexpr = H // KVH
+        d = tl.arange(0, D)
+        heads = kvh * G + tl.arange(0, G)
+        s = part * BLOCK_S + tl.arange(0, BLOCK_S)
+        d_rot = (d + D // 2) % D
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        kt, vt = new_kv(kt, vt, qkv_ptr, kc_ptr, vc_ptr, kw, kw_rot, cos, sin, pos, kvh, part == 0, eps, H, KVH, D,
+                        SLOTS, BLOCK_S, s)  # fmt: skip
+        q = norm_rope_rows(qkv_ptr + heads * D, qw, qw_rot, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)  # noqa: F821
+        scores = tl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale  # [G, BLOCK_S]
+        scores = tl.where((s <= pos)[None, :], scores, float("-inf"))
+        m = tl.max(scores, axis=1)
+        p = tl.exp(scores - tl.where(m == float("-inf"), 0.0, m)[:, None])
+        rows = part_ptr + (heads * parts + part) * (D + 2)  # [G]
+        tl.store(rows[:, None] + d[None, :], tl.sum(p[:, :, None] * vt[None, :, :], axis=1))
+        tl.store(rows + D, m)
+        tl.store(rows + D + 1, tl.sum(p, axis=1))
         # The last program of this K/V head combines its group's stretches (acq_rel: every other
         # program's stores above are visible to it), then resets the counter for the next call.
         if tl.atomic_add(count_ptr + kvh, 1) == parts - 1:
-            if GROUPED:
-                combine_group(part_ptr, out_ptr, heads, parts, G, D, CHUNK)
-            else:
-                for j in tl.static_range(G):
-                    combine_head(part_ptr, out_ptr, kvh * G + j, parts, D, CHUNK)
+            combine_group(part_ptr, out_ptr, heads, parts, G, D, CHUNK)
             tl.atomic_xchg(count_ptr + kvh, 0)
+
+    @triton.jit
+    def attend_head(
+        kt, vt, cos, sin, qw, qw_rot, kw, kw_rot, qkv_ptr, kc_ptr, vc_ptr, pos, h, part, parts, part_ptr, count_ptr,
+        out_ptr, eps, scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr,
+        BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
+    ):  # fmt: skip
+        # attend_stretch for one query head h (the per-head form): its K/V head's first program writes
+        # the new k and v, and the last of the head's `parts` programs combines its stretches
+        G: tl.constexpr = H // KVH
+        kvh = h // G
+        d = tl.arange(0, D)
+        s = part * BLOCK_S + tl.arange(0, BLOCK_S)
+        d_rot = (d + D // 2) % D
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        kt, vt = new_kv(kt, vt, qkv_ptr, kc_ptr, vc_ptr, kw, kw_rot, cos, sin, pos, kvh, (h % G == 0) & (part == 0),
+                        eps, H, KVH, D, SLOTS, BLOCK_S, s)  # fmt: skip
+        q = norm_rope_w(qkv_ptr + h * D, qw, qw_rot, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)  # noqa: F821
+        score = tl.where(s <= pos, tl.sum(kt * q[None, :], axis=1) * scale, float("-inf"))  # [BLOCK_S]
+        m = tl.max(score, axis=0)
+        p = tl.exp(score - tl.where(m == float("-inf"), 0.0, m))
+        row = part_ptr + (h * parts + part) * (D + 2)
+        tl.store(row + d, tl.sum(p[:, None] * vt, axis=0))
+        tl.store(row + D, m)
+        tl.store(row + D + 1, tl.sum(p, axis=0))
+        if tl.atomic_add(count_ptr + h, 1) == parts - 1:
+            combine_head(part_ptr, out_ptr, h, parts, D, CHUNK)
+            tl.atomic_xchg(count_ptr + h, 0)
 
     @triton.jit
     def combine_group(part_ptr, out_ptr, heads, parts, G: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
@@ -243,68 +288,84 @@ def one_kernel():
         tl.store(out_ptr + h * D + d, (num / tl.sum(den, axis=0)).to(out_ptr.dtype.element_ty))
 
     # (tl too: Triton's interpreter looks for it there when the layer kernel calls these)
-    globals().update(stretch_kv=stretch_kv, attend_stretch=attend_stretch, combine_group=combine_group,
-                     combine_head=combine_head, tl=tl)  # fmt: skip
+    globals().update(tables=tables, stretch_kv=stretch_kv, new_kv=new_kv, attend_stretch=attend_stretch,
+                     attend_head=attend_head, combine_group=combine_group, combine_head=combine_head,
+                     tl=tl)  # fmt: skip
 
     @triton.jit
     def attention_kernel(
         qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, count_ptr, out_ptr, eps,
         scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
-        CHUNK: tl.constexpr, PDL: tl.constexpr, GROUPED: tl.constexpr,
+        CHUNK: tl.constexpr, PDL: tl.constexpr, PER_HEAD: tl.constexpr,
     ):  # fmt: skip
-        kvh, part = tl.program_id(0), tl.program_id(1)
-        # Before the wait: the cached positions before the new token (written by earlier steps).
+        who, part = tl.program_id(0), tl.program_id(1)  # who: the K/V head, or with PER_HEAD the query head
+        kvh = who // (H // KVH) if PER_HEAD else who
+        # Before the wait: what no kernel of this step writes (the cached positions before the new
+        # token, the rotary row, the norms' weights).
         pos = tl.load(pos_ptr)
         kt, vt = stretch_kv(kc_ptr, vc_ptr, pos, kvh, part, D, SLOTS, BLOCK_S)
+        cos, sin, qw, qw_rot, kw, kw_rot = tables(cos_ptr, sin_ptr, qn_ptr, kn_ptr, pos, D)
         if PDL:  # the QKV GEMV's output is read from here on
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        attend_stretch(
-            kt, vt, qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos, kvh, part, tl.num_programs(1),
-            part_ptr, count_ptr, out_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK, GROUPED,
-        )  # fmt: skip
+        if PER_HEAD:
+            attend_head(
+                kt, vt, cos, sin, qw, qw_rot, kw, kw_rot, qkv_ptr, kc_ptr, vc_ptr, pos, who, part, tl.num_programs(1),
+                part_ptr, count_ptr, out_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK,
+            )  # fmt: skip
+        else:
+            attend_stretch(
+                kt, vt, cos, sin, qw, qw_rot, kw, kw_rot, qkv_ptr, kc_ptr, vc_ptr, pos, kvh, part, tl.num_programs(1),
+                part_ptr, count_ptr, out_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK,
+            )  # fmt: skip
 
-    return SimpleNamespace(triton=triton, kernel=attention_kernel, stretch_kv=stretch_kv, attend_stretch=attend_stretch)
+    return SimpleNamespace(
+        triton=triton, kernel=attention_kernel, stretch_kv=stretch_kv, tables=tables, attend_stretch=attend_stretch
+    )
 
 
 _COUNTERS: dict = {}
-# The stretch lengths (positions per program) decode_attention_one is tuned over. The two-kernel
-# form keeps 32: 32 query heads x 9 stretches at 256 tokens already give a few hundred programs;
-# the one kernel runs one program per K/V head and stretch (8 K/V heads in Qwen3-8B), so at 32
-# positions it leaves half an H100 idle.
+# The stretch lengths (positions per program) decode_attention_one is tuned over, grouped and per
+# head. The two-kernel form keeps 32: 32 query heads x 9 stretches at 256 tokens already give a few
+# hundred programs; the grouped one kernel runs one program per K/V head and stretch (8 K/V heads in
+# Qwen3-8B), so at 32 positions it leaves half an H100 idle; the per-head form has four times its
+# programs, so it is tried at longer stretches (at 8, 272 slots would make over a thousand programs).
 ONE_BLOCKS = (8, 16, 32)
+HEAD_BLOCKS = (16, 32, 64)
 ONE_WARPS = (4, 8)
-# A thread's share of the grouped product [G, BLOCK_S, D] in float32 registers, at most, so that the
-# compiler need not spill it; the combine's tile, [G or 1, CHUNK, D], gets half. (Closing-the-gap
-# 20261205T191713Z-h200 ran the group's heads at once with 128 a thread, 32 positions on 4 warps: one
-# call took 13.6 us, and 20 us of a step's layer by exclusive time, against 8 for the two kernels.
-# With these limits, 20261206T041852Z-h100-80gb-hbm3 found no gain: the smaller combine tile cost
-# 1.3 to 2.3 us a call against one pass, one head after another 1.5 to 3 times the grouped time,
-# and 8 warps paid only at 32 positions. What bounds the kernel is its round trips after the wait.)
+# A thread's share of the grouped product [G, BLOCK_S, D] in float32 registers, at most. (Closing-the-
+# gap 20261205T191713Z-h200 ran it with 128 a thread, 32 positions on 4 warps: 13.6 us a call, and 20
+# us of a step's layer by exclusive time, against 8 for the two kernels. 20261206T041852Z-h100-80gb-
+# hbm3 then found one head after another in one program 1.5 to 3 times slower than the grouped
+# product, and a combine cut into tiles of 32 floats a thread 1.3 to 2.3 us slower than one pass:
+# what bounds the kernel is its chain of dependent steps after the wait, which for the grouped form is
+# some 3,200 instructions of reductions across the [G, BLOCK_S, D] tile at 16 positions on 4 warps,
+# against some 700 for one head's [BLOCK_S, D], compiled for sm_90 by Triton 3.9.)
 PRODUCT_FLOATS = 64
-COMBINE_FLOATS = 32
 
 
 @dataclass(frozen=True)
 class OneConfig:
     """How decode_attention_one runs: positions per program, warps per program, and whether a program
-    takes its group's query heads in one product (`grouped`) or one after another (fewer registers,
-    more reductions one after the other)."""
+    serves one query head (`per_head`) or every query head of its K/V head in one product."""
 
     block_s: int
     num_warps: int = 4
-    grouped: bool = True
+    per_head: bool = False
 
 
 # The configs tune_one may time (tuned_configs: those whose grouped product fits), and the one
 # chosen per shape (kv_heads, slots, head_dim, group).
-ONE_CANDIDATES = [OneConfig(b, w, g) for b in ONE_BLOCKS for w in ONE_WARPS for g in (True, False)]
+ONE_CANDIDATES = [
+    *(OneConfig(b, w) for b in ONE_BLOCKS for w in ONE_WARPS),
+    *(OneConfig(b, w, per_head=True) for b in HEAD_BLOCKS for w in ONE_WARPS),
+]
 CHOSEN_ONE: dict = {}
 
 
 def filling_block(slots: int, kv_heads: int, sms: int) -> int:
     """The longest stretch of ONE_BLOCKS that still gives at least one program per SM (the
-    shortest where none does): what decode_attention_one runs untuned."""
+    shortest where none does): what decode_attention_one runs untuned, grouped."""
     fits = [b for b in ONE_BLOCKS if kv_heads * -(-slots // b) >= sms]
     return max(fits) if fits else min(ONE_BLOCKS)
 
@@ -316,29 +377,28 @@ def fits_grouped(block_s: int, group: int, head_dim: int, num_warps: int) -> boo
 
 def tuned_configs(group: int, head_dim: int) -> list[OneConfig]:
     """The configs of ONE_CANDIDATES that tune_one times for heads of `head_dim`, `group` a K/V head:
-    one head after another always, the grouped product where it fits (fits_grouped)."""
-    return [c for c in ONE_CANDIDATES if not c.grouped or fits_grouped(c.block_s, group, head_dim, c.num_warps)]
+    every per-head one, the grouped ones where their product fits (fits_grouped)."""
+    return [c for c in ONE_CANDIDATES if c.per_head or fits_grouped(c.block_s, group, head_dim, c.num_warps)]
 
 
-def combine_chunk(parts: int, group: int, head_dim: int, num_warps: int, grouped: bool) -> int:
-    """The stretches the last program combines at a time: every one of `parts` (a power of two at or
-    past it) where their tile ([group or 1, chunk, head_dim]) holds COMBINE_FLOATS a thread or fewer,
-    else the most that does (at least one)."""
-    rows = group if grouped else 1
+def combine_chunk(parts: int) -> int:
+    """The stretches the last program combines at a time: all of `parts` in one pass (a power of two at
+    or past it) up to 32, the fastest on an H100 (module docstring of ONE_BLOCKS' comment)."""
     chunk = 1
-    while chunk < parts and rows * 2 * chunk * head_dim <= COMBINE_FLOATS * 32 * num_warps:
+    while chunk < min(parts, 32):
         chunk *= 2
     return chunk
 
 
-def counters(kv_heads: int, device):
-    """The int32 counters of decode_attention_one, one per K/V head: zeroed once, made on first use
-    (the warm-up runs before any CUDA-graph capture), and zeroed again by each head's last program."""
+def counters(n: int, device):
+    """The int32 counters of decode_attention_one, one per K/V head (or per query head in the per-head
+    form), `n` of them: zeroed once, made on first use (the warm-up runs before any CUDA-graph
+    capture), and zeroed again by each head's last program."""
     import torch
 
-    key = (kv_heads, str(device))
+    key = (n, str(device))
     if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(kv_heads, device=device, dtype=torch.int32)
+        _COUNTERS[key] = torch.zeros(n, device=device, dtype=torch.int32)
     return _COUNTERS[key]
 
 
@@ -367,9 +427,9 @@ def decode_attention_one(
     pdl: bool = False, chunk: int | None = None,
 ):  # fmt: skip
     """decode_attention's result in one kernel (module docstring); `pdl`: launched with
-    programmatic dependent launch, the cached positions read before the wait. `config` None: the
-    one tune_one chose for this shape, else filling_block's stretch on 4 warps (grouped where it
-    fits); `chunk` None: combine_chunk's."""
+    programmatic dependent launch, what the step does not write read before the wait. `config`
+    None: the one tune_one chose for this shape, else filling_block's stretch on 4 warps, grouped
+    where it fits, else per head; `chunk` None: combine_chunk's."""
     import torch
 
     _, kv_heads, slots, head_dim = k_cache.shape
@@ -382,16 +442,17 @@ def decode_attention_one(
         config = CHOSEN_ONE.get((kv_heads, slots, head_dim, group))
     if config is None:
         block = filling_block(slots, kv_heads, _sms(qkv.device))
-        config = OneConfig(block, 4, fits_grouped(block, group, head_dim, 4))
+        config = OneConfig(block, 4, per_head=not fits_grouped(block, group, head_dim, 4))
     parts = triton.cdiv(slots, config.block_s)
-    chunk = chunk or combine_chunk(parts, group, head_dim, config.num_warps, config.grouped)
+    chunk = chunk or combine_chunk(parts)
     partial = torch.empty(heads, parts, head_dim + 2, device=qkv.device, dtype=torch.float32)
     out = torch.empty(heads * head_dim, device=qkv.device, dtype=qkv.dtype)
     extra = {"launch_pdl": True} if pdl else {}
-    kernel[(kv_heads, parts)](
-        qkv.reshape(-1), q_norm, k_norm, cos, sin, k_cache, v_cache, pos, partial, counters(kv_heads, qkv.device),
+    who = heads if config.per_head else kv_heads
+    kernel[(who, parts)](
+        qkv.reshape(-1), q_norm, k_norm, cos, sin, k_cache, v_cache, pos, partial, counters(who, qkv.device),
         out, eps, head_dim**-0.5, H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=config.block_s, CHUNK=chunk,
-        PDL=pdl, GROUPED=config.grouped, num_warps=config.num_warps, **extra,
+        PDL=pdl, PER_HEAD=config.per_head, num_warps=config.num_warps, **extra,
     )  # fmt: skip
     return out
 
@@ -406,9 +467,11 @@ def _sms(device) -> int:
 def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dtype, repeats: int = 20) -> list[dict]:
     """Time decode_attention_one with each of tuned_configs on one layer's shapes (a cache of `slots`
     positions, the new token at `pos`), as it runs in a decode step's CUDA graph: many calls captured
-    in one graph, each on its own copy of the cache so that none is read from L2; keep the fastest in
-    CHOSEN_ONE and return one row per config (block_s, num_warps, grouped, programs, us, status,
-    chosen). A config that fails is a row with its reason; if none runs, this raises."""
+    in one graph, each on its own copy of the cache so that none is read from L2, and on a GPU with
+    programmatic dependent launch each launched with it, as the step launches it, so that a call's
+    reads before its wait overlap the call before; keep the fastest in CHOSEN_ONE and return one row
+    per config (block_s, num_warps, per_head, programs, us, status, chosen). A config that fails is a
+    row with its reason; if none runs, this raises."""
     import torch
 
     from labsupport.measure import hardware
@@ -426,15 +489,17 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     qn, kn = torch.ones(head_dim, device=dev, dtype=dtype), torch.ones(head_dim, device=dev, dtype=dtype)
     cos, sin = (torch.randn(slots, head_dim, device=dev, dtype=dtype) for _ in range(2))
     at = torch.tensor([pos], device=dev)
+    pdl = torch.cuda.get_device_capability()[0] >= 9
     rows = []
     for c in tuned_configs(group, head_dim):
 
         def calls(c=c):  # (the first, outside the capture, compiles the kernel and makes the counters)
             for kc, vc in caches:
-                decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, at, heads, 1e-6, config=c)
+                decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, at, heads, 1e-6, config=c, pdl=pdl)
 
-        row = {"block_s": c.block_s, "num_warps": c.num_warps, "grouped": c.grouped,
-               "programs": kv_heads * -(-slots // c.block_s), "us": float("nan"), "status": "ok"}  # fmt: skip
+        row = {"block_s": c.block_s, "num_warps": c.num_warps, "per_head": c.per_head,
+               "programs": (heads if c.per_head else kv_heads) * -(-slots // c.block_s), "us": float("nan"),
+               "status": "ok"}  # fmt: skip
         try:
             row["us"] = hardware.graph_us_per_call(calls, copies, repeats=repeats)
         except Exception as e:  # (one that does not compile, say, on this GPU's Triton)
@@ -446,5 +511,5 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     best = min(ok, key=lambda r: r["us"])
     for r in rows:
         r["chosen"] = r is best
-    CHOSEN_ONE[(kv_heads, slots, head_dim, group)] = OneConfig(best["block_s"], best["num_warps"], best["grouped"])
+    CHOSEN_ONE[(kv_heads, slots, head_dim, group)] = OneConfig(best["block_s"], best["num_warps"], best["per_head"])
     return rows

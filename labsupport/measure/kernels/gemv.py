@@ -118,15 +118,15 @@ FP8_CANDIDATES = [
     Config(bn, bk, w, 2)
     for bn, bk, w in [(8, 1024, 8), (8, 1024, 4), (16, 1024, 8), (16, 512, 4), (32, 512, 8), (4, 1024, 4), (2, 2048, 8)]
 ]
-# The persistent candidates (the persistent rung's): two to four programs per SM, each loading long
-# stretches of a few rows, its loads pipelined three deep (a stage of 8 to 16 KB: 48 to 192 KB of W
-# in flight on each SM); PERSISTENT_DEFAULT where none was tuned. One program per SM was slowest on
-# every shape (closing-the-gap 20261206T004616Z-h100-80gb-hbm3: gate/up 87 us, 68 with two, 65 for
-# the plain GEMV's 64 warps an SM), so the candidates go up in programs per SM instead.
+# The persistent candidates (the persistent rung's): two programs per SM, each loading long stretches
+# of a few rows, its loads pipelined three deep (a stage of 8 to 16 KB: 96 KB of W in flight on each
+# SM); PERSISTENT_DEFAULT where none was tuned. One program per SM was slowest on every shape
+# (closing-the-gap 20261206T004616Z-h100-80gb-hbm3: gate/up 87 us, 68 with two); three and four, timed
+# alone, beat two by under 1% (20261206T041852Z-h100-80gb-hbm3), but in the step four lost 0.19 ms:
+# the LM head, whose argmax and Σx² epilogues the tuning leaves out, took 563 us against 413.
 PERSISTENT_CANDIDATES = [
-    Config(bn, bk, w, 3, ctas_per_sm=ctas)
-    for ctas in (2, 3, 4) for bn, bk, w in [(2, 2048, 8), (4, 2048, 8), (2, 4096, 8)]
-]  # fmt: skip
+    Config(bn, bk, w, 3, ctas_per_sm=2) for bn, bk, w in [(2, 2048, 8), (4, 2048, 8), (2, 4096, 8)]
+]
 PERSISTENT_DEFAULT = Config(4, 2048, 8, 3, ctas_per_sm=2)
 # The chosen config for each weight shape and fusion (N, K, Fusion), filled by tune(): without
 # split-K (CHOSEN), best of all (CHOSEN_SPLIT, the split-K rung's), FP8 weights (CHOSEN_FP8),

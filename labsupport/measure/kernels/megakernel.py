@@ -123,7 +123,7 @@ def _kernel():
     one = decode_attention.one_kernel()
     fns = folded_norms.jit_functions()
     # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
-    globals().update(first_chunk=g.first_chunk, walk_blocks=g.walk_blocks, stretch_kv=one.stretch_kv,
+    globals().update(first_chunk=g.first_chunk, walk_blocks=g.walk_blocks, stretch_kv=one.stretch_kv, tables=one.tables,
                      attend_stretch=one.attend_stretch, tl=tl, sumsq_epilogue=fns.sumsq_epilogue)  # fmt: skip
 
     @triton.jit
@@ -193,14 +193,15 @@ def _kernel():
         items = KVH * parts
         first = tl.minimum(pid, items - 1)
         kt, vt = stretch_kv(kc_ptr, vc_ptr, pos, first // parts, first % parts, D, SLOTS, BLOCK_S)  # noqa: F821
+        cos, sin, qw, qw_rot, kw, kw_rot = tables(cos_ptr, sin_ptr, qn_ptr, kn_ptr, pos, D)  # noqa: F821
         wait_for(sync_ptr, 0, base + P, MAX, TIMEOUTS_AT)
         for item in range(pid, items, P):
             if item != pid:
                 kt, vt = stretch_kv(kc_ptr, vc_ptr, pos, item // parts, item % parts, D, SLOTS, BLOCK_S)  # noqa: F821
             # (the group's heads in one product: on 8 warps or more it fits, decode_attention.fits_grouped)
             attend_stretch(  # noqa: F821 (a global)
-                kt, vt, qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos, item // parts, item % parts,
-                parts, part_ptr, sync_ptr + SYNC_AT, attn_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK, True,
+                kt, vt, cos, sin, qw, qw_rot, kw, kw_rot, qkv_ptr, kc_ptr, vc_ptr, pos, item // parts, item % parts,
+                parts, part_ptr, sync_ptr + SYNC_AT, attn_ptr, eps, scale, H, KVH, D, SLOTS, BLOCK_S, CHUNK,
             )  # fmt: skip
         arrive(sync_ptr, 1)
         # Stage 2, o_proj + residual (adds into row 1, zeroes row 0, read by stage 0).
@@ -403,7 +404,7 @@ def _launch(x, layers, hidden, inter, heads, kv_heads, head_dim, slots, config, 
     made["partial"] = torch.empty(layers, heads, parts, head_dim + 2, device=dev, dtype=torch.float32)
     shape = dict(
         H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=block_s,
-        CHUNK=decode_attention.combine_chunk(parts, heads // kv_heads, head_dim, c.num_warps, grouped=True),
+        CHUNK=decode_attention.combine_chunk(parts),
         BLOCK_N=c.block_n, BLOCK_K=c.block_k, STAGES=c.num_stages, PDL=pdl, MAX=MAX_SPINS, ROW=folded_norms.ROW,
         DONE_AT=DONE, TIMEOUTS_AT=TIMEOUTS, SYNC_AT=SYNC, num_warps=c.num_warps, num_stages=c.num_stages,
     )  # fmt: skip
