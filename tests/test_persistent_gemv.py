@@ -114,3 +114,24 @@ def test_a_persistent_and_a_plain_config_of_one_block_shape_are_two_rows_of_the_
     shape = (2, 2048, 8, 3)
     rows = [gemv.Trial(64, 32, gemv.PLAIN, gemv.Config(*shape, ctas_per_sm=c), 5.0, 1.0).as_row() for c in (0, 2)]
     tables.check_key(pd.DataFrame(rows), Path("gemv_tuning.csv"), ch.DECLARATION)  # no repeated key
+
+
+def test_tune_times_the_folded_gate_up_as_its_rung_runs_it_and_every_other_case_alone(monkeypatch):
+    """Gate/up with SiLU and no norm is the folded-norms rung's: tune asks fused_call for it in that
+    rung's form (PDL, weights first, a Σx² scalar); the plain, normed and FP8 cases stay as they were."""
+    asked = []
+
+    def call(n, k, fusion, config, folded=False, **_):
+        asked.append((fusion, folded))
+        return config
+
+    monkeypatch.setattr(gemv, "fused_call", call)
+    monkeypatch.setattr(gemv, "time_per_call_us", lambda n, k, call, **_: 10.0)
+    for table in ("CHOSEN", "CHOSEN_SPLIT", "CHOSEN_FP8", "CHOSEN_PERSISTENT"):
+        monkeypatch.setattr(gemv, table, {})
+    silu, norm_silu = gemv.Fusion(silu=True), gemv.Fusion(norm=True, silu=True)
+    gemv.tune([(64, 32, gemv.PLAIN), (64, 32, norm_silu), (64, 32, silu)], progress=lambda _: None)
+    assert {f for f, folded in asked if folded} == {silu} and (silu, False) not in asked
+    asked.clear()
+    gemv.tune([(64, 32, silu)], progress=lambda _: None, fp8=True)
+    assert asked and not any(folded for _, folded in asked)

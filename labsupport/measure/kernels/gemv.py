@@ -98,12 +98,9 @@ CANDIDATES = [
         (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 512, 4), (16, 512, 8),
     ]
 ]  # fmt: skip
-# Split-K candidates, tried on the smaller matrices only (at most SPLIT_MAX_ELEMENTS weights):
-# o_proj, the fused QKV and the separate projections, whose few thousand rows leave each
-# program a short stretch of work between filling the GPU and draining it. (A first trial on the
-# H200 found split-K slower than one kernel on every shape, by 3-4 us on o_proj: the atomics and
-# the second kernel cost more than the extra programs gain; the two least slow are kept, so that
-# the tuner decides on each run.)
+# Split-K candidates, tried on the smaller matrices only (at most SPLIT_MAX_ELEMENTS weights), whose
+# few thousand rows leave each program little work. (A first trial on the H200 found split-K slower
+# on every shape, by 3-4 us on o_proj; the two least slow are kept, so that the tuner decides.)
 SPLIT_CANDIDATES = [Config(4, 512, 4, 2, 4), Config(2, 1024, 4, 2, 4)]
 SPLIT_MAX_ELEMENTS = 32 * 2**20
 # The candidates tried with FP8 weights: the five fastest of a first trial on the H200 (eight
@@ -119,14 +116,9 @@ FP8_CANDIDATES = [
     for bn, bk, w in [(8, 1024, 8), (8, 1024, 4), (16, 1024, 8), (16, 512, 4), (32, 512, 8), (4, 1024, 4), (2, 2048, 8)]
 ]
 # The persistent candidates (the persistent rung's): two programs per SM, each loading long stretches
-# of a few rows, its loads pipelined three deep (a stage of 8 to 16 KB: 96 KB of W in flight on each
-# SM); PERSISTENT_DEFAULT where none was tuned. One program per SM was slowest on every shape
-# (closing-the-gap 20261206T004616Z-h100-80gb-hbm3: gate/up 87 us, 68 with two); three and four, timed
-# alone, beat two by under 1% (20261206T041852Z-h100-80gb-hbm3), but in the step four lost 0.19 ms:
-# the LM head, whose argmax and Σx² epilogues the tuning leaves out, took 563 us against 413.
-PERSISTENT_CANDIDATES = [
-    Config(bn, bk, w, 3, ctas_per_sm=2) for bn, bk, w in [(2, 2048, 8), (4, 2048, 8), (2, 4096, 8)]
-]
+# of a few rows three stages deep. (Closing-the-gap 20261206T004616Z-h100-80gb-hbm3: one per SM was
+# slowest everywhere; in 20261206T041852Z four per SM, kept by under 1% alone, lost 0.19 ms in the step.)
+PERSISTENT_CANDIDATES = [Config(bn, bk, w, 3, 1, 2) for bn, bk, w in [(2, 2048, 8), (4, 2048, 8), (2, 4096, 8)]]
 PERSISTENT_DEFAULT = Config(4, 2048, 8, 3, ctas_per_sm=2)
 # The chosen config for each weight shape and fusion (N, K, Fusion), filled by tune(): without
 # split-K (CHOSEN), best of all (CHOSEN_SPLIT, the split-K rung's), FP8 weights (CHOSEN_FP8),
@@ -504,10 +496,11 @@ def time_per_call_us(n: int, k: int, call, repeats: int = 20, fp8: bool = False,
 
 def fused_call(
     n: int, k: int, fusion: Fusion, config: Config | None = None, fp8: bool = False, split: bool = False,
-    pdl: bool = False, dtype=None,
+    pdl: bool = False, dtype=None, folded: bool = False,
 ):  # fmt: skip
     """A call(x, w) for time_per_call_us running the kernel with `fusion` (its norm weight,
-    residual, output and, with `fp8`, row scales made here, once), in `dtype` (None: BF16)."""
+    residual, output and, with `fp8`, row scales made here, once), in `dtype` (None: BF16);
+    `folded`: as the folded-norms rung runs it (PDL, W's first tiles before the wait, a Σx² scalar)."""
     import torch
 
     half = dtype or torch.bfloat16
@@ -515,11 +508,13 @@ def fused_call(
     norm = torch.ones(k, device="cuda", dtype=half) if fusion.norm else None
     res = torch.randn(n, device="cuda", dtype=half) if fusion.residual else None
     scale = torch.full((n,), 0.01, device="cuda", dtype=torch.float32) if fp8 else None
+    folded = folded and torch.cuda.get_device_capability()[0] >= 9
+    sumsq = torch.full((1,), float(k), device="cuda", dtype=torch.float32) if folded else None
 
     def call(x, w):
         launch(
             x.reshape(-1), w, out, norm_weight=norm, silu=fusion.silu, residual=res, config=config, scale=scale,
-            split=split, pdl=pdl,
+            split=split, pdl=pdl or folded, early=folded, sumsq_in=sumsq,
         )  # fmt: skip
 
     return call
@@ -555,7 +550,9 @@ def tune(
     with `fp8`: FP8 weights, FP8_CANDIDATES by default, no split-K) and the fastest of all in
     CHOSEN_SPLIT; with `persistent`, PERSISTENT_CANDIDATES by default, no split-K, the fastest
     kept in CHOSEN_PERSISTENT only; return every trial. `dtype`: the model's activations (None:
-    BF16; torch.float16)."""
+    BF16; torch.float16). Gate/up with SiLU and no norm is the folded-norms rung's, so it is timed as
+    that rung runs it (fused_call's `folded`): timed without, closing-the-gap 20261206T054617Z-h100-
+    80gb-hbm3 kept a config 0.2 us faster alone that took 86 us a layer in the rung, against 65."""
     import torch
 
     if fp8 and persistent:
@@ -567,11 +564,13 @@ def tune(
     for n, k, fusion in cases:
         mine = []
         splits = [] if fp8 or persistent or n * k > SPLIT_MAX_ELEMENTS else list(split_candidates)
+        folded = fusion.silu and not fusion.norm and not (fp8 or persistent)
         for c in [*candidates, *splits]:
             if fusion.silu and c.block_n < 2:
                 continue
             try:
-                us = time_per_call_us(n, k, fused_call(n, k, fusion, c, fp8=fp8, dtype=dtype), fp8=fp8, dtype=dtype)
+                call = fused_call(n, k, fusion, c, fp8=fp8, dtype=dtype, folded=folded)
+                us = time_per_call_us(n, k, call, fp8=fp8, dtype=dtype)
             except Exception as e:  # a split-K, FP8 or persistent candidate failing leaves the others
                 if c.split_k == 1 and not (fp8 or persistent):
                     raise
