@@ -23,8 +23,7 @@ RUNGS = {
     "split-k": "+ split-K for the smaller matrices where the tuner finds it faster",
     "pdl": "+ programmatic dependent launch: each GEMV may start while the kernel before drains",
     "weights-first": "+ each GEMV loads its first weights before it waits for the kernel before",
-    "one-attention": "+ attention in one kernel, launched the same way, the cached keys and values read first, "
-    "o_proj's weights pulled into L2 while it runs",
+    "one-attention": "+ attention in one kernel, launched the same way, the cached keys and values read first",
     "folded-norms": "+ norm weights folded into the matrices, x's sum of squares from the kernel that writes x, "
     "argmax inside the LM head",
     "persistent": "+ persistent GEMVs: a few programs per SM walk each matrix's rows",

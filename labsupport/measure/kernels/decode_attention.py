@@ -24,9 +24,10 @@ the rotary table's row and the norms' weights. What is left after the wait is a 
 steps (q and k normed and rotated, the scores, the softmax, the weighted sum, the partials stored,
 the counter, the combine), so the form with the shorter chain wins: the grouped product's
 reductions across a [G, BLOCK_S, D] tile take several times the instructions of one head's, which
-`tune_one` weighs against the grouped form's fewer programs and single read of the cache. That
-chain leaves the memory idle for microseconds, so with `prefetch` the kernel also pulls the next
-matrix (o_proj's) into L2 by bulk prefetches, which nothing waits for.
+`tune_one` weighs against the grouped form's fewer programs and single read of the cache.
+That chain leaves the memory idle for microseconds; pulling o_proj's weights into L2 from here by
+bulk prefetches did not pay (closing-the-gap 20261206T060822Z-h100-80gb-hbm3: attention took 445 us
+a step against 265, o_proj and down_proj 1,607 against 1,635), so the kernel does not.
 
 Triton is imported on first use; on a CPU set TRITON_INTERPRET=1 first (no bfloat16 there).
 """
@@ -295,22 +296,10 @@ def one_kernel():
                      tl=tl)  # fmt: skip
 
     @triton.jit
-    def prefetch_l2(pf_ptr, chunks, THREADS: tl.constexpr):
-        # this program's share of the matrix at pf_ptr pulled into L2, one bulk prefetch of PREFETCH_CHUNK
-        # (4,096) bytes a thread (Hopper's cp.async.bulk.prefetch.L2): asynchronous, nothing waits for it
-        e = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * THREADS + tl.arange(0, THREADS)
-        at = pf_ptr.to(tl.pointer_type(tl.int8)) + tl.minimum(e, chunks - 1).to(tl.int64) * 4096  # in the matrix
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], 4096; mov.u32 $0, 0; }",
-            "=r,l,r", [at, (e < chunks).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-
-    @triton.jit
     def attention_kernel(
-        qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, count_ptr, out_ptr, pf_ptr,
-        pf_chunks, eps, scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr,
-        BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr, PER_HEAD: tl.constexpr,
-        PREFETCH: tl.constexpr, THREADS: tl.constexpr,
+        qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, part_ptr, count_ptr, out_ptr, eps,
+        scale, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
+        CHUNK: tl.constexpr, PDL: tl.constexpr, PER_HEAD: tl.constexpr,
     ):  # fmt: skip
         who, part = tl.program_id(0), tl.program_id(1)  # who: the K/V head, or with PER_HEAD the query head
         kvh = who // (H // KVH) if PER_HEAD else who
@@ -322,8 +311,6 @@ def one_kernel():
         if PDL:  # the QKV GEMV's output is read from here on
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        if PREFETCH:  # the next matrix into L2 while this kernel's dependent steps leave the memory idle
-            prefetch_l2(pf_ptr, pf_chunks, THREADS)
         if PER_HEAD:
             attend_head(
                 kt, vt, cos, sin, qw, qw_rot, kw, kw_rot, qkv_ptr, kc_ptr, vc_ptr, pos, who, part, tl.num_programs(1),
@@ -341,10 +328,6 @@ def one_kernel():
 
 
 _COUNTERS: dict = {}
-# The bytes of one bulk prefetch into L2 (decode_attention_one's `prefetch`), and the largest share
-# of the L2 cache a matrix so prefetched may take, so that it is still there when its GEMV reads it.
-PREFETCH_CHUNK = 4096
-PREFETCH_L2_SHARE = 0.75
 # The stretch lengths (positions per program) decode_attention_one is tuned over, grouped and per
 # head. The two-kernel form keeps 32: 32 query heads x 9 stretches at 256 tokens already give a few
 # hundred programs; the grouped one kernel runs one program per K/V head and stretch (8 K/V heads in
@@ -444,14 +427,12 @@ def decode_attention(
 
 def decode_attention_one(
     qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads: int, eps: float, config: OneConfig | None = None,
-    pdl: bool = False, chunk: int | None = None, prefetch=None,
+    pdl: bool = False, chunk: int | None = None,
 ):  # fmt: skip
     """decode_attention's result in one kernel (module docstring); `pdl`: launched with
     programmatic dependent launch, what the step does not write read before the wait. `config`
     None: the one tune_one chose for this shape, else filling_block's stretch on 4 warps, grouped
-    where it fits, else per head; `chunk` None: combine_chunk's. `prefetch`: a tensor (the o_proj
-    weight) pulled into L2 after the wait, while the kernel's dependent steps leave the memory idle,
-    where prefetches_l2 says it may be."""
+    where it fits, else per head; `chunk` None: combine_chunk's."""
     import torch
 
     _, kv_heads, slots, head_dim = k_cache.shape
@@ -471,25 +452,12 @@ def decode_attention_one(
     out = torch.empty(heads * head_dim, device=qkv.device, dtype=qkv.dtype)
     extra = {"launch_pdl": True} if pdl else {}
     who = heads if config.per_head else kv_heads
-    pf = prefetch is not None and pdl and prefetches_l2(prefetch)
     kernel[(who, parts)](
         qkv.reshape(-1), q_norm, k_norm, cos, sin, k_cache, v_cache, pos, partial, counters(who, qkv.device),
-        out, prefetch if pf else out, prefetch.nbytes // PREFETCH_CHUNK if pf else 0, eps, head_dim**-0.5,
-        H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=config.block_s, CHUNK=chunk, PDL=pdl,
-        PER_HEAD=config.per_head, PREFETCH=pf, THREADS=32 * config.num_warps, num_warps=config.num_warps, **extra,
+        out, eps, head_dim**-0.5, H=heads, KVH=kv_heads, D=head_dim, SLOTS=slots, BLOCK_S=config.block_s, CHUNK=chunk,
+        PDL=pdl, PER_HEAD=config.per_head, num_warps=config.num_warps, **extra,
     )  # fmt: skip
     return out
-
-
-def prefetches_l2(w) -> bool:
-    """Whether decode_attention_one may pull `w` into L2: a contiguous matrix of whole PREFETCH_CHUNKs
-    on a GPU with bulk prefetches (Hopper on), at most PREFETCH_L2_SHARE of its L2 cache."""
-    import torch
-
-    if w.device.type != "cuda" or torch.cuda.get_device_capability(w.device)[0] < 9:
-        return False
-    l2 = torch.cuda.get_device_properties(w.device).L2_cache_size
-    return w.is_contiguous() and w.nbytes % PREFETCH_CHUNK == 0 and w.nbytes <= PREFETCH_L2_SHARE * l2
 
 
 def _sms(device) -> int:

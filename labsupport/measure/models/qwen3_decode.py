@@ -10,8 +10,7 @@ forward pass in one screen, using the weights of a transformers model, so that e
     Options.pdl        with "triton": our GEMVs launched with programmatic dependent launch
     Options.early_weights  with pdl: each GEMV loads its first tile (or two) of weights before it waits
     Options.one_attention  with fused_attention and pdl: attention in one kernel, PDL-launched, the
-                       cached positions read before it waits, o_proj's weight pulled into L2 as it runs
-                       (decode_attention.decode_attention_one)
+                       cached positions read before it waits (decode_attention.decode_attention_one)
     Options.fold_norms  with fuse_gemv, not fp8: each RMSNorm's weight folded into the matrix after it
                        once, its Σx² summed by the kernel that writes x (one scalar read by the
                        GEMV after), and the greedy token picked in the LM head's epilogue: no
@@ -121,17 +120,17 @@ def ops():
         "labsupport::decode_attention",
         mutates_args=("k_cache", "v_cache"),
         schema="(Tensor qkv, Tensor q_norm, Tensor k_norm, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
-        "Tensor(b!) v_cache, Tensor pos, int heads, float eps, bool one, Tensor? prefetch) -> Tensor",
+        "Tensor(b!) v_cache, Tensor pos, int heads, float eps, bool one) -> Tensor",
     )
-    def attention_op(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, one, prefetch):
-        if one:  # one kernel, PDL-launched, pulling `prefetch` (o_proj's weight) into L2 as it runs
+    def attention_op(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, one):
+        if one:  # one kernel, PDL-launched
             return decode_attention.decode_attention_one(
-                qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, pdl=True, prefetch=prefetch
+                qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, pdl=True
             )
         return decode_attention.decode_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps)
 
     @attention_op.register_fake
-    def _(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, one, prefetch):
+    def _(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, one):
         return qkv.new_empty(heads * k_cache.shape[-1])
 
     # The GEMV of the folded-norms rung: `sums` is a layer's three Σx² scalars (folded_norms.sums),
@@ -254,8 +253,7 @@ def layer(
     h = x if fuse else rmsnorm(x, in_norm, eps)
     qkv = [mm(h, wi, norm=in_norm if fuse else None, scale=sc[0], sumsq=READ_INPUT) for wi in attn_in]
     if opts.fused_attention and one_token:
-        a = kernels.attention(qkv[0], q_norm, k_norm, cos, sin, k_cache, v_cache, pos, s.heads, eps, opts.one_attention,
-                              wo if opts.one_attention else None)  # fmt: skip
+        a = kernels.attention(qkv[0], q_norm, k_norm, cos, sin, k_cache, v_cache, pos, s.heads, eps, opts.one_attention)
         a = a.view(1, 1, -1)
     else:
         a = attention(qkv, pos, cos, sin, k_cache, v_cache, q_norm, k_norm, s, opts.fused)
