@@ -368,7 +368,7 @@ CHOSEN_ONE: dict = {}
 
 def filling_block(slots: int, kv_heads: int, sms: int) -> int:
     """The longest stretch of ONE_BLOCKS that still gives at least one program per SM (the
-    shortest where none does): what decode_attention_one runs untuned, grouped."""
+    shortest where none does): the stretch decode_attention_one runs untuned."""
     fits = [b for b in ONE_BLOCKS if kv_heads * -(-slots // b) >= sms]
     return max(fits) if fits else min(ONE_BLOCKS)
 
@@ -386,7 +386,7 @@ def tuned_configs(group: int, head_dim: int) -> list[OneConfig]:
 
 def combine_chunk(parts: int) -> int:
     """The stretches the last program combines at a time: all of `parts` in one pass (a power of two at
-    or past it) up to 32, the fastest on an H100 (module docstring of ONE_BLOCKS' comment)."""
+    or past it) up to 32, which on an H100 beat smaller tiles (the comment above PRODUCT_FLOATS)."""
     chunk = 1
     while chunk < min(parts, 32):
         chunk *= 2

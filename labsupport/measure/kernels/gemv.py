@@ -118,7 +118,9 @@ FP8_CANDIDATES = [
 # The persistent candidates (the persistent rung's): two programs per SM, each loading long stretches
 # of a few rows three stages deep. (Closing-the-gap 20261206T004616Z-h100-80gb-hbm3: one per SM was
 # slowest everywhere; in 20261206T041852Z four per SM, kept by under 1% alone, lost 0.19 ms in the step.)
-PERSISTENT_CANDIDATES = [Config(bn, bk, w, 3, 1, 2) for bn, bk, w in [(2, 2048, 8), (4, 2048, 8), (2, 4096, 8)]]
+PERSISTENT_CANDIDATES = [
+    Config(bn, bk, w, 3, ctas_per_sm=2) for bn, bk, w in [(2, 2048, 8), (4, 2048, 8), (2, 4096, 8)]
+]
 PERSISTENT_DEFAULT = Config(4, 2048, 8, 3, ctas_per_sm=2)
 # The chosen config for each weight shape and fusion (N, K, Fusion), filled by tune(): without
 # split-K (CHOSEN), best of all (CHOSEN_SPLIT, the split-K rung's), FP8 weights (CHOSEN_FP8),
