@@ -1,7 +1,8 @@
 """The one-kernel attention (labsupport.measure.kernels.decode_attention) checked and timed on
 Qwen3-8B's shapes at 256 tokens, in half a minute, before a nightly spends its minutes on it:
 
-- **checked**: every config tune_one may choose, against the two-kernel form, on the same cache;
+- **checked**: every config tune_one may choose (the cluster kernel's where it builds), against the
+  two-kernel form, on the same cache;
 - **alone**: tune_one's time per call of each config, and the two kernels' timed the same way;
 - **after the QKV GEMV**: the time a layer's QKV GEMV and its attention add to a CUDA graph of many
   layers, as a step runs them (the GEMV PDL-launched with its weights first, the one kernel too),
@@ -26,8 +27,8 @@ def check(layers: int = 36) -> dict:
     import torch
 
     from labsupport.measure import hardware
+    from labsupport.measure.kernels import cluster_attention, gemv
     from labsupport.measure.kernels import decode_attention as da
-    from labsupport.measure.kernels import gemv
 
     dev, dt = "cuda", torch.bfloat16
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -47,9 +48,13 @@ def check(layers: int = 36) -> dict:
     kc, vc = caches[0]
     ref = da.decode_attention(qkv, *args, kc.clone(), vc.clone(), at, HEADS, 1e-6).float()
     diff = {}
-    for c in da.tuned_configs(HEADS // KV_HEADS, HEAD_DIM):
+    cluster = cluster_attention.unusable(dev) is None
+    for c in da.tuned_configs(HEADS // KV_HEADS, HEAD_DIM, cluster=cluster):
+        if c.cluster and not cluster_attention.fits(SLOTS, c.block_s, HEAD_DIM, dt):
+            continue
         out = da.decode_attention_one(qkv, *args, kc.clone(), vc.clone(), at, HEADS, 1e-6, config=c).float()
-        diff[f"{c.block_s}x{c.num_warps}{'h' if c.per_head else 'g'}"] = float((out - ref).abs().max())
+        form = "c" if c.cluster else "h" if c.per_head else "g"
+        diff[f"{c.block_s}x{c.num_warps}{form}"] = float((out - ref).abs().max())
 
     alone = da.tune_one(HEADS, KV_HEADS, HEAD_DIM, SLOTS, POS, dt)
 

@@ -271,6 +271,7 @@ def tune_attention(model, prompt_len: int) -> list[dict]:
     )
     best = next(r for r in rows if r["chosen"])
     order = "one per query head" if best["per_head"] else "one per K/V head"
+    order += ", a head's in one cluster (CUDA C++)" if best.get("cluster") else ""
     progress(f"  attention in one kernel: {best['us']:.1f} us with {best['block_s']} positions per program "
              f"({best['programs']} programs of {best['num_warps']} warps, {order}), best of {len(rows)}")  # fmt: skip
     return rows

@@ -299,8 +299,14 @@ def attention_tuning_text(run: runs.Run) -> str:
 
 def attention_form(row: dict) -> str:
     """How a config of the one-kernel attention splits the work, in words: a program per query head
-    (`per_head`), or per K/V head with its query heads in one product (runs before the per-head form
-    was tried have `grouped` instead, False for one query head after another in that program)."""
+    (`per_head`), those of a head one thread-block cluster in CUDA C++ (`cluster`), or per K/V head
+    with its query heads in one product (runs before the per-head form was tried have `grouped`
+    instead, False for one query head after another in that program)."""
+    if row.get("cluster"):
+        return (
+            "one program per query head, a head's programs one thread-block cluster that combines their "
+            "partials in shared memory (CUDA C++: Triton cannot address another block's shared memory)"
+        )
     if row.get("per_head"):
         return "one program per query head"
     return "its query heads together" if row.get("grouped", True) else "one query head after another"

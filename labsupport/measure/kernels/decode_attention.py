@@ -25,6 +25,9 @@ steps (q and k normed and rotated, the scores, the softmax, the weighted sum, th
 the counter, the combine), so the form with the shorter chain wins: the grouped product's
 reductions across a [G, BLOCK_S, D] tile take several times the instructions of one head's, which
 `tune_one` weighs against the grouped form's fewer programs and single read of the cache.
+A third form (`OneConfig.cluster`) is CUDA C++ (labsupport.measure.kernels.cluster_attention): the
+per-head split, with each head's stretches one thread-block cluster that combines on chip, so the
+partials, the counter and the loads back leave the chain.
 That chain leaves the memory idle for microseconds; pulling o_proj's weights into L2 from here by
 bulk prefetches did not pay (closing-the-gap 20261206T060822Z-h100-80gb-hbm3: attention took 445 us
 a step against 265, o_proj and down_proj 1,607 against 1,635), so the kernel does not.
@@ -45,18 +48,24 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def norm_rope(x_ptr, w_ptr, d, d_rot, sign, cos, sin, eps, D: tl.constexpr):
-        # Qwen3's per-head RMSNorm (float32 statistic, rounded, times the weight, rounded), then
-        # the rotary embedding x * cos + rotate_half(x) * sin, rounded to the input's dtype.
+    def norm_rope_w(x_ptr, w, w_rot, d, d_rot, sign, cos, sin, eps, D: tl.constexpr):
+        # Qwen3's per-head RMSNorm (float32 statistic, rounded, times the weight, rounded), then the rotary
+        # embedding x * cos + rotate_half(x) * sin, rounded to the input's dtype; the norm's weight given,
+        # loaded already (w at d, w_rot at d_rot)
         x = tl.load(x_ptr + d)
         xf, xr = x.to(tl.float32), tl.load(x_ptr + d_rot).to(tl.float32)
         r = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
-        n = ((xf * r).to(x.dtype) * tl.load(w_ptr + d)).to(tl.float32)
-        nr = ((xr * r).to(x.dtype) * tl.load(w_ptr + d_rot)).to(tl.float32)
+        n = ((xf * r).to(x.dtype) * w).to(tl.float32)
+        nr = ((xr * r).to(x.dtype) * w_rot).to(tl.float32)
         return (n * cos + sign * nr * sin).to(x.dtype)
 
+    @triton.jit
+    def norm_rope(x_ptr, w_ptr, d, d_rot, sign, cos, sin, eps, D: tl.constexpr):
+        # norm_rope_w, the norm's weight loaded here
+        return norm_rope_w(x_ptr, tl.load(w_ptr + d), tl.load(w_ptr + d_rot), d, d_rot, sign, cos, sin, eps, D)
+
     # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
-    globals()["norm_rope"] = norm_rope
+    globals().update(norm_rope=norm_rope, norm_rope_w=norm_rope_w)
 
     @triton.jit
     def attention_part_kernel(
@@ -121,7 +130,7 @@ def one_kernel():
     import triton
     import triton.language as tl
 
-    _kernel()  # norm_rope, among this module's globals
+    _kernel()  # norm_rope_w, among this module's globals
 
     @triton.jit
     def tables(cos_ptr, sin_ptr, qn_ptr, kn_ptr, pos, D: tl.constexpr):
@@ -134,16 +143,6 @@ def one_kernel():
         return cos, sin, tl.load(qn_ptr + d), tl.load(qn_ptr + d_rot), tl.load(kn_ptr + d), tl.load(kn_ptr + d_rot)
 
     @triton.jit
-    def norm_rope_w(x_ptr, w, w_rot, d, d_rot, sign, cos, sin, eps, D: tl.constexpr):
-        # norm_rope with the norm's weight loaded already (w at d, w_rot at d_rot)
-        x = tl.load(x_ptr + d)
-        xf, xr = x.to(tl.float32), tl.load(x_ptr + d_rot).to(tl.float32)
-        r = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
-        n = ((xf * r).to(x.dtype) * w).to(tl.float32)
-        nr = ((xr * r).to(x.dtype) * w_rot).to(tl.float32)
-        return (n * cos + sign * nr * sin).to(x.dtype)
-
-    @triton.jit
     def norm_rope_rows(x_ptr, w, w_rot, d, d_rot, sign, cos, sin, eps, D: tl.constexpr):
         # norm_rope_w of G rows at once: x_ptr a [G] column of row starts
         x = tl.load(x_ptr[:, None] + d[None, :])
@@ -153,7 +152,7 @@ def one_kernel():
         nr = ((xr * r[:, None]).to(x.dtype) * w_rot[None, :]).to(tl.float32)
         return (n * cos[None, :] + sign[None, :] * nr * sin[None, :]).to(x.dtype)
 
-    globals().update(norm_rope_w=norm_rope_w, norm_rope_rows=norm_rope_rows)
+    globals().update(norm_rope_rows=norm_rope_rows)
 
     @triton.jit
     def stretch_kv(kc_ptr, vc_ptr, pos, kvh, part, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -168,8 +167,7 @@ def one_kernel():
 
     @triton.jit
     def new_kv(kt, vt, qkv_ptr, kc_ptr, vc_ptr, kw, kw_rot, cos, sin, pos, kvh, write, eps,
-               H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
-               s):  # fmt: skip
+               H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, s):  # fmt: skip
         # the new token's k (normed, rotated) and v, written into the cache where `write`, and put in
         # the stretch's rows at `pos` from registers, not from the cache another program is writing
         d = tl.arange(0, D)
@@ -200,7 +198,7 @@ def one_kernel():
         d_rot = (d + D // 2) % D
         sign = tl.where(d < D // 2, -1.0, 1.0)
         kt, vt = new_kv(kt, vt, qkv_ptr, kc_ptr, vc_ptr, kw, kw_rot, cos, sin, pos, kvh, part == 0, eps, H, KVH, D,
-                        SLOTS, BLOCK_S, s)  # fmt: skip
+                        SLOTS, s)  # fmt: skip
         q = norm_rope_rows(qkv_ptr + heads * D, qw, qw_rot, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)  # noqa: F821
         scores = tl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale  # [G, BLOCK_S]
         scores = tl.where((s <= pos)[None, :], scores, float("-inf"))
@@ -231,7 +229,7 @@ def one_kernel():
         d_rot = (d + D // 2) % D
         sign = tl.where(d < D // 2, -1.0, 1.0)
         kt, vt = new_kv(kt, vt, qkv_ptr, kc_ptr, vc_ptr, kw, kw_rot, cos, sin, pos, kvh, (h % G == 0) & (part == 0),
-                        eps, H, KVH, D, SLOTS, BLOCK_S, s)  # fmt: skip
+                        eps, H, KVH, D, SLOTS, s)  # fmt: skip
         q = norm_rope_w(qkv_ptr + h * D, qw, qw_rot, d, d_rot, sign, cos, sin, eps, D).to(tl.float32)  # noqa: F821
         score = tl.where(s <= pos, tl.sum(kt * q[None, :], axis=1) * scale, float("-inf"))  # [BLOCK_S]
         m = tl.max(score, axis=0)
@@ -350,11 +348,13 @@ PRODUCT_FLOATS = 64
 @dataclass(frozen=True)
 class OneConfig:
     """How decode_attention_one runs: positions per program, warps per program, and whether a program
-    serves one query head (`per_head`) or every query head of its K/V head in one product."""
+    serves one query head (`per_head`) or every query head of its K/V head in one product; `cluster`:
+    per head, in the CUDA C++ kernel whose stretches of a head combine on chip (cluster_attention)."""
 
     block_s: int
     num_warps: int = 4
     per_head: bool = False
+    cluster: bool = False
 
 
 # The configs tune_one may time (tuned_configs: those whose grouped product fits), and the one
@@ -364,6 +364,9 @@ ONE_CANDIDATES = [
     *(OneConfig(b, w, per_head=True) for b in HEAD_BLOCKS for w in ONE_WARPS),
 ]
 CHOSEN_ONE: dict = {}
+# The cluster kernel's configs: 16 positions a warp (cluster_attention.BLOCKS, those that keep a 256-
+# token prompt's stretches within a cluster).
+CLUSTER_CANDIDATES = [OneConfig(b, b // 16, per_head=True, cluster=True) for b in (64, 128)]
 
 
 def filling_block(slots: int, kv_heads: int, sms: int) -> int:
@@ -378,10 +381,12 @@ def fits_grouped(block_s: int, group: int, head_dim: int, num_warps: int) -> boo
     return group * block_s * head_dim <= PRODUCT_FLOATS * 32 * num_warps
 
 
-def tuned_configs(group: int, head_dim: int) -> list[OneConfig]:
+def tuned_configs(group: int, head_dim: int, cluster: bool = False) -> list[OneConfig]:
     """The configs of ONE_CANDIDATES that tune_one times for heads of `head_dim`, `group` a K/V head:
-    every per-head one, the grouped ones where their product fits (fits_grouped)."""
-    return [c for c in ONE_CANDIDATES if c.per_head or fits_grouped(c.block_s, group, head_dim, c.num_warps)]
+    every per-head one, the grouped ones where their product fits (fits_grouped); with `cluster`, the
+    CLUSTER_CANDIDATES too."""
+    mine = [c for c in ONE_CANDIDATES if c.per_head or fits_grouped(c.block_s, group, head_dim, c.num_warps)]
+    return mine + (CLUSTER_CANDIDATES if cluster else [])
 
 
 def combine_chunk(parts: int) -> int:
@@ -439,13 +444,19 @@ def decode_attention_one(
     group = heads // kv_heads
     if group * kv_heads != heads or group & (group - 1):
         raise ValueError(f"one-kernel attention needs a power of two query heads per K/V head, not {heads}/{kv_heads}")
-    one = one_kernel()
-    triton, kernel = one.triton, one.kernel
     if config is None:
         config = CHOSEN_ONE.get((kv_heads, slots, head_dim, group))
     if config is None:
         block = filling_block(slots, kv_heads, _sms(qkv.device))
         config = OneConfig(block, 4, per_head=not fits_grouped(block, group, head_dim, 4))
+    if config.cluster:
+        from labsupport.measure.kernels import cluster_attention
+
+        return cluster_attention.attention(
+            qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, config.block_s, pdl
+        )  # fmt: skip
+    one = one_kernel()
+    triton, kernel = one.triton, one.kernel
     parts = triton.cdiv(slots, config.block_s)
     chunk = chunk or combine_chunk(parts)
     partial = torch.empty(heads, parts, head_dim + 2, device=qkv.device, dtype=torch.float32)
@@ -468,12 +479,13 @@ def _sms(device) -> int:
 
 
 def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dtype, repeats: int = 20) -> list[dict]:
-    """Time decode_attention_one with each of tuned_configs on one layer's shapes (a cache of `slots`
+    """Time decode_attention_one with each of tuned_configs (the cluster kernel's where it builds and
+    fits, else a row saying why not) on one layer's shapes (a cache of `slots`
     positions, the new token at `pos`), as it runs in a decode step's CUDA graph: many calls captured
     in one graph, each on its own copy of the cache so that none is read from L2, and on a GPU with
     programmatic dependent launch each launched with it, as the step launches it, so that a call's
     reads before its wait overlap the call before; keep the fastest in CHOSEN_ONE and return one row
-    per config (block_s, num_warps, per_head, programs, us, status, chosen). A config that fails is a
+    per config (block_s, num_warps, per_head, cluster, programs, us, status, chosen). A config that fails is a
     row with its reason; if none runs, this raises."""
     import torch
 
@@ -493,14 +505,20 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     cos, sin = (torch.randn(slots, head_dim, device=dev, dtype=dtype) for _ in range(2))
     at = torch.tensor([pos], device=dev)
     pdl = torch.cuda.get_device_capability()[0] >= 9
-    rows = []
-    for c in tuned_configs(group, head_dim):
+    from labsupport.measure.kernels import cluster_attention
+
+    fits = [c for c in CLUSTER_CANDIDATES if cluster_attention.fits(slots, c.block_s, head_dim, dtype)]
+    why_not = cluster_attention.unusable(dev) if fits else "none fits these shapes"
+    rows = [{"block_s": c.block_s, "num_warps": c.num_warps, "per_head": True, "cluster": True,
+             "programs": heads * -(-slots // c.block_s), "us": float("nan"), "status": f"not run: {why_not}"}
+            for c in CLUSTER_CANDIDATES if why_not]  # fmt: skip
+    for c in [c for c in tuned_configs(group, head_dim, cluster=not why_not) if not c.cluster or c in fits]:
 
         def calls(c=c):  # (the first, outside the capture, compiles the kernel and makes the counters)
             for kc, vc in caches:
                 decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, at, heads, 1e-6, config=c, pdl=pdl)
 
-        row = {"block_s": c.block_s, "num_warps": c.num_warps, "per_head": c.per_head,
+        row = {"block_s": c.block_s, "num_warps": c.num_warps, "per_head": c.per_head, "cluster": c.cluster,
                "programs": (heads if c.per_head else kv_heads) * -(-slots // c.block_s), "us": float("nan"),
                "status": "ok"}  # fmt: skip
         try:
@@ -514,5 +532,7 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     best = min(ok, key=lambda r: r["us"])
     for r in rows:
         r["chosen"] = r is best
-    CHOSEN_ONE[(kv_heads, slots, head_dim, group)] = OneConfig(best["block_s"], best["num_warps"], best["per_head"])
+    CHOSEN_ONE[(kv_heads, slots, head_dim, group)] = OneConfig(
+        best["block_s"], best["num_warps"], best["per_head"], best["cluster"]
+    )  # fmt: skip
     return rows
