@@ -123,6 +123,14 @@ def test_tiny_models_cpu_operators_have_a_kind_and_a_source(tiny_cpu_operators):
         ("persistent_gemv_kernel", "matrix multiply", "Triton (ours)"),
         ("attention_part_kernel", "attention", "Triton (ours)"),
         ("attention_combine_kernel", "attention", "Triton (ours)"),
+        # our own CUDA C++: the one-kernel attention whose stretches combine in a thread-block cluster
+        (
+            "void cluster_attention_kernel<4>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, "
+            "__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16*, __nv_bfloat16*, long const*, __nv_bfloat16*, "
+            "float, float, int, int, int, int)",
+            "attention",
+            "CUDA C++ (ours)",
+        ),
         # cuDNN's SDPA: the attention kernel and the reduction of its split-KV partial results
         ("void cudnn::fusion::lean_reduction_kernel<false, false, false>(void*, float*, float*)", "attention", "cuDNN"),
         # convolutions: PyTorch's depthwise kernel, cuDNN's implicit-GEMM kernels

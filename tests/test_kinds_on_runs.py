@@ -134,6 +134,7 @@ FAMILIES = [
     (r"^triton_poi_fused_", "elementwise", "Triton (torch.compile)"),
     (r"^add_kernel$", "elementwise", "Triton (ours)"),
     (r"^rmsnorm_kernel$", "reduction", "Triton (ours)"),
+    (r"^void cluster_attention_kernel<", "attention", "CUDA C++ (ours)"),  # the one-kernel attention's cluster form
     (r"conv_depthwise2d_forward_kernel", "convolution", "PyTorch (ATen)"),  # the hybrid's causal conv1d
     (r"^nvjet_sm90_", "matrix multiply", "cuBLAS/cuBLASLt"),
     (r"cutlass_80_simt_sgemm", "matrix multiply", "cuBLAS/cuBLASLt"),

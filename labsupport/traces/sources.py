@@ -14,6 +14,7 @@ SOURCES = (
     "flash-linear-attention (Triton)",
     "Triton (torch.compile)",
     "Triton (ours)",
+    "CUDA C++ (ours)",
     "PyTorch (ATen)",
     "CUDA driver",
     "NCCL",
@@ -35,6 +36,8 @@ SOURCE_RULES: list[tuple[str, re.Pattern]] = [
     ("flash-linear-attention (Triton)", FLA),
     ("Triton (torch.compile)", re.compile(r"^triton_(poi|red|per|tem|for|unk)_")),
     ("Triton (ours)", re.compile("^(" + "|".join(OUR_TRITON) + ")$")),
+    # Our own CUDA C++ kernels (labsupport.measure.kernels.cluster_attention), by their demangled names.
+    ("CUDA C++ (ours)", re.compile(r"^void cluster_attention_kernel<")),
     # cuBLAS ships its own kernels (nvjet on Hopper, gemv, and CUTLASS-built sgemm for fp32).
     (
         "cuBLAS/cuBLASLt",
