@@ -305,7 +305,7 @@ def attention_form(row: dict) -> str:
     if row.get("cluster"):
         return (
             "one program per query head, a head's programs one thread-block cluster that combines their "
-            "partials in shared memory (CUDA C++: Triton cannot address another block's shared memory)"
+            "partials in shared memory, in CUDA C++ since Triton cannot address another block's shared memory"
         )
     if row.get("per_head"):
         return "one program per query head"
