@@ -266,6 +266,8 @@ def tune_attention(model, prompt_len: int) -> list[dict]:
     from labsupport.measure.models.qwen3_decode import EXTRA_SLOTS
 
     c = model.config
+    progress("  attention in one kernel: timing its forms (the CUDA C++ one is built first where nvcc is here: "
+             "about a minute the first time)")  # fmt: skip
     rows = decode_attention.tune_one(
         c.num_attention_heads, c.num_key_value_heads, c.head_dim, prompt_len + EXTRA_SLOTS, prompt_len, model.dtype
     )
