@@ -49,9 +49,7 @@ def check(layers: int = 36) -> dict:
     ref = da.decode_attention(qkv, *args, kc.clone(), vc.clone(), at, HEADS, 1e-6).float()
     diff = {}
     cluster = cluster_attention.unusable(dev) is None
-    for c in da.tuned_configs(HEADS // KV_HEADS, HEAD_DIM, cluster=cluster):
-        if c.cluster and not cluster_attention.fits(SLOTS, c.block_s, HEAD_DIM, dt):
-            continue
+    for c in da.tuned_configs(HEADS // KV_HEADS, HEAD_DIM, cluster_for=(SLOTS, dt) if cluster else None):
         out = da.decode_attention_one(qkv, *args, kc.clone(), vc.clone(), at, HEADS, 1e-6, config=c).float()
         form = "c" if c.cluster else "h" if c.per_head else "g"
         diff[f"{c.block_s}x{c.num_warps}{form}"] = float((out - ref).abs().max())

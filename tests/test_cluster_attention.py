@@ -34,10 +34,14 @@ def test_it_says_why_it_cannot_run_without_a_cuda_gpu_and_refuses_shapes_it_does
 
 def test_the_tuner_adds_the_cluster_configs_only_where_the_kernel_can_run():
     plain = decode_attention.tuned_configs(4, 128)
-    both = decode_attention.tuned_configs(4, 128, cluster=True)
+    both = decode_attention.tuned_configs(4, 128, cluster_for=(272, torch.bfloat16))
     assert not any(c.cluster for c in plain)
     assert both[: len(plain)] == plain
     assert [(c.block_s, c.num_warps, c.per_head) for c in both[len(plain) :]] == [(64, 4, True), (128, 8, True)]
+    # a cache of 1,024 positions is 16 stretches of 64 (more than a cluster holds), 8 of 128
+    longer = decode_attention.tuned_configs(4, 128, cluster_for=(1024, torch.bfloat16))
+    assert [(c.block_s, c.num_warps) for c in longer[len(plain) :]] == [(128, 8)]
+    assert decode_attention.tuned_configs(4, 128, cluster_for=(272, torch.float16)) == plain
 
 
 def test_decode_attention_one_runs_the_cluster_kernel_for_a_cluster_config():
@@ -68,3 +72,17 @@ def test_the_cuda_source_builds_for_hopper_without_spilling(tmp_path):
     kernels = [line for line in out.stderr.splitlines() if "spill stores" in line]
     assert len(kernels) == len(cluster_attention.BLOCKS)  # one instantiation per block length
     assert all("0 bytes spill stores" in line for line in kernels)
+
+
+def test_it_refuses_a_tensor_it_cannot_read_eight_bytes_at_a_time():
+    # the step's tensors are contiguous and aligned; a strided view, or one a bfloat16 off, is refused
+    kc = torch.zeros(1, 8, 272, 128, dtype=torch.bfloat16)
+    qkv = torch.zeros(48 * 128 + 1, dtype=torch.bfloat16)
+    ones = torch.ones(128, dtype=torch.bfloat16)
+    table = torch.zeros(272, 128, dtype=torch.bfloat16)
+    args = (ones, ones, table, table, kc, kc.clone(), None, 32, 1e-6, 64, False)
+    with pytest.raises(ValueError, match="8-byte-aligned addresses; qkv is not"):
+        cluster_attention.attention(qkv[1:], *args)
+    with pytest.raises(ValueError, match="; cos is not"):
+        cluster_attention.attention(qkv[:-1], ones, ones, table.t().contiguous().t(), table, kc, kc, None, 32, 1e-6,
+                                    64, False)  # fmt: skip

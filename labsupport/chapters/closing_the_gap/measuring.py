@@ -23,6 +23,7 @@ from labsupport.chapters.closing_the_gap.params import (
     TOKENS,
     progress,
 )
+from labsupport.chapters.closing_the_gap.prose import attention_form
 from labsupport.measure import decode, models, recording, steps
 from labsupport.traces import kernels
 
@@ -272,10 +273,9 @@ def tune_attention(model, prompt_len: int) -> list[dict]:
         c.num_attention_heads, c.num_key_value_heads, c.head_dim, prompt_len + EXTRA_SLOTS, prompt_len, model.dtype
     )
     best = next(r for r in rows if r["chosen"])
-    order = "one per query head" if best["per_head"] else "one per K/V head"
-    order += ", a head's in one cluster (CUDA C++)" if best.get("cluster") else ""
     progress(f"  attention in one kernel: {best['us']:.1f} us with {best['block_s']} positions per program "
-             f"({best['programs']} programs of {best['num_warps']} warps, {order}), best of {len(rows)}")  # fmt: skip
+             f"({best['programs']} programs of {best['num_warps']} warps, {attention_form(best)}), "
+             f"best of {len(rows)}")  # fmt: skip
     return rows
 
 

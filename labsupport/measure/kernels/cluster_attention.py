@@ -103,6 +103,11 @@ def attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads: int, 
             f"cluster attention takes bfloat16 heads of {HEAD_DIM} and at most {MAX_CLUSTER} stretches of "
             f"{BLOCKS} positions, not {head_dim}, {qkv.dtype}, {slots} positions in stretches of {block_s}"
         )
+    named = {"qkv": qkv, "q_norm": q_norm, "k_norm": k_norm, "cos": cos, "sin": sin, "k_cache": k_cache,
+             "v_cache": v_cache}  # fmt: skip
+    for name, t in named.items():  # the kernel reads 8 bytes at a time from each
+        if not t.is_contiguous() or t.data_ptr() % 8:
+            raise ValueError(f"cluster attention reads contiguous tensors at 8-byte-aligned addresses; {name} is not")
     return extension().attention(
         qkv.reshape(-1), q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, block_s, pdl
     )

@@ -381,12 +381,18 @@ def fits_grouped(block_s: int, group: int, head_dim: int, num_warps: int) -> boo
     return group * block_s * head_dim <= PRODUCT_FLOATS * 32 * num_warps
 
 
-def tuned_configs(group: int, head_dim: int, cluster: bool = False) -> list[OneConfig]:
+def tuned_configs(group: int, head_dim: int, cluster_for: tuple | None = None) -> list[OneConfig]:
     """The configs of ONE_CANDIDATES that tune_one times for heads of `head_dim`, `group` a K/V head:
-    every per-head one, the grouped ones where their product fits (fits_grouped); with `cluster`, the
-    CLUSTER_CANDIDATES too."""
+    every per-head one, the grouped ones where their product fits (fits_grouped); with `cluster_for`
+    (slots, dtype), the CLUSTER_CANDIDATES that fit a cache of that many positions in that dtype too
+    (cluster_attention.fits)."""
     mine = [c for c in ONE_CANDIDATES if c.per_head or fits_grouped(c.block_s, group, head_dim, c.num_warps)]
-    return mine + (CLUSTER_CANDIDATES if cluster else [])
+    if cluster_for is None:
+        return mine
+    from labsupport.measure.kernels import cluster_attention
+
+    slots, dtype = cluster_for
+    return mine + [c for c in CLUSTER_CANDIDATES if cluster_attention.fits(slots, c.block_s, head_dim, dtype)]
 
 
 def combine_chunk(parts: int) -> int:
@@ -507,12 +513,12 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     pdl = torch.cuda.get_device_capability()[0] >= 9
     from labsupport.measure.kernels import cluster_attention
 
-    fits = [c for c in CLUSTER_CANDIDATES if cluster_attention.fits(slots, c.block_s, head_dim, dtype)]
-    why_not = cluster_attention.unusable(dev) if fits else "none fits these shapes"
+    configs = tuned_configs(group, head_dim, cluster_for=(slots, dtype))
+    why_not = cluster_attention.unusable(dev) if any(c.cluster for c in configs) else "none fits these shapes"
     rows = [{"block_s": c.block_s, "num_warps": c.num_warps, "per_head": True, "cluster": True,
              "programs": heads * -(-slots // c.block_s), "us": float("nan"), "status": f"not run: {why_not}"}
             for c in CLUSTER_CANDIDATES if why_not]  # fmt: skip
-    for c in [c for c in tuned_configs(group, head_dim, cluster=not why_not) if not c.cluster or c in fits]:
+    for c in [c for c in configs if not (c.cluster and why_not)]:
 
         def calls(c=c):  # (the first, outside the capture, compiles the kernel and makes the counters)
             for kc, vc in caches:
