@@ -276,6 +276,20 @@ def test_the_fp8_rungs_that_change_the_token_within_their_own_error_are_explaine
     assert note.count("0.671 apart") == 1 and "own errors (2.447 and 2.388)" in note and "fails them" in note
 
 
+def test_a_bf16_rung_whose_tokens_are_apart_within_its_own_error_is_not_called_beyond_rounding():
+    """Run 20261206T100257Z: the persistent rung chose another token, 0.312 apart in float32: past eager's
+    error (0.308) but within the rung's own (0.490). The page says the rule fails it, not that no rounding
+    explains it."""
+    from labsupport import runs
+
+    run = runs.load_run(chapters.by_slug("closing-the-gap"), "20261206T100257Z-h100-80gb-hbm3")
+    note = ch.token_note(run)
+    assert note.startswith("*15 persistent GEMVs* chose another greedy token than eager.")
+    assert "0.312 apart at most: more than eager's own error (0.308)" in note
+    assert "less than the rung' own error (0.490)" not in note and "less than the rung's own error (0.490)" in note
+    assert "The rule fails the rung" in note and "no rounding explains it" not in note
+
+
 def test_options_that_do_not_fit_together_are_refused():
     with pytest.raises(ValueError, match="fuse_gemv"):
         qwen3_decode.Options(fuse_gemv=True)
