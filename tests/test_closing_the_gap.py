@@ -290,6 +290,17 @@ def test_a_bf16_rung_whose_tokens_are_apart_within_its_own_error_is_not_called_b
     assert "The rule fails the rung" in note and "no rounding explains it" not in note
 
 
+def test_the_launch_shapes_name_every_block_size_the_trace_recorded():
+    """Run 20261206T100257Z: our GEMV ran blocks of 256 threads on four shapes and of 512 on one (16 warps);
+    the page gives the range, not the largest alone. cuBLAS's blocks were all of 384 threads."""
+    from labsupport import runs
+
+    run = runs.load_run(chapters.by_slug("closing-the-gap"), "20261206T100257Z-h100-80gb-hbm3")
+    text = ch.launch_text(run, ch.matmul_launches(run, "fused-projections"), ch.matmul_launches(run, "triton-gemv"))
+    assert "Our GEMV runs 2,048–75,968 programs of 256–512 threads" in text
+    assert "96–132 thread blocks of 384 threads" in text
+
+
 def test_options_that_do_not_fit_together_are_refused():
     with pytest.raises(ValueError, match="fuse_gemv"):
         qwen3_decode.Options(fuse_gemv=True)

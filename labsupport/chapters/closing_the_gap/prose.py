@@ -244,14 +244,19 @@ def launch_text(run: runs.Run, theirs: pd.DataFrame | None, ours: pd.DataFrame |
     cublas = theirs[~theirs.kernel.str.contains("splitKreduce") & (theirs["µs"] >= 5)]
     reduce_kernels = int(theirs[theirs.kernel.str.contains("splitKreduce")].kernels.sum())
     gemv_rows = ours[ours.kernel == "gemv_kernel"]
+
+    def span(values: pd.Series) -> str:  # "a", or "a–b" where they differ
+        lo, hi = int(values.min()), int(values.max())
+        return f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
+
     return (
         f"cuBLAS ran the weight matmuls (the two kernels under 5 µs per layer are attention's batched products) "
-        f"with {cublas.blocks.min():,}–{cublas.blocks.max():,} thread blocks of "
-        f"{cublas.threads.min():,} threads, each holding {cublas['shared KB'].min():.0f} KB or more of shared memory "
+        f"with {span(cublas.blocks)} thread blocks of "
+        f"{span(cublas.threads)} threads, each holding {cublas['shared KB'].min():.0f} KB or more of shared memory "
         "(its pipeline of weight tiles), so one block fits on an SM (a Hopper SM has 228 KB) and a matmul uses at "
         f"most {cublas.blocks.max():,} of the GPU's {run.provenance['gpu_sms']} SMs; its split-K matmuls add a "
-        f"reduction kernel after them ({reduce_kernels} in the step). Our GEMV runs {gemv_rows.blocks.min():,}–"
-        f"{gemv_rows.blocks.max():,} programs of {gemv_rows.threads.max():,} threads with "
+        f"reduction kernel after them ({reduce_kernels} in the step). Our GEMV runs {span(gemv_rows.blocks)} "
+        f"programs of {span(gemv_rows.threads)} threads with "
         f"{gemv_rows['shared KB'].max():.0f} KB of shared memory: several on every SM at once, each "
         "streaming a few rows, so that every SM keeps loads in flight."
     )
