@@ -58,32 +58,38 @@ def token_note(run: runs.Run) -> str:
             "rule passes when the error is within its bound. "
         )
     far = r[r.tie_gap > eager_err]
-    # A rung of coarser weights (FP8) rounds more than eager: a gap within its own error is a tie at its precision.
-    own = far[far.rung.isin(FP8_RUNGS) & (far.tie_gap <= far.max_abs_err)]
-    if len(own):
-        errors = " and ".join(f"{e:.3f}" for e in own.max_abs_err)
-        whose = "rungs' own errors" if len(own) > 1 else "rung's own error"
-        text += (
-            f"For {rung_names(own.rung)} float32 puts the two tokens {own.tie_gap.max():.3f} apart at most: more than "
-            f"eager's own error ({eager_err:.3f}), so {half}'s rounding cannot swap them, but less than the FP8 "
-            f"{whose} ({errors}), so rounding the weights to 8 bits can. Random weights put the top logits "
-            "close together; the rule (eager's token, or a near tie within eager's error) fails "
-            f"{'them' if len(own) > 1 else 'the rung'}, and a run on random weights cannot tell this from a fault. "
+    within = far[far.tie_gap <= far.max_abs_err]  # past eager's error (the near-tie bound), within the rung's own
+
+    def apart(rows: pd.DataFrame) -> tuple[str, str, bool]:
+        # the opening the rungs of `rows` share, their own errors in words, and whether they are several
+        many = len(rows) > 1
+        errors = " and ".join(f"{e:.3f}" for e in rows.max_abs_err)
+        opening = (
+            f"For {rung_names(rows.rung)} float32 puts the two tokens {rows.tie_gap.max():.3f} apart at most: more "
+            f"than eager's own error ({eager_err:.3f})"
         )
-    far = far[~far.rung.isin(own.rung)]
+        whose = "rungs' own errors" if many else "rung's own error"
+        return opening, f"{whose} ({errors})", many
+
+    # A rung of coarser weights (FP8) rounds more than eager: a gap within its own error is a tie at its precision.
+    own = within[within.rung.isin(FP8_RUNGS)]
+    if len(own):
+        opening, errors, many = apart(own)
+        text += (
+            f"{opening}, so {half}'s rounding cannot swap them, but less than the FP8 {errors}, so rounding the "
+            "weights to 8 bits can. Random weights put the top logits close together; the rule (eager's token, or a "
+            f"near tie within eager's error) fails {'them' if many else 'the rung'}, and a run on random weights "
+            "cannot tell this from a fault. "
+        )
     # A BF16 rung sums in another order than eager: a gap past eager's error but within the rung's own is no fault
     # that the run can show, though the rule (whose bound is eager's error) fails it.
-    within = far[far.tie_gap <= far.max_abs_err]
-    if len(within):
-        errors = " and ".join(f"{e:.3f}" for e in within.max_abs_err)
-        many = len(within) > 1
-        whose = "rungs' own errors" if many else "rung's own error"
+    bf16 = within[~within.rung.isin(FP8_RUNGS)]
+    if len(bf16):
+        opening, errors, many = apart(bf16)
         text += (
-            f"For {rung_names(within.rung)} float32 puts the two tokens {within.tie_gap.max():.3f} apart at most: "
-            f"more than eager's own error ({eager_err:.3f}), the bound of a near tie, but less than the "
-            f"{whose} ({errors}), so "
-            f"{'their' if many else 'its'} rounding, in another order than eager's, can swap them. The rule fails "
-            f"{'them' if many else 'the rung'}, and a run on random weights cannot tell this from a fault. "
+            f"{opening}, the bound of a near tie, but less than the {errors}, so {'their' if many else 'its'} "
+            f"rounding, in another order than eager's, can swap them. The rule fails {'them' if many else 'the rung'}, "
+            "and a run on random weights cannot tell this from a fault. "
         )
     beyond = far[far.tie_gap > far.max_abs_err]
     if len(beyond):

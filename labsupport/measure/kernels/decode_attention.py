@@ -513,20 +513,21 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     pdl = torch.cuda.get_device_capability()[0] >= 9
     from labsupport.measure.kernels import cluster_attention
 
+    def row_of(c: OneConfig, status: str) -> dict:
+        return {"block_s": c.block_s, "num_warps": c.num_warps, "per_head": c.per_head, "cluster": c.cluster,
+                "programs": (heads if c.per_head else kv_heads) * -(-slots // c.block_s), "us": float("nan"),
+                "status": status}  # fmt: skip
+
     configs = tuned_configs(group, head_dim, cluster_for=(slots, dtype))
     why_not = cluster_attention.unusable(dev) if any(c.cluster for c in configs) else "none fits these shapes"
-    rows = [{"block_s": c.block_s, "num_warps": c.num_warps, "per_head": True, "cluster": True,
-             "programs": heads * -(-slots // c.block_s), "us": float("nan"), "status": f"not run: {why_not}"}
-            for c in CLUSTER_CANDIDATES if why_not]  # fmt: skip
+    rows = [row_of(c, f"not run: {why_not}") for c in CLUSTER_CANDIDATES if why_not]
     for c in [c for c in configs if not (c.cluster and why_not)]:
 
         def calls(c=c):  # (the first, outside the capture, compiles the kernel and makes the counters)
             for kc, vc in caches:
                 decode_attention_one(qkv, qn, kn, cos, sin, kc, vc, at, heads, 1e-6, config=c, pdl=pdl)
 
-        row = {"block_s": c.block_s, "num_warps": c.num_warps, "per_head": c.per_head, "cluster": c.cluster,
-               "programs": (heads if c.per_head else kv_heads) * -(-slots // c.block_s), "us": float("nan"),
-               "status": "ok"}  # fmt: skip
+        row = row_of(c, "ok")
         try:
             row["us"] = hardware.graph_us_per_call(calls, copies, repeats=repeats)
         except Exception as e:  # (one that does not compile, say, on this GPU's Triton)
