@@ -745,9 +745,11 @@ def test_notebook_runs_live_on_cpu_through_papermill(runs_root, monkeypatch, tmp
 def test_every_fp8_candidate_leaves_each_thread_16_bytes_a_load_or_more():
     """An FP8 tile of BLOCK_N rows by BLOCK_K columns, BLOCK_K a multiple of 16, shared by the
     program's 32 x num_warps threads leaves each thread 16 FP8 weights or more: one 16-byte load at
-    least. Among them, tiles of fewer rows than the first trial's eight (gemv.FP8_CANDIDATES)."""
+    least, and one run of FP8_CHUNK weights summed at once. Among them, tiles of fewer rows than
+    eight (gemv.FP8_CANDIDATES)."""
+    assert gemv.FP8_CHUNK == 16
     for c in gemv.FP8_CANDIDATES:
-        assert c.block_k % 16 == 0 and c.block_n * c.block_k // (32 * c.num_warps) >= 16, c
+        assert c.block_k % 16 == 0 and c.block_n * c.block_k // (32 * c.num_warps) >= gemv.FP8_CHUNK, c
     assert {(c.block_n, c.block_k) for c in gemv.FP8_CANDIDATES} >= {(4, 1024), (2, 2048)}
 
 

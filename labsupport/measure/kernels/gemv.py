@@ -16,8 +16,10 @@ Three optional fusions (`Fusion`), so that one kernel does what would otherwise 
 - `residual`: the output is residual + W x (the residual add after o_proj and down_proj).
 
 Four launch options, for the last rungs:
-- FP8 weights (`scale`): W stored as float8 E4M3 with one float32 scale per row
-  (labsupport.measure.kernels.gemv_fp8); each row's sum is multiplied by its scale, x stays BF16;
+- FP8 weights (`scale`): W stored as float8 E4M3 with one float32 scale per row (gemv_fp8); each
+  row's sum is multiplied by its scale, x stays BF16. Each thread sums its 16 contiguous weights'
+  products at once (FP8_CHUNK): a whole tile's float32 accumulator (4 bytes a weight) took 132
+  registers a thread at 16 x 512, which left fewer programs, fewer bytes in flight, on each SM;
 - split-K (`Config.split_k` > 1): each row's K is cut into split_k stretches, one program per
   (rows, stretch), each adding its partial sum into a float32 buffer with atomics; a second
   small kernel (`_finish`) applies the norm's scale, the rounding, SiLU x up or the residual,
@@ -103,18 +105,10 @@ CANDIDATES = [
 # on every shape, by 3-4 us on o_proj; the two least slow are kept, so that the tuner decides.)
 SPLIT_CANDIDATES = [Config(4, 512, 4, 2, 4), Config(2, 1024, 4, 2, 4)]
 SPLIT_MAX_ELEMENTS = 32 * 2**20
-# The candidates tried with FP8 weights: the five fastest of a first trial on the H200 (eight
-# rows of 1,024 FP8 weights per program read o_proj at 2.3 TB/s, sixteen rows of 512 gate/up at
-# 3.2 TB/s; long K chunks were slower), and two tiles of half their bytes, 4,096 FP8 weights: a
-# thread's share of a tile, BLOCK_N x BLOCK_K / (32 x num_warps) weights, is still 16 contiguous
-# bytes or more (one 16-byte load at least), in fewer rows per program, so more programs, each
-# with fewer weights to convert from E4M3 per load. (2, 2048) is the tile the BF16 tuner picks
-# most often; (2, 4096) and (4, 2048), tiles of 8,192, were candidates of that trial, not among
-# its fastest.
-FP8_CANDIDATES = [
-    Config(bn, bk, w, 2)
-    for bn, bk, w in [(8, 1024, 8), (8, 1024, 4), (16, 1024, 8), (16, 512, 4), (32, 512, 8), (4, 1024, 4), (2, 2048, 8)]
-]
+# FP8 candidates: tiles of 4,096 to 32,768 weights, 16 contiguous a thread or more (one 16-byte load)
+FP8_TILES = [(8, 1024, 4), (16, 512, 4), (16, 1024, 4), (32, 512, 8), (8, 512, 4), (4, 1024, 4), (32, 1024, 8)]
+FP8_CANDIDATES = [Config(bn, bk, w, 2) for bn, bk, w in [*FP8_TILES, (2, 2048, 8)]]
+FP8_CHUNK = 16  # FP8 weights a thread sums at once (module docstring); 1: the whole tile accumulated
 # The persistent candidates (the persistent rung's): two programs per SM, each loading long stretches
 # of a few rows three stages deep. (Closing-the-gap 20261206T004616Z-h100-80gb-hbm3: one per SM was
 # slowest everywhere; in 20261206T041852Z four per SM, kept by under 1% alone, lost 0.19 ms in the step.)
@@ -137,13 +131,16 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def accumulate(acc, sq, w, x_ptr, norm_w_ptr, cols, col_ok, NORM: tl.constexpr):
-        # one BLOCK_K stretch of the product: x's stretch (normed on the way), times W's tile
+    def accumulate(acc, sq, w, x_ptr, norm_w_ptr, cols, col_ok, NORM: tl.constexpr, CHUNK: tl.constexpr = 1):
+        # one BLOCK_K stretch of the product: x's (normed on the way) times W's tile, CHUNK columns summed first
         xv = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         if NORM:  # the sum of squares on the way; the norm's weight now, its scale at the end
             sq += xv * xv
             xv = xv * tl.load(norm_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * xv[None, :]
+        prod = w.to(tl.float32) * xv[None, :]
+        if CHUNK > 1:
+            prod = tl.sum(tl.reshape(prod, (prod.shape[0], prod.shape[1] // CHUNK, CHUNK)), axis=2)
+        acc += prod
         return acc, sq
 
     @triton.jit
@@ -189,7 +186,7 @@ def _kernel():
     @triton.jit
     def stream_rows(
         acc, sq, rows, row_ok, start, hi, x_ptr, w_ptr, norm_w_ptr, K,
-        BLOCK_K: tl.constexpr, NORM: tl.constexpr, STAGES: tl.constexpr,
+        BLOCK_K: tl.constexpr, NORM: tl.constexpr, STAGES: tl.constexpr, CHUNK: tl.constexpr = 1,
     ):  # fmt: skip
         # W's rows from column `start` to `hi`, BLOCK_K at a time, into acc (x's squares into sq with NORM);
         # STAGES: the compiler pipelines this loop's loads that deep (None: the kernel's num_stages decides)
@@ -197,7 +194,7 @@ def _kernel():
             cols = k + tl.arange(0, BLOCK_K)
             col_ok = cols < K
             w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            acc, sq = accumulate(acc, sq, w, x_ptr, norm_w_ptr, cols, col_ok, NORM)
+            acc, sq = accumulate(acc, sq, w, x_ptr, norm_w_ptr, cols, col_ok, NORM, CHUNK)
         return acc, sq
 
     @triton.jit
@@ -238,11 +235,11 @@ def _kernel():
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SCALE: tl.constexpr = False, SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False,
         EARLY: tl.constexpr = False, SUMSQ_IN: tl.constexpr = False, SUMSQ_OUT: tl.constexpr = False,
-        ARGMAX: tl.constexpr = False, EARLY_TILES: tl.constexpr = 1,
+        ARGMAX: tl.constexpr = False, EARLY_TILES: tl.constexpr = 1, CHUNK: tl.constexpr = 1,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
-        acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        acc = tl.zeros((BLOCK_N, BLOCK_K // CHUNK), tl.float32)
         sq = tl.zeros((BLOCK_K,), tl.float32)
         lo, hi = 0, K
         if SPLIT_K > 1:  # this program's stretch of K
@@ -264,12 +261,12 @@ def _kernel():
                 )
         sumsq = after_wait(sumsq_in_ptr, PDL, SUMSQ_IN)
         if EARLY:
-            acc, sq = accumulate(acc, sq, w_first, x_ptr, norm_w_ptr, first_cols, first_ok, NORM)
+            acc, sq = accumulate(acc, sq, w_first, x_ptr, norm_w_ptr, first_cols, first_ok, NORM, CHUNK)
             start = lo + BLOCK_K
             if EARLY_TILES > 1:
-                acc, sq = accumulate(acc, sq, w_next, x_ptr, norm_w_ptr, next_cols, next_ok, NORM)
+                acc, sq = accumulate(acc, sq, w_next, x_ptr, norm_w_ptr, next_cols, next_ok, NORM, CHUNK)
                 start = lo + 2 * BLOCK_K
-        acc, sq = stream_rows(acc, sq, rows, row_ok, start, hi, x_ptr, w_ptr, norm_w_ptr, K, BLOCK_K, NORM, None)
+        acc, sq = stream_rows(acc, sq, rows, row_ok, start, hi, x_ptr, w_ptr, norm_w_ptr, K, BLOCK_K, NORM, None, CHUNK)
         finish_rows(
             acc, sq, sumsq, tl.program_id(0), rows, row_ok, y_ptr, res_ptr, scale_ptr, ws_ptr, sumsq_out_ptr,
             sumsq_clear_ptr, argmax_ptr, N, K, eps, NORM, SILU, RESIDUAL, BLOCK_N, SCALE, SPLIT_K, SUMSQ_IN,
@@ -411,7 +408,8 @@ def launch(
         kernels.persistent[(grid,)](*args, STAGES=c.num_stages, **flags, **cap)
         return out
     tiles = early_tiles(c, fp8=scale is not None) if early else 1
-    kernels.plain[(blocks, c.split_k)](*args, SPLIT_K=c.split_k, EARLY_TILES=tiles, **flags)
+    chunk = FP8_CHUNK if scale is not None else 1
+    kernels.plain[(blocks, c.split_k)](*args, SPLIT_K=c.split_k, EARLY_TILES=tiles, CHUNK=chunk, **flags)
     if c.split_k > 1:
         block = 256
         _finish()[(kernels.triton.cdiv(n, block),)](
