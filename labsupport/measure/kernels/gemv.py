@@ -108,7 +108,7 @@ SPLIT_MAX_ELEMENTS = 32 * 2**20
 # FP8 candidates: tiles of 4,096 to 32,768 weights, 16 contiguous a thread or more (one 16-byte load)
 FP8_TILES = [(8, 1024, 4), (16, 512, 4), (16, 1024, 4), (32, 512, 8), (8, 512, 4), (4, 1024, 4), (32, 1024, 8)]
 FP8_CANDIDATES = [Config(bn, bk, w, 2) for bn, bk, w in [*FP8_TILES, (2, 2048, 8)]]
-FP8_CHUNK = 16  # FP8 weights a thread sums at once (module docstring); 1: the whole tile accumulated
+FP8_CHUNK, HALF_CHUNK = 16, 1  # weights a thread sums at once, FP8 and BF16 (module docstring); 1: the whole tile
 # The persistent candidates (the persistent rung's): two programs per SM, each loading long stretches
 # of a few rows three stages deep. (Closing-the-gap 20261206T004616Z-h100-80gb-hbm3: one per SM was
 # slowest everywhere; in 20261206T041852Z four per SM, kept by under 1% alone, lost 0.19 ms in the step.)
@@ -408,7 +408,7 @@ def launch(
         kernels.persistent[(grid,)](*args, STAGES=c.num_stages, **flags, **cap)
         return out
     tiles = early_tiles(c, fp8=scale is not None) if early else 1
-    chunk = FP8_CHUNK if scale is not None else 1
+    chunk = FP8_CHUNK if scale is not None else HALF_CHUNK
     kernels.plain[(blocks, c.split_k)](*args, SPLIT_K=c.split_k, EARLY_TILES=tiles, CHUNK=chunk, **flags)
     if c.split_k > 1:
         block = 256
@@ -496,11 +496,12 @@ def time_per_call_us(n: int, k: int, call, repeats: int = 20, fp8: bool = False,
 
 def fused_call(
     n: int, k: int, fusion: Fusion, config: Config | None = None, fp8: bool = False, split: bool = False,
-    pdl: bool = False, dtype=None, folded: bool = False,
+    pdl: bool = False, dtype=None, folded: bool = False, early: bool = False,
 ):  # fmt: skip
     """A call(x, w) for time_per_call_us running the kernel with `fusion` (its norm weight,
     residual, output and, with `fp8`, row scales made here, once), in `dtype` (None: BF16);
-    `folded`: as the folded-norms rung runs it (PDL, W's first tiles before the wait, a Σx² scalar)."""
+    `folded`: as the folded-norms rung runs it (PDL, W's first tiles before the wait, a Σx² scalar);
+    `early`: PDL and W's first tiles before the wait, as rung 13's options run it (on Hopper and later)."""
     import torch
 
     half = dtype or torch.bfloat16
@@ -508,13 +509,14 @@ def fused_call(
     norm = torch.ones(k, device="cuda", dtype=half) if fusion.norm else None
     res = torch.randn(n, device="cuda", dtype=half) if fusion.residual else None
     scale = torch.full((n,), 0.01, device="cuda", dtype=torch.float32) if fp8 else None
-    folded = folded and torch.cuda.get_device_capability()[0] >= 9
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    folded, early = folded and hopper, (early or folded) and hopper
     sumsq = torch.full((1,), float(k), device="cuda", dtype=torch.float32) if folded else None
 
     def call(x, w):
         launch(
             x.reshape(-1), w, out, norm_weight=norm, silu=fusion.silu, residual=res, config=config, scale=scale,
-            split=split, pdl=pdl or folded, early=folded, sumsq_in=sumsq,
+            split=split, pdl=pdl or early, early=early, sumsq_in=sumsq,
         )  # fmt: skip
 
     return call
@@ -569,7 +571,7 @@ def tune(
             if fusion.silu and c.block_n < 2:
                 continue
             try:
-                call = fused_call(n, k, fusion, c, fp8=fp8, dtype=dtype, folded=folded)
+                call = fused_call(n, k, fusion, c, fp8=fp8, dtype=dtype, folded=folded, early=fp8)
                 us = time_per_call_us(n, k, call, fp8=fp8, dtype=dtype)
             except Exception as e:  # a split-K, FP8 or persistent candidate failing leaves the others
                 if c.split_k == 1 and not (fp8 or persistent):
