@@ -16,10 +16,9 @@ Three optional fusions (`Fusion`), so that one kernel does what would otherwise 
 - `residual`: the output is residual + W x (the residual add after o_proj and down_proj).
 
 Four launch options, for the last rungs:
-- FP8 weights (`scale`): W stored as float8 E4M3 with one float32 scale per row (gemv_fp8); each
-  row's sum is multiplied by its scale, x stays BF16. Each thread sums its 16 contiguous weights'
-  products at once (FP8_CHUNK): a whole tile's float32 accumulator (4 bytes a weight) took 132
-  registers a thread at 16 x 512, which left fewer programs, fewer bytes in flight, on each SM;
+- FP8 weights (`scale`): W as float8 E4M3, one float32 scale per row (gemv_fp8) applied to the row's
+  sum, x in BF16. A thread sums its 16 contiguous weights' products at once (FP8_CHUNK): a whole tile's
+  float32 accumulator (4 bytes a weight) took 132 registers at 16 x 512, leaving fewer bytes in flight;
 - split-K (`Config.split_k` > 1): each row's K is cut into split_k stretches, one program per
   (rows, stretch), each adding its partial sum into a float32 buffer with atomics; a second
   small kernel (`_finish`) applies the norm's scale, the rounding, SiLU x up or the residual,
@@ -108,7 +107,7 @@ SPLIT_MAX_ELEMENTS = 32 * 2**20
 # FP8 candidates: tiles of 4,096 to 32,768 weights, 16 contiguous a thread or more (one 16-byte load)
 FP8_TILES = [(8, 1024, 4), (16, 512, 4), (16, 1024, 4), (32, 512, 8), (8, 512, 4), (4, 1024, 4), (32, 1024, 8)]
 FP8_CANDIDATES = [Config(bn, bk, w, 2) for bn, bk, w in [*FP8_TILES, (2, 2048, 8)]]
-FP8_CHUNK, HALF_CHUNK = 16, 1  # weights a thread sums at once, FP8 and BF16 (module docstring); 1: the whole tile
+FP8_CHUNK = 16  # FP8 weights a thread sums at once (module docstring); BF16 weights sum the whole tile
 # The persistent candidates (the persistent rung's): two programs per SM, each loading long stretches
 # of a few rows three stages deep. (Closing-the-gap 20261206T004616Z-h100-80gb-hbm3: one per SM was
 # slowest everywhere; in 20261206T041852Z four per SM, kept by under 1% alone, lost 0.19 ms in the step.)
@@ -408,7 +407,7 @@ def launch(
         kernels.persistent[(grid,)](*args, STAGES=c.num_stages, **flags, **cap)
         return out
     tiles = early_tiles(c, fp8=scale is not None) if early else 1
-    chunk = FP8_CHUNK if scale is not None else HALF_CHUNK
+    chunk = FP8_CHUNK if scale is not None else 1
     kernels.plain[(blocks, c.split_k)](*args, SPLIT_K=c.split_k, EARLY_TILES=tiles, CHUNK=chunk, **flags)
     if c.split_k > 1:
         block = 256
@@ -554,7 +553,8 @@ def tune(
     kept in CHOSEN_PERSISTENT only; return every trial. `dtype`: the model's activations (None:
     BF16; torch.float16). Gate/up with SiLU and no norm is the folded-norms rung's, so it is timed as
     that rung runs it (fused_call's `folded`): timed without, closing-the-gap 20261206T054617Z-h100-
-    80gb-hbm3 kept a config 0.2 us faster alone that took 86 us a layer in the rung, against 65."""
+    80gb-hbm3 kept a config 0.2 us faster alone that took 86 us a layer in the rung, against 65; FP8 as
+    the fp8-pdl rung runs them (`early`): 20261206T120547Z, timed without, left it 3.01 ms, 121924Z 2.94."""
     import torch
 
     if fp8 and persistent:
