@@ -546,15 +546,15 @@ def tune(
     cases, candidates=CANDIDATES, progress=print, split_candidates=SPLIT_CANDIDATES, fp8: bool = False, dtype=None,
     persistent: bool = False,
 ) -> list[Trial]:  # fmt: skip
-    """Time every candidate config on each case (N, K, Fusion) (time_per_call_us), and the split-K
-    candidates on the smaller matrices; keep the fastest without split-K in CHOSEN (in CHOSEN_FP8
-    with `fp8`: FP8 weights, FP8_CANDIDATES by default, no split-K) and the fastest of all in
-    CHOSEN_SPLIT; with `persistent`, PERSISTENT_CANDIDATES by default, no split-K, the fastest
-    kept in CHOSEN_PERSISTENT only; return every trial. `dtype`: the model's activations (None:
-    BF16; torch.float16). Gate/up with SiLU and no norm is the folded-norms rung's, so it is timed as
-    that rung runs it (fused_call's `folded`): timed without, closing-the-gap 20261206T054617Z-h100-
-    80gb-hbm3 kept a config 0.2 us faster alone that took 86 us a layer in the rung, against 65; FP8 as
-    the fp8-pdl rung runs them (`early`): 20261206T120547Z, timed without, left it 3.01 ms, 121924Z 2.94."""
+    """Time every candidate on each case (N, K, Fusion) (time_per_call_us), and the split-K ones on
+    the smaller matrices; keep the fastest without split-K in CHOSEN (CHOSEN_FP8 with `fp8`: FP8
+    weights, FP8_CANDIDATES, no split-K), the fastest of all in CHOSEN_SPLIT; with `persistent`,
+    PERSISTENT_CANDIDATES, no split-K, the fastest in CHOSEN_PERSISTENT only; return every trial.
+    `dtype`: the activations' (None: BF16). Each is timed as the best rungs run it: gate/up with
+    SiLU and no norm as folded-norms does (`folded`; closing-the-gap 20261206T054617Z-h100-80gb-hbm3,
+    timed alone, kept a config that took 86 us a layer there, against 65), the rest with PDL and W's
+    first tiles before the wait (`early`; FP8 timed without left fp8-pdl at 3.01 ms in 120547Z, with
+    it 2.94 in 121924Z; BF16 o_proj and down, timed with, took 0.025 ms off folded-norms on an H100)."""
     import torch
 
     if fp8 and persistent:
@@ -571,7 +571,7 @@ def tune(
             if fusion.silu and c.block_n < 2:
                 continue
             try:
-                call = fused_call(n, k, fusion, c, fp8=fp8, dtype=dtype, folded=folded, early=fp8)
+                call = fused_call(n, k, fusion, c, fp8=fp8, dtype=dtype, folded=folded, early=not persistent)
                 us = time_per_call_us(n, k, call, fp8=fp8, dtype=dtype)
             except Exception as e:  # a split-K, FP8 or persistent candidate failing leaves the others
                 if c.split_k == 1 and not (fp8 or persistent):
