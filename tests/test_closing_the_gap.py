@@ -26,7 +26,7 @@ from .live_cells import parameters, run_live_cells, watch_harness  # noqa: E402
 from .page_names import unglued  # noqa: E402
 
 pytest.importorskip("triton")
-from labsupport.measure.kernels import decode_attention, gemv  # noqa: E402
+from labsupport.measure.kernels import decode_attention, gemv, weight_timing  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -758,10 +758,11 @@ def test_a_gemv_is_timed_on_copies_that_overflow_l2_but_never_thousands_of_them(
     of Qwen3-8B's smallest matrix (k_proj, 8 MB), 2 of the LM head; the tiny model's 64 x 64 BF16
     matrix would need 25,600, each launched and captured, so it gets MAX_COPIES."""
     l2 = 50 * 2**20
-    assert gemv.weight_copies(1024 * 4096 * 2, l2) == 25
-    assert gemv.weight_copies(151_936 * 4096 * 2, l2) == 2
-    assert gemv.weight_copies(64 * 64 * 2, l2) == gemv.MAX_COPIES == 512
-    assert gemv.weight_copies(1024 * 2048 * 2, l2) == 50 < gemv.MAX_COPIES  # Qwen3-1.7B's smallest: not capped
+    assert weight_timing.weight_copies(1024 * 4096 * 2, l2) == 25
+    assert weight_timing.weight_copies(151_936 * 4096 * 2, l2) == 2
+    assert weight_timing.weight_copies(64 * 64 * 2, l2) == weight_timing.MAX_COPIES == 512
+    # Qwen3-1.7B's smallest: not capped
+    assert weight_timing.weight_copies(1024 * 2048 * 2, l2) == 50 < weight_timing.MAX_COPIES
 
 
 def test_fp8_quantisation_is_within_half_a_step_of_e4m3():
@@ -830,11 +831,18 @@ def test_split_k_gemv_and_its_fusions_match_pytorch_and_leave_the_buffer_zeroed(
 
 def test_the_tuned_choice_falls_back_in_order(monkeypatch):
     plain, split, fp8 = gemv.Config(4, 1024, 8, 2), gemv.Config(4, 512, 4, 2, 4), gemv.Config(4, 4096, 8, 2)
-    monkeypatch.setattr(gemv, "CHOSEN", {(8, 16, gemv.PLAIN): plain})
+    early, early_split = gemv.Config(8, 1024, 8, 2), gemv.Config(2, 1024, 4, 2, 4)
+    monkeypatch.setattr(gemv, "CHOSEN", {(8, 16, gemv.PLAIN): plain, (8, 32, gemv.PLAIN): plain})
     monkeypatch.setattr(gemv, "CHOSEN_SPLIT", {(8, 16, gemv.PLAIN): split})
+    monkeypatch.setattr(gemv, "CHOSEN_EARLY", {(8, 16, gemv.PLAIN): early, (8, 32, gemv.PLAIN): early_split})
     monkeypatch.setattr(gemv, "CHOSEN_FP8", {})
     assert gemv.choose(8, 16, gemv.PLAIN) == plain
     assert gemv.choose(8, 16, gemv.PLAIN, split=True) == split
+    # launched with the first weights before the wait: the configs timed so, before the split-K rung's
+    assert gemv.choose(8, 16, gemv.PLAIN, early=True) == early == gemv.choose(8, 16, gemv.PLAIN, split=True, early=True)
+    # a split-K config timed so only where split-K is allowed (not for the LM head's argmax)
+    assert gemv.choose(8, 32, gemv.PLAIN, split=True, early=True) == early_split
+    assert gemv.choose(8, 32, gemv.PLAIN, early=True) == plain
     assert gemv.choose(8, 16, gemv.PLAIN, fp8=True) == plain  # FP8 not tuned: the BF16 choice
     gemv.CHOSEN_FP8[(8, 16, gemv.PLAIN)] = fp8
     assert gemv.choose(8, 16, gemv.Fusion(residual=True), fp8=True) == fp8

@@ -89,7 +89,7 @@ def test_tune_with_persistent_candidates_fills_only_the_persistent_table(monkeyp
 
     monkeypatch.setattr(gemv, "fused_call", lambda n, k, fusion, config, **_: config)
     monkeypatch.setattr(gemv, "time_per_call_us", timed)
-    for table in ("CHOSEN", "CHOSEN_SPLIT", "CHOSEN_FP8", "CHOSEN_PERSISTENT"):
+    for table in ("CHOSEN", "CHOSEN_SPLIT", "CHOSEN_EARLY", "CHOSEN_FP8", "CHOSEN_PERSISTENT"):
         monkeypatch.setattr(gemv, table, {})
     said = []
     cases = [(64, 32, gemv.PLAIN), (64, 32, gemv.Fusion(silu=True))]
@@ -97,9 +97,9 @@ def test_tune_with_persistent_candidates_fills_only_the_persistent_table(monkeyp
     assert len(trials) == 2 * (len(gemv.PERSISTENT_CANDIDATES) - 1) and any("failed" in s for s in said)
     fastest = gemv.PERSISTENT_CANDIDATES[1]
     assert dict.fromkeys(cases, fastest) == gemv.CHOSEN_PERSISTENT
-    assert gemv.CHOSEN == gemv.CHOSEN_SPLIT == gemv.CHOSEN_FP8 == {}
+    assert gemv.CHOSEN == gemv.CHOSEN_SPLIT == gemv.CHOSEN_EARLY == gemv.CHOSEN_FP8 == {}
     rows = [t.as_row() for t in trials]
-    assert not any(r["chosen"] or r["chosen_split"] for r in rows)
+    assert not any(r["chosen"] or r["chosen_split"] or r["chosen_early"] or r["early"] for r in rows)
     assert [r["ctas_per_sm"] for r in rows if r["chosen_persistent"]] == [fastest.ctas_per_sm] * 2
     with pytest.raises(ValueError, match="not fp8"):
         gemv.tune(cases, persistent=True, fp8=True)
@@ -116,9 +116,36 @@ def test_a_persistent_and_a_plain_config_of_one_block_shape_are_two_rows_of_the_
     tables.check_key(pd.DataFrame(rows), Path("gemv_tuning.csv"), ch.DECLARATION)  # no repeated key
 
 
+def test_tune_keeps_a_bf16_config_for_each_way_of_launching_it(monkeypatch):
+    """Each BF16 candidate is timed alone (rungs 7-11: CHOSEN, CHOSEN_SPLIT) and again with PDL and
+    the first weights before the wait (CHOSEN_EARLY, the rungs launched so), each way's fastest kept
+    and marked in its rows; one that wins only one way is kept for that way only."""
+    alone_best, early_best = gemv.CANDIDATES[0], gemv.CANDIDATES[1]
+
+    def timed(n, k, call, **_):
+        config, early = call
+        return 5.0 if config == (early_best if early else alone_best) else 10.0
+
+    monkeypatch.setattr(gemv, "fused_call", lambda n, k, fusion, config, early=False, **_: (config, early))
+    monkeypatch.setattr(gemv, "time_per_call_us", timed)
+    for table in ("CHOSEN", "CHOSEN_SPLIT", "CHOSEN_EARLY", "CHOSEN_FP8", "CHOSEN_PERSISTENT"):
+        monkeypatch.setattr(gemv, table, {})
+    case = (64, 32, gemv.Fusion(residual=True))
+    rows = [t.as_row() for t in gemv.tune([case], progress=lambda _: None, split_candidates=[])]
+    assert len(rows) == 2 * len(gemv.CANDIDATES) and sum(r["early"] for r in rows) == len(gemv.CANDIDATES)
+    assert gemv.CHOSEN == gemv.CHOSEN_SPLIT == {case: alone_best}
+    assert gemv.CHOSEN_EARLY == {case: early_best}  # noqa: SIM300
+    kept = {(r["block_n"], r["block_k"], r["num_warps"], r["early"]) for r in rows if r["chosen"] or r["chosen_early"]}
+    assert kept == {(alone_best.block_n, alone_best.block_k, alone_best.num_warps, False),
+                    (early_best.block_n, early_best.block_k, early_best.num_warps, True)}  # fmt: skip
+    assert not any(r["chosen"] for r in rows if r["early"])
+    assert not any(r["chosen_early"] for r in rows if not r["early"])
+
+
 def test_tune_times_the_folded_gate_up_as_its_rung_runs_it_and_every_other_case_alone(monkeypatch):
     """Gate/up with SiLU and no norm is the folded-norms rung's: tune asks fused_call for it in that
-    rung's form (PDL, weights first, a Σx² scalar); the plain, normed and FP8 cases stay as they were."""
+    rung's form (PDL, weights first, a Σx² scalar) only, and keeps its winner for every table; the plain,
+    normed and FP8 cases are never timed in it."""
     asked = []
 
     def call(n, k, fusion, config, folded=False, **_):
@@ -127,11 +154,13 @@ def test_tune_times_the_folded_gate_up_as_its_rung_runs_it_and_every_other_case_
 
     monkeypatch.setattr(gemv, "fused_call", call)
     monkeypatch.setattr(gemv, "time_per_call_us", lambda n, k, call, **_: 10.0)
-    for table in ("CHOSEN", "CHOSEN_SPLIT", "CHOSEN_FP8", "CHOSEN_PERSISTENT"):
+    for table in ("CHOSEN", "CHOSEN_SPLIT", "CHOSEN_EARLY", "CHOSEN_FP8", "CHOSEN_PERSISTENT"):
         monkeypatch.setattr(gemv, table, {})
     silu, norm_silu = gemv.Fusion(silu=True), gemv.Fusion(norm=True, silu=True)
     gemv.tune([(64, 32, gemv.PLAIN), (64, 32, norm_silu), (64, 32, silu)], progress=lambda _: None)
     assert {f for f, folded in asked if folded} == {silu} and (silu, False) not in asked
+    assert (gemv.PLAIN, False) in asked and (norm_silu, False) in asked  # the others alone, then with `early`
+    assert (gemv.CHOSEN_EARLY[(64, 32, silu)] == gemv.CHOSEN[(64, 32, silu)]) and len(gemv.CHOSEN_EARLY) == 3
     asked.clear()
     gemv.tune([(64, 32, silu)], progress=lambda _: None, fp8=True)
     assert asked and not any(folded for _, folded in asked)

@@ -355,7 +355,7 @@ def census_by_rung(run: runs.Run, column: str = "kernels") -> pd.DataFrame:
 
 
 def tuning(run: runs.Run) -> pd.DataFrame:
-    """Every GEMV config tried on every weight shape, and which won."""
+    """Every GEMV config tried on every weight shape (in each way of launching it), and which won."""
     t = run.table("gemv_tuning")
     t["chosen"] = t.chosen.astype(str).eq("True")
     # runs recorded before split-K and FP8: BF16 weights, one kernel per GEMV
@@ -364,6 +364,10 @@ def tuning(run: runs.Run) -> pd.DataFrame:
     t["split_k"] = t.get("split_k", 1)
     # the persistent rung's trials (gemv.Config.ctas_per_sm > 0), tuned apart: runs before it have none
     t["persistent"] = t.get("ctas_per_sm", pd.Series(0, index=t.index)).fillna(0).astype(int) > 0
+    # trials timed with PDL and the first weights before the wait, and the config kept for the rungs launched
+    # so (gemv.CHOSEN_EARLY): runs before gemv.tune timed both ways have one table, which every rung ran
+    t["early"] = t.early.astype(str).eq("True") if "early" in t else False
+    t["chosen_early"] = t.chosen_early.astype(str).eq("True") if "chosen_early" in t else t.chosen
     return t
 
 

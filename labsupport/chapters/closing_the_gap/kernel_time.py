@@ -35,8 +35,14 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
     if "gemv_tuning.csv" in run.meta["files"]:
         t = tuning(run)
         fp8 = rung in FP8_RUNGS
-        # FP8 is tuned without split-K (its choice is `chosen`), even on the options of a rung that allows it
-        col = "chosen_split" if OWN_OPTIONS.get(rung, {}).get("split_k") and not fp8 else "chosen"
+        # FP8 is tuned without split-K (its choice is `chosen`), even on the options of a rung that allows it;
+        # BF16 rungs launched with the first weights before the wait run the configs timed so (gemv.choose)
+        opts = OWN_OPTIONS.get(rung, {})
+        col = "chosen"
+        if not fp8 and opts.get("early_weights"):
+            col = "chosen_early"
+        elif not fp8 and opts.get("split_k"):
+            col = "chosen_split"
         w = t[t[col] & (t.weights.eq("fp8") if fp8 else t.weights.ne("fp8"))]  # FP8, or the model's BF16/FP16
         names = {v: n for n, v in shape_names(run).items()}
         for r in w.itertuples():

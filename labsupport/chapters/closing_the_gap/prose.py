@@ -206,7 +206,7 @@ def matmul_text(shapes: pd.DataFrame | None, tuned: pd.DataFrame | None, floor: 
         return "This run timed no matmuls shape by shape (a run on a CPU cannot)."
     tuned = tuned[~tuned.persistent]  # the rungs' one GEMV kernel (the persistent rung's form is its own)
     winners = tuned[tuned.chosen]
-    tried = int(tuned.groupby(["n", "k", "fusion"]).size().max())
+    tried = int(tuned.groupby(["n", "k", "fusion", "weights", "early"]).size().max())  # each launched one way
     slowest = shapes.loc[shapes.cublas_tbs.idxmin()]
     small, top = shapes.loc[shapes.triton_tbs.idxmin()], shapes.loc[shapes.triton_tbs.idxmax()]
     text = (

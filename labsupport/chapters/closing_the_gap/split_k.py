@@ -18,7 +18,7 @@ def split_k_text(run: runs.Run) -> str:
     if "split-k" not in rungs.index or rungs.loc["split-k", "status"] != "ok":
         return "This run has no split-K rung."
     t = tuning(run)
-    t = t[(t.weights == "bf16") & ~t.persistent]  # rung 9's and rung 10's kernels
+    t = t[(t.weights == "bf16") & ~t.persistent & ~t.early]  # rung 9's and rung 10's kernels, launched plainly
     split = t[t.split_k > 1]
     if split.empty:
         return "This run's tuner tried no split-K configuration, so rung 10 runs rung 9's kernels."

@@ -496,7 +496,7 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     import torch
 
     from labsupport.measure import hardware
-    from labsupport.measure.kernels.gemv import weight_copies
+    from labsupport.measure.kernels.weight_timing import weight_copies
 
     dev = "cuda"
     group = heads // kv_heads

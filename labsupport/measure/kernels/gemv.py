@@ -56,6 +56,7 @@ from functools import cache
 from types import SimpleNamespace
 
 from labsupport.measure.kernels import folded_norms, persistent_gemv
+from labsupport.measure.kernels.weight_timing import time_per_call_us
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,11 @@ PERSISTENT_CANDIDATES = [
 ]
 PERSISTENT_DEFAULT = Config(4, 2048, 8, 3, ctas_per_sm=2)
 # The chosen config for each weight shape and fusion (N, K, Fusion), filled by tune(): without
-# split-K (CHOSEN), best of all (CHOSEN_SPLIT, the split-K rung's), FP8 weights (CHOSEN_FP8),
-# persistent (CHOSEN_PERSISTENT, the persistent rung's).
+# split-K (CHOSEN), best of all (CHOSEN_SPLIT, the split-K rung's), timed with PDL and W's first tiles
+# before the wait (CHOSEN_EARLY, the rungs launched so), FP8 weights (CHOSEN_FP8), persistent
+# (CHOSEN_PERSISTENT, the persistent rung's).
 CHOSEN: dict[tuple[int, int, Fusion], Config] = {}
+CHOSEN_EARLY: dict[tuple[int, int, Fusion], Config] = {}
 CHOSEN_SPLIT: dict[tuple[int, int, Fusion], Config] = {}
 CHOSEN_FP8: dict[tuple[int, int, Fusion], Config] = {}
 CHOSEN_PERSISTENT: dict[tuple[int, int, Fusion], Config] = {}
@@ -339,16 +342,21 @@ def workspace(n: int, device):
     return _WORKSPACE[key]
 
 
-def choose(n: int, k: int, fusion: Fusion, fp8: bool = False, split: bool = False, persistent: bool = False) -> Config:
-    """The tuned config of a weight shape and fusion: FP8's, or with split-K allowed (the split-K
-    rung), or the plain one, each falling back to the plain shape's and then DEFAULT; `persistent`
-    (the persistent rung): the persistent one, falling back to the plain shape's, then PERSISTENT_DEFAULT."""
-    tables = ([CHOSEN_FP8] if fp8 else []) + ([CHOSEN_SPLIT] if split else []) + [CHOSEN]
+def choose(
+    n: int, k: int, fusion: Fusion, fp8: bool = False, split: bool = False, persistent: bool = False,
+    early: bool = False,
+) -> Config:  # fmt: skip
+    """The tuned config of a weight shape and fusion: FP8's, or as launched with `early` (CHOSEN_EARLY),
+    or with split-K allowed (the split-K rung), or the plain one, each falling back to the plain
+    shape's and then DEFAULT; `persistent` (the persistent rung): the persistent one, falling back to
+    the plain shape's, then PERSISTENT_DEFAULT."""
+    tables = ([CHOSEN_FP8] if fp8 else []) + ([CHOSEN_EARLY] if early else []) + ([CHOSEN_SPLIT] if split else [])
+    tables.append(CHOSEN)
     if persistent:
         tables = [CHOSEN_PERSISTENT]
-    for table in tables:
+    for table in tables:  # (CHOSEN_EARLY may hold a split-K config: only where split-K is allowed)
         c = table.get((n, k, fusion)) or table.get((n, k, PLAIN))
-        if c is not None and not (fusion.silu and c.block_n < 2):
+        if c is not None and not (fusion.silu and c.block_n < 2) and (split or c.split_k == 1):
             return c
     return PERSISTENT_DEFAULT if persistent else DEFAULT
 
@@ -380,7 +388,9 @@ def launch(
     kernels = _kernel()
     n, k = w.shape
     fusion = Fusion(norm_weight is not None, silu, residual is not None)
-    c = config or choose(n, k, fusion, fp8=scale is not None, split=split and argmax is None, persistent=persistent)
+    c = config or choose(
+        n, k, fusion, fp8=scale is not None, split=split and argmax is None, persistent=persistent, early=early
+    )  # fmt: skip
     if argmax is not None and (silu or residual is not None or c.split_k > 1):
         raise ValueError("argmax is the LM head's epilogue: one kernel per row block (no split-K), no SiLU or residual")
     ws = workspace(n, x.device) if c.split_k > 1 else out
@@ -453,46 +463,6 @@ def interleave(gate, up):
     return torch.stack((gate, up), dim=1).reshape(-1, gate.shape[1]).contiguous()
 
 
-# The most weight copies one timing cycles through. Four times the L2 cache in copies of the
-# tiny model's 64 x 64 matrix (8 KB) would be 25,600 of them, each call launched from Python
-# and captured: a smoke run's tuning took 11 minutes on an H100 for shapes no real model has.
-MAX_COPIES = 512
-
-
-def weight_copies(nbytes: int, l2_bytes: int) -> int:
-    """How many copies of a weight of `nbytes` one timing cycles through: enough for four times the
-    L2 cache, at least two, at most MAX_COPIES."""
-    return min(MAX_COPIES, max(2, -(-4 * l2_bytes // nbytes)))
-
-
-def time_per_call_us(n: int, k: int, call, repeats: int = 20, fp8: bool = False, dtype=None) -> float:
-    """Microseconds per call of `call(x, w)` (which writes its own output) on a BF16 weight of
-    shape (N, K) (FP8 with `fp8`; `dtype` torch.float16 for a model in float16: its weights and x),
-    as the kernels run inside a decode step's CUDA graph: many calls captured in one graph and
-    replayed (no launch gaps from Python), each on a different copy of the weight so that none is
-    read from L2 (the copies together are several times the L2 cache). At most MAX_COPIES copies:
-    a matrix so small that it needs more (under 4 x L2 / MAX_COPIES, 400 KB on an H200; the smallest
-    of Qwen3-8B is 8 MB, of Qwen3-1.7B 4 MB) is the tests' tiny model's, timed partly from L2."""
-    import torch
-
-    from labsupport.measure import hardware
-
-    nbytes = n * k * (1 if fp8 else 2)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    copies = weight_copies(nbytes, l2)
-    half = dtype or torch.bfloat16
-    dtype = torch.float8_e4m3fn if fp8 else half
-    ws = [torch.randn(n, k, device="cuda", dtype=half).to(dtype) for _ in range(copies)]
-    x = torch.randn(1, k, device="cuda", dtype=half)
-    calls = max(32, copies)
-
-    def run():
-        for i in range(calls):
-            call(x, ws[i % copies])
-
-    return hardware.graph_us_per_call(run, calls, repeats=repeats, side_stream=True)
-
-
 def fused_call(
     n: int, k: int, fusion: Fusion, config: Config | None = None, fp8: bool = False, split: bool = False,
     pdl: bool = False, dtype=None, folded: bool = False, early: bool = False,
@@ -523,7 +493,7 @@ def fused_call(
 
 @dataclass
 class Trial:
-    """One candidate config timed on one weight shape and fusion."""
+    """One candidate config timed on one weight shape and fusion, in one way of launching it."""
 
     n: int
     k: int
@@ -535,11 +505,14 @@ class Trial:
     chosen_split: bool = False  # the config kept with split-K allowed (the split-K rung)
     weights: str = "bf16"  # or "fp16" (a model in float16), or "fp8"
     chosen_persistent: bool = False  # the persistent config kept (the persistent rung)
+    early: bool = False  # timed with PDL and W's first tiles before the wait (fused_call's `early`)
+    chosen_early: bool = False  # the config kept for the rungs launched so (CHOSEN_EARLY)
 
     def as_row(self) -> dict:
         return {"n": self.n, "k": self.k, "fusion": self.fusion.label, **asdict(self.config), "us": self.us,
-                "tbs": self.tbs, "chosen": self.chosen, "chosen_split": self.chosen_split,
-                "weights": self.weights, "chosen_persistent": self.chosen_persistent}  # fmt: skip
+                "tbs": self.tbs, "chosen": self.chosen, "chosen_split": self.chosen_split, "weights": self.weights,
+                "chosen_persistent": self.chosen_persistent, "early": self.early,
+                "chosen_early": self.chosen_early}  # fmt: skip
 
 
 def tune(
@@ -550,11 +523,13 @@ def tune(
     the smaller matrices; keep the fastest without split-K in CHOSEN (CHOSEN_FP8 with `fp8`: FP8
     weights, FP8_CANDIDATES, no split-K), the fastest of all in CHOSEN_SPLIT; with `persistent`,
     PERSISTENT_CANDIDATES, no split-K, the fastest in CHOSEN_PERSISTENT only; return every trial.
-    `dtype`: the activations' (None: BF16). Each is timed as the best rungs run it: gate/up with
-    SiLU and no norm as folded-norms does (`folded`; closing-the-gap 20261206T054617Z-h100-80gb-hbm3,
-    timed alone, kept a config that took 86 us a layer there, against 65), the rest with PDL and W's
-    first tiles before the wait (`early`; FP8 timed without left fp8-pdl at 3.01 ms in 120547Z, with
-    it 2.94 in 121924Z; BF16 o_proj and down, timed with, took 0.025 ms off folded-norms on an H100)."""
+    `dtype`: the activations' (None: BF16). Each is timed as the rungs that run it launch it: BF16
+    alone for rungs 7-11, and again with PDL and W's first tiles before the wait (`early`), the fastest
+    of those, split-K or not, in CHOSEN_EARLY for the rungs launched so (timed one way for both,
+    closing-the-gap 20261206T150245Z-h100-80gb-hbm3 left rungs 7-11 0.05-0.09 ms slower than 121924Z,
+    or folded-norms 0.02 ms, as it went); FP8 with `early` only (timed without, fp8-pdl took 3.01 ms in
+    120547Z, with, 2.94 in 121924Z); gate/up with SiLU and no norm, the folded-norms rung's alone, as
+    that rung runs it (`folded`; timed alone, 054617Z kept a config that took 86 us a layer, against 65)."""
     import torch
 
     if fp8 and persistent:
@@ -567,34 +542,41 @@ def tune(
         mine = []
         splits = [] if fp8 or persistent or n * k > SPLIT_MAX_ELEMENTS else list(split_candidates)
         folded = fusion.silu and not fusion.norm and not (fp8 or persistent)
+        modes = (False,) if persistent else (True,) if fp8 or folded else (False, True)  # `early` or not
         for c in [*candidates, *splits]:
             if fusion.silu and c.block_n < 2:
                 continue
-            try:
-                call = fused_call(n, k, fusion, c, fp8=fp8, dtype=dtype, folded=folded, early=not persistent)
-                us = time_per_call_us(n, k, call, fp8=fp8, dtype=dtype)
-            except Exception as e:  # a split-K, FP8 or persistent candidate failing leaves the others
-                if c.split_k == 1 and not (fp8 or persistent):
-                    raise
-                progress(f"    {n}x{k} {fusion.label} with {c}: failed: {type(e).__name__}: {str(e)[:120]}")
-                continue
-            mine.append(
-                Trial(n, k, fusion, c, us, n * k * (1 if fp8 else 2) / us / 1e6, weights="fp8" if fp8 else half_label)
-            )
-        best = min((t for t in mine if t.config.split_k == 1), key=lambda t: t.us)
-        top = min(mine, key=lambda t: t.us)
+            for early in modes:
+                try:
+                    call = fused_call(n, k, fusion, c, fp8=fp8, dtype=dtype, folded=folded and early, early=early)
+                    us = time_per_call_us(n, k, call, fp8=fp8, dtype=dtype)
+                except Exception as e:  # a split-K, FP8 or persistent candidate failing leaves the others
+                    if c.split_k == 1 and not (fp8 or persistent):
+                        raise
+                    progress(f"    {n}x{k} {fusion.label} with {c}: failed: {type(e).__name__}: {str(e)[:120]}")
+                    continue
+                tbs = n * k * (1 if fp8 else 2) / us / 1e6
+                mine.append(Trial(n, k, fusion, c, us, tbs, weights="fp8" if fp8 else half_label, early=early))
+        first = [t for t in mine if t.early == modes[0]]  # rungs 7-11's way, where they run the case
+        best = min((t for t in first if t.config.split_k == 1), key=lambda t: t.us)
+        top = min(first, key=lambda t: t.us)
         if persistent:
             best.chosen_persistent = True
             CHOSEN_PERSISTENT[(n, k, fusion)] = best.config
         else:
             best.chosen = True
             (CHOSEN_FP8 if fp8 else CHOSEN)[(n, k, fusion)] = best.config
+        label = "FP8 " if fp8 else "persistent " if persistent else ""
+        progress(f"  {label}GEMV {n}x{k} {fusion.label}: {best.us:.1f} us, {best.tbs:.2f} TB/s with {best.config}")
         if not (fp8 or persistent):
             top.chosen_split = True
             CHOSEN_SPLIT[(n, k, fusion)] = top.config
-        label = "FP8 " if fp8 else "persistent " if persistent else ""
-        progress(f"  {label}GEMV {n}x{k} {fusion.label}: {best.us:.1f} us, {best.tbs:.2f} TB/s with {best.config}")
-        if top is not best:
-            progress(f"    split-K: {top.us:.1f} us, {top.tbs:.2f} TB/s with {top.config}")
+            fast = min((t for t in mine if t.early), key=lambda t: t.us)  # their options allow split-K
+            fast.chosen_early = True
+            CHOSEN_EARLY[(n, k, fusion)] = fast.config
+            if top is not best:
+                progress(f"    split-K: {top.us:.1f} us, {top.tbs:.2f} TB/s with {top.config}")
+            if fast is not best:
+                progress(f"    with PDL, weights first: {fast.us:.1f} us, {fast.tbs:.2f} TB/s with {fast.config}")
         trials.extend(mine)
     return trials
