@@ -105,15 +105,20 @@ def test_tune_with_persistent_candidates_fills_only_the_persistent_table(monkeyp
         gemv.tune(cases, persistent=True, fp8=True)
 
 
-def test_a_persistent_and_a_plain_config_of_one_block_shape_are_two_rows_of_the_tuning_table():
+def test_a_persistent_a_plain_and_an_early_timed_config_of_one_block_shape_are_rows_of_their_own():
     import pandas as pd
 
+    from labsupport import runs
     from labsupport.chapters import closing_the_gap as ch
     from labsupport.runs import tables
 
     shape = (2, 2048, 8, 3)
     rows = [gemv.Trial(64, 32, gemv.PLAIN, gemv.Config(*shape, ctas_per_sm=c), 5.0, 1.0).as_row() for c in (0, 2)]
+    # and one config timed both ways it is launched (gemv.tune): two rows, told apart by `early`
+    rows.append(gemv.Trial(64, 32, gemv.PLAIN, gemv.Config(*shape), 4.0, 1.2, early=True).as_row())
     tables.check_key(pd.DataFrame(rows), Path("gemv_tuning.csv"), ch.DECLARATION)  # no repeated key
+    with pytest.raises(runs.RunError, match="repeat the key"):
+        tables.check_key(pd.DataFrame([*rows, rows[-1]]), Path("gemv_tuning.csv"), ch.DECLARATION)
 
 
 def test_tune_keeps_a_bf16_config_for_each_way_of_launching_it(monkeypatch):
