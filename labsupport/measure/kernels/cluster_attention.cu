@@ -16,6 +16,11 @@
 // it: q, the new k and v, their RMSNorm and rotary embedding (sums across the warp by shuffles), the
 // scores, the warp's softmax, the block's, the cluster's.
 //
+// The kernel lets the next one (o_proj) launch as soon as it starts, not at its wait: o_proj's programs then
+// take the SM slots the QKV GEMV frees as it finishes and load their first weights during its tail. Let
+// launch at the wait, their flood of loads came after it, among this kernel's few reads and writes, which
+// are all that stand between the QKV GEMV's end and o_proj's wait; o_proj still waits for this kernel's end.
+//
 // The arithmetic follows the Triton kernels: Qwen3's per-head RMSNorm with its statistic in float32,
 // rounded to bfloat16 before and after the weight, the rotary embedding rounded to bfloat16, scores,
 // softmax and the weighted sum in float32, the output rounded to bfloat16.
@@ -95,6 +100,8 @@ __global__ void __launch_bounds__(WARPS * 32) cluster_attention_kernel(
   const int pos = static_cast<int>(*pos_p);
   const int first = part * BLOCK_S + warp * ROWS_PER_WARP;  // the warp's first position
 
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;");  // the next kernel may launch (the header says why)
+
   // Before the wait: what no kernel of this step writes.
   const size_t head_at = static_cast<size_t>(kvh) * slots * D;
   uint2 k_raw[ROWS_PER_WARP], v_raw[ROWS_PER_WARP];  // kept as bfloat16 until used
@@ -118,10 +125,7 @@ __global__ void __launch_bounds__(WARPS * 32) cluster_attention_kernel(
   // Every block of the cluster has started once this barrier completes (waited on before writing into
   // another block's shared memory); arrived at here, so that the wait costs nothing later.
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-  if (pdl) {  // the QKV GEMV's output is read from here on
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-  }
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");  // the QKV GEMV's output is read from here on
   float qx[4], qr[4], kx[4], kr[4], vn[4];
   load4(qkv + static_cast<size_t>(h) * D + d0, qx);
   load4(qkv + static_cast<size_t>(h) * D + dr0, qr);
