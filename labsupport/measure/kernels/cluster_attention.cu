@@ -16,10 +16,11 @@
 // it: q, the new k and v, their RMSNorm and rotary embedding (sums across the warp by shuffles), the
 // scores, the warp's softmax, the block's, the cluster's.
 //
-// The kernel lets the next one (o_proj) launch as soon as it starts, not at its wait: o_proj's programs then
-// take the SM slots the QKV GEMV frees as it finishes and load their first weights during its tail. Let
-// launch at the wait, their flood of loads came after it, among this kernel's few reads and writes, which
-// are all that stand between the QKV GEMV's end and o_proj's wait; o_proj still waits for this kernel's end.
+// The kernel lets the next one (o_proj) launch as soon as it starts rather than at its wait, so that o_proj's
+// programs may take the SM slots the QKV GEMV frees and issue their first weight loads during its tail rather
+// than among this kernel's own reads after the wait. On an H100 this made the whole step about 0.03 ms faster
+// (rung 14, folded-norms, timed as CUDA-graph replays). o_proj still waits for this kernel to end before it
+// reads its output.
 //
 // The arithmetic follows the Triton kernels: Qwen3's per-head RMSNorm with its statistic in float32,
 // rounded to bfloat16 before and after the weight, the rotary embedding rounded to bfloat16, scores,
