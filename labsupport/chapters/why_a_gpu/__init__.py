@@ -35,7 +35,7 @@ from .measuring import (
     SETUP_PREFILL, SETUP_ROWS, step_for, SWEEP_METHOD, sweep_row, time_batches, time_matvec_cpu, time_matvec_gpu,
 )
 from .read_kernels import (
-    CUBLAS, MODEL_NEEDS, record_read_kernels, step_matrices, time_read_kernels, TRITON,
+    CUBLAS, MODEL_NEEDS, record_read_kernels, step_matrices, time_read_kernels, TRITON, TRITON_EARLY,
 )
 from .one_token import (
     arithmetic, arithmetic_display, arithmetic_rows, ceilings, ceilings_label, counts, DATASHEET, matvec, Matvec,
