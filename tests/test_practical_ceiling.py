@@ -144,7 +144,7 @@ def test_time_read_kernels_times_every_kernel_at_every_shape(monkeypatch):
         return float(n * k) / 4e6  # every shape read at 8 TB/s
 
     monkeypatch.setattr(gemv, "time_per_call_us", fake_time)
-    monkeypatch.setattr(gemv, "fused_call", lambda n, k, fusion, config, dtype=None: (n, k, config))
+    monkeypatch.setattr(gemv, "fused_call", lambda n, k, fusion, config, dtype=None, early=False: (n, k, config))
     t = ch.time_read_kernels("tiny", progress=lambda _: None)
     shapes = ch.step_matrices("tiny")
     assert len(t) == len(shapes) * (1 + len(gemv.CANDIDATES)) == len(timed)
@@ -152,3 +152,25 @@ def test_time_read_kernels_times_every_kernel_at_every_shape(monkeypatch):
     assert set(zip(t.n, t.k, strict=True)) == set(shapes.values())
     assert (t.groupby("matrix").kernel.value_counts().xs(ch.CUBLAS, level="kernel") == 1).all()
     assert t.tbs.to_numpy() == pytest.approx((t.bytes / (t.ms * 1e-3) / 1e12).to_numpy())
+    assert ch.TRITON_EARLY not in set(t.kernel)  # no dependent launch before Hopper (here: no GPU at all)
+
+
+def test_on_hopper_the_gemv_is_timed_again_as_the_last_rungs_launch_it(monkeypatch):
+    """On Hopper every candidate is timed twice at every shape, plainly and with dependent launch and
+    weights first (fused_call's `early`), so that the ceiling is one that the last rungs' GEMV cannot beat."""
+    launched = []
+
+    def fake_call(n, k, fusion, config, dtype=None, early=False):
+        launched.append(early)
+        return early
+
+    monkeypatch.setattr(gemv, "time_per_call_us", lambda n, k, call, repeats=20, dtype=None: 2.0 if call else 3.0)
+    monkeypatch.setattr(gemv, "fused_call", fake_call)
+    monkeypatch.setattr(ch.read_kernels, "hopper", lambda: True)
+    t = ch.time_read_kernels("tiny", progress=lambda _: None)
+    shapes = ch.step_matrices("tiny")
+    counts = t.groupby("matrix").kernel.value_counts()
+    assert (counts.xs(ch.TRITON, level="kernel") == len(gemv.CANDIDATES)).all()
+    assert (counts.xs(ch.TRITON_EARLY, level="kernel") == len(gemv.CANDIDATES)).all()
+    assert len(launched) == 2 * len(shapes) * len(gemv.CANDIDATES) and sum(launched) == len(launched) // 2
+    assert (t[t.kernel == ch.TRITON_EARLY].ms == 2e-3).all() and (t[t.kernel == ch.TRITON].ms == 3e-3).all()

@@ -46,7 +46,7 @@ QUANTITIES = {
         _q("gemm_tflops", CEILINGS, "a large BF16 matrix multiply", "TFLOP/s", "{:,.0f}"),
         _q("step_gb", CEILINGS, "the bytes one decode step must read: every weight outside the embedding table, once", "GB", "{:.2f}"),
         _q("floor_ms", CEILINGS, "the floor: the step's bytes over the datasheet bandwidth (no kernel can beat it)", "ms", "{:.2f}"),
-        _q("ceiling_tbs", CEILINGS, "the practical ceiling: the best read rate any kernel reached in the run (the read stream, cuBLAS and the book's Triton GEMV at every weight shape of the step), never a copy's (hardware.practical_ceiling; a kernel the book shows may pass it by hardware.CEILING_TOLERANCE at most)", "TB/s", "{:.2f}"),
+        _q("ceiling_tbs", CEILINGS, "the practical ceiling: the best read rate any kernel reached in the run (the read stream, cuBLAS and the book's Triton GEMV at every weight shape of the step, on Hopper also as the last rungs launch it), never a copy's (hardware.practical_ceiling; a kernel the book shows may pass it by hardware.CEILING_TOLERANCE at most)", "TB/s", "{:.2f}"),
         _q("ceiling_ms", CEILINGS, "the step's bytes at the practical ceiling", "ms", "{:.2f}"),
         _q("measured_ridge", CEILINGS, "the measured ridge: the measured GEMM rate over the practical ceiling (hardware.Limits.measured_ridge)", "FLOP/byte", "{:.0f}"),
         _q("eager_wall_ms", EAGER, "the eager decode step's wall time: the median of the interleaved trials taken on a fast host (host probe within 15% of its best reading; the minimum in runs without per-trial probe readings)", "ms", "{:.1f}"),

@@ -38,9 +38,10 @@ DECLARATION = Chapter(
         # ceilings.csv and read_kernels.csv: recorded on every GPU (runs before read_kernels lack it); none on a CPU
         CEILINGS_FILE,
         File("read_kernels.csv",
-             "cuBLAS and the book's Triton GEMV (each configuration its tuner tries) at every weight shape of the "
-             "decode step, the LM head included: per-call time and read rate; with the read stream, the practical "
-             "ceiling", ("kernel", "matrix", "n", "k", "config", "bytes", "ms", "tbs")),
+             "cuBLAS and the book's Triton GEMV (each configuration its tuner tries; on Hopper each also with "
+             "dependent launch and weights first) at every weight shape of the decode step, the LM head included: "
+             "per-call time and read rate; with the read stream, the practical ceiling",
+             ("kernel", "matrix", "n", "k", "config", "bytes", "ms", "tbs")),
         File("matvec.csv", "the decode-sized matrix-vector product timed on the CPU (FP32, BF16) and on the GPU",
              ("device", "dtype", "ms_median", "bytes", "GB/s", "shape"), required=True),
         File("batch_sweep.csv",

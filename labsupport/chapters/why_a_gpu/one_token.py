@@ -11,6 +11,7 @@ from labsupport import runs
 from labsupport.measure import hardware, models
 
 from .measuring import HOST_CLOCK, KERNEL_TIME, PER_CALL
+from .read_kernels import TRITON_EARLY
 
 # The rows of the arithmetic table (data keys; labels come from ceilings_label at display time).
 DATASHEET, MEASURED = "datasheet", "measured"
@@ -190,9 +191,10 @@ def memory_ceiling_text(run: runs.Run) -> str:
         )
     if "read_kernels.csv" in run.meta["files"]:
         rk = run.table("read_kernels")
+        both = " (alone, and with dependent launch and weights first)" if rk.kernel.eq(TRITON_EARLY).any() else ""
         parts.append(
-            f"cuBLAS and the book's own Triton GEMV, timed at each of the {rk.matrix.nunique()} weight shapes a "
-            f"decode step reads, reached {rk.tbs.max():.2f} TB/s at best (`read_kernels.csv`)"
+            f"cuBLAS and the book's own Triton GEMV{both}, timed at each of the {rk.matrix.nunique()} weight shapes "
+            f"a decode step reads, reached {rk.tbs.max():.2f} TB/s at best (`read_kernels.csv`)"
         )
     best = "The best of these" if len(parts) > 1 else "That"
     text = "; ".join(parts) + (
