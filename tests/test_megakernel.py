@@ -62,7 +62,7 @@ def _reference(x, w, caches):
 
 @pytest.mark.parametrize("pdl", [False, True], ids=["", "pdl"])
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_the_layer_kernel_gives_the_layer_and_leaves_the_scalars_as_the_folded_step_does(case, pdl, waits_as_no_ops):
+def test_the_layer_kernel_gives_the_layer_and_leaves_the_sums_as_the_folded_step_does(case, pdl, waits_as_no_ops):
     config, block_s = case
     x, w, caches = _layer(0)
     want, want_k, want_v, (cos, sin) = _reference(x, w, caches)
@@ -79,21 +79,21 @@ def test_the_layer_kernel_gives_the_layer_and_leaves_the_scalars_as_the_folded_s
     torch.testing.assert_close(kc, want_k, **CLOSE)  # the new position written, the rest as it was
     torch.testing.assert_close(vc, want_v, **CLOSE)
     # row 0 (read by QKV) zeroed by o_proj, row 1 (read by gate/up) by down, row 2 the output's Σ
-    assert float(sums[0, 0]) == 0.0 and float(sums[1, 0]) == 0.0
-    assert float(sums[2, 0]) == pytest.approx(float((out**2).sum()), rel=1e-5)
-    assert not sums[:, 1:].any()
+    assert not sums[:2].any()
+    assert float(folded_norms.total(sums[2])) == pytest.approx(float((out**2).sum()), rel=1e-5)
+    assert not sums[2].unflatten(0, (folded_norms.SLOTS, folded_norms.STRIDE))[:, 1:].any()  # only in slots
     sync = megakernel.counters(KV_HEADS, "cpu")
     assert not sync.any(), "every counter back at zero for the next launch, and no wait gave up"
 
 
-def test_a_second_launch_finds_its_counters_and_scalars_ready(waits_as_no_ops):
+def test_a_second_launch_finds_its_counters_and_sums_ready(waits_as_no_ops):
     x, w, caches = _layer(1)
     want, *_, (cos, sin) = _reference(x, w, caches)
     wqkv = folded_norms.fold(w["qkv"], w["in_norm"])
     wgu = folded_norms.fold(gemv.interleave(w["gate"], w["up"]), w["post_norm"])
     sums = torch.zeros(3, folded_norms.ROW)
     for _ in range(2):  # as a step's replay does: the same layer, the input's Σx² put back, its output's zeroed
-        sums[0, 0], sums[2, 0] = (x**2).sum(), 0.0
+        sums[0, 0], sums[2] = (x**2).sum(), 0.0
         kc, vc = (c.clone() for c in caches)
         out = megakernel.layer(
             x, wqkv, w["o"], wgu, w["down"], w["q_norm"], w["k_norm"], cos, sin, kc, vc, torch.tensor([POS]), sums,
@@ -166,13 +166,13 @@ def test_our_decoder_with_one_kernel_a_layer_gives_transformers_logits_and_token
     monkeypatch.setattr(gemv, "launch", counted_launch)
     opts = qwen3_decode.Options(**ch.OWN_OPTIONS["layer-kernel"])
     step = qwen3_decode.OwnStep(model, prompt.ids, ref.token, opts, compile=False, graph=False)
-    for _ in range(2):  # after the warm-up's three: the scalars and the argmax word ready for each step
+    for _ in range(2):  # after the warm-up's three: the sums and the argmax word ready for each step
         logits, token = step()
         torch.testing.assert_close(logits, ref.logits, **CLOSE)
         assert int(token) == int(ref.next_token)
         assert ch.fidelity((logits, token), ref, ch.ERROR_FACTOR)["passed"]
         sums = step.dec.sums
-        assert sums[:-1].eq(0).all() and sums[:, 1:].eq(0).all()  # as the folded step leaves them
+        assert sums[:-1].eq(0).all() and folded_norms.total(sums[-1]) > 0  # as the folded step leaves them
     layers = model.config.num_hidden_layers
     assert launched["layer"] == 5 * layers, "one layer kernel a layer, every step"
     assert launched["gemv"] == [True] * 5, "the only GEMV left outside is the LM head, with its argmax"
@@ -232,7 +232,7 @@ def test_the_step_kernel_gives_what_the_layer_kernels_and_the_lm_head_give_one_a
         mats = [t[n] for n in ("qkv", "o_proj", "gate_up", "down", "q_norm", "k_norm")]
         h = megakernel.layer(h, *mats, cos, sin, t["k_cache"], t["v_cache"], pos, sums[2 * i : 2 * i + 3], HEADS, EPS,
                              block_s=8)  # fmt: skip
-    want = gemv.gemv(h, lm, eps=EPS, sumsq_in=sums[-1, :1], argmax=word)
+    want = gemv.gemv(h, lm, eps=EPS, sumsq_in=sums[-1], argmax=word)
     mine_sums, mine, mine_word = state()
     logits = megakernel.step(
         x, megakernel.table(mine), lm, mine_word, cos, sin, pos, mine_sums, inter=INTER, heads=HEADS,
@@ -243,7 +243,7 @@ def test_the_step_kernel_gives_what_the_layer_kernels_and_the_lm_head_give_one_a
     for a, b in zip(mine, folded, strict=True):  # every layer's new k and v written through the table
         torch.testing.assert_close(a["k_cache"], b["k_cache"], **CLOSE)
         torch.testing.assert_close(a["v_cache"], b["v_cache"], **CLOSE)
-    torch.testing.assert_close(mine_sums, sums, **CLOSE)  # the scalars left as the layer kernels leave them
+    torch.testing.assert_close(mine_sums, sums, **CLOSE)  # the sums left as the layer kernels leave them
     assert not megakernel.counters(KV_HEADS, "cpu").any(), "every counter back at zero, no wait gave up"
 
 
@@ -281,7 +281,7 @@ def test_our_decoder_in_one_kernel_a_step_gives_transformers_logits_and_token(
         torch.testing.assert_close(logits, ref.logits, **CLOSE)
         assert int(token) == int(ref.next_token)
         sums = step.dec.sums
-        assert sums[:-1].eq(0).all() and sums[:, 1:].eq(0).all()  # as the folded step leaves them
+        assert sums[:-1].eq(0).all() and folded_norms.total(sums[-1]) > 0  # as the folded step leaves them
     assert launched == {"layer": 0, "gemv": 0}, "neither a layer kernel nor a GEMV: one kernel after the embedding row"
     with pytest.raises(ValueError, match="step_kernel needs layer_kernel"):
         qwen3_decode.Options(**ch.OWN_OPTIONS["folded-norms"], step_kernel=True)

@@ -1,6 +1,6 @@
 """The folded-norms rung (qwen3_decode.Options.fold_norms) computes what PyTorch and transformers
-compute: its GEMV epilogues (the norm's scale from one Σx² scalar, that scalar summed by the kernel
-that writes x, argmax in the LM head), the embedding row, the folded weights, and the whole step on
+compute: its GEMV epilogues (the norm's scale from a row of Σx² partial sums, those summed by the
+kernel that writes x, argmax in the LM head), the embedding row, the folded weights, and the whole step on
 the tiny model. On a CPU, in float32, in Triton's interpreter, which has no grid dependency control
 (the waits are no-ops there, exact where kernels run one after another)."""
 
@@ -47,41 +47,71 @@ def _sumsq(x):
     return (x.float() ** 2).sum().reshape(1)
 
 
+def _row(x, spread=False):
+    """x's Σx² as a row of partial sums: in the first slot, or (`spread`) cut into unequal parts over
+    every slot, as the programs of a producer leave it."""
+    if not spread:
+        return folded_norms.scalar(float(_sumsq(x)), "cpu")
+    parts = torch.rand(folded_norms.SLOTS, generator=torch.Generator().manual_seed(9))
+    row = torch.zeros(folded_norms.ROW)
+    row[:: folded_norms.STRIDE] = _sumsq(x) * parts / parts.sum()
+    return row
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["", "spread"])
 @pytest.mark.parametrize("early", [False, True], ids=["", "early"])
 @pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
-def test_a_gemv_with_the_norms_weight_folded_in_and_its_sum_of_squares_given_is_the_normed_product(config, early):
+def test_a_gemv_with_the_norms_weight_folded_in_and_its_sum_of_squares_given_is_the_normed_product(
+    config, early, spread
+):
     x, norm, gate, up = _case(0)
     normed = qwen3_decode.rmsnorm(x, norm, EPS)
-    s = _sumsq(x)
+    s = _row(x, spread)
+    kept = s.clone()
     w = torch.cat([gate, up])
     out = gemv.gemv(x, folded_norms.fold(w, norm), sumsq_in=s, config=config, early=early)
     torch.testing.assert_close(out, normed @ w.T, **CLOSE)
     act = torch.nn.functional.silu(normed @ gate.T) * (normed @ up.T)
     mlp = folded_norms.fold(gemv.interleave(gate, up), norm)
     torch.testing.assert_close(gemv.gemv(x, mlp, sumsq_in=s, silu=True, config=config, early=early), act, **CLOSE)
-    assert float(s) == pytest.approx(float(_sumsq(x)))  # a reader leaves its scalar as it found it
+    assert torch.equal(s, kept)  # a reader leaves its row as it found it
 
 
 @pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
-def test_a_residual_gemv_sums_the_squares_it_writes_and_zeroes_the_scalar_of_the_use_before(config):
+def test_a_residual_gemv_sums_the_squares_it_writes_and_zeroes_the_row_of_the_use_before(config):
     x, _, gate, up = _case(1)
     r = torch.randn(1, 1, gate.shape[0], generator=torch.Generator().manual_seed(2))
-    into, before = torch.zeros(1), torch.full((1,), 5.0)
+    into, before = torch.zeros(folded_norms.ROW), torch.full((folded_norms.ROW,), 5.0)
     y = gemv.gemv(x, gate, residual=r, sumsq_out=(into, before), config=config)
     torch.testing.assert_close(y, r + x @ gate.T, **CLOSE)
-    torch.testing.assert_close(into, _sumsq(y), **CLOSE)
-    assert float(before) == 0.0
+    torch.testing.assert_close(folded_norms.total(into).reshape(1), _sumsq(y), **CLOSE)
+    assert not before[:: folded_norms.STRIDE].any()  # every slot of the row before
     into.zero_()  # and the SiLU GEMV's output, summed the same way
     act = gemv.gemv(x, gemv.interleave(gate, up), silu=True, sumsq_out=(into, before), config=config)
-    torch.testing.assert_close(into, _sumsq(act), **CLOSE)
+    torch.testing.assert_close(folded_norms.total(into).reshape(1), _sumsq(act), **CLOSE)
+
+
+def test_a_producers_programs_add_into_slots_of_their_own_lines_by_program():
+    """Program p adds into slot p % SLOTS, each slot STRIDE floats (a 128-byte line) from the next: with
+    one row a program, slot i holds the squares of rows i, i + SLOTS, ...; nothing lands between slots."""
+    g = torch.Generator().manual_seed(10)
+    n, k = 2 * folded_norms.SLOTS + 5, 24  # more programs than slots, and not a multiple of them
+    x, w, r = torch.randn(1, 1, k, generator=g), torch.randn(n, k, generator=g), torch.randn(1, 1, n, generator=g)
+    into, before = torch.zeros(folded_norms.ROW), torch.zeros(folded_norms.ROW)
+    y = gemv.gemv(x, w, residual=r, sumsq_out=(into, before), config=gemv.Config(1, 32, 4, 2)).reshape(n)
+    slots = into.reshape(folded_norms.SLOTS, folded_norms.STRIDE)
+    want = torch.zeros(folded_norms.SLOTS).index_add_(0, torch.arange(n) % folded_norms.SLOTS, y.float() ** 2)
+    torch.testing.assert_close(slots[:, 0], want, **CLOSE)
+    assert not slots[:, 1:].any()
+    assert folded_norms.STRIDE * 4 == 128 and folded_norms.ROW == folded_norms.SLOTS * folded_norms.STRIDE
 
 
 @pytest.mark.parametrize("config", [gemv.Config(4, 16, 4, 2), gemv.Config(2, 16, 4, 2, ctas_per_sm=1)],
                          ids=["", "persistent"])  # fmt: skip
-def test_a_chain_of_producers_and_readers_leaves_every_scalar_ready_for_the_next_call(config):
+def test_a_chain_of_producers_and_readers_leaves_every_row_ready_for_the_next_call(config):
     """embedding row (zeroes row 2, the LM head's of the call before) -> QKV (reads row 0) ->
     o_proj + residual (adds row 1, zeroes row 0) -> gate/up (reads row 1) -> down + residual (adds
-    row 2, zeroes row 1), twice: the second call starts from the scalars the first left, and would
+    row 2, zeroes row 1), twice: the second call starts from the rows the first left, and would
     read or leave doubled sums if any was left unzeroed."""
     g = torch.Generator().manual_seed(3)
     k, inter, vocab = 40, 24, 30
@@ -97,26 +127,26 @@ def test_a_chain_of_producers_and_readers_leaves_every_scalar_ready_for_the_next
     sums, word = folded_norms.sums(1, "cpu"), folded_norms.argmax_word("cpu")
     tok = torch.tensor([[7]])
     for _ in range(2):
-        x = folded_norms.embed_row(tok, table, sums[0], reset=(word, sums[2, :1]), block_k=16)
-        q = gemv.gemv(x, qkv_f, sumsq_in=sums[0, :1], config=config)
-        x1 = gemv.gemv(q, wo, residual=x, sumsq_out=(sums[1, :1], sums[0, :1]), config=config)
-        act = gemv.gemv(x1, mlp_f, silu=True, sumsq_in=sums[1, :1], config=config)
-        out = gemv.gemv(act, down, residual=x1, sumsq_out=(sums[2, :1], sums[1, :1]), config=config)
+        x = folded_norms.embed_row(tok, table, sums[0], reset=(word, sums[2]), block_k=16)
+        q = gemv.gemv(x, qkv_f, sumsq_in=sums[0], config=config)
+        x1 = gemv.gemv(q, wo, residual=x, sumsq_out=(sums[1], sums[0]), config=config)
+        act = gemv.gemv(x1, mlp_f, silu=True, sumsq_in=sums[1], config=config)
+        out = gemv.gemv(act, down, residual=x1, sumsq_out=(sums[2], sums[1]), config=config)
         h = qwen3_decode.rmsnorm(table[7].reshape(1, 1, k), in_norm, EPS) @ wq.T
         want1 = table[7] + h @ wo.T
         h2 = qwen3_decode.rmsnorm(want1, post_norm, EPS)
         want = want1 + (torch.nn.functional.silu(h2 @ gate.T) * (h2 @ up.T)) @ down.T
         torch.testing.assert_close(out, want, **CLOSE)
-        torch.testing.assert_close(sums[2, :1], _sumsq(out), **CLOSE)
-        assert sums[:2].eq(0).all() and sums[:, 1:].eq(0).all()
+        torch.testing.assert_close(folded_norms.total(sums[2]).reshape(1), _sumsq(out), **CLOSE)
+        assert sums[:2].eq(0).all()
 
 
 def test_the_embedding_row_is_copied_with_the_sum_of_its_squares():
     table = torch.randn(11, 40, generator=torch.Generator().manual_seed(4))
-    s = torch.full((1,), 3.0)  # stored, not added: no zeroing needed before
+    s = folded_norms.scalar(3.0, "cpu")  # stored, not added: no zeroing needed before
     x = folded_norms.embed_row(torch.tensor([[9]]), table, s, block_k=16)  # 40 = 16 + 16 + 8: masked
     torch.testing.assert_close(x, table[9].reshape(1, 1, 40))
-    torch.testing.assert_close(s, _sumsq(table[9]))
+    torch.testing.assert_close(s, _row(table[9]))
     with pytest.raises(ValueError, match="one token"):
         folded_norms.embed_row(torch.tensor([[1, 2]]), table, s)
 
@@ -125,7 +155,7 @@ def test_the_embedding_row_is_copied_with_the_sum_of_its_squares():
 def test_the_lm_heads_argmax_epilogue_gives_torchs_token_until_the_next_steps_first_kernel_resets_it(config):
     x, norm, w, _ = _case(5, n=37)  # 37 rows: the last block is cut short
     quiet = 0.01 * torch.randn(37, 96, generator=torch.Generator().manual_seed(6))  # every logit far below w's
-    word, s = folded_norms.argmax_word("cpu"), _sumsq(x)
+    word, s = folded_norms.argmax_word("cpu"), _row(x, spread=True)
     token = folded_norms.token_of(word)
     tokens = []
     for weight in (w, quiet):  # the second's largest logit is below the first's: a word left unreset would win
@@ -133,10 +163,10 @@ def test_the_lm_heads_argmax_epilogue_gives_torchs_token_until_the_next_steps_fi
         torch.testing.assert_close(logits, qwen3_decode.rmsnorm(x, norm, EPS) @ weight.T, **CLOSE)
         tokens.append(int(token))
         assert token.shape == (1, 1) and tokens[-1] == int(logits.argmax())
-        assert float(s) == pytest.approx(float(_sumsq(x)))  # read, and left for the next step's first kernel
-        folded_norms.embed_row(torch.tensor([[0]]), x.reshape(1, -1), torch.zeros(1), reset=(word, s))
-        assert int(word) == folded_norms.EMPTY_WORD and float(s) == 0.0
-        s.copy_(_sumsq(x))
+        assert torch.equal(s, _row(x, spread=True))  # read, and left for the next step's first kernel
+        folded_norms.embed_row(torch.tensor([[0]]), x.reshape(1, -1), torch.zeros(folded_norms.ROW), reset=(word, s))
+        assert int(word) == folded_norms.EMPTY_WORD and not s.any()
+        s.copy_(_row(x, spread=True))
     assert tokens[0] != tokens[1]
 
 
@@ -285,7 +315,7 @@ def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
         check = ch.fidelity((logits, token), ref, ch.ERROR_FACTOR)
         assert check["passed"] and check["same_token"]
         sums = step.dec.sums
-        assert sums[:-1].eq(0).all() and sums[:, 1:].eq(0).all()  # the last one: the next step's first kernel's
+        assert sums[:-1].eq(0).all() and folded_norms.total(sums[-1]) > 0  # the last: the next step's first kernel's
     layers = model.config.num_hidden_layers
     per_step = 4 * layers + 1
     steps, rest = divmod(len(launches), per_step)

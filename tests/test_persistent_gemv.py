@@ -2,7 +2,7 @@
 computes what PyTorch computes while each program walks several blocks of rows, the tuner keeps its
 choice apart from the plain GEMV's, and the options that need it refuse to run without it. On a CPU,
 in float32, in Triton's interpreter (persistent_gemv.INTERPRETER_SMS stand for the SMs). Its
-folded-norms epilogues (sumsq_in, sumsq_out, argmax), the chain of Σx² scalars and the persistent
+folded-norms epilogues (sumsq_in, sumsq_out, argmax), the chain of Σx² rows and the persistent
 rung's whole step on the tiny model are tested with the other folded GEMVs, in test_norm_fusion."""
 
 import os

@@ -166,7 +166,7 @@ def test_on_hopper_the_gemv_is_timed_again_as_the_last_rungs_launch_it(monkeypat
 
     monkeypatch.setattr(gemv, "time_per_call_us", lambda n, k, call, repeats=20, dtype=None: 2.0 if call else 3.0)
     monkeypatch.setattr(gemv, "fused_call", fake_call)
-    monkeypatch.setattr(ch.read_kernels, "hopper", lambda: True)
+    monkeypatch.setattr(ch.read_kernels.hardware, "dependent_launch", lambda: True)
     t = ch.time_read_kernels("tiny", progress=lambda _: None)
     shapes = ch.step_matrices("tiny")
     counts = t.groupby("matrix").kernel.value_counts()

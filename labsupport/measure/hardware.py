@@ -111,6 +111,15 @@ class Ceilings:
 # the L2), and its events enclose the call alone. do_bench also warms up and repeats for a fixed time (25, 100 ms)
 # rather than a fixed count (3 and `repeats`), queues every timed call without waiting for the one
 # before, and returns their mean where the callers here keep every time (the ceilings their median and minimum).
+def dependent_launch() -> bool:
+    """Whether the current GPU launches kernels with programmatic dependent launch (Hopper, compute
+    capability 9.0, and later): the launch the last rungs of *Closing the gap* use, asked in one place
+    by every kernel and timing that launches so."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
 def time_cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
     """Run fn() `warmup` times, then time `repeats` runs with CUDA events (ms each)."""
     import torch

@@ -24,7 +24,7 @@ from labsupport.chapters.closing_the_gap.params import (
     progress,
 )
 from labsupport.chapters.closing_the_gap.prose import attention_form
-from labsupport.measure import decode, models, recording, steps
+from labsupport.measure import decode, hardware, models, recording, steps
 from labsupport.traces import kernels
 
 
@@ -127,11 +127,8 @@ def runs_here(rung: str, device: str) -> str | None:
         return "not run here: measured in launch-overhead"
     if device != "cuda" and rung not in ("eager", "own-compiled", "fused-projections"):
         return "not run: needs a CUDA GPU"
-    if OWN_OPTIONS.get(rung, {}).get("pdl"):
-        import torch
-
-        if torch.cuda.get_device_capability()[0] < 9:
-            return "not run: programmatic dependent launch needs a Hopper GPU (sm_90) or later"
+    if OWN_OPTIONS.get(rung, {}).get("pdl") and not hardware.dependent_launch():
+        return "not run: programmatic dependent launch needs a Hopper GPU (sm_90) or later"
     if rung in FP8_RUNGS:
         import torch
 

@@ -77,13 +77,6 @@ def cublas_call():
     return call
 
 
-def hopper() -> bool:
-    """Whether the current GPU launches kernels with programmatic dependent launch (Hopper and later)."""
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-
-
 def time_read_kernels(config: dict | str, dtype: str = "bfloat16", repeats: int = 20, progress=print) -> pd.DataFrame:
     """Time cuBLAS and the Triton GEMV (every candidate configuration, and on Hopper each again with
     dependent launch and weights first) on each weight shape of the step (step_matrices), on the
@@ -98,7 +91,7 @@ def time_read_kernels(config: dict | str, dtype: str = "bfloat16", repeats: int 
         us = gemv.time_per_call_us(n, k, cublas_call(), repeats=repeats, dtype=half)
         rows.append(row(CUBLAS, name, n, k, "", us))
         first = len(rows)
-        for kernel, early in ((TRITON, False), (TRITON_EARLY, True))[: 1 + hopper()]:
+        for kernel, early in ((TRITON, False), (TRITON_EARLY, True))[: 1 + hardware.dependent_launch()]:
             for c in gemv.CANDIDATES:
                 call = gemv.fused_call(n, k, gemv.PLAIN, c, dtype=half, early=early)
                 us = gemv.time_per_call_us(n, k, call, repeats, dtype=half)

@@ -510,7 +510,7 @@ def tune_one(heads: int, kv_heads: int, head_dim: int, slots: int, pos: int, dty
     qn, kn = torch.ones(head_dim, device=dev, dtype=dtype), torch.ones(head_dim, device=dev, dtype=dtype)
     cos, sin = (torch.randn(slots, head_dim, device=dev, dtype=dtype) for _ in range(2))
     at = torch.tensor([pos], device=dev)
-    pdl = torch.cuda.get_device_capability()[0] >= 9
+    pdl = hardware.dependent_launch()
     from labsupport.measure.kernels import cluster_attention
 
     def row_of(c: OneConfig, status: str) -> dict:

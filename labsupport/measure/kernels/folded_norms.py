@@ -19,19 +19,29 @@ tiling is another than the plain GEMV's (on the H200, gate/up with the norm and 
   with the norm fused rounds neither.) The chapter's fidelity check measures the result.
 - **Σx² comes from the producer.** The kernel that writes x (the residual-add GEMVs: o_proj +
   residual, down + residual; the embedding row for the first layer, `embed_row`) sums the
-  squares of the values it writes, as stored, and adds its program's sum into one float32
-  scalar (one atomic add per program). The next GEMV loads that scalar once and multiplies its
-  rows by 1 / sqrt(Σx² / K + eps): it reads no g and squares nothing, and keeps the tiling of
-  the plain (or SiLU) GEMV. The atomics make the sum's order, and so its last float32 bit,
-  change from call to call; that is far below BF16's step.
-- **The scalars are zeroed inside the step** (`sums`): one scalar per use in a step, 2 L + 1
-  for L layers (the embedding row, and per layer the x after attention's residual add and the
-  layer's output), so that no use waits on another's. The producer of use j zeroes the scalar
+  squares of the values it writes, as stored, and adds its program's sum into one of SLOTS
+  float32 partial sums (one atomic add per program: program p into slot p % SLOTS). The next
+  GEMV loads the SLOTS partial sums once, adds them, and multiplies its rows by
+  1 / sqrt(Σx² / K + eps): it reads no g and squares nothing, and keeps the tiling of the plain
+  (or SiLU) GEMV. The atomics make the sum's order, and so its last float32 bit, change from call
+  to call; that is far below BF16's step.
+- **The partial sums sit on lines of their own.** Into a single float32 address, the adds of
+  the 1,024 programs of o_proj or of down serialise at that address as the grid ends: on an H200
+  (the step built with the GEMV configs of closing-the-gap 20261206T215246Z-h200, an unpublished
+  run, replayed as a CUDA graph) o_proj and down
+  took about 90 us a step longer in the folded-norms step than in the same step without these
+  epilogues, and having each reader sum x² itself instead cost more than that in QKV, gate/up
+  and the LM head. SLOTS partial sums, each on a 128-byte line of its own (STRIDE floats apart),
+  spread the adds over SLOTS addresses that the memory system serves side by side, and a reader
+  pays one load of SLOTS floats.
+- **The rows are zeroed inside the step** (`sums`): one row of partial sums per use in a
+  step, 2 L + 1 for L layers (the embedding row, and per layer the x after attention's residual
+  add and the layer's output), so that no use waits on another's. The producer of use j zeroes the row
   of use j - 1 (its first program, after the grid-dependency wait): the only reader of use
   j - 1 is the GEMV just before it (QKV before o_proj, with attention between; gate/up before
   down), and once a PDL kernel's wait returns, every kernel before it has finished (each of
   them waited on the one before it before finishing), so no reader is left. Cyclically, the
-  embedding row's kernel, the first of a step, zeroes the scalar of the step before's last use,
+  embedding row's kernel, the first of a step, zeroes the row of the step before's last use,
   read by its LM head, which has finished. No memset runs inside the CUDA graph.
 - **Argmax is the LM head's epilogue** (`argmax_epilogue`). Each program packs each of its
   logits (as stored, float32 bits) and row into one 64-bit word whose signed integer order is
@@ -45,12 +55,13 @@ tiling is another than the plain GEMV's (on the H200, gate/up with the norm and 
   lowest row to win, and a last step to turn that back into the token: another kernel, or a
   counter with which the last program finds itself (an atomic that returns, with a fence, at the
   end of each of the LM head's ~76,000 programs). The word is reset, with the LM head's Σx²
-  scalar, by the next step's first kernel (`embed_row`), so the token stays readable until then.
+  row, by the next step's first kernel (`embed_row`), so the token stays readable until then.
 
-On a Hopper GPU these atomics cost little: one per program on one L2 address, issued as the
-program finishes, so they are spread over the kernel (the LM head's ~76,000 programs of two
-rows, its tuned tiling, over its ~280 us); none has a result the program uses, so it need not
-wait for them, and relaxed, they carry no fence.
+The argmax's atomics cost little: one per program on one L2 address, issued as each program
+finishes, so they are spread over the kernel (the LM head's ~76,000 programs of two rows, its
+tuned tiling, over its ~280 us), unlike the Σx² adds of a residual GEMV, whose programs end
+together; none has a result the program uses, so it need not wait for them, and relaxed, they
+carry no fence.
 
 Triton is imported on first use; on a CPU set TRITON_INTERPRET=1 first (no bfloat16 there).
 """
@@ -62,16 +73,35 @@ from types import SimpleNamespace
 
 # The argmax word before any program has put its own: above every packed logit.
 EMPTY_WORD = 2**63 - 1
-# A layer's rows of the Σx² scalars (its view sums[2i : 2i + 3]): 0 the layer's input x, 1 x after
+# A layer's rows of the Σx² partial sums (its view sums[2i : 2i + 3]): 0 the layer's input x, 1 x after
 # attention's residual add, 2 the layer's output (the next layer's input, or the LM head's).
 # Each GEMV's (row it reads for its norm, row it adds its output's Σx² into, row it zeroes), -1: none.
 READ_INPUT = (0, -1, -1)  # QKV: the input norm's scale
 WRITE_ATTENDED = (-1, 1, 0)  # o_proj + residual: zeroes row 0, whose reader (QKV) has finished
 READ_ATTENDED = (1, -1, -1)  # gate/up: the post-attention norm's scale
 WRITE_OUTPUT = (-1, 2, 1)  # down + residual: zeroes row 1, whose reader (gate/up) has finished
-# Floats per scalar's row: each row starts on 16 bytes, as torch.compile's code assumes of its
-# inputs (a layer's view of the rows is one of them).
-ROW = 4
+# A use's Σx² as SLOTS partial sums, STRIDE floats (128 bytes, a cache line) apart (module
+# docstring): program p of a producer adds into slot p % SLOTS, a reader adds the SLOTS up.
+SLOTS = 16
+STRIDE = 32
+# Floats per use's row of `sums`: its SLOTS lines (so each row starts on 16 bytes, as torch.compile's
+# code assumes of its inputs: a layer's view of the rows is one of them).
+ROW = SLOTS * STRIDE
+
+
+def scalar(value: float, device):
+    """One use's row holding Σx² = `value` (in its first slot, the others zero), as a reader takes it."""
+    import torch
+
+    row = torch.zeros(ROW, device=device, dtype=torch.float32)
+    row[0] = value
+    return row
+
+
+def total(rows):
+    """The Σx² a reader takes from one use's row (or from each row of [uses, ROW]): its SLOTS partial
+    sums added."""
+    return rows.unflatten(-1, (SLOTS, STRIDE))[..., 0].sum(-1)
 
 
 def fold(w, norm_weight):
@@ -84,9 +114,9 @@ def fold(w, norm_weight):
 
 
 def sums(layers: int, device):
-    """The Σx² scalars of a step of `layers` layers, zeroed: row 0 the embedding row's, then two
-    per layer (READ_INPUT ...); each kept at zero between steps by the step itself (module
-    docstring)."""
+    """The Σx² rows of a step of `layers` layers (SLOTS partial sums each), zeroed: row 0 the
+    embedding row's, then two per layer (READ_INPUT ...); each kept at zero between steps by the
+    step itself (module docstring)."""
     import torch
 
     return torch.zeros(2 * layers + 1, ROW, device=device, dtype=torch.float32)
@@ -110,23 +140,30 @@ def token_of(word):
 
 @cache
 def jit_functions():
-    """The Triton functions the GEMV's epilogues call (sumsq_epilogue, argmax_epilogue) and the
-    embedding row's kernel."""
+    """The Triton functions the GEMV's epilogues call (sumsq_epilogue, argmax_epilogue), a reader's
+    Σx² from a row of partial sums (read_sumsq) and the embedding row's kernel."""
     import triton
     import triton.language as tl
 
     # Triton's interpreter looks for triton.language among a called function's module globals
-    # (a kernel's launch puts it there; these functions are called from gemv's kernel first).
-    globals()["tl"] = tl
+    # (a kernel's launch puts it there; these functions are called from gemv's kernel first);
+    # a kernel reads a module's number only as a constexpr.
+    globals().update(tl=tl, SLOTS_=tl.constexpr(SLOTS), STRIDE_=tl.constexpr(STRIDE))
+
+    @triton.jit
+    def read_sumsq(row_ptr):
+        # a use's Σx²: its SLOTS partial sums, loaded and added
+        return tl.sum(tl.load(row_ptr + tl.arange(0, SLOTS_) * STRIDE_), axis=0)  # noqa: F821 (globals)
 
     @triton.jit
     def sumsq_epilogue(y, ok, sumsq_ptr, clear_ptr):
-        # Σ of the squares of the values this program wrote (as stored), into the next use's
-        # scalar; relaxed: its reader runs after this whole grid (module docstring)
+        # Σ of the squares of the values this program wrote (as stored), into its slot of the next
+        # use's row; relaxed: its reader runs after this whole grid (module docstring)
         yf = tl.where(ok, y.to(tl.float32), 0.0)
-        tl.atomic_add(sumsq_ptr, tl.sum(yf * yf, axis=0), sem="relaxed")
+        slot = (tl.program_id(0) % SLOTS_) * STRIDE_  # noqa: F821 (globals)
+        tl.atomic_add(sumsq_ptr + slot, tl.sum(yf * yf, axis=0), sem="relaxed")
         if tl.program_id(0) == 0:  # the use before: its reader has finished
-            tl.store(clear_ptr, 0.0)
+            tl.store(clear_ptr + tl.arange(0, SLOTS_) * STRIDE_, tl.zeros((SLOTS_,), tl.float32))  # noqa: F821
 
     @triton.jit
     def argmax_epilogue(y, rows, ok, word_ptr):
@@ -145,14 +182,15 @@ def jit_functions():
         tok_ptr, table_ptr, x_ptr, sumsq_ptr, word_ptr, last_sumsq_ptr, K,
         BLOCK_K: tl.constexpr, PDL: tl.constexpr, RESET: tl.constexpr,
     ):  # fmt: skip
-        # One program copies the token's row and stores the sum of its squares (no atomic: it is
-        # alone); with RESET, the first kernel of a step: resets what the step before left
+        # One program copies the token's row and stores the sum of its squares into its row's first
+        # slot (no atomic: it is alone; the other slots were left zero by the row's zeroing or never
+        # written); with RESET, the first kernel of a step: resets what the step before left
         if PDL:  # the token may come from the step before
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         if RESET:  # the LM head before, their reader, has finished
             tl.store(word_ptr, 2**63 - 1)
-            tl.store(last_sumsq_ptr, 0.0)
+            tl.store(last_sumsq_ptr + tl.arange(0, SLOTS_) * STRIDE_, tl.zeros((SLOTS_,), tl.float32))  # noqa: F821
         row = tl.load(tok_ptr).to(tl.int64) * K
         sq = tl.zeros((BLOCK_K,), tl.float32)
         for k in range(0, K, BLOCK_K):
@@ -165,15 +203,15 @@ def jit_functions():
         tl.store(sumsq_ptr, tl.sum(sq, axis=0))
 
     return SimpleNamespace(triton=triton, sumsq_epilogue=sumsq_epilogue, argmax_epilogue=argmax_epilogue,
-                           embed_kernel=embed_kernel)  # fmt: skip
+                           read_sumsq=read_sumsq, embed_kernel=embed_kernel)  # fmt: skip
 
 
 def embed_row(tokens, table, sumsq, pdl: bool = False, reset=None, block_k: int = 1024):
     """The embedding row of one token ([1, 1] ids) as x [1, 1, hidden], with its Σx² stored into
-    `sumsq` (one float32 scalar). One program: 8 KB of a row is a few microseconds of latency
-    whatever the grid, and one program needs no atomic; `pdl`: launched with programmatic
+    the first slot of `sumsq` (one use's row, its other slots zero). One program: 8 KB of a row is a
+    few microseconds of latency whatever the grid, and one program needs no atomic; `pdl`: launched with programmatic
     dependent launch, so that the first GEMV's weights load while it runs; `reset`: (the argmax
-    word, the LM head's Σx² scalar), which it resets for this step's LM head."""
+    word, the LM head's Σx² row), which it resets for this step's LM head."""
     import torch
 
     if tokens.numel() != 1:

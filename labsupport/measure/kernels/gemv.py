@@ -35,10 +35,11 @@ Four launch options, for the last rungs:
 
 Three epilogues for the folded-norms rung (labsupport.measure.kernels.folded_norms, which says why):
 - `sumsq_in`: the norm's weight is folded into W and Σx² was summed by the kernel that wrote x;
-  the kernel loads that one scalar right after the wait (its latency hidden behind the loop over
-  W) and scales its rows by it at the end, with the plain (or SiLU) GEMV's tiling;
-- `sumsq_out`: the kernel adds the Σ of the squares of what it writes into a scalar (one atomic
-  add per program) and zeroes the scalar of the use before;
+  the kernel loads its partial sums (folded_norms.SLOTS of them) right after the wait (their
+  latency hidden behind the loop over W) and scales its rows by their sum at the end, with the
+  plain (or SiLU) GEMV's tiling;
+- `sumsq_out`: the kernel adds the Σ of the squares of what it writes into a row of partial sums
+  (one atomic add per program, into its slot) and zeroes the row of the use before;
 - `argmax`: the LM head's programs combine their largest logit and its row into one packed word
   (one 64-bit atomic min each), whose low 32 bits are then the token.
 
@@ -55,6 +56,7 @@ from dataclasses import asdict, dataclass
 from functools import cache
 from types import SimpleNamespace
 
+from labsupport.measure import hardware
 from labsupport.measure.kernels import folded_norms, persistent_gemv
 from labsupport.measure.kernels.weight_timing import time_per_call_us
 
@@ -171,19 +173,19 @@ def _kernel():
     @triton.jit
     def after_wait(sumsq_in_ptr, PDL: tl.constexpr, SUMSQ_IN: tl.constexpr):
         # with PDL, wait for the kernel before (its writes visible), then let the next one launch; then the
-        # scalar Σx² it wrote (SUMSQ_IN), loaded once here, used at the end
+        # Σx² it wrote (SUMSQ_IN), its partial sums loaded once here, used at the end
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         sumsq = 0.0
         if SUMSQ_IN:
-            sumsq = tl.load(sumsq_in_ptr)
+            sumsq = read_sumsq(sumsq_in_ptr)  # noqa: F821 (a global)
         return sumsq
 
     # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
     globals().update(accumulate=accumulate, write_rows=write_rows, after_wait=after_wait)
     fns = folded_norms.jit_functions()
-    globals().update(sumsq_epilogue=fns.sumsq_epilogue, argmax_epilogue=fns.argmax_epilogue)
+    globals().update(sumsq_epilogue=fns.sumsq_epilogue, argmax_epilogue=fns.argmax_epilogue, read_sumsq=fns.read_sumsq)
 
     @triton.jit
     def stream_rows(
@@ -289,8 +291,8 @@ def jit_kernels():
 @cache
 def _finish():
     """The second kernel of a split-K GEMV: reads the summed rows from the float32 buffer and
-    zeroes it, applies the norm's scale (its sum of squares over the whole x, or the one scalar of
-    `sumsq_in`), rounds, and writes silu(gate) * up or adds the residual (and sums the squares of
+    zeroes it, applies the norm's scale (its sum of squares over the whole x, or the Σx² of
+    `sumsq_in`'s partial sums), rounds, and writes silu(gate) * up or adds the residual (and sums the squares of
     what it writes: `sumsq_out`), as the one-kernel GEMV's epilogue does."""
     import triton
     import triton.language as tl
@@ -318,7 +320,7 @@ def _finish():
                 sq += xv * xv
             y = y / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
         if SUMSQ_IN:
-            y = y / tl.sqrt(tl.load(sumsq_in_ptr) / K + eps)
+            y = y / tl.sqrt(read_sumsq(sumsq_in_ptr) / K + eps)  # noqa: F821 (a global)
         y = y.to(y_ptr.dtype.element_ty)
         write_rows(  # noqa: F821 (a global)
             y, tl.program_id(0), rows, row_ok, y_ptr, res_ptr, sumsq_out_ptr, sumsq_clear_ptr, N, BLOCK, SILU, RESIDUAL,
@@ -380,8 +382,9 @@ def launch(
     """Run the kernel: out = W @ f(x) (+ residual), or silu(gate) * up of its row pairs; `scale`:
     W is FP8 with these row scales; `split`: split-K configs allowed; `pdl`: launched with
     programmatic dependent launch; `early`: W's first tile loaded before the wait. Folded norms
-    (module docstring): `sumsq_in`, the scalar Σx² of x (W's columns carry the norm's weight);
-    `sumsq_out`, (the scalar to add the output's Σ of squares into, the scalar to zero);
+    (module docstring): `sumsq_in`, the row of x's Σx² partial sums (W's columns carry the norm's
+    weight); `sumsq_out`, (the row to add the output's Σ of squares into, the row to zero), each a
+    row of folded_norms.ROW floats;
     `argmax`, the LM head's argmax word (folded_norms.argmax_word), the token put into it;
     `persistent`: the persistent configs (CHOSEN_PERSISTENT), whatever `split` says. A config with
     ctas_per_sm > 0, given or chosen, runs the persistent kernel (persistent_gemv)."""
@@ -469,7 +472,7 @@ def fused_call(
 ):  # fmt: skip
     """A call(x, w) for time_per_call_us running the kernel with `fusion` (its norm weight,
     residual, output and, with `fp8`, row scales made here, once), in `dtype` (None: BF16);
-    `folded`: as the folded-norms rung runs it (PDL, W's first tiles before the wait, a Σx² scalar);
+    `folded`: as the folded-norms rung runs it (PDL, W's first tiles before the wait, a row of Σx²);
     `early`: PDL and W's first tiles before the wait, as rung 13's options run it (on Hopper and later)."""
     import torch
 
@@ -478,9 +481,9 @@ def fused_call(
     norm = torch.ones(k, device="cuda", dtype=half) if fusion.norm else None
     res = torch.randn(n, device="cuda", dtype=half) if fusion.residual else None
     scale = torch.full((n,), 0.01, device="cuda", dtype=torch.float32) if fp8 else None
-    hopper = torch.cuda.get_device_capability()[0] >= 9
-    folded, early = folded and hopper, (early or folded) and hopper
-    sumsq = torch.full((1,), float(k), device="cuda", dtype=torch.float32) if folded else None
+    pdl_here = hardware.dependent_launch()
+    folded, early = folded and pdl_here, (early or folded) and pdl_here
+    sumsq = folded_norms.scalar(float(k), "cuda") if folded else None
 
     def call(x, w):
         launch(

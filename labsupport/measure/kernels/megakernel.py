@@ -19,7 +19,7 @@ The pieces are the other rungs' own, called, not copied: a GEMV stage is the per
 walk over row blocks (persistent_gemv's `first_chunk` and `walk_blocks`, with the folded
 norms' Σx² epilogues), attention is the one-kernel attention's (decode_attention's
 `stretch_kv` and `attend_stretch`: one item per (K/V head, stretch), combined by the last item of
-each K/V head to finish). The Σx² scalars are used as in the folded-norms step (folded_norms):
+each K/V head to finish). The Σx² rows are used as in the folded-norms step (folded_norms):
 QKV reads row 0, o_proj adds into row 1 and zeroes row 0, gate/up reads row 1, down adds into row 2
 and zeroes row 1; each zeroing comes after the stage that read the row, two counters earlier.
 
@@ -124,7 +124,8 @@ def _kernel():
     fns = folded_norms.jit_functions()
     # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
     globals().update(first_chunk=g.first_chunk, walk_blocks=g.walk_blocks, stretch_kv=one.stretch_kv, tables=one.tables,
-                     attend_stretch=one.attend_stretch, tl=tl, sumsq_epilogue=fns.sumsq_epilogue)  # fmt: skip
+                     attend_stretch=one.attend_stretch, tl=tl, sumsq_epilogue=fns.sumsq_epilogue,
+                     read_sumsq=fns.read_sumsq)  # fmt: skip
 
     @triton.jit
     def arrive(sync_ptr, counter):
@@ -160,7 +161,7 @@ def _kernel():
         wait_for(sync_ptr, after, target, MAX, TIMEOUTS_AT)
         sumsq = 0.0
         if SUMSQ_IN:
-            sumsq = tl.load(sumsq_in_ptr)
+            sumsq = read_sumsq(sumsq_in_ptr)  # noqa: F821 (a global)
         walk_blocks(  # noqa: F821 (a global)
             w_next, pid, P, sumsq, x_ptr, w_ptr, y_ptr, w_ptr, res_ptr, y_ptr, y_ptr, sumsq_out_ptr, clear_ptr,
             word_ptr, N, K, eps, False, SILU, RESIDUAL, BLOCK_N, BLOCK_K, STAGES, False, True, SUMSQ_IN, SUMSQ_OUT,
@@ -324,7 +325,7 @@ def layer(
     """The decoder layer's output [hidden] for one token x (any leading dimensions of size 1), from the
     folded QKV, o_proj, interleaved folded gate/up and down weights, writing the token's k and v
     into the caches ([1, kv_heads, slots, head_dim]) at `pos` ([1]) and using the layer's three Σx²
-    scalars `sums` (folded_norms.sums' rows for this layer) as the folded-norms step does;
+    rows `sums` (folded_norms.sums' rows for this layer) as the folded-norms step does;
     `pdl`: launched with programmatic dependent launch. `block_s`: the attention's positions per
     item (None: attention_block's)."""
     _, kv_heads, slots, head_dim = k_cache.shape
@@ -365,7 +366,7 @@ def step(
 ):  # fmt: skip
     """The logits [vocab] of a whole decode step after its embedding row x, in ONE kernel: every layer
     (layer_table, as `table` makes it; each as `layer` runs it) and the folded LM head, whose argmax
-    goes into `word` (folded_norms.argmax_word). `sums`: the step's Σx² scalars (folded_norms.sums),
+    goes into `word` (folded_norms.argmax_word). `sums`: the step's Σx² rows (folded_norms.sums),
     `pos` [1]; the caches, of `slots` positions, are written through the table."""
     import torch
 

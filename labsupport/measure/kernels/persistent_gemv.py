@@ -19,11 +19,11 @@ No split-K (Config refuses it): a program already owns whole rows.
 
 The folded-norms epilogues (labsupport.measure.kernels.folded_norms) hold when one program runs
 the epilogue on several blocks:
-- `sumsq_out`: each block adds the Σ of the squares it wrote into the scalar with its own
-  atomic add, so the scalar ends as the sum over all blocks, whichever program wrote each and in
-  whatever order (only the last float32 bit changes, as with the plain kernel's programs); the
-  program that runs block 0's epilogue (program 0) zeroes the scalar of the use before once per
-  block it walks: the same store of 0.0 again, to a scalar nothing in this grid reads or adds
+- `sumsq_out`: each block adds the Σ of the squares it wrote into its program's slot of the row
+  with its own atomic add, so the slots add up to the sum over all blocks, whichever program wrote
+  each and in whatever order (only the last float32 bit changes, as with the plain kernel's
+  programs); the program that runs block 0's epilogue (program 0) zeroes the row of the use before
+  once per block it walks: the same stores of 0.0 again, to a row nothing in this grid reads or adds
   into (its reader, the GEMV before, has finished, since this grid waited on it), so repeating it
   changes nothing;
 - `sumsq_in`: loaded once per program after the wait, as before, and used by each block;
@@ -71,7 +71,7 @@ def max_registers(config, regs_per_sm: int = 65536) -> int:
 def kernel(accumulate, stream_rows, finish_rows, after_wait):
     """The persistent kernel, calling the plain GEMV's jit functions it is given (gemv builds it
     beside its own kernel): one BLOCK_K chunk's product, the K loop, the epilogue, the wait and the
-    scalar Σx² after it. Returned with the two pieces it is made of, which the layer and step
+    Σx² read after it. Returned with the two pieces it is made of, which the layer and step
     kernels (labsupport.measure.kernels.megakernel) run too: `first_chunk`, a program's first
     block's first chunk of W, and `walk_blocks`, the walk over the row blocks from there."""
     import triton

@@ -12,8 +12,8 @@ forward pass in one screen, using the weights of a transformers model, so that e
     Options.one_attention  with fused_attention and pdl: attention in one kernel, PDL-launched, the
                        cached positions read before it waits (decode_attention.decode_attention_one)
     Options.fold_norms  with fuse_gemv, not fp8: each RMSNorm's weight folded into the matrix after it
-                       once, its Σx² summed by the kernel that writes x (one scalar read by the
-                       GEMV after), and the greedy token picked in the LM head's epilogue: no
+                       once, its Σx² summed by the kernel that writes x (a row of partial sums
+                       read by the GEMV after), and the greedy token picked in the LM head's epilogue: no
                        final norm or argmax kernel (labsupport.measure.kernels.folded_norms)
     Options.persistent  with pdl and fold_norms: every GEMV of the step in persistent form, a few
                        programs per SM walking the matrix's rows (labsupport.measure.kernels.persistent_gemv)
@@ -133,7 +133,7 @@ def ops():
     def _(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos, heads, eps, one):
         return qkv.new_empty(heads * k_cache.shape[-1])
 
-    # The GEMV of the folded-norms rung: `sums` is a layer's three Σx² scalars (folded_norms.sums),
+    # The GEMV of the folded-norms rung: `sums` is a layer's three Σx² rows (folded_norms.sums),
     # `read`, `add`, `clear` the rows it reads for its norm, adds its output's Σx² into, zeroes (-1: none).
     @torch.library.custom_op(
         "labsupport::gemv_folded",
@@ -144,15 +144,15 @@ def ops():
     def gemv_folded_op(x, w, sums, read, add, clear, eps, silu, residual, split, pdl, early, persistent):
         return gemv.gemv(
             x, w, eps=eps, silu=silu, residual=residual, split=split, pdl=pdl, early=early,
-            sumsq_in=sums[read, :1] if read >= 0 else None,
-            sumsq_out=(sums[add, :1], sums[clear, :1]) if add >= 0 else None, persistent=persistent,
+            sumsq_in=sums[read] if read >= 0 else None,
+            sumsq_out=(sums[add], sums[clear]) if add >= 0 else None, persistent=persistent,
         )  # fmt: skip
 
     @gemv_folded_op.register_fake
     def _(x, w, sums, read, add, clear, eps, silu, residual, split, pdl, early, persistent):
         return x.new_empty(*x.shape[:-1], w.shape[0] // 2 if silu else w.shape[0])
 
-    # A whole layer of the folded step in one kernel: `sums` is the layer's three Σx² scalars.
+    # A whole layer of the folded step in one kernel: `sums` is the layer's three Σx² rows.
     @torch.library.custom_op(
         "labsupport::layer",
         mutates_args=("k_cache", "v_cache", "sums"),
@@ -215,7 +215,7 @@ def layer(
     (Q, K, V or QKV), o_proj, the MLP input weight(s) (gate, up or gate-up), down_proj.
     `kernels`: ops(), our kernels, used for a single token as opts asks. With opts.fp8 the
     four matrices are FP8 and their row scales follow them in `w`. With opts.fold_norms the first
-    two norms are None (folded into QKV and gate/up) and `sums` is the layer's three Σx² scalars
+    two norms are None (folded into QKV and gate/up) and `sums` is the layer's three Σx² rows
     (folded_norms: its input's, after attention's, its output's), used for a single token.
     Split by tensor parallelism (labsupport.measure.distributed.tp_split) `w` is one rank's shard, `reduce`
     sums o_proj's and down_proj's partial outputs over the ranks (one all-reduce each), and
@@ -347,7 +347,7 @@ class Qwen3Decoder:
     fused: `joined`), a KV cache of `max_len` slots per layer, and the forward pass above. With
     opts.fold_norms the input and post-attention norms' weights are folded into the fused QKV and
     gate/up matrices and the final norm's into the LM head (folded_norms.fold: the norms in `weights`
-    and `norm` are None), and a step keeps its Σx² scalars (`sums`) and its LM head's argmax word
+    and `norm` are None), and a step keeps its Σx² rows (`sums`) and its LM head's argmax word
     (`argmax`, the token a view of it: `next_token`), each reset inside the step (folded_norms)."""
 
     def __init__(self, model, max_len: int, opts: Options):
@@ -448,7 +448,7 @@ class Qwen3Decoder:
         fn = self.layer_step if step else self.layer_eager
         folded = o.fold_norms and step and tokens.shape[1] == 1  # our GEMVs' step: fuse_gemv
         if folded:  # the embedding row and its Σx², for the first QKV GEMV
-            last = (self.argmax, self.sums[-1, :1])  # the LM head's, the step before's: reset here
+            last = (self.argmax, self.sums[-1])  # the LM head's, the step before's: reset here
             x = folded_norms.embed_row(tokens, self.embed, self.sums[0], o.pdl, reset=last)
             if o.step_kernel:  # every layer and the LM head, one kernel
                 from labsupport.measure.kernels import megakernel
@@ -469,7 +469,7 @@ class Qwen3Decoder:
             from labsupport.measure.kernels import gemv
 
             head = gemv.gemv(
-                x, self.lm_head, eps=eps, sumsq_in=self.sums[-1, :1], argmax=self.argmax, pdl=o.pdl,
+                x, self.lm_head, eps=eps, sumsq_in=self.sums[-1], argmax=self.argmax, pdl=o.pdl,
                 early=o.early_weights, persistent=o.persistent,
             )  # fmt: skip
             return head[:, -1]
