@@ -28,12 +28,11 @@ tiling is another than the plain GEMV's (on the H200, gate/up with the norm and 
 - **The partial sums sit on lines of their own.** Into a single float32 address, the adds of
   the 1,024 programs of o_proj or of down serialise at that address as the grid ends: on an H200
   (the step built with the GEMV configs of closing-the-gap 20261206T215246Z-h200, an unpublished
-  run, replayed as a CUDA graph) o_proj and down
-  took about 90 us a step longer in the folded-norms step than in the same step without these
-  epilogues, and having each reader sum x² itself instead cost more than that in QKV, gate/up
-  and the LM head. SLOTS partial sums, each on a 128-byte line of its own (STRIDE floats apart),
-  spread the adds over SLOTS addresses that the memory system serves side by side, and a reader
-  pays one load of SLOTS floats.
+  run, replayed as a CUDA graph) o_proj and down took about 90 us a step longer in the
+  folded-norms step than in the same step without these epilogues, and having each reader sum x²
+  itself instead cost more than that in QKV, gate/up and the LM head. SLOTS partial sums, each
+  on a 128-byte line of its own (STRIDE floats apart), spread the adds over SLOTS addresses that
+  the memory system serves side by side, and a reader pays one load of SLOTS floats.
 - **The rows are zeroed inside the step** (`sums`): one row of partial sums per use in a
   step, 2 L + 1 for L layers (the embedding row, and per layer the x after attention's residual
   add and the layer's output), so that no use waits on another's. The producer of use j zeroes the row
