@@ -25,14 +25,18 @@ tiling is another than the plain GEMV's (on the H200, gate/up with the norm and 
   1 / sqrt(Σx² / K + eps): it reads no g and squares nothing, and keeps the tiling of the plain
   (or SiLU) GEMV. The atomics make the sum's order, and so its last float32 bit, change from call
   to call; that is far below BF16's step.
-- **The partial sums sit on lines of their own.** Into a single float32 address, the adds of
-  the 1,024 programs of o_proj or of down serialise at that address as the grid ends: on an H200
-  (the step built with the GEMV configs of closing-the-gap 20261206T215246Z-h200, an unpublished
-  run, replayed as a CUDA graph) o_proj and down took about 90 us a step longer in the
-  folded-norms step than in the same step without these epilogues, and having each reader sum x²
-  itself instead cost more than that in QKV, gate/up and the LM head. SLOTS partial sums, each
-  on a 128-byte line of its own (STRIDE floats apart), spread the adds over SLOTS addresses that
-  the memory system serves side by side, and a reader pays one load of SLOTS floats.
+- **The partial sums sit on lines of their own.** The 1,024 programs of o_proj or of down end
+  together, and their adds into one float32 address would be served one after another there;
+  SLOTS partial sums, each on a 128-byte line of its own (STRIDE floats apart), spread them over
+  SLOTS addresses, and a reader pays one load of SLOTS floats. What that buys is not shown. On an
+  H200, with one address, o_proj and down took about 90 us a step longer in the folded-norms step
+  than in the same step without these epilogues (the GEMV configs of closing-the-gap
+  20261206T215246Z-h200, an unpublished run, replayed as a CUDA graph; having each reader sum x²
+  itself cost more than that in QKV, gate/up and the LM head). In the nightly on H100s the same
+  difference, folded-norms' o_proj and down against one-attention's, was 9 and 101 us with one
+  address (closing-the-gap 20261206T204745Z, 221102Z) and 103 and 18 us with the partial sums
+  (20261207T002010Z, 003422Z, one commit): it moves from machine to machine more than between
+  the two forms.
 - **The rows are zeroed inside the step** (`sums`): one row of partial sums per use in a
   step, 2 L + 1 for L layers (the embedding row, and per layer the x after attention's residual
   add and the layer's output), so that no use waits on another's. The producer of use j zeroes the row
