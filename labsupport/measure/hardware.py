@@ -103,14 +103,6 @@ class Ceilings:
         return cls(**{k: plain(row[k]) for k in cls.__dataclass_fields__ if k in row.index})
 
 
-# Not triton.testing.do_bench, on purpose: it would change what the published ceilings measure.
-# do_bench (triton 3.x) zeroes a 256 MB buffer before every timed call to empty the L2, so each
-# copy or read starts with L2 full of dirty lines it must write back first; ours times each call
-# after the previous one finished, with whatever it left in L2 (nothing the next call reuses: the
-# copy and read working sets are >= 2 GiB, and gemv's graph cycles through weight copies four times
-# the L2), and its events enclose the call alone. do_bench also warms up and repeats for a fixed time (25, 100 ms)
-# rather than a fixed count (3 and `repeats`), queues every timed call without waiting for the one
-# before, and returns their mean where the callers here keep every time (the ceilings their median and minimum).
 def dependent_launch() -> bool:
     """Whether the current GPU launches kernels with programmatic dependent launch (Hopper, compute
     capability 9.0, and later): the launch the last rungs of *Closing the gap* use, asked in one place
@@ -120,6 +112,14 @@ def dependent_launch() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
 
+# Not triton.testing.do_bench, on purpose: it would change what the published ceilings measure.
+# do_bench (triton 3.x) zeroes a 256 MB buffer before every timed call to empty the L2, so each
+# copy or read starts with L2 full of dirty lines it must write back first; ours times each call
+# after the previous one finished, with whatever it left in L2 (nothing the next call reuses: the
+# copy and read working sets are >= 2 GiB, and gemv's graph cycles through weight copies four times
+# the L2), and its events enclose the call alone. do_bench also warms up and repeats for a fixed time (25, 100 ms)
+# rather than a fixed count (3 and `repeats`), queues every timed call without waiting for the one
+# before, and returns their mean where the callers here keep every time (the ceilings their median and minimum).
 def time_cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
     """Run fn() `warmup` times, then time `repeats` runs with CUDA events (ms each)."""
     import torch
