@@ -10,6 +10,7 @@ remains, all computed from the run here.
 
     params     Params, CHAPTER, RUNGS (data key -> label shown), OWN_OPTIONS, ERROR_FACTOR, load
     measuring  pending_run, reference (eager's logits), build (each rung's step), fidelity,
+               settle_folded_tilings (the folded step's near-tied tilings timed whole),
                rung_row, rungs_table, weight_shapes, time_matmuls
     analysis   floor, the step's bytes (KV cache too), ladder, best (BF16's), best_fp8, time_split, census,
                fidelity table, matmuls, remaining, tuning, next to published
@@ -35,8 +36,8 @@ from .kernel_time import (
     costlier_rungs, exclusive_parts, kernel_groups,
 )
 from .prose import (
-    compile_matmul_text, compile_text, failed_text, fp8_launch_text, fp8_rounding_text, fp8_text, fp8_tolerance_text,
-    launch_text, matmul_text, overlap_text, token_note, tokens_text, tolerance_text,
+    compile_matmul_text, compile_text, failed_text, folded_tilings_text, fp8_launch_text, fp8_rounding_text, fp8_text,
+    fp8_tolerance_text, launch_text, matmul_text, overlap_text, token_note, tokens_text, tolerance_text,
 )
 from .page import (
     FIDELITY_FORMATS, FP8_FORMATS, GROUP_FORMATS, LADDER_FORMATS, LAUNCH_FORMATS, MATMUL_FORMATS, page, Page,
@@ -49,9 +50,10 @@ from .figures import (
     ladder_figure, matmul_figure,
 )
 from .measuring import (
-    best_timed, build, eager_fidelity, error_factor, fidelity, fp8_record, fp8_tuning_cases, gpu_memory_gb, pending_run,
-    persistent_tuning_cases, Reference, reference, rung_row, rungs_table, runs_here, time_matmuls, time_tokens,
-    timed_here, tune_attention, tune_layer_kernel, tuning_cases, weight_shapes,
+    best_timed, build, eager_fidelity, error_factor, fidelity, folded_tie_cases, fp8_record, fp8_tuning_cases,
+    gpu_memory_gb, near_ties, pending_run, persistent_tuning_cases, Reference, reference, rung_row, rungs_table,
+    runs_here, settle_folded_tilings, time_matmuls, time_tokens, timed_here, tune_attention, tune_layer_kernel,
+    tuning_cases, weight_shapes,
 )
 from .params import (
     CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS,

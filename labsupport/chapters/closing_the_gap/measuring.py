@@ -4,7 +4,7 @@ shape by shape, and the row each rung gets."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pandas as pd
 
@@ -19,6 +19,9 @@ from labsupport.chapters.closing_the_gap.params import (
     RUNG_COLUMNS,
     RUNGS,
     SHARED_RUNGS,
+    STEP_TIE,
+    STEP_TIE_MOST,
+    STEP_TIE_ROUNDS,
     TOKEN_COLUMNS,
     TOKENS,
     progress,
@@ -291,6 +294,90 @@ def tune_layer_kernel(model, prompt_len: int) -> list[dict]:
         how = f"{r['us']:.1f} us a layer" if r["status"] == "ok" else r["status"]
         progress(f"  one kernel a layer, {r['ctas_per_sm']} x {r['num_warps']} warps a SM, {r['block_n']} rows: {how}")
     return rows
+
+
+def folded_tie_cases(model) -> dict[str, tuple]:
+    """The GEMVs whose tiling the folded-norms step settles (STEP_TIE), by name: the folded QKV
+    (plain: its norm is in the weights) and gate/up writing silu(gate) * up."""
+    from labsupport.measure.kernels.gemv import PLAIN, Fusion
+
+    s = weight_shapes(model)
+    return {"qkv": (*s["qkv (fused)"], PLAIN), "gate_up": (*s["gate_up (fused)"], Fusion(silu=True))}
+
+
+def near_ties(trials, case, within: float = STEP_TIE, most: int = STEP_TIE_MOST) -> list:
+    """The trials of `case` (N, K, Fusion) timed as the folded-norms step launches it (PDL, W's
+    first tiles before the wait: gemv.Trial.early) within `within` of the fastest, fastest first,
+    at most `most`; [] where none was timed so (no PDL on this GPU)."""
+    mine = sorted(
+        (t for t in trials if (t.n, t.k, t.fusion) == case and t.early and t.weights != "fp8"), key=lambda t: t.us
+    )
+    return [t for t in mine if t.us <= mine[0].us * (1 + within)][:most]
+
+
+def settle_folded_tilings(model, prompt: decode.Prompt, ref: Reference, device: str, trials, dtype: str,
+                          rounds: int = STEP_TIE_ROUNDS) -> list[dict]:  # fmt: skip
+    """Build the folded-norms step with each combination of the near-tied tilings of its QKV and
+    gate/up GEMVs (near_ties), check each against eager, time those that pass interleaved (CUDA
+    events on a GPU), and keep the fastest step's tilings in gemv.CHOSEN_EARLY, marking their
+    `trials` chosen_early (the rung built next runs them). Timed alone the two tilings tie, and
+    the tuner's pick swung o_proj's and down's time in the step (STEP_TIE); the step decides.
+    One row per step built: each GEMV's config and its time alone, the step's times, the tuner's
+    picks (`tuned`) and the one kept (`chosen`); [] where nothing ties (or no PDL here)."""
+    from itertools import product
+
+    from labsupport.measure import harness
+    from labsupport.measure.kernels import gemv
+
+    cases = folded_tie_cases(model)
+    ties = {name: near_ties(trials, case) for name, case in cases.items()}
+    if any(not t for t in ties.values()) or all(len(t) == 1 for t in ties.values()):
+        return []
+    saved = dict(gemv.CHOSEN_EARLY)
+    tuned = {name: saved.get(case) for name, case in cases.items()}
+    rows, variants = {}, {}
+    for picks in product(*ties.values()):
+        pick = dict(zip(ties, picks, strict=True))
+        label = ", ".join(f"{name} {t.config.block_n}x{t.config.block_k}" for name, t in pick.items())
+        row = {name: asdict(t.config) for name, t in pick.items()}
+        row |= {f"{name}_us": t.us for name, t in pick.items()}
+        row |= {"variant": label, "tuned": all(t.config == tuned[name] for name, t in pick.items()), "chosen": False}
+        rows[label] = row
+        try:
+            gemv.CHOSEN_EARLY.update({cases[name]: t.config for name, t in pick.items()})
+            step = build("folded-norms", model, prompt, ref.token, device)  # captured here, with these tilings
+        finally:
+            gemv.CHOSEN_EARLY.clear()
+            gemv.CHOSEN_EARLY.update(saved)
+        steps.prepare(step)
+        check = fidelity(step(), ref, error_factor("folded-norms", dtype))
+        row["passed"] = bool(check["passed"])
+        if row["passed"]:
+            variants[label] = (step, steps.setup(step))
+        progress(f"  folded norms with {label}: built, same answers: {row['passed']}")
+    timed = harness.interleaved(variants, device=device, rounds=rounds, warmup=3, what="folded-norms tilings",
+                                progress=progress) if variants else {}  # fmt: skip
+    for label, t in timed.items():
+        vals = list(t.gpu_ms) or list(t.wall_ms)
+        rows[label] |= {"ms_min": min(vals), "ms_median": harness.quantile(vals, 0.5), "repeats": len(vals)}
+        progress(f"  folded norms with {label}: {rows[label]['ms_median']:.3f} ms (median)")
+    step, variants, timed = None, None, None  # the steps built here are freed before the rungs are built
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    done = [r for r in rows.values() if "ms_median" in r]
+    if not done:
+        return list(rows.values())
+    best = min(done, key=lambda r: r["ms_median"])
+    best["chosen"] = True
+    for name, case in cases.items():
+        kept = gemv.Config(**best[name])
+        gemv.CHOSEN_EARLY[case] = kept
+        for t in trials:
+            if (t.n, t.k, t.fusion) == case and t.early:
+                t.chosen_early = t.config == kept
+    return list(rows.values())
 
 
 def persistent_tuning_cases(model) -> list:

@@ -10,7 +10,15 @@ import pandas as pd
 
 from labsupport import runs
 from labsupport.chapters.closing_the_gap.analysis import Floor, fp8_error_factor, kernel_table, overlaps
-from labsupport.chapters.closing_the_gap.params import ERROR_FACTOR, FP8_RUNGS, RUNG_SHORT, RUNGS, built_on, trace_file
+from labsupport.chapters.closing_the_gap.params import (
+    ERROR_FACTOR,
+    FP8_RUNGS,
+    RUNG_SHORT,
+    RUNGS,
+    STEP_TIE,
+    built_on,
+    trace_file,
+)
 from labsupport.measure import hardware, models
 
 
@@ -300,7 +308,7 @@ def compile_text(run: runs.Run, ladder: pd.DataFrame) -> str:
     tuning = (
         f" Tuning our GEMV took {', '.join(parts[:-1])}{' and ' if len(parts) > 1 else ''}{parts[-1]}." if parts else ""
     )
-    attention = attention_tuning_text(run) + layer_tuning_text(run)
+    attention = attention_tuning_text(run) + layer_tuning_text(run) + folded_tilings_text(run)
     return "Compiling and warming each of our rungs took: " + ", ".join(times) + "." + tuning + attention
 
 
@@ -351,6 +359,31 @@ def layer_tuning_text(run: runs.Run) -> str:
         for r in rows
     ]
     return " One layer in the layer kernel took, by its config: " + "; ".join(each) + "."
+
+
+def folded_tilings_text(run: runs.Run) -> str:
+    """Which tilings the folded-norms rung runs for its QKV and gate/up GEMVs, where the run settled
+    them in the whole step (results["folded_tilings"], measuring.settle_folded_tilings): each pair
+    tried and the step's median time with it."""
+    rows = run.results.get("folded_tilings") or []
+    if not rows:
+        return ""
+
+    def tiling(c: dict) -> str:
+        return f"{c['block_n']} rows of {c['block_k']:,}"
+
+    each = [
+        f"QKV {tiling(r['qkv'])} and gate/up {tiling(r['gate_up'])}: "
+        + (f"{r['ms_median']:.3f} ms" if "ms_median" in r else "not timed (its answers failed the check)")
+        + (" (the tuner's picks)" if r.get("tuned") else "")
+        + (", kept" if r.get("chosen") else "")
+        for r in rows
+    ]
+    return (
+        " Timed alone, the folded QKV's and gate/up's fastest tilings were within "
+        f"{100 * STEP_TIE:.0f}% of each other, so the folded-norms step was built with each pair and timed whole "
+        "(the median of its CUDA events): " + "; ".join(each) + "."
+    )
 
 
 def costlier_text(costlier: pd.DataFrame, timed=()) -> str:
