@@ -1,0 +1,109 @@
+"""The folded-norms rung's QKV and gate/up tilings are settled in the whole step where two tie alone
+(closing_the_gap.settle_folded_tilings): which tilings count as tied, on a recorded run's tuning
+table; the step built with each pair, checked and timed, the faster pair kept where the rung will
+read it, and the trials marked as the page reads them; the page's sentence. The step runs on the
+tiny model, on a CPU, in Triton's interpreter (its waits are no-ops there)."""
+
+import os
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is built
+
+pytest.importorskip("triton")
+from labsupport.chapters import closing_the_gap as ch  # noqa: E402
+from labsupport.measure import models  # noqa: E402
+from labsupport.measure.kernels import gemv  # noqa: E402
+
+from .conftest import RUNS  # noqa: E402
+
+pytestmark = pytest.mark.unit
+# An H100 run whose tuner kept 4 rows of 2,048 for both GEMVs, 8 of 1,024 next within 0.3% alone
+TUNED_4X2048 = "20261207T002010Z-h100-80gb-hbm3"
+FUSIONS = {f.label: f for f in (gemv.PLAIN, gemv.Fusion(silu=True), gemv.Fusion(norm=True),
+                                gemv.Fusion(norm=True, silu=True), gemv.Fusion(residual=True))}  # fmt: skip
+CONFIG_FIELDS = ("block_n", "block_k", "num_warps", "num_stages", "split_k", "ctas_per_sm")
+
+
+def recorded_trials(run_id: str) -> list[gemv.Trial]:
+    """The run's gemv_tuning.csv as the tuner's trials (BF16, not persistent)."""
+    t = pd.read_csv(RUNS / ch.CHAPTER / run_id / "gemv_tuning.csv")
+    t = t[t.weights.ne("fp8") & t.ctas_per_sm.eq(0)]
+    return [
+        gemv.Trial(r.n, r.k, FUSIONS[r.fusion], gemv.Config(**{f: int(getattr(r, f)) for f in CONFIG_FIELDS}),
+                   r.us, r.tbs, weights=r.weights, early=bool(r.early), chosen_early=bool(r.chosen_early))
+        for r in t.itertuples()
+    ]  # fmt: skip
+
+
+def qwen3_8b():
+    return SimpleNamespace(config=SimpleNamespace(to_dict=lambda: dict(models.QWEN3_8B)))
+
+
+def tiles(trials) -> list[tuple[int, int]]:
+    return [(t.config.block_n, t.config.block_k) for t in trials]
+
+
+def test_the_two_fastest_tilings_within_the_tie_are_tried_and_a_clear_winner_alone():
+    trials, cases = recorded_trials(TUNED_4X2048), ch.folded_tie_cases(qwen3_8b())
+    assert cases == {"qkv": (6144, 4096, gemv.PLAIN), "gate_up": (24576, 4096, gemv.Fusion(silu=True))}
+    assert tiles(ch.near_ties(trials, cases["qkv"])) == [(4, 2048), (8, 1024)]  # 17.39 and 17.43 us
+    assert tiles(ch.near_ties(trials, cases["gate_up"])) == [(4, 2048), (8, 1024)]  # a third within 1%, left out
+    assert len(ch.near_ties(trials, cases["gate_up"], most=5)) == 3
+    assert tiles(ch.near_ties(trials, cases["qkv"], within=0.001)) == [(4, 2048)]  # 0.2% apart: no tie
+    # only the trials timed as the rung launches them (PDL, weights first), and none where none were
+    assert all(t.early for t in ch.near_ties(trials, cases["gate_up"], most=5))
+    assert ch.near_ties([t for t in trials if not t.early], cases["qkv"]) == []
+
+
+def test_nothing_is_built_where_nothing_ties(monkeypatch):
+    monkeypatch.setattr(gemv, "CHOSEN_EARLY", {})
+    trials = recorded_trials(TUNED_4X2048)
+    for t in trials:  # a qwen3-8b-sized model is never built: no tie, no step
+        t.us = t.us * (1 + 0.02 * (t.config.block_n != 4 or t.config.block_k != 2048))
+    assert ch.settle_folded_tilings(qwen3_8b(), None, None, "cpu", trials, "bfloat16") == []
+    assert ch.settle_folded_tilings(qwen3_8b(), None, None, "cpu", [], "bfloat16") == []
+    assert gemv.CHOSEN_EARLY == {}
+
+
+@pytest.mark.live
+@pytest.mark.usefixtures("waits_as_no_ops")
+def test_the_step_built_with_each_tied_pair_is_checked_timed_and_the_faster_pair_kept(tiny_with_norms, monkeypatch):
+    model, prompt, ref = tiny_with_norms
+    cases = ch.folded_tie_cases(model)
+    big, other = gemv.Config(16, 64, 4, 2), gemv.Config(8, 64, 4, 2)
+    unrelated = (64, 64, gemv.Fusion(residual=True))
+    monkeypatch.setattr(gemv, "CHOSEN_EARLY", {**{case: big for case in cases.values()}, unrelated: other})
+    trials = [gemv.Trial(*cases["qkv"], big, 10.0, 1.0, early=True, chosen_early=True)]  # QKV: no rival
+    trials += [gemv.Trial(*cases["gate_up"], c, us, 1.0, early=True, chosen_early=c == big)
+               for c, us in ((big, 20.0), (other, 20.1), (gemv.Config(2, 64, 4, 2), 23.0))]  # fmt: skip
+    rows = ch.settle_folded_tilings(model, prompt, ref, "cpu", trials, "float32", rounds=1)
+    assert [r["variant"] for r in rows] == ["qkv 16x64, gate_up 16x64", "qkv 16x64, gate_up 8x64"]
+    assert [r["tuned"] for r in rows] == [True, False]
+    assert all(r["passed"] and r["repeats"] == 1 and r["ms_min"] > 0 for r in rows)
+    kept = [r for r in rows if r["chosen"]]
+    assert kept == [min(rows, key=lambda r: r["ms_median"])]
+    pick = gemv.Config(**kept[0]["gate_up"])
+    assert {cases["qkv"]: big, cases["gate_up"]: pick, unrelated: other} == gemv.CHOSEN_EARLY
+    assert gemv.choose(*cases["gate_up"], early=True) == pick  # what the rung built next runs
+    assert [t.config for t in trials if t.chosen_early] == [big, pick]  # one per GEMV, as the page reads them
+    assert rows[1]["gate_up_us"] == 20.1 and rows[1]["gate_up"]["block_n"] == 8
+
+
+def test_the_page_says_which_pairs_the_step_tried_and_which_it_kept():
+    pair = lambda bn, bk: {"block_n": bn, "block_k": bk}  # noqa: E731
+    rows = [
+        {"qkv": pair(4, 2048), "gate_up": pair(4, 2048), "ms_median": 3.7844, "tuned": True, "chosen": False},
+        {"qkv": pair(8, 1024), "gate_up": pair(4, 2048), "passed": False, "tuned": False, "chosen": False},
+        {"qkv": pair(8, 1024), "gate_up": pair(8, 1024), "ms_median": 3.7312, "tuned": False, "chosen": True},
+    ]
+    text = ch.folded_tilings_text(SimpleNamespace(results={"folded_tilings": rows}))
+    assert "within 1% of each other" in text
+    assert "QKV 4 rows of 2,048 and gate/up 4 rows of 2,048: 3.784 ms (the tuner's picks)" in text
+    assert "QKV 8 rows of 1,024 and gate/up 4 rows of 2,048: not timed (its answers failed the check)" in text
+    assert text.endswith("QKV 8 rows of 1,024 and gate/up 8 rows of 1,024: 3.731 ms, kept.")
+    assert ch.folded_tilings_text(SimpleNamespace(results={})) == ""  # a run recorded before the step settled them
