@@ -322,8 +322,9 @@ def settle_folded_tilings(model, prompt: decode.Prompt, ref: Reference, device: 
     events on a GPU), and keep the fastest step's tilings in gemv.CHOSEN_EARLY, marking their
     `trials` chosen_early (the rung built next runs them). Timed alone the two tilings tie, and
     the tuner's pick swung o_proj's and down's time in the step (STEP_TIE); the step decides.
-    One row per step built: each GEMV's config and its time alone, the step's times, the tuner's
-    picks (`tuned`) and the one kept (`chosen`); [] where nothing ties (or no PDL here)."""
+    One row per step built: each GEMV's config and its time alone, the tie's width (`within`), the
+    step's times, the tuner's picks (`tuned`) and the one kept (`chosen`); [] where nothing ties (or no
+    PDL here)."""
     from itertools import product
 
     from labsupport.measure import harness
@@ -341,7 +342,8 @@ def settle_folded_tilings(model, prompt: decode.Prompt, ref: Reference, device: 
         label = ", ".join(f"{name} {t.config.block_n}x{t.config.block_k}" for name, t in pick.items())
         row = {name: asdict(t.config) for name, t in pick.items()}
         row |= {f"{name}_us": t.us for name, t in pick.items()}
-        row |= {"variant": label, "tuned": all(t.config == tuned[name] for name, t in pick.items()), "chosen": False}
+        row |= {"variant": label, "tuned": all(t.config == tuned[name] for name, t in pick.items()), "chosen": False,
+                "within": STEP_TIE}  # fmt: skip
         rows[label] = row
         try:
             gemv.CHOSEN_EARLY.update({cases[name]: t.config for name, t in pick.items()})
