@@ -276,6 +276,25 @@ def test_the_fp8_rungs_that_change_the_token_within_their_own_error_are_explaine
     assert note.count("0.671 apart") == 1 and "own errors (2.447 and 2.388)" in note and "fails them" in note
 
 
+def test_a_rung_that_chose_eagers_token_but_failed_on_its_error_is_named_with_the_size_of_its_miss():
+    """Run 20261207T030729Z: the one-attention rung chose eager's token with 0.641 against float32, 2.08 times
+    eager's 0.308, past the bound of 2. The page names it and says by how much; a run where every rung passed
+    (20261207T002010Z) says nothing, and a rung of another token is left to token_note."""
+    from labsupport import runs
+
+    def run(run_id):
+        return runs.load_run(chapters.by_slug("closing-the-gap"), f"{run_id}-h100-80gb-hbm3")
+
+    note = ch.check_note(run("20261207T030729Z"))
+    assert note == (
+        "Not every rung passed in this run. This rung chose eager's token, but its largest logit error against "
+        "float32 was past the bound: *13 one attention kernel* 0.641, 2.08 times eager's own (bound: 2 times)."
+    )
+    assert ch.check_note(run("20261207T002010Z")) == ""
+    other_token = run("20261206T100257Z")  # the persistent rung chose another token and failed: token_note's
+    assert ch.check_note(other_token) == "" and "*15 persistent GEMVs*" in ch.token_note(other_token)
+
+
 def test_a_bf16_rung_whose_tokens_are_apart_within_its_own_error_is_not_called_beyond_rounding():
     """Run 20261206T100257Z: the persistent rung chose another token, 0.312 apart in float32: past eager's
     error (0.308) but within the rung's own (0.490). The page says the rule fails it, not that no rounding

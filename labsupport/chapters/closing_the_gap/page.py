@@ -82,6 +82,7 @@ class Page:
     eager_err: float
     max_logit: float
     token_note: str
+    check_note: str
     fp8_rounding_text: str
     # FP8 weights, tokens per forward, the matmuls, compile
     fp8_text: str
@@ -175,6 +176,7 @@ def page(run: runs.Run, vals: dict) -> Page:
         eager_err=rungs.loc["eager", "eager_abs_err"],
         max_logit=rungs.loc["eager", "max_abs_logit"],
         token_note=prose.token_note(run),
+        check_note=prose.check_note(run),
         fp8_rounding_text=prose.fp8_rounding_text(run),
         fp8_text=fp8_text,
         fp8_launch_text=fp8_launch_text,

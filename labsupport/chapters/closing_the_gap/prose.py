@@ -37,6 +37,26 @@ def failed_text(ladder: pd.DataFrame) -> str:
     return "Not every rung has numbers: " + "; ".join(said) + "."
 
 
+def check_note(run: runs.Run) -> str:
+    """The rungs that chose eager's token but failed the check on their logit error (Markdown; empty
+    when none did): each error against float32 and its multiple of eager's own beside the bound, so
+    that a "no" in the table comes with its size. The rungs of another token are token_note's."""
+    r = run.table("rungs")
+    eager_err = float(r.set_index("rung").loc["eager", "eager_abs_err"])
+    bad = r[(r.status == "ok") & r.same_token.astype(str).eq("True") & ~r.passed.astype(str).eq("True")]
+    if bad.empty:
+        return ""
+    each = [
+        f"*{RUNG_SHORT.get(x.rung, x.rung)}* {x.max_abs_err:.3f}, {x.max_abs_err / eager_err:.2f} times eager's own "
+        f"(bound: {fp8_error_factor(run) if x.rung in FP8_RUNGS else ERROR_FACTOR:g} times)"
+        for x in bad.itertuples()
+    ]
+    who = "These rungs chose eager's token, but their" if len(each) > 1 else "This rung chose eager's token, but its"
+    return f"Not every rung passed in this run. {who} largest logit error against float32 was past the bound: " + (
+        "; ".join(each) + "."
+    )
+
+
 def token_note(run: runs.Run) -> str:
     """What the rungs whose greedy token is not eager's mean (Markdown; empty when every rung
     chose eager's). Random weights make the top logits close, so two tokens can be a near tie
