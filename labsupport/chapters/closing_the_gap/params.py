@@ -57,10 +57,10 @@ RUNG_SHORT = {
 }
 # Where the folded QKV's or gate/up's fastest tilings, each timed alone, lie within STEP_TIE of each
 # other, the folded-norms step is built with each and timed whole, and the faster step keeps its
-# tilings (settle_folded_tilings). In four H100 runs (closing-the-gap 20261206T204745Z, 221102Z,
-# 20261207T002010Z, 003422Z-h100-80gb-hbm3) the tuner kept 8 rows of 1,024 or 4 of 2,048 for both,
-# 0.04-0.6% apart alone, and o_proj's and down's exclusive time in the step followed that pick:
-# 9 and 18 us above one-attention's with the first, 101 and 103 with the second.
+# tilings (settle_folded_tilings): alone, the tuner's pick between 8 rows of 1,024 and 4 of 2,048
+# flipped from night to night on 0.04-0.6% (closing-the-gap 20261206T204745Z, 221102Z,
+# 20261207T002010Z, 003422Z-h100-80gb-hbm3), and in the step 8 rows of 1,024 for both ran 5.082 ms
+# against the tuner's 4 of 2,048 at 5.116 (20261207T030729Z-h100-80gb-hbm3).
 STEP_TIE = 0.01
 STEP_TIE_MOST = 2  # tilings tried per GEMV: the fastest two alone (four steps at most for the two GEMVs)
 STEP_TIE_ROUNDS = 20

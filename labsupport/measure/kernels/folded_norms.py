@@ -32,13 +32,10 @@ tiling is another than the plain GEMV's (on the H200, gate/up with the norm and 
   H200, with one address, o_proj and down took about 90 us a step longer in the folded-norms step
   than in the same step without these epilogues (the GEMV configs of closing-the-gap
   20261206T215246Z-h200, an unpublished run, replayed as a CUDA graph; having each reader sum x²
-  itself cost more than that in QKV, gate/up and the LM head). In the nightly on H100s the same
-  difference (folded-norms' o_proj and down against one-attention's, exclusive time a step) was 9
-  and 101 us with one address (closing-the-gap 20261206T204745Z, 221102Z) and 18 and 103 us with
-  the partial sums (20261207T003422Z, 002010Z, one commit): it follows another choice instead,
-  the tiling the tuner kept for the folded QKV and gate/up GEMVs, which timed alone tie within
-  0.2 us: 8 rows of 1,024 a program in the runs with 9 and 18 us, 4 rows of 2,048 in those with
-  101 and 103 us.
+  itself cost more than that in QKV, gate/up and the LM head). In the nightlies on H100s the same
+  difference (folded-norms' o_proj and down against one-attention's, exclusive time a step) ranged
+  from 9 to 103 us with one address and with the partial sums alike (closing-the-gap 20261206T204745Z,
+  221102Z; 20261207T003422Z, 002010Z, 030729Z-h100-80gb-hbm3), so neither is shown to decide it.
 - **The rows are zeroed inside the step** (`sums`): one row of partial sums per use in a
   step, 2 L + 1 for L layers (the embedding row, and per layer the x after attention's residual
   add and the layer's output), so that no use waits on another's. The producer of use j zeroes the row
