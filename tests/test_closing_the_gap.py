@@ -295,6 +295,66 @@ def test_a_rung_that_chose_eagers_token_but_failed_on_its_error_is_named_with_th
     assert ch.check_note(other_token) == "" and "*15 persistent GEMVs*" in ch.token_note(other_token)
 
 
+@pytest.mark.live
+def test_a_rung_passes_only_if_every_call_of_its_step_passes(tiny):
+    """repeated_fidelity on the tiny model's own-compiled step: every call the same, it passes; where a later call
+    gives other logits (one logit nudged, within the bound) it is counted, and where one gives the right numbers at
+    the wrong tokens the rung fails although its first call passed."""
+    model, prompt, ref = tiny
+    opts = qwen3_decode.Options(**ch.OWN_OPTIONS["own-compiled"])
+    step = qwen3_decode.OwnStep(model, prompt.ids, ref.token, opts, compile=False, graph=False)
+    same = ch.repeated_fidelity(step, ref, ch.ERROR_FACTOR, replays=3)
+    assert (same["replays"], same["replays_differing"], same["replays_failed"]) == (3, 0, 0) and same["passed"]
+    assert same["replay_max_abs_err"] == same["max_abs_err"]
+    calls = []
+
+    def changing():  # the real step; its 3rd call's logits nudged, its 4th's shifted by one token
+        logits, token = step()
+        calls.append(len(calls) + 1)
+        if calls[-1] == 3:
+            logits = logits.clone()
+            logits[0, 0] += 1e-4
+        if calls[-1] == 4:
+            logits = logits.roll(1, dims=-1)
+            token = logits.argmax(-1)
+        return logits, token
+
+    check = ch.repeated_fidelity(changing, ref, ch.ERROR_FACTOR, replays=4)
+    assert calls == [1, 2, 3, 4, 5]
+    assert (check["replays"], check["replays_differing"], check["replays_failed"]) == (4, 2, 1)
+    assert check["same_token"] and check["max_abs_err"] == same["max_abs_err"]  # the first call's
+    assert not check["passed"] and check["replay_max_abs_err"] > ch.ERROR_FACTOR * ref.eager_error
+
+
+def test_the_page_says_which_rungs_gave_other_logits_on_a_later_call(published_run, tmp_path):
+    """A run recorded before our rungs were called again says nothing of it; one whose folded-norms rung gave
+    other logits on 4 of 30 later calls (within the bound) names it with the count and the worst error, and a rung
+    that passed its first call but failed later ones is named by check_note with the worst call's error."""
+    assert ch.repeat_note(published_run) == ""
+    ours = [r for r in ch.RUNGS if ch.timed_here(r) and r in set(published_run.table("rungs").rung)]
+    calm = {r: {"replays": 30, "replays_differing": 0, "replays_failed": 0} for r in ours}
+    calm["one-attention"].update(passed=True)
+    differ = {**calm, "folded-norms": {**calm["folded-norms"], "replays_differing": 4, "replay_max_abs_err": 0.35}}
+    differ["weights-first"] = {**calm["weights-first"], "passed": False, "replays_differing": 3, "replays_failed": 2,
+                               "replay_max_abs_err": 0.7}  # fmt: skip
+    fake = with_rungs(published_run, tmp_path, {}, changed=differ)
+    note = ch.repeat_note(fake)
+    assert note.startswith(
+        "After its check each of our rungs was called 30 more times, the same step on the same buffers: "
+        "*12 weights before the wait* and *14 folded norms* gave other logits on some (calls of 30 that differed "
+        "from the first: *12 weights before the wait* 3; *14 folded norms* 4), the other rungs the same bit for bit."
+    )
+    assert note.endswith("largest error against float32 over all calls of those rungs was 0.700, eager's own 0.308.")
+    assert ch.check_note(fake) == (
+        "Not every rung passed in this run. This rung chose eager's token, but its largest logit error against "
+        "float32 was past the bound: *12 weights before the wait* 0.700 on 2 of its 30 later calls, 2.27 times "
+        "eager's own (bound: 2 times)."
+    )
+    table = ch.page(fake, ch.shared_values()).fidelity.set_index("rung")
+    assert table.loc[ch.RUNGS["folded-norms"], "calls differing"] == "4 of 30"
+    assert table.loc[ch.RUNGS["eager"], "calls differing"] == "—"
+
+
 def test_a_bf16_rung_whose_tokens_are_apart_within_its_own_error_is_not_called_beyond_rounding():
     """Run 20261206T100257Z: the persistent rung chose another token, 0.312 apart in float32: past eager's
     error (0.308) but within the rung's own (0.490). The page says the rule fails it, not that no rounding
@@ -349,7 +409,7 @@ def tiny_run(tmp_path_factory):
 
     mp.setattr(harness, "interleaved", interleaved)
     try:
-        run = run_live_cells(NOTEBOOK, preset="tiny", prompt_len=16, repeats=2, allow_cpu=True)["run"]
+        run = run_live_cells(NOTEBOOK, preset="tiny", prompt_len=16, repeats=2, replays=2, allow_cpu=True)["run"]
     finally:
         mp.undo()
     return run, calls
@@ -371,6 +431,14 @@ def test_live_cells_time_our_rungs_interleaved_before_profiling_any(tiny_run):
     assert "launch-overhead" in rest["max-autotune"]
     assert ok.passed.astype(bool).all()
     mine = ok.set_index("rung").loc[list(ours)]
+    # each of our rungs called again after its check (replays=2 on a CPU): the same logits every time
+    assert (mine.replays == 2).all() and (mine.replays_differing == 0).all() and (mine.replays_failed == 0).all()
+    assert (mine.replay_max_abs_err >= mine.max_abs_err).all()
+    assert ok.set_index("rung").loc["eager", ["replays", "replays_differing"]].isna().all()  # the reference itself
+    assert ch.repeat_note(run) == (
+        "After its check each of our rungs was called 2 more times, the same step on the same buffers: every call "
+        "gave its first call's logits, bit for bit."
+    )
     assert mine.clean.astype(bool).all() and (mine.wall_ms_repeats == 2).all()
     assert (mine.wall_ms_min <= mine.wall_ms_q1).all() and (mine.wall_ms_q1 <= mine.wall_ms_median).all()
     assert ok.set_index("rung").loc["eager", ["wall_ms_min", "wall_ms_median"]].isna().all()  # not timed here
@@ -922,10 +990,13 @@ def test_kernel_groups_account_for_every_kernel_and_the_weights_read(run):
     assert both["MB"] == pytest.approx(layers * (m.loc["o_proj", "bytes"] + m.loc["down_proj", "bytes"]) / 1e6)
 
 
-def with_rungs(source, tmp_path, rows: dict, fp8_bytes: int | None = None, results: dict | None = None):
+def with_rungs(
+    source, tmp_path, rows: dict, fp8_bytes: int | None = None, results: dict | None = None, changed: dict | None = None
+):
     """A copy of the run `source` under tmp_path, loaded, with rows added to its rungs.csv (rung ->
-    (the rung whose row and traces it copies, the columns it changes)) and, where given, the bytes of
-    its FP8 weights (meta.json: results.fp8) and other results."""
+    (the rung whose row and traces it copies, the columns it changes)), rows of it changed (`changed`:
+    rung -> the columns it changes) and, where given, the bytes of its FP8 weights (meta.json:
+    results.fp8) and other results."""
     import hashlib
     import json
     import shutil
@@ -948,6 +1019,9 @@ def with_rungs(source, tmp_path, rows: dict, fp8_bytes: int | None = None, resul
             shutil.copy(new / name, new / written[-1])
             if name in meta.get("derived", {}):  # a table: derived from the copy now
                 meta["derived"][written[-1]] = {**meta["derived"][name], "from": ch.trace_file(rung)}
+    for rung, changes in (changed or {}).items():
+        for column, value in changes.items():
+            r.loc[r.rung == rung, column] = value
     r.to_csv(new / "rungs.csv", index=False)
     if fp8_bytes is not None:
         meta["results"]["fp8"] = {"decode_bytes": fp8_bytes}

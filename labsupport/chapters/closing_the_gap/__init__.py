@@ -37,7 +37,8 @@ from .kernel_time import (
 )
 from .prose import (
     check_note, compile_matmul_text, compile_text, failed_text, folded_tilings_text, fp8_launch_text, fp8_rounding_text,
-    fp8_text, fp8_tolerance_text, launch_text, matmul_text, overlap_text, token_note, tokens_text, tolerance_text,
+    fp8_text, fp8_tolerance_text, launch_text, matmul_text, overlap_text, repeat_note, token_note, tokens_text,
+    tolerance_text,
 )
 from .page import (
     FIDELITY_FORMATS, FP8_FORMATS, GROUP_FORMATS, LADDER_FORMATS, LAUNCH_FORMATS, MATMUL_FORMATS, page, Page,
@@ -51,9 +52,9 @@ from .figures import (
 )
 from .measuring import (
     best_timed, build, eager_fidelity, error_factor, fidelity, folded_tie_cases, fp8_record, fp8_tuning_cases,
-    gpu_memory_gb, near_ties, pending_run, persistent_tuning_cases, Reference, reference, rung_row, rungs_table,
-    runs_here, settle_folded_tilings, time_matmuls, time_tokens, timed_here, tune_attention, tune_layer_kernel,
-    tuning_cases, weight_shapes,
+    gpu_memory_gb, near_ties, pending_run, persistent_tuning_cases, Reference, reference, repeated_fidelity, rung_row,
+    rungs_table, runs_here, settle_folded_tilings, time_matmuls, time_tokens, timed_here, tune_attention,
+    tune_layer_kernel, tuning_cases, weight_shapes,
 )
 from .params import (
     CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS,

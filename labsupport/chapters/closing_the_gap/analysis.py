@@ -289,10 +289,12 @@ def census(run: runs.Run) -> pd.DataFrame:
 def fidelity_table(run: runs.Run) -> pd.DataFrame:
     """Same answers, per rung: the largest logit difference from eager's, the largest error
     against the float32 step, that error over eager's own (a rung passes at ERROR_FACTOR or
-    less, with eager's greedy token), cosine similarity with eager's logits, same token."""
+    less, with eager's greedy token, on every call), cosine similarity with eager's logits, same
+    token; and, in runs that called our rungs again after the check, how many of those calls gave
+    logits other than the first's."""
     r = run.table("rungs")
     r = r[r.status == "ok"]
-    return pd.DataFrame(
+    table = pd.DataFrame(
         {
             "rung": r.rung,
             "max |Δ logit| vs eager": r.max_abs_diff,
@@ -302,7 +304,11 @@ def fidelity_table(run: runs.Run) -> pd.DataFrame:
             "same token": r.same_token.astype(str).eq("True"),
             "passed": r.passed.astype(str).eq("True"),
         }
-    ).reset_index(drop=True)
+    )
+    if "replays" in r:  # recorded since our rungs are called again after the check (repeated_fidelity)
+        table["calls differing"] = r.replays_differing.where(r.replays > 0)
+        table["calls"] = r.replays.where(r.replays > 0)
+    return table.reset_index(drop=True)
 
 
 def matmuls(run: runs.Run) -> pd.DataFrame:

@@ -20,6 +20,7 @@ class Params(Parameters):
     prompt_len: int = param(256, check=TOKENS, smoke=64, cpu=16)
     dtype: str = param("bfloat16", check=DTYPE)  # or "float16"; a GPU without BF16 (T4, V100) runs float16
     repeats: int = param(30, check=REPEATS, smoke=3, cpu=2)  # rounds of interleaved trials of our rungs
+    replays: int = param(30, check=REPEATS, smoke=3, cpu=2)  # calls of each of our rungs after its check
     device: str = param("cuda", check=DEVICE, cpu="cpu")  # on a CPU only the plain PyTorch rungs run
 
 

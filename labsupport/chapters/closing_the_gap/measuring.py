@@ -182,6 +182,36 @@ def fidelity(out, ref: Reference, factor: float = ERROR_FACTOR) -> dict:
     }
 
 
+def repeated_fidelity(step, ref: Reference, factor: float = ERROR_FACTOR, replays: int = 0) -> dict:
+    """fidelity() of the step's first output, then of `replays` more calls of it: how many gave
+    logits differing from the first call's in any bit, how many failed the check, and the largest
+    error against float32 among all calls. Every call redoes the same step on the same buffers, so
+    a difference comes from an order that changes between calls: float atomics' (the Σx² partial
+    sums, split-K), or a kernel reading memory that another still writes. The rung passes only if
+    every call does."""
+    import torch
+
+    out = step()
+    first = fidelity(out, ref, factor)
+    logits = out[0].detach().float().clone()
+    differing = failed = 0
+    worst = first["max_abs_err"]
+    for _ in range(replays):
+        again = step()
+        differing += not torch.equal(again[0].float(), logits)
+        f = fidelity(again, ref, factor)
+        failed += not f["passed"]
+        worst = max(worst, f["max_abs_err"])
+    return {
+        **first,
+        "passed": first["passed"] and not failed,
+        "replays": replays,
+        "replays_differing": differing,
+        "replays_failed": failed,
+        "replay_max_abs_err": worst,
+    }
+
+
 def eager_fidelity(ref: Reference) -> dict:
     """The eager rung's row: the reference itself, with its own error against float32."""
     return fidelity((ref.logits, ref.next_token), ref)

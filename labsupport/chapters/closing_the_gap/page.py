@@ -83,6 +83,7 @@ class Page:
     max_logit: float
     token_note: str
     check_note: str
+    repeat_note: str
     fp8_rounding_text: str
     # FP8 weights, tokens per forward, the matmuls, compile
     fp8_text: str
@@ -177,6 +178,7 @@ def page(run: runs.Run, vals: dict) -> Page:
         max_logit=rungs.loc["eager", "max_abs_logit"],
         token_note=prose.token_note(run),
         check_note=prose.check_note(run),
+        repeat_note=prose.repeat_note(run),
         fp8_rounding_text=prose.fp8_rounding_text(run),
         fp8_text=fp8_text,
         fp8_launch_text=fp8_launch_text,
@@ -276,11 +278,17 @@ def ladder_table(steps: pd.DataFrame, vals: dict) -> pd.DataFrame:
 
 
 def fidelity_shown(run: runs.Run) -> pd.DataFrame:
-    """fidelity_table() as the page shows it: rungs by label, yes/no, the cosine left to rungs.csv."""
+    """fidelity_table() as the page shows it: rungs by label, yes/no, the later calls that differed as
+    "k of n", the cosine left to rungs.csv."""
     table = fidelity_table(run)
-    return table.drop(columns="cosine").assign(
+    shown = table.drop(columns="cosine").assign(
         rung=table.rung.map(RUNGS), **{c: table[c].map(YES_NO) for c in ("same token", "passed")}
     )
+    if "calls" in table:  # "2 of 30": later calls whose logits differ from the first's ("—": not called again)
+        pairs = zip(table["calls differing"], table.calls, strict=True)
+        differing = [f"{d:.0f} of {n:.0f}" if pd.notna(n) else "—" for d, n in pairs]
+        shown = shown.drop(columns="calls").assign(**{"calls differing": differing})
+    return shown
 
 
 def tokens_table(tokens: pd.DataFrame) -> pd.DataFrame:

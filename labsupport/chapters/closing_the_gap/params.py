@@ -124,6 +124,7 @@ RUNG_COLUMNS = [
     "wall_ms_q1", "wall_ms_q3", "wall_ms_repeats",
     "gpu_ms_min", "gpu_ms_q1", "gpu_ms_median", "gpu_ms_q3", "gpu_ms_max",
     "max_abs_diff", "max_abs_err", "eager_abs_err", "max_abs_logit", "cosine", "same_token", "tie_gap", "passed",
+    "replays", "replays_differing", "replays_failed", "replay_max_abs_err",
 ]  # fmt: skip
 STEP_TIME_COLUMNS = ["rung", "repeat", "round", "wall_ms", "issue_ms", "gpu_ms", "clean"]
 MATMUL_COLUMNS = ["matrix", "n", "k", "bytes", "cublas_us", "triton_us", "cublas_tbs", "triton_tbs"]

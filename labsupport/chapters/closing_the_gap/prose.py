@@ -40,20 +40,52 @@ def failed_text(ladder: pd.DataFrame) -> str:
 def check_note(run: runs.Run) -> str:
     """The rungs that chose eager's token but failed the check on their logit error (Markdown; empty
     when none did): each error against float32 and its multiple of eager's own beside the bound, so
-    that a "no" in the table comes with its size. The rungs of another token are token_note's."""
+    that a "no" in the table comes with its size. Where the first call passed and a later call of the
+    same step failed (repeated_fidelity), that is said with the worst call's error. The rungs of
+    another token are token_note's."""
     r = run.table("rungs")
     eager_err = float(r.set_index("rung").loc["eager", "eager_abs_err"])
     bad = r[(r.status == "ok") & r.same_token.astype(str).eq("True") & ~r.passed.astype(str).eq("True")]
     if bad.empty:
         return ""
-    each = [
-        f"*{RUNG_SHORT.get(x.rung, x.rung)}* {x.max_abs_err:.3f}, {x.max_abs_err / eager_err:.2f} times eager's own "
-        f"(bound: {fp8_error_factor(run) if x.rung in FP8_RUNGS else ERROR_FACTOR:g} times)"
-        for x in bad.itertuples()
-    ]
+    each = []
+    for x in bad.to_dict("records"):
+        bound = fp8_error_factor(run) if x["rung"] in FP8_RUNGS else ERROR_FACTOR
+        failed = x.get("replays_failed")
+        failed = int(failed) if pd.notna(failed) else 0  # a run before the replays: none
+        worst = max(x["max_abs_err"], x["replay_max_abs_err"] if failed else 0)
+        later = f" on {failed} of its {int(x['replays'])} later calls" if failed else ""
+        each.append(
+            f"*{RUNG_SHORT.get(x['rung'], x['rung'])}* {worst:.3f}{later}, {worst / eager_err:.2f} times eager's own "
+            f"(bound: {bound:g} times)"
+        )
     who = "These rungs chose eager's token, but their" if len(each) > 1 else "This rung chose eager's token, but its"
     return f"Not every rung passed in this run. {who} largest logit error against float32 was past the bound: " + (
         "; ".join(each) + "."
+    )
+
+
+def repeat_note(run: runs.Run) -> str:
+    """Whether each of our rungs gave the same logits, bit for bit, on every call of its step after the
+    check (Markdown; empty for a run recorded before it called them again)."""
+    r = run.table("rungs")
+    if "replays_differing" not in r:
+        return ""
+    ours = r[(r.status == "ok") & (r.replays.fillna(0) > 0)]
+    if ours.empty:
+        return ""
+    n = int(ours.replays.max())
+    text = f"After its check each of our rungs was called {n} more times, the same step on the same buffers: "
+    differ = ours[ours.replays_differing > 0]
+    if differ.empty:
+        return text + "every call gave its first call's logits, bit for bit."
+    counts = "; ".join(f"*{RUNG_SHORT.get(x.rung, x.rung)}* {int(x.replays_differing)}" for x in differ.itertuples())
+    return text + (
+        f"{rung_names(differ.rung)} gave other logits on some (calls of {n} that differed from the first: {counts}), "
+        "the other rungs the same bit for bit. A difference between calls comes from an order that changes from "
+        "call to call: float additions by atomics, or a kernel reading memory that another still writes. "
+        f"The largest error against float32 over all calls of those rungs was {differ.replay_max_abs_err.max():.3f}, "
+        f"eager's own {float(r.set_index('rung').loc['eager', 'eager_abs_err']):.3f}."
     )
 
 

@@ -22,6 +22,13 @@
 // (rung 14, folded-norms, timed as CUDA-graph replays). o_proj still waits for this kernel to end before it
 // reads its output.
 //
+// The QKV GEMV's output is read through L2 (ld.global.cg), never through the read-only path that nvcc picks
+// for a `const __restrict__` pointer (ld.global.nc). That path is correct only for memory that nothing writes
+// while the kernel lives, and with PDL this kernel lives while the QKV GEMV still writes its output. The
+// read-only form (until this change) gave logits whose error against float32 changed from run to run with the
+// same tilings (0.32 to 0.64 on an H100, twice eager's at worst), where the rung built on the same GEMVs with
+// Triton's attention kept one error.
+//
 // The arithmetic follows the Triton kernels: Qwen3's per-head RMSNorm with its statistic in float32,
 // rounded to bfloat16 before and after the weight, the rotary embedding rounded to bfloat16, scores,
 // softmax and the weighted sum in float32, the output rounded to bfloat16.
@@ -56,6 +63,11 @@ __device__ __forceinline__ void load4(const __nv_bfloat16* p, float out[4]) {
   unpack4(*reinterpret_cast<const uint2*>(p), out);
 }
 
+__device__ __forceinline__ void load4_l2(const __nv_bfloat16* p, float out[4]) {
+  // the same from L2 (ld.global.cg): for what the kernel before writes while this one runs (the header says why)
+  unpack4(__ldcg(reinterpret_cast<const uint2*>(p)), out);
+}
+
 __device__ __forceinline__ void store4(__nv_bfloat16* p, const float v[4]) {
   __nv_bfloat162 h[2] = {__floats2bfloat162_rn(v[0], v[1]), __floats2bfloat162_rn(v[2], v[3])};
   *reinterpret_cast<uint2*>(p) = *reinterpret_cast<uint2*>(h);
@@ -82,7 +94,7 @@ struct Partial {  // one stretch's softmax partial: its maximum score, the sum, 
 
 template <int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) cluster_attention_kernel(
-    const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ q_norm,
+    const __nv_bfloat16* qkv, const __nv_bfloat16* __restrict__ q_norm,
     const __nv_bfloat16* __restrict__ k_norm, const __nv_bfloat16* __restrict__ cos_t,
     const __nv_bfloat16* __restrict__ sin_t, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
     const int64_t* __restrict__ pos_p, __nv_bfloat16* __restrict__ out, float eps, float scale, int heads,
@@ -128,11 +140,11 @@ __global__ void __launch_bounds__(WARPS * 32) cluster_attention_kernel(
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");  // the QKV GEMV's output is read from here on
   float qx[4], qr[4], kx[4], kr[4], vn[4];
-  load4(qkv + static_cast<size_t>(h) * D + d0, qx);
-  load4(qkv + static_cast<size_t>(h) * D + dr0, qr);
-  load4(qkv + static_cast<size_t>(heads + kvh) * D + d0, kx);
-  load4(qkv + static_cast<size_t>(heads + kvh) * D + dr0, kr);
-  load4(qkv + static_cast<size_t>(heads + kv_heads + kvh) * D + d0, vn);
+  load4_l2(qkv + static_cast<size_t>(h) * D + d0, qx);
+  load4_l2(qkv + static_cast<size_t>(h) * D + dr0, qr);
+  load4_l2(qkv + static_cast<size_t>(heads + kvh) * D + d0, kx);
+  load4_l2(qkv + static_cast<size_t>(heads + kvh) * D + dr0, kr);
+  load4_l2(qkv + static_cast<size_t>(heads + kv_heads + kvh) * D + d0, vn);
   float q[4], kn[4];
   norm_rope(qx, qr, qw, qwr, cs, sn, sign, eps, q);
   norm_rope(kx, kr, kw, kwr, cs, sn, sign, eps, kn);
@@ -168,34 +180,40 @@ __global__ void __launch_bounds__(WARPS * 32) cluster_attention_kernel(
   for (int i = 0; i < 4; ++i) warp_acc[warp][d0 + i] = acc[i];
   __syncthreads();
 
-  // The block's partial (thread t < D holds dimension t), written into the first block's shared memory.
+  // The block's partial (thread t holds dimension t, and t + 64 with 64 threads), written into the first
+  // block's shared memory.
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
   Partial* mine = cluster.map_shared_rank(&parts[part], 0);
-  if (threadIdx.x < D) {
+  {
     float top = -INFINITY;
     for (int w = 0; w < WARPS; ++w) top = fmaxf(top, warp_m[w]);
-    float base = top == -INFINITY ? 0.f : top, a = 0.f, total = 0.f;
-    for (int w = 0; w < WARPS; ++w) {
-      float c = __expf(warp_m[w] - base);
-      a += c * warp_acc[w][threadIdx.x];
-      total += c * warp_l[w];
+    const float base = top == -INFINITY ? 0.f : top;
+    for (int t = threadIdx.x; t < D; t += blockDim.x) {  // 32 positions a block: 64 threads for 128 dims
+      float a = 0.f, total = 0.f;
+      for (int w = 0; w < WARPS; ++w) {
+        float c = __expf(warp_m[w] - base);
+        a += c * warp_acc[w][t];
+        total += c * warp_l[w];
+      }
+      mine->acc[t] = a;
+      if (t == 0) mine->m = top, mine->l = total;
     }
-    mine->acc[threadIdx.x] = a;
-    if (threadIdx.x == 0) mine->m = top, mine->l = total;
   }
   cluster.sync();  // every stretch's partial is in the first block's shared memory
 
-  if (part == 0 && threadIdx.x < D) {
+  if (part == 0) {
     const int n = cluster.num_blocks();
     float top = -INFINITY;
     for (int r = 0; r < n; ++r) top = fmaxf(top, parts[r].m);
-    float num = 0.f, den = 0.f;
-    for (int r = 0; r < n; ++r) {
-      float c = __expf(parts[r].m - top);
-      num += c * parts[r].acc[threadIdx.x];
-      den += c * parts[r].l;
+    for (int t = threadIdx.x; t < D; t += blockDim.x) {
+      float num = 0.f, den = 0.f;
+      for (int r = 0; r < n; ++r) {
+        float c = __expf(parts[r].m - top);
+        num += c * parts[r].acc[t];
+        den += c * parts[r].l;
+      }
+      out[static_cast<size_t>(h) * D + t] = __float2bfloat16(num / den);
     }
-    out[static_cast<size_t>(h) * D + threadIdx.x] = __float2bfloat16(num / den);
   }
 }
 
