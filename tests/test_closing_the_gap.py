@@ -327,32 +327,38 @@ def test_a_rung_passes_only_if_every_call_of_its_step_passes(tiny):
 
 
 def test_the_page_says_which_rungs_gave_other_logits_on_a_later_call(published_run, tmp_path):
-    """A run recorded before our rungs were called again says nothing of it; one whose folded-norms rung gave
-    other logits on 4 of 30 later calls (within the bound) names it with the count and the worst error, and a rung
-    that passed its first call but failed later ones is named by check_note with the worst call's error."""
-    assert ch.repeat_note(published_run) == ""
-    ours = [r for r in ch.RUNGS if ch.timed_here(r) and r in set(published_run.table("rungs").rung)]
-    calm = {r: {"replays": 30, "replays_differing": 0, "replays_failed": 0} for r in ours}
-    calm["one-attention"].update(passed=True)
-    differ = {**calm, "folded-norms": {**calm["folded-norms"], "replays_differing": 4, "replay_max_abs_err": 0.35}}
-    differ["weights-first"] = {**calm["weights-first"], "passed": False, "replays_differing": 3, "replays_failed": 2,
-                               "replay_max_abs_err": 0.7}  # fmt: skip
-    fake = with_rungs(published_run, tmp_path, {}, changed=differ)
-    note = ch.repeat_note(fake)
-    assert note.startswith(
-        "After its check each of our rungs was called 30 more times, the same step on the same buffers: "
-        "*12 weights before the wait* and *14 folded norms* gave other logits on some (calls of 30 that differed "
-        "from the first: *12 weights before the wait* 3; *14 folded norms* 4), the other rungs the same bit for bit."
+    """Run 20261207T044556Z called each of our rungs 30 more times: the four with folded norms (Σx² by atomic adds)
+    gave other logits on most calls, every other rung the same bit for bit. A run recorded before the calls says
+    nothing; a rung without those atomics that differs is named apart, and one that passed its first call but failed
+    later ones is named by check_note with the worst call's error."""
+    from labsupport import runs
+
+    before = runs.load_run(chapters.by_slug("closing-the-gap"), "20261207T030729Z-h100-80gb-hbm3")
+    assert ch.repeat_note(before) == "" and "calls differing" not in ch.page(before, ch.shared_values()).fidelity
+    assert published_run.run_id == "20261207T044556Z-h100-80gb-hbm3"
+    assert ch.repeat_note(published_run) == (
+        "After its check each of our rungs was called 30 more times, the same step on the same buffers: *14 folded "
+        "norms*, *15 persistent GEMVs*, *16 one kernel a layer* and *17 one kernel a step* gave other logits on some "
+        "(calls of 30 that differed from the first: *14 folded norms* 29; *15 persistent GEMVs* 28; *16 one kernel a "
+        "layer* 30; *17 one kernel a step* 20), every other rung the same bit for bit. Each of these sums x's squares "
+        "by atomic adds from many programs (the folded norms), and floats added in another order round differently. "
+        "The largest error against float32 over all their calls was 0.366, eager's own 0.308."
     )
-    assert note.endswith("largest error against float32 over all calls of those rungs was 0.700, eager's own 0.308.")
+    table = ch.page(published_run, ch.shared_values()).fidelity.set_index("rung")
+    assert table.loc[ch.RUNGS["folded-norms"], "calls differing"] == "29 of 30"
+    assert table.loc[ch.RUNGS["one-attention"], "calls differing"] == "0 of 30"
+    assert table.loc[ch.RUNGS["eager"], "calls differing"] == "—"  # the reference, and transformers' rungs: not again
+    later = {"passed": False, "replays_differing": 3, "replays_failed": 2, "replay_max_abs_err": 0.7}
+    fake = with_rungs(published_run, tmp_path, {}, changed={"weights-first": later})
+    assert ", every other rung" not in ch.repeat_note(fake)
+    assert "Of these, *12 weights before the wait* adds no floats by atomics, so a kernel of its step reads memory" in (
+        ch.repeat_note(fake)
+    )
     assert ch.check_note(fake) == (
         "Not every rung passed in this run. This rung chose eager's token, but its largest logit error against "
         "float32 was past the bound: *12 weights before the wait* 0.700 on 2 of its 30 later calls, 2.27 times "
         "eager's own (bound: 2 times)."
     )
-    table = ch.page(fake, ch.shared_values()).fidelity.set_index("rung")
-    assert table.loc[ch.RUNGS["folded-norms"], "calls differing"] == "4 of 30"
-    assert table.loc[ch.RUNGS["eager"], "calls differing"] == "—"
 
 
 def test_a_bf16_rung_whose_tokens_are_apart_within_its_own_error_is_not_called_beyond_rounding():

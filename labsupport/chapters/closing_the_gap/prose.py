@@ -13,6 +13,7 @@ from labsupport.chapters.closing_the_gap.analysis import Floor, fp8_error_factor
 from labsupport.chapters.closing_the_gap.params import (
     ERROR_FACTOR,
     FP8_RUNGS,
+    OWN_OPTIONS,
     RUNG_SHORT,
     RUNGS,
     built_on,
@@ -67,7 +68,10 @@ def check_note(run: runs.Run) -> str:
 
 def repeat_note(run: runs.Run) -> str:
     """Whether each of our rungs gave the same logits, bit for bit, on every call of its step after the
-    check (Markdown; empty for a run recorded before it called them again)."""
+    check (Markdown; empty for a run recorded before it called them again). Calls differ where floats
+    are added in an order that changes from call to call: the folded norms' Σx², summed by atomic adds
+    from many programs, does by design; a rung without it that differs has a kernel reading memory
+    that another still writes, and is named apart."""
     r = run.table("rungs")
     if "replays_differing" not in r:
         return ""
@@ -80,12 +84,22 @@ def repeat_note(run: runs.Run) -> str:
     if differ.empty:
         return text + "every call gave its first call's logits, bit for bit."
     counts = "; ".join(f"*{RUNG_SHORT.get(x.rung, x.rung)}* {int(x.replays_differing)}" for x in differ.itertuples())
+    atomics = differ.rung.map(lambda rung: bool(OWN_OPTIONS.get(rung, {}).get("fold_norms")))
+    text += f"{rung_names(differ.rung)} gave other logits on some (calls of {n} that differed from the first: {counts})"
+    if atomics.all():
+        text += (
+            ", every other rung the same bit for bit. Each of these sums x's squares by atomic adds from many "
+            "programs (the folded norms), and floats added in another order round differently."
+        )
+    else:
+        text += (
+            f". Of these, {rung_names(differ.rung[~atomics])} adds no floats by atomics, so a kernel of its step "
+            "reads memory that another still writes; every rung not named gave the same logits bit for bit."
+        )
+    eager_err = float(r.set_index("rung").loc["eager", "eager_abs_err"])
     return text + (
-        f"{rung_names(differ.rung)} gave other logits on some (calls of {n} that differed from the first: {counts}), "
-        "the other rungs the same bit for bit. A difference between calls comes from an order that changes from "
-        "call to call: float additions by atomics, or a kernel reading memory that another still writes. "
-        f"The largest error against float32 over all calls of those rungs was {differ.replay_max_abs_err.max():.3f}, "
-        f"eager's own {float(r.set_index('rung').loc['eager', 'eager_abs_err']):.3f}."
+        f" The largest error against float32 over all their calls was {differ.replay_max_abs_err.max():.3f}, "
+        f"eager's own {eager_err:.3f}."
     )
 
 

@@ -24,10 +24,10 @@
 //
 // The QKV GEMV's output is read through L2 (ld.global.cg), never through the read-only path that nvcc picks
 // for a `const __restrict__` pointer (ld.global.nc). That path is correct only for memory that nothing writes
-// while the kernel lives, and with PDL this kernel lives while the QKV GEMV still writes its output. The
-// read-only form (until this change) gave logits whose error against float32 changed from run to run with the
-// same tilings (0.32 to 0.64 on an H100, twice eager's at worst), where the rung built on the same GEMVs with
-// Triton's attention kept one error.
+// while the kernel lives, and with PDL this kernel lives while the QKV GEMV still writes its output. With the
+// read-only form, rung 13's error against float32 changed from run to run with the same tilings (0.32 to 0.64
+// on an H100, twice eager's at worst) while rung 12's, the same GEMVs with Triton's attention, did not; read
+// through L2, its 31 calls in closing-the-gap 20261207T044556Z gave one set of logits, with rung 11's error.
 //
 // The arithmetic follows the Triton kernels: Qwen3's per-head RMSNorm with its statistic in float32,
 // rounded to bfloat16 before and after the weight, the rotary embedding rounded to bfloat16, scores,
