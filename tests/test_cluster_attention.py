@@ -86,3 +86,24 @@ def test_it_refuses_a_tensor_it_cannot_read_eight_bytes_at_a_time():
     with pytest.raises(ValueError, match="; cos is not"):
         cluster_attention.attention(qkv[:-1], ones, ones, table.t().contiguous().t(), table, kc, kc, None, 32, 1e-6,
                                     64, False)  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
+def test_after_the_wait_the_qkv_gemvs_output_is_read_through_l2_never_the_read_only_path(tmp_path):
+    """With PDL the kernel lives while the QKV GEMV still writes its output, so that output must not be read by
+    ld.global.nc (correct only for memory nothing writes during the kernel): in the PTX of every instantiation, each
+    load after griddepcontrol.wait is ld.global.cg (the q, k and v rows, five a lane), and the read-only loads (the
+    rotary rows, the norms' weights, the position) all come before the wait."""
+    ptx = tmp_path / "k.ptx"
+    out = subprocess.run(
+        ["nvcc", "-O3", "-arch=sm_90", "-ptx", str(cluster_attention.SOURCE), "-o", str(ptx)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    bodies = ptx.read_text().split(".entry")[1:]
+    assert len(bodies) == len(cluster_attention.BLOCKS)
+    for body in bodies:
+        before, after = body.split("griddepcontrol.wait;")
+        loads_after = [line.split()[0] for line in after.splitlines() if line.strip().startswith("ld.global")]
+        assert loads_after == ["ld.global.cg.v2.u32"] * 5
+        assert sum(line.strip().startswith("ld.global.nc") for line in before.splitlines()) == 7  # 6 rows and pos
