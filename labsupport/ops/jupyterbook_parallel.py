@@ -47,12 +47,44 @@ def _one_page_a_chunk() -> None:
     sphinx.builders.make_chunks = lambda names, nproc, maxbatch=10: [[n] for n in names]
 
 
+DIED_STARTING = "Kernel died before replying to kernel_info"  # jupyter_client's words
+
+
+def _start_a_kernel_that_died_starting_once_more() -> None:
+    """Give a notebook a second kernel where its first died before it answered. Each kernel's ports
+    are picked by binding to a free port and letting it go; with N notebooks starting at once, two
+    kernels can pick one port, and the second to bind it dies (ZMQError: Address already in use),
+    which fails the notebook and the build. A new kernel manager picks new ports."""
+    from jupyter_client.utils import run_sync
+    from nbclient import NotebookClient
+
+    start = NotebookClient.async_start_new_kernel_client
+    if getattr(start, "once_more", False):
+        return
+
+    async def start_once_more(self):
+        try:
+            return await start(self)
+        except RuntimeError as e:
+            if DIED_STARTING not in str(e):
+                raise
+            self.log.warning(f"the notebook's kernel died as it started ({e}); starting another")
+        self.km, self.owns_km = self.create_kernel_manager(), True  # the failed start cleared self.km
+        await self.async_start_new_kernel()
+        return await start(self)
+
+    start_once_more.once_more = True
+    NotebookClient.async_start_new_kernel_client = start_once_more
+    NotebookClient.start_new_kernel_client = run_sync(start_once_more)
+
+
 def main() -> None:
     import jupyter_book.sphinx as jb_sphinx
     from jupyter_book.cli.main import main as jupyter_book
 
     _declare_parallel_safe("sphinx_multitoc_numbering")
     _one_page_a_chunk()
+    _start_a_kernel_that_died_starting_once_more()
     build_sphinx = jb_sphinx.build_sphinx
 
     def parallel(*args, **kwargs):
