@@ -240,10 +240,7 @@ def _kernel():
         SCALE: tl.constexpr = False, SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False,
         EARLY: tl.constexpr = False, SUMSQ_IN: tl.constexpr = False, SUMSQ_OUT: tl.constexpr = False,
         ARGMAX: tl.constexpr = False, EARLY_TILES: tl.constexpr = 1, CHUNK: tl.constexpr = 1,
-        TRIGGER_FIRST: tl.constexpr = False,
     ):  # fmt: skip
-        if PDL and TRIGGER_FIRST:  # the next kernel may launch now, not at this one's wait (TRIGGER_FIRST)
-            tl.extra.cuda.gdc_launch_dependents()
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
         acc = tl.zeros((BLOCK_N, BLOCK_K // CHUNK), tl.float32)
@@ -366,10 +363,6 @@ def choose(
     return PERSISTENT_DEFAULT if persistent else DEFAULT
 
 
-# With PDL, the one-kernel GEMV lets the next kernel launch at its own start rather than after its wait
-# (the kernel after it then loads its first weights while the one before this still runs). Off: an
-# experiment's switch, read when a step is captured.
-TRIGGER_FIRST = False
 EARLY_BYTES = 128  # the bytes of W a thread may hold in the tiles it loads before the wait (32 registers)
 
 
@@ -428,10 +421,7 @@ def launch(
         return out
     tiles = early_tiles(c, fp8=scale is not None) if early else 1
     chunk = FP8_CHUNK if scale is not None else 1
-    first = TRIGGER_FIRST and c.split_k == 1  # a split-K GEMV's finish kernel waits for all of it
-    kernels.plain[(blocks, c.split_k)](
-        *args, SPLIT_K=c.split_k, EARLY_TILES=tiles, CHUNK=chunk, TRIGGER_FIRST=first, **flags
-    )  # fmt: skip
+    kernels.plain[(blocks, c.split_k)](*args, SPLIT_K=c.split_k, EARLY_TILES=tiles, CHUNK=chunk, **flags)
     if c.split_k > 1:
         block = 256
         _finish()[(kernels.triton.cdiv(n, block),)](
