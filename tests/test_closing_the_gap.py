@@ -340,10 +340,12 @@ def test_the_page_says_which_rungs_gave_other_logits_on_a_later_call(published_r
         "After its check each of our rungs was called 30 more times, the same step on the same buffers: *14 folded "
         "norms*, *15 persistent GEMVs*, *16 one kernel a layer* and *17 one kernel a step* gave other logits on some "
         "(calls of 30 that differed from the first: *14 folded norms* 29; *15 persistent GEMVs* 28; *16 one kernel a "
-        "layer* 30; *17 one kernel a step* 20), every other rung the same bit for bit. Each of these sums x's squares "
-        "by atomic adds from many programs (the folded norms), and floats added in another order round differently. "
-        "The largest error against float32 over all their calls was 0.366, eager's own 0.308."
+        "layer* 30; *17 one kernel a step* 20), every other rung the same bit for bit. Each of these adds floats by "
+        "atomics from many programs (x's sum of squares, the folded norms'), and floats added in another order round "
+        "differently. The largest error against float32 over all their calls was 0.366, eager's own 0.308."
     )
+    # this run's tuner kept no split-K config: the rungs that allow split-K add no floats by atomics here
+    assert set(ch.atomic_adders(published_run)) == {"folded-norms", "persistent", "layer-kernel", "step-kernel"}
     table = ch.page(published_run, ch.shared_values()).fidelity.set_index("rung")
     assert table.loc[ch.RUNGS["folded-norms"], "calls differing"] == "29 of 30"
     assert table.loc[ch.RUNGS["one-attention"], "calls differing"] == "0 of 30"
@@ -359,6 +361,31 @@ def test_the_page_says_which_rungs_gave_other_logits_on_a_later_call(published_r
         "float32 was past the bound: *12 weights before the wait* 0.700 on 2 of its 30 later calls, 2.27 times "
         "eager's own (bound: 2 times)."
     )
+
+
+def test_a_split_k_config_kept_by_the_tuner_makes_the_rungs_that_allow_it_add_floats_by_atomics(
+    published_run, tmp_path
+):
+    """The published run's tuner kept no split-K config, so only the folded-norms rungs add by atomics; where it kept
+    one (its gemv_tuning.csv with one kept row made split-K), every rung that allows split-K does too."""
+    import hashlib
+    import json
+    import shutil
+
+    from labsupport import runs
+
+    assert sorted(ch.atomic_adders(published_run)) == ["folded-norms", "layer-kernel", "persistent", "step-kernel"]
+    new = tmp_path / "closing-the-gap" / published_run.run_id
+    shutil.copytree(published_run.path, new)
+    t = pd.read_csv(new / "gemv_tuning.csv")
+    t.loc[t.index[t.chosen_split.astype(str).eq("True")][0], "split_k"] = 4
+    t.to_csv(new / "gemv_tuning.csv", index=False)
+    meta = json.loads((new / "meta.json").read_text())
+    meta["files"]["gemv_tuning.csv"] = hashlib.sha256((new / "gemv_tuning.csv").read_bytes()).hexdigest()
+    (new / "meta.json").write_text(json.dumps(meta))
+    split = ch.atomic_adders(runs.load_run(chapters.by_slug("closing-the-gap"), published_run.run_id, root=tmp_path))
+    assert sorted(split) == sorted(r for r, o in ch.OWN_OPTIONS.items() if o.get("split_k") or o.get("fold_norms"))
+    assert split["split-k"] == ["a split-K GEMV's partial sums"] and len(split["folded-norms"]) == 2
 
 
 def test_a_bf16_rung_whose_tokens_are_apart_within_its_own_error_is_not_called_beyond_rounding():

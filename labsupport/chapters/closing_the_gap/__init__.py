@@ -36,9 +36,9 @@ from .kernel_time import (
     costlier_rungs, exclusive_parts, kernel_groups,
 )
 from .prose import (
-    check_note, compile_matmul_text, compile_text, failed_text, folded_tilings_text, fp8_launch_text, fp8_rounding_text,
-    fp8_text, fp8_tolerance_text, launch_text, matmul_text, overlap_text, repeat_note, token_note, tokens_text,
-    tolerance_text,
+    atomic_adders, check_note, compile_matmul_text, compile_text, failed_text, folded_tilings_text, fp8_launch_text,
+    fp8_rounding_text, fp8_text, fp8_tolerance_text, launch_text, matmul_text, overlap_text, repeat_note, token_note,
+    tokens_text, tolerance_text,
 )
 from .page import (
     FIDELITY_FORMATS, FP8_FORMATS, GROUP_FORMATS, LADDER_FORMATS, LAUNCH_FORMATS, MATMUL_FORMATS, page, Page,

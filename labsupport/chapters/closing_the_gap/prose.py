@@ -66,6 +66,24 @@ def check_note(run: runs.Run) -> str:
     )
 
 
+def atomic_adders(run: runs.Run) -> dict[str, list[str]]:
+    """Our rungs whose step adds floats by atomics, each with what it adds so: x's sum of squares from
+    the folded norms on, and a split-K GEMV's partial sums in a rung that allows split-K where this
+    run's tuner kept a split-K config (gemv_tuning.csv; a run without that table: none)."""
+    split = False
+    if "gemv_tuning.csv" in run.meta["files"]:
+        t = run.table("gemv_tuning")
+        kept = t[[c for c in ("chosen_split", "chosen_early") if c in t]].astype(str).eq("True").any(axis=1)
+        split = bool(((t.split_k > 1) & kept).any())
+    out = {}
+    for rung, opts in OWN_OPTIONS.items():
+        what = ["x's sum of squares, the folded norms'"] if opts.get("fold_norms") else []
+        what += ["a split-K GEMV's partial sums"] if split and opts.get("split_k") else []
+        if what:
+            out[rung] = what
+    return out
+
+
 def repeat_note(run: runs.Run) -> str:
     """Whether each of our rungs gave the same logits, bit for bit, on every call of its step after the
     check (Markdown; empty for a run recorded before it called them again). Calls differ where floats
@@ -84,12 +102,14 @@ def repeat_note(run: runs.Run) -> str:
     if differ.empty:
         return text + "every call gave its first call's logits, bit for bit."
     counts = "; ".join(f"*{RUNG_SHORT.get(x.rung, x.rung)}* {int(x.replays_differing)}" for x in differ.itertuples())
-    atomics = differ.rung.map(lambda rung: bool(OWN_OPTIONS.get(rung, {}).get("fold_norms")))
+    adders = atomic_adders(run)
+    atomics = differ.rung.isin(list(adders))
     text += f"{rung_names(differ.rung)} gave other logits on some (calls of {n} that differed from the first: {counts})"
     if atomics.all():
+        what = " and ".join(dict.fromkeys(what for rung in differ.rung for what in adders[rung]))
         text += (
-            ", every other rung the same bit for bit. Each of these sums x's squares by atomic adds from many "
-            "programs (the folded norms), and floats added in another order round differently."
+            ", every other rung the same bit for bit. Each of these adds floats by atomics from many programs "
+            f"({what}), and floats added in another order round differently."
         )
     else:
         text += (
