@@ -38,6 +38,11 @@ def failed_text(ladder: pd.DataFrame) -> str:
     return "Not every rung has numbers: " + "; ".join(said) + "."
 
 
+def eager_error(run: runs.Run) -> float:
+    """Eager's own largest logit error against float32 in this run: the yardstick of every check."""
+    return float(run.table("rungs").set_index("rung").loc["eager", "eager_abs_err"])
+
+
 def check_note(run: runs.Run) -> str:
     """The rungs that chose eager's token but failed the check on their logit error (Markdown; empty
     when none did): each error against float32 and its multiple of eager's own beside the bound, so
@@ -45,7 +50,7 @@ def check_note(run: runs.Run) -> str:
     same step failed (repeated_fidelity), that is said with the worst call's error. The rungs of
     another token are token_note's."""
     r = run.table("rungs")
-    eager_err = float(r.set_index("rung").loc["eager", "eager_abs_err"])
+    eager_err = eager_error(run)
     bad = r[(r.status == "ok") & r.same_token.astype(str).eq("True") & ~r.passed.astype(str).eq("True")]
     if bad.empty:
         return ""
@@ -54,7 +59,7 @@ def check_note(run: runs.Run) -> str:
         bound = fp8_error_factor(run) if x["rung"] in FP8_RUNGS else ERROR_FACTOR
         failed = x.get("replays_failed")
         failed = int(failed) if pd.notna(failed) else 0  # a run before the replays: none
-        worst = max(x["max_abs_err"], x["replay_max_abs_err"] if failed else 0)
+        worst = x["replay_max_abs_err"] if failed else x["max_abs_err"]  # the worst call's, the first included
         later = f" on {failed} of its {int(x['replays'])} later calls" if failed else ""
         each.append(
             f"*{RUNG_SHORT.get(x['rung'], x['rung'])}* {worst:.3f}{later}, {worst / eager_err:.2f} times eager's own "
@@ -87,9 +92,8 @@ def atomic_adders(run: runs.Run) -> dict[str, list[str]]:
 def repeat_note(run: runs.Run) -> str:
     """Whether each of our rungs gave the same logits, bit for bit, on every call of its step after the
     check (Markdown; empty for a run recorded before it called them again). Calls differ where floats
-    are added in an order that changes from call to call: the folded norms' Σx², summed by atomic adds
-    from many programs, does by design; a rung without it that differs has a kernel reading memory
-    that another still writes, and is named apart."""
+    are added by atomics in an order that changes from call to call (atomic_adders); a rung that adds
+    none and still differs has a kernel reading memory that another still writes, and is named apart."""
     r = run.table("rungs")
     if "replays_differing" not in r:
         return ""
@@ -116,10 +120,9 @@ def repeat_note(run: runs.Run) -> str:
             f". Of these, {rung_names(differ.rung[~atomics])} adds no floats by atomics, so a kernel of its step "
             "reads memory that another still writes; every rung not named gave the same logits bit for bit."
         )
-    eager_err = float(r.set_index("rung").loc["eager", "eager_abs_err"])
     return text + (
         f" The largest error against float32 over all their calls was {differ.replay_max_abs_err.max():.3f}, "
-        f"eager's own {eager_err:.3f}."
+        f"eager's own {eager_error(run):.3f}."
     )
 
 
@@ -132,7 +135,7 @@ def token_note(run: runs.Run) -> str:
     r = r[(r.status == "ok") & ~r.same_token.astype(str).eq("True")]
     if r.empty:
         return ""
-    eager_err = float(run.table("rungs").set_index("rung").loc["eager", "eager_abs_err"])
+    eager_err = eager_error(run)
     text = f"{rung_names(r.rung)} chose another greedy token than eager. "
     if "tie_gap" not in r or r.tie_gap.isna().all():
         return text + (
