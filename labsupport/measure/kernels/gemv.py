@@ -182,28 +182,8 @@ def _kernel():
             sumsq = read_sumsq(sumsq_in_ptr)  # noqa: F821 (a global)
         return sumsq
 
-    @triton.jit
-    def prefetch_l2(ptr, nbytes):
-        # one thread of the program asks the copy engine (TMA) to bring `nbytes` from `ptr` into L2, and goes on;
-        # nothing when nbytes is 0 (Hopper and later: cp.async.bulk.prefetch)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p, q; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.ne.u32 q, $2, 0; "
-            "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-
-    @triton.jit
-    def prefetch_rows(w_ptr, row0, N, K, col0, BLOCK_N: tl.constexpr, L2_BYTES: tl.constexpr):
-        # the next L2_BYTES of the program's rows of W, from column col0 on, into L2 (L2_BYTES / BLOCK_N a row)
-        ELEM: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        for i in tl.static_range(BLOCK_N):
-            cols = tl.minimum(K - col0, L2_BYTES // BLOCK_N // ELEM // 16 * 16)
-            nbytes = tl.where((row0 + i < N) & (cols > 0), cols * ELEM, 0).to(tl.int32)
-            prefetch_l2(w_ptr + (row0 + i).to(tl.int64) * K + col0, nbytes)
-
     # Triton resolves the functions a kernel calls among its module's globals, not a closure's.
-    globals().update(accumulate=accumulate, write_rows=write_rows, after_wait=after_wait, prefetch_rows=prefetch_rows)
-    globals().update(prefetch_l2=prefetch_l2)
+    globals().update(accumulate=accumulate, write_rows=write_rows, after_wait=after_wait)
     fns = folded_norms.jit_functions()
     globals().update(sumsq_epilogue=fns.sumsq_epilogue, argmax_epilogue=fns.argmax_epilogue, read_sumsq=fns.read_sumsq)
 
@@ -260,7 +240,6 @@ def _kernel():
         SCALE: tl.constexpr = False, SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False,
         EARLY: tl.constexpr = False, SUMSQ_IN: tl.constexpr = False, SUMSQ_OUT: tl.constexpr = False,
         ARGMAX: tl.constexpr = False, EARLY_TILES: tl.constexpr = 1, CHUNK: tl.constexpr = 1,
-        L2_BYTES: tl.constexpr = 0,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
@@ -284,8 +263,6 @@ def _kernel():
                 w_next = tl.load(
                     w_ptr + rows[:, None] * K + next_cols[None, :], mask=row_ok[:, None] & next_ok[None, :], other=0.0
                 )
-            if L2_BYTES > 0 and SPLIT_K == 1:  # and the tiles after those into L2, while the kernel before runs
-                prefetch_rows(w_ptr, tl.program_id(0) * BLOCK_N, N, K, EARLY_TILES * BLOCK_K, BLOCK_N, L2_BYTES)
         sumsq = after_wait(sumsq_in_ptr, PDL, SUMSQ_IN)
         if EARLY:
             acc, sq = accumulate(acc, sq, w_first, x_ptr, norm_w_ptr, first_cols, first_ok, NORM, CHUNK)
@@ -386,7 +363,6 @@ def choose(
     return PERSISTENT_DEFAULT if persistent else DEFAULT
 
 
-PREFETCH_L2 = 0  # with `early`: the bytes of W after its first tiles a program asks into L2 before the wait (0: none)
 EARLY_BYTES = 128  # the bytes of W a thread may hold in the tiles it loads before the wait (32 registers)
 
 
@@ -445,10 +421,7 @@ def launch(
         return out
     tiles = early_tiles(c, fp8=scale is not None) if early else 1
     chunk = FP8_CHUNK if scale is not None else 1
-    l2 = PREFETCH_L2 if early and c.split_k == 1 and x.device.type == "cuda" else 0
-    kernels.plain[(blocks, c.split_k)](
-        *args, SPLIT_K=c.split_k, EARLY_TILES=tiles, CHUNK=chunk, L2_BYTES=l2, **flags
-    )  # fmt: skip
+    kernels.plain[(blocks, c.split_k)](*args, SPLIT_K=c.split_k, EARLY_TILES=tiles, CHUNK=chunk, **flags)
     if c.split_k > 1:
         block = 256
         _finish()[(kernels.triton.cdiv(n, block),)](
