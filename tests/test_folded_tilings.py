@@ -1,7 +1,8 @@
-"""The folded-norms rung's QKV and gate/up tilings are settled in the whole step where two tie alone
-(closing_the_gap.settle_folded_tilings): which tilings count as tied, on a recorded run's tuning
-table; the step built with each pair, checked and timed, the faster pair kept where the rung will
-read it, and the trials marked as the page reads them; the page's sentence. The step runs on the
+"""The folded-norms rung's tilings are settled in the whole step (closing_the_gap.settle_folded_tilings):
+its QKV's and gate/up's where two tie alone, and one tiling for every GEMV of it: which tilings count
+as tied, on a recorded run's tuning table; the step built with each, checked and timed, the fastest
+kept where the rung will read it (gemv.CHOSEN_FOLDED), and the trials marked as the page reads them;
+the page's sentence. The step runs on the
 tiny model, on a CPU, in Triton's interpreter (its waits are no-ops there)."""
 
 import os
@@ -60,14 +61,32 @@ def test_the_two_fastest_tilings_within_the_tie_are_tried_and_a_clear_winner_alo
     assert ch.near_ties([t for t in trials if not t.early], cases["qkv"]) == []
 
 
-def test_nothing_is_built_where_nothing_ties(monkeypatch):
+def test_nothing_is_built_where_nothing_ties_and_the_one_tiling_was_not_timed(monkeypatch):
     monkeypatch.setattr(gemv, "CHOSEN_EARLY", {})
+    monkeypatch.setattr(gemv, "CHOSEN_FOLDED", {})
     trials = recorded_trials(TUNED_4X2048)
     for t in trials:  # a qwen3-8b-sized model is never built: no tie, no step
         t.us = t.us * (1 + 0.02 * (t.config.block_n != 4 or t.config.block_k != 2048))
     assert ch.settle_folded_tilings(qwen3_8b(), None, None, "cpu", trials, "bfloat16") == []
     assert ch.settle_folded_tilings(qwen3_8b(), None, None, "cpu", [], "bfloat16") == []
-    assert gemv.CHOSEN_EARLY == {}
+    assert gemv.CHOSEN_EARLY == gemv.CHOSEN_FOLDED == {}
+    assert ch.one_tiling(trials, ch.folded_step_cases(qwen3_8b())) is None  # that run timed 4 x 1,024 with 8 warps
+
+
+def test_the_one_tiling_is_a_candidate_and_its_trials_are_found_for_every_gemv_of_the_step():
+    one = gemv.Config(*ch.STEP_ONE_TILING)
+    assert one in gemv.CANDIDATES and (one.block_n, one.block_k, one.num_warps) == (4, 1024, 4)
+    cases = ch.folded_step_cases(qwen3_8b())
+    assert cases == {
+        "qkv": (6144, 4096, gemv.PLAIN), "o_proj": (4096, 4096, gemv.Fusion(residual=True)),
+        "gate_up": (24576, 4096, gemv.Fusion(silu=True)), "down": (4096, 12288, gemv.Fusion(residual=True)),
+        "lm_head": (151936, 4096, gemv.PLAIN),
+    }  # fmt: skip
+    trials = [gemv.Trial(*case, c, 1.0, 1.0, early=early) for case in cases.values()
+              for c in (one, gemv.CANDIDATES[0]) for early in (False, True)]  # fmt: skip
+    picks = ch.one_tiling(trials, cases)
+    assert set(picks) == set(cases) and all(t.config == one and t.early for t in picks.values())
+    assert ch.one_tiling([t for t in trials if t.n != 4096 or t.k != 12288 or not t.early], cases) is None
 
 
 @pytest.mark.live
@@ -78,20 +97,45 @@ def test_the_step_built_with_each_tied_pair_is_checked_timed_and_the_faster_pair
     big, other = gemv.Config(16, 64, 4, 2), gemv.Config(8, 64, 4, 2)
     unrelated = (64, 64, gemv.Fusion(residual=True))
     monkeypatch.setattr(gemv, "CHOSEN_EARLY", {**{case: big for case in cases.values()}, unrelated: other})
+    monkeypatch.setattr(gemv, "CHOSEN_FOLDED", {})
     trials = [gemv.Trial(*cases["qkv"], big, 10.0, 1.0, early=True, chosen_early=True)]  # QKV: no rival
     trials += [gemv.Trial(*cases["gate_up"], c, us, 1.0, early=True, chosen_early=c == big)
                for c, us in ((big, 20.0), (other, 20.1), (gemv.Config(2, 64, 4, 2), 23.0))]  # fmt: skip
     rows = ch.settle_folded_tilings(model, prompt, ref, "cpu", trials, "float32", rounds=1)
     assert [r["variant"] for r in rows] == ["qkv 16x64, gate_up 16x64", "qkv 16x64, gate_up 8x64"]
-    assert [r["tuned"] for r in rows] == [True, False]
+    assert [r["tuned"] for r in rows] == [True, False] and not any(r["every"] for r in rows)
     assert all(r["passed"] and r["repeats"] == 1 and r["ms_min"] > 0 and r["within"] == ch.STEP_TIE for r in rows)
     kept = [r for r in rows if r["chosen"]]
     assert kept == [min(rows, key=lambda r: r["ms_median"])]
     pick = gemv.Config(**kept[0]["gate_up"])
-    assert {cases["qkv"]: big, cases["gate_up"]: pick, unrelated: other} == gemv.CHOSEN_EARLY
-    assert gemv.choose(*cases["gate_up"], early=True) == pick  # what the rung built next runs
-    assert [t.config for t in trials if t.chosen_early] == [big, pick]  # one per GEMV, as the page reads them
+    assert {cases["qkv"]: big, cases["gate_up"]: pick} == gemv.CHOSEN_FOLDED  # the folded step's own table
+    assert {**{case: big for case in cases.values()}, unrelated: other} == gemv.CHOSEN_EARLY  # the other rungs'
+    assert gemv.choose(*cases["gate_up"], early=True, folded=True) == pick  # what the rung built next runs
+    assert [t.config for t in trials if t.chosen_folded] == [big, pick]  # one per GEMV, as the page reads them
     assert rows[1]["gate_up_us"] == 20.1 and rows[1]["gate_up"]["block_n"] == 8
+
+
+@pytest.mark.live
+@pytest.mark.usefixtures("waits_as_no_ops")
+def test_the_step_with_every_gemv_on_one_tiling_is_built_beside_the_tuners_picks(tiny_with_norms, monkeypatch):
+    model, prompt, ref = tiny_with_norms
+    every = ch.folded_step_cases(model)
+    one, tuned = gemv.Config(*ch.STEP_ONE_TILING), gemv.Config(16, 64, 4, 2)
+    monkeypatch.setattr(gemv, "CHOSEN_EARLY", {case: tuned for case in every.values()})
+    monkeypatch.setattr(gemv, "CHOSEN_FOLDED", {})
+    trials = [gemv.Trial(*case, c, us, 1.0, early=True, chosen_early=c == tuned)
+              for case in every.values() for c, us in ((tuned, 10.0), (one, 12.0))]  # fmt: skip
+    rows = ch.settle_folded_tilings(model, prompt, ref, "cpu", trials, "float32", rounds=1)
+    assert [r["variant"] for r in rows] == ["qkv 16x64, gate_up 16x64", "every GEMV 4x1024, 4 warps"]
+    assert [(r["tuned"], r["every"]) for r in rows] == [(True, False), (False, True)]
+    assert all(r["passed"] and r["repeats"] == 1 for r in rows) and sum(r["chosen"] for r in rows) == 1
+    kept = next(r for r in rows if r["chosen"])
+    assert kept is min(rows, key=lambda r: r["ms_median"])
+    runs = one if kept["every"] else tuned  # every GEMV of the step runs what the kept step ran
+    assert all(gemv.choose(*case, early=True, folded=True) == runs for case in every.values())
+    assert all(gemv.choose(*case, early=True) == tuned for case in every.values())  # the other rungs keep theirs
+    assert {(t.n, t.k, t.fusion) for t in trials if t.chosen_folded} == set(every.values())
+    assert all(t.config == runs for t in trials if t.chosen_folded)
 
 
 def test_the_page_says_which_pairs_the_step_tried_and_which_it_kept():
@@ -108,3 +152,18 @@ def test_the_page_says_which_pairs_the_step_tried_and_which_it_kept():
     assert "QKV 8 rows of 1,024 and gate/up 4 rows of 2,048: not timed (its answers failed the check)" in text
     assert text.endswith("QKV 8 rows of 1,024 and gate/up 8 rows of 1,024: 3.731 ms, kept.")
     assert ch.folded_tilings_text(SimpleNamespace(results={})) == ""  # a run recorded before the step settled them
+
+
+def test_the_page_names_the_step_with_every_gemv_on_one_tiling():
+    tiling = {"block_n": 4, "block_k": 1024, "num_warps": 4}
+    rows = [
+        {"qkv": {"block_n": 4, "block_k": 2048, "num_warps": 8}, "gate_up": {"block_n": 8, "block_k": 1024},
+         "ms_median": 5.0317, "tuned": True, "chosen": False, "every": False, "within": 0.01},
+        {"qkv": tiling, "gate_up": tiling, "ms_median": 4.9867, "tuned": False, "chosen": True, "every": True,
+         "within": 0.01},
+    ]  # fmt: skip
+    text = ch.folded_tilings_text(SimpleNamespace(results={"folded_tilings": rows}))
+    assert text.startswith(" The folded-norms step was built with the tuner's picks and with every GEMV on one tiling, "
+                           "4 rows of 1,024 with 4 warps, and timed whole")  # fmt: skip
+    assert "QKV 4 rows of 2,048 and gate/up 8 rows of 1,024: 5.032 ms (the tuner's picks)" in text
+    assert text.endswith("; every GEMV 4 rows of 1,024 with 4 warps: 4.987 ms, kept.")

@@ -51,15 +51,16 @@ from .figures import (
     ladder_figure, matmul_figure,
 )
 from .measuring import (
-    best_timed, build, eager_fidelity, error_factor, fidelity, folded_tie_cases, fp8_record, fp8_tuning_cases,
-    gpu_memory_gb, near_ties, pending_run, persistent_tuning_cases, Reference, reference, repeated_fidelity, rung_row,
-    rungs_table, runs_here, settle_folded_tilings, time_matmuls, time_tokens, timed_here, tune_attention,
+    best_timed, build, eager_fidelity, error_factor, fidelity, folded_step_cases, folded_tie_cases, fp8_record,
+    fp8_tuning_cases, gpu_memory_gb, near_ties, one_tiling, pending_run, persistent_tuning_cases, Reference, reference,
+    repeated_fidelity, rung_row, rungs_table, runs_here, settle_folded_tilings, time_matmuls, time_tokens, timed_here,
+    tune_attention,
     tune_layer_kernel, tuning_cases, weight_shapes,
 )
 from .params import (
     CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS,
-    progress, RUNG_COLUMNS, RUNG_SHORT, RUNGS, SHARED_CONFIG, SHARED_RUNGS, STEP_TIE, STEP_TIME_COLUMNS, TOKENS,
-    trace_file, BUILT_ON, built_on,
+    progress, RUNG_COLUMNS, RUNG_SHORT, RUNGS, SHARED_CONFIG, SHARED_RUNGS, STEP_ONE_TILING, STEP_TIE,
+    STEP_TIME_COLUMNS, TOKENS, trace_file, BUILT_ON, built_on,
 )
 from .declaration import (
     DECLARATION, Params,

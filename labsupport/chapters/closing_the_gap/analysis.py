@@ -374,6 +374,10 @@ def tuning(run: runs.Run) -> pd.DataFrame:
     # so (gemv.CHOSEN_EARLY): runs before gemv.tune timed both ways have one table, which every rung ran
     t["early"] = t.early.astype(str).eq("True") if "early" in t else False
     t["chosen_early"] = t.chosen_early.astype(str).eq("True") if "chosen_early" in t else t.chosen
+    # the configs the folded-norms step runs, where that step was timed whole with others (gemv.CHOSEN_FOLDED):
+    # runs before it ran CHOSEN_EARLY's
+    folded = t.chosen_folded.astype(str).eq("True") if "chosen_folded" in t else None
+    t["chosen_folded"] = folded if folded is not None and folded.any() else t.chosen_early
     return t
 
 

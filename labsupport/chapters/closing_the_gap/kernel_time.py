@@ -39,7 +39,9 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
         # BF16 rungs launched with the first weights before the wait run the configs timed so (gemv.choose)
         opts = OWN_OPTIONS.get(rung, {})
         col = "chosen"
-        if not fp8 and opts.get("early_weights"):
+        if not fp8 and opts.get("fold_norms") and not opts.get("persistent"):
+            col = "chosen_folded"  # the folded-norms step's own configs (analysis.tuning)
+        elif not fp8 and opts.get("early_weights"):
             col = "chosen_early"
         elif not fp8 and opts.get("split_k"):
             col = "chosen_split"

@@ -19,6 +19,7 @@ from labsupport.chapters.closing_the_gap.params import (
     RUNG_COLUMNS,
     RUNGS,
     SHARED_RUNGS,
+    STEP_ONE_TILING,
     STEP_TIE,
     STEP_TIE_MOST,
     STEP_TIE_ROUNDS,
@@ -335,6 +336,17 @@ def folded_tie_cases(model) -> dict[str, tuple]:
     return {"qkv": (*s["qkv (fused)"], PLAIN), "gate_up": (*s["gate_up (fused)"], Fusion(silu=True))}
 
 
+def folded_step_cases(model) -> dict[str, tuple]:
+    """Every GEMV of the folded-norms step, by name, each (N, K, Fusion) as that step launches it:
+    folded_tie_cases, o_proj and down_proj adding the residual, and the LM head (plain)."""
+    from labsupport.measure.kernels.gemv import PLAIN, Fusion
+
+    s = weight_shapes(model)
+    cases = folded_tie_cases(model)
+    return {"qkv": cases["qkv"], "o_proj": (*s["o_proj"], Fusion(residual=True)), "gate_up": cases["gate_up"],
+            "down": (*s["down_proj"], Fusion(residual=True)), "lm_head": (*s["lm_head"], PLAIN)}  # fmt: skip
+
+
 def near_ties(trials, case, within: float = STEP_TIE, most: int = STEP_TIE_MOST) -> list:
     """The trials of `case` (N, K, Fusion) timed as the folded-norms step launches it (PDL, W's
     first tiles before the wait: gemv.Trial.early) within `within` of the fastest, fastest first,
@@ -345,42 +357,70 @@ def near_ties(trials, case, within: float = STEP_TIE, most: int = STEP_TIE_MOST)
     return [t for t in mine if t.us <= mine[0].us * (1 + within)][:most]
 
 
+def one_tiling(trials, cases: dict) -> dict | None:
+    """STEP_ONE_TILING's trial of each of `cases` (by name), timed as the folded-norms step launches
+    them (early); None where one of them was not timed so."""
+    from labsupport.measure.kernels import gemv
+
+    one = gemv.Config(*STEP_ONE_TILING)
+    picks = {}
+    for name, case in cases.items():
+        mine = [t for t in trials if (t.n, t.k, t.fusion) == case and t.early and t.weights != "fp8"]
+        mine = [t for t in mine if t.config == one]
+        if not mine:
+            return None
+        picks[name] = mine[0]
+    return picks
+
+
 def settle_folded_tilings(model, prompt: decode.Prompt, ref: Reference, device: str, trials, dtype: str,
                           rounds: int = STEP_TIE_ROUNDS) -> list[dict]:  # fmt: skip
     """Build the folded-norms step with each combination of the near-tied tilings of its QKV and
-    gate/up GEMVs (near_ties), check each against eager, time those that pass interleaved (CUDA
-    events on a GPU), and keep the fastest step's tilings in gemv.CHOSEN_EARLY, marking their
-    `trials` chosen_early (the rung built next runs them). Timed alone the two tilings tie, and
-    the tuner's pick swung o_proj's and down's time in the step (STEP_TIE); the step decides.
-    One row per step built: each GEMV's config and its time alone, the tie's width (`within`), the
-    step's times, the tuner's picks (`tuned`) and the one kept (`chosen`); [] where nothing ties (or no
-    PDL here)."""
+    gate/up GEMVs (near_ties; the tuner's pair alone where nothing ties), and once with every GEMV
+    of it on STEP_ONE_TILING (one_tiling), check each against eager, time those that pass
+    interleaved (CUDA events on a GPU), and keep the fastest step's configs in gemv.CHOSEN_FOLDED
+    (the rung built next runs them), marking `trials` chosen_folded: the config each GEMV of the step
+    runs. Timed alone, the two tilings tie and the tuner's pick swung o_proj's and down's time in the
+    step (STEP_TIE), and a tiling that loses alone won in the step (STEP_ONE_TILING): the step decides.
+    One row per step built: the QKV's and gate/up's config and their times alone, whether every GEMV
+    ran the one tiling (`every`), the tie's width (`within`), the step's times, the tuner's picks
+    (`tuned`) and the one kept (`chosen`); [] where there is nothing to try (or no PDL here)."""
     from itertools import product
 
     from labsupport.measure import harness
     from labsupport.measure.kernels import gemv
 
-    cases = folded_tie_cases(model)
+    cases, every = folded_tie_cases(model), folded_step_cases(model)
     ties = {name: near_ties(trials, case) for name, case in cases.items()}
-    if any(not t for t in ties.values()) or all(len(t) == 1 for t in ties.values()):
+    if any(not t for t in ties.values()):
         return []
-    saved = dict(gemv.CHOSEN_EARLY)
-    tuned = {name: saved.get(case) for name, case in cases.items()}
-    rows, variants = {}, {}
-    for picks in product(*ties.values()):
-        pick = dict(zip(ties, picks, strict=True))
-        label = ", ".join(f"{name} {t.config.block_n}x{t.config.block_k}" for name, t in pick.items())
-        row = {name: asdict(t.config) for name, t in pick.items()}
-        row |= {f"{name}_us": t.us for name, t in pick.items()}
-        row |= {"variant": label, "tuned": all(t.config == tuned[name] for name, t in pick.items()), "chosen": False,
-                "within": STEP_TIE}  # fmt: skip
+    one = one_tiling(trials, every)
+    tuned = {name: gemv.CHOSEN_EARLY.get(case) for name, case in cases.items()}
+    tries = [dict(zip(ties, picks, strict=True)) for picks in product(*ties.values())]
+    if one is not None and any(pick[name].config != one[name].config for pick in tries for name in cases):
+        tries.append(one)
+    if len(tries) < 2:
+        return []
+    rows, variants, configs = {}, {}, {}
+    for pick in tries:
+        whole = len(pick) > len(cases)
+        label = ", ".join(f"{name} {t.config.block_n}x{t.config.block_k}" for name, t in pick.items() if name in cases)
+        if whole:
+            c = pick["qkv"].config
+            label = f"every GEMV {c.block_n}x{c.block_k}, {c.num_warps} warps"
+        row = {name: asdict(pick[name].config) for name in cases}
+        row |= {f"{name}_us": pick[name].us for name in cases}
+        row |= {"variant": label, "every": whole, "chosen": False, "within": STEP_TIE,
+                "tuned": not whole and all(pick[name].config == tuned[name] for name in cases)}  # fmt: skip
         rows[label] = row
+        configs[label] = {every[name]: t.config for name, t in pick.items()}
+        saved = dict(gemv.CHOSEN_FOLDED)
         try:
-            gemv.CHOSEN_EARLY.update({cases[name]: t.config for name, t in pick.items()})
+            gemv.CHOSEN_FOLDED.update(configs[label])
             step = build("folded-norms", model, prompt, ref.token, device)  # captured here, with these tilings
         finally:
-            gemv.CHOSEN_EARLY.clear()
-            gemv.CHOSEN_EARLY.update(saved)
+            gemv.CHOSEN_FOLDED.clear()
+            gemv.CHOSEN_FOLDED.update(saved)
         steps.prepare(step)
         check = fidelity(step(), ref, error_factor("folded-norms", dtype))
         row["passed"] = bool(check["passed"])
@@ -403,12 +443,12 @@ def settle_folded_tilings(model, prompt: decode.Prompt, ref: Reference, device: 
         return list(rows.values())
     best = min(done, key=lambda r: r["ms_median"])
     best["chosen"] = True
-    for name, case in cases.items():
-        kept = gemv.Config(**best[name])
-        gemv.CHOSEN_EARLY[case] = kept
+    gemv.CHOSEN_FOLDED.update(configs[best["variant"]])
+    for case in every.values():
+        runs_it = gemv.choose(*case, early=True, folded=True)
         for t in trials:
-            if (t.n, t.k, t.fusion) == case and t.early:
-                t.chosen_early = t.config == kept
+            if (t.n, t.k, t.fusion) == case and t.early and t.weights != "fp8":
+                t.chosen_folded = t.config == runs_it
     return list(rows.values())
 
 

@@ -450,9 +450,9 @@ def layer_tuning_text(run: runs.Run) -> str:
 
 
 def folded_tilings_text(run: runs.Run) -> str:
-    """Which tilings the folded-norms rung runs for its QKV and gate/up GEMVs, where the run settled
-    them in the whole step (results["folded_tilings"], measuring.settle_folded_tilings): each pair
-    tried and the step's median time with it."""
+    """Which tilings the folded-norms rung runs, where the run settled them in the whole step
+    (results["folded_tilings"], measuring.settle_folded_tilings): each pair of QKV and gate/up tilings
+    tried, and the step with every GEMV on one tiling (`every`), with the step's median time."""
     rows = run.results.get("folded_tilings") or []
     if not rows:
         return ""
@@ -460,18 +460,29 @@ def folded_tilings_text(run: runs.Run) -> str:
     def tiling(c: dict) -> str:
         return f"{c['block_n']} rows of {c['block_k']:,}"
 
+    def what(r: dict) -> str:
+        if r.get("every"):
+            return f"every GEMV {tiling(r['qkv'])} with {r['qkv']['num_warps']} warps"
+        return f"QKV {tiling(r['qkv'])} and gate/up {tiling(r['gate_up'])}"
+
     each = [
-        f"QKV {tiling(r['qkv'])} and gate/up {tiling(r['gate_up'])}: "
+        f"{what(r)}: "
         + (f"{r['ms_median']:.3f} ms" if "ms_median" in r else "not timed (its answers failed the check)")
         + (" (the tuner's picks)" if r.get("tuned") else "")
         + (", kept" if r.get("chosen") else "")
         for r in rows
     ]
-    return (
-        " Timed alone, the folded QKV's or gate/up's two fastest tilings were within "
-        f"{100 * rows[0]['within']:g}% of each other, so the folded-norms step was built with each pair and timed "
-        "whole (the median of its CUDA events): " + "; ".join(each) + "."
-    )
+    pairs = [r for r in rows if not r.get("every")]
+    one = next((r for r in rows if r.get("every")), None)
+    every = f"every GEMV on one tiling, {what(one)[len('every GEMV ') :]}" if one is not None else ""
+    timed = " and timed whole (the median of its CUDA events): " + "; ".join(each) + "."
+    if len(pairs) > 1:
+        return (
+            " Timed alone, the folded QKV's or gate/up's two fastest tilings were within "
+            f"{100 * rows[0]['within']:g}% of each other, so the folded-norms step was built with each pair"
+            + (f", and once with {every}," if one is not None else "") + timed
+        )  # fmt: skip
+    return f" The folded-norms step was built with the tuner's picks and with {every}," + timed
 
 
 def costlier_text(costlier: pd.DataFrame, timed=()) -> str:

@@ -95,11 +95,12 @@ DEFAULT = Config(block_n=4, block_k=1024, num_warps=4, num_stages=3)
 # The candidates tune() times: a few rows per program (many programs, so that every SM gets
 # several), K chunks long enough for wide loads, accumulator tiles of 2-8 K elements per warp.
 # (A first run on the H200 found two or four pipeline stages equally fast: two are kept.)
+# (4, 1024, 4): 4 warps where the others of its size have 8; what the folded-norms step tries on every GEMV.
 CANDIDATES = [
     Config(bn, bk, w, 2)
     for bn, bk, w in [
         (1, 4096, 8), (2, 2048, 8), (2, 4096, 8), (2, 4096, 16), (4, 1024, 8),
-        (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 512, 4), (16, 512, 8),
+        (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 512, 4), (16, 512, 8), (4, 1024, 4),
     ]
 ]  # fmt: skip
 # Split-K candidates, tried on the smaller matrices only (at most SPLIT_MAX_ELEMENTS weights), whose
@@ -121,12 +122,14 @@ PERSISTENT_DEFAULT = Config(4, 2048, 8, 3, ctas_per_sm=2)
 # The chosen config for each weight shape and fusion (N, K, Fusion), filled by tune(): without
 # split-K (CHOSEN), best of all (CHOSEN_SPLIT, the split-K rung's), timed with PDL and W's first tiles
 # before the wait (CHOSEN_EARLY, the rungs launched so), FP8 weights (CHOSEN_FP8), persistent
-# (CHOSEN_PERSISTENT, the persistent rung's).
+# (CHOSEN_PERSISTENT, the persistent rung's); and the folded-norms step's own, where that step was timed
+# whole with other configs (CHOSEN_FOLDED, closing-the-gap's settle_folded_tilings; else CHOSEN_EARLY's).
 CHOSEN: dict[tuple[int, int, Fusion], Config] = {}
 CHOSEN_EARLY: dict[tuple[int, int, Fusion], Config] = {}
 CHOSEN_SPLIT: dict[tuple[int, int, Fusion], Config] = {}
 CHOSEN_FP8: dict[tuple[int, int, Fusion], Config] = {}
 CHOSEN_PERSISTENT: dict[tuple[int, int, Fusion], Config] = {}
+CHOSEN_FOLDED: dict[tuple[int, int, Fusion], Config] = {}
 
 
 @cache
@@ -346,13 +349,15 @@ def workspace(n: int, device):
 
 def choose(
     n: int, k: int, fusion: Fusion, fp8: bool = False, split: bool = False, persistent: bool = False,
-    early: bool = False,
+    early: bool = False, folded: bool = False,
 ) -> Config:  # fmt: skip
-    """The tuned config of a weight shape and fusion: FP8's, or as launched with `early` (CHOSEN_EARLY),
+    """The tuned config of a weight shape and fusion: FP8's, or the folded-norms step's (`folded`,
+    CHOSEN_FOLDED), or as launched with `early` (CHOSEN_EARLY),
     or with split-K allowed (the split-K rung), or the plain one, each falling back to the plain
     shape's and then DEFAULT; `persistent` (the persistent rung): the persistent one, falling back to
     the plain shape's, then PERSISTENT_DEFAULT."""
-    tables = ([CHOSEN_FP8] if fp8 else []) + ([CHOSEN_EARLY] if early else []) + ([CHOSEN_SPLIT] if split else [])
+    tables = ([CHOSEN_FP8] if fp8 else []) + ([CHOSEN_FOLDED] if folded else []) + ([CHOSEN_EARLY] if early else [])
+    tables += [CHOSEN_SPLIT] if split else []
     tables.append(CHOSEN)
     if persistent:
         tables = [CHOSEN_PERSISTENT]
@@ -391,8 +396,10 @@ def launch(
     kernels = _kernel()
     n, k = w.shape
     fusion = Fusion(norm_weight is not None, silu, residual is not None)
+    folded = sumsq_in is not None or sumsq_out is not None  # every GEMV of the folded-norms step reads or adds Σx²
     c = config or choose(
-        n, k, fusion, fp8=scale is not None, split=split and argmax is None, persistent=persistent, early=early
+        n, k, fusion, fp8=scale is not None, split=split and argmax is None, persistent=persistent, early=early,
+        folded=folded,
     )  # fmt: skip
     if argmax is not None and (silu or residual is not None or c.split_k > 1):
         raise ValueError("argmax is the LM head's epilogue: one kernel per row block (no split-K), no SiLU or residual")
@@ -510,12 +517,13 @@ class Trial:
     chosen_persistent: bool = False  # the persistent config kept (the persistent rung)
     early: bool = False  # timed with PDL and W's first tiles before the wait (fused_call's `early`)
     chosen_early: bool = False  # the config kept for the rungs launched so (CHOSEN_EARLY)
+    chosen_folded: bool = False  # the config the folded-norms step runs, where that step settled it (CHOSEN_FOLDED)
 
     def as_row(self) -> dict:
         return {"n": self.n, "k": self.k, "fusion": self.fusion.label, **asdict(self.config), "us": self.us,
                 "tbs": self.tbs, "chosen": self.chosen, "chosen_split": self.chosen_split, "weights": self.weights,
                 "chosen_persistent": self.chosen_persistent, "early": self.early,
-                "chosen_early": self.chosen_early}  # fmt: skip
+                "chosen_early": self.chosen_early, "chosen_folded": self.chosen_folded}  # fmt: skip
 
 
 def tune(
