@@ -89,6 +89,28 @@ def test_the_one_tiling_is_a_candidate_and_its_trials_are_found_for_every_gemv_o
     assert ch.one_tiling([t for t in trials if t.n != 4096 or t.k != 12288 or not t.early], cases) is None
 
 
+# An H100 run whose tuner kept 4 rows of 1,024 with 4 warps for QKV and gate/up, and 4 of 2,048 with 8 for
+# down_proj with the residual
+TUNED_ONE = "20261207T082204Z-h100-80gb-hbm3"
+
+
+def test_the_step_on_one_tiling_is_tried_where_any_gemv_of_the_tuners_step_runs_another(monkeypatch):
+    trials, model = recorded_trials(TUNED_ONE), qwen3_8b()
+    one = gemv.Config(*ch.STEP_ONE_TILING)
+    early = {(t.n, t.k, t.fusion): t.config for t in trials if t.chosen_early}
+    monkeypatch.setattr(gemv, "CHOSEN_EARLY", early)
+    monkeypatch.setattr(gemv, "CHOSEN_FOLDED", {})
+    cases = ch.folded_step_cases(model)
+    assert {name: early[case] == one for name, case in cases.items()} == {
+        "qkv": True, "o_proj": True, "gate_up": True, "down": False, "lm_head": True}  # fmt: skip
+    tries = ch.folded_tries(model, trials)
+    assert [sorted(t) for t in tries] == [["gate_up", "qkv"], sorted(cases)]  # the tuner's pair, then every GEMV
+    assert all(t.config == one for t in tries[0].values()) and all(t.config == one for t in tries[1].values())
+    monkeypatch.setitem(gemv.CHOSEN_EARLY, cases["down"], one)  # the tuner's step on that tiling throughout
+    assert len(ch.folded_tries(model, trials)) == 1
+    assert ch.settle_folded_tilings(model, None, None, "cpu", trials, "bfloat16") == []  # nothing else to build
+
+
 @pytest.mark.live
 @pytest.mark.usefixtures("waits_as_no_ops")
 def test_the_step_built_with_each_tied_pair_is_checked_timed_and_the_faster_pair_kept(tiny_with_norms, monkeypatch):

@@ -51,11 +51,10 @@ from .figures import (
     ladder_figure, matmul_figure,
 )
 from .measuring import (
-    best_timed, build, eager_fidelity, error_factor, fidelity, folded_step_cases, folded_tie_cases, fp8_record,
-    fp8_tuning_cases, gpu_memory_gb, near_ties, one_tiling, pending_run, persistent_tuning_cases, Reference, reference,
-    repeated_fidelity, rung_row, rungs_table, runs_here, settle_folded_tilings, time_matmuls, time_tokens, timed_here,
-    tune_attention,
-    tune_layer_kernel, tuning_cases, weight_shapes,
+    best_timed, build, eager_fidelity, error_factor, fidelity, folded_step_cases, folded_tie_cases, folded_tries,
+    fp8_record, fp8_tuning_cases, gpu_memory_gb, near_ties, one_tiling, pending_run, persistent_tuning_cases,
+    Reference, reference, repeated_fidelity, rung_row, rungs_table, runs_here, settle_folded_tilings, time_matmuls,
+    time_tokens, timed_here, tune_attention, tune_layer_kernel, tuning_cases, weight_shapes,
 )
 from .params import (
     CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS,

@@ -373,34 +373,51 @@ def one_tiling(trials, cases: dict) -> dict | None:
     return picks
 
 
-def settle_folded_tilings(model, prompt: decode.Prompt, ref: Reference, device: str, trials, dtype: str,
-                          rounds: int = STEP_TIE_ROUNDS) -> list[dict]:  # fmt: skip
-    """Build the folded-norms step with each combination of the near-tied tilings of its QKV and
-    gate/up GEMVs (near_ties; the tuner's pair alone where nothing ties), and once with every GEMV
-    of it on STEP_ONE_TILING (one_tiling), check each against eager, time those that pass
-    interleaved (CUDA events on a GPU), and keep the fastest step's configs in gemv.CHOSEN_FOLDED
-    (the rung built next runs them), marking `trials` chosen_folded: the config each GEMV of the step
-    runs. Timed alone, the two tilings tie and the tuner's pick swung o_proj's and down's time in the
-    step (STEP_TIE), and a tiling that loses alone won in the step (STEP_ONE_TILING): the step decides.
-    One row per step built: the QKV's and gate/up's config and their times alone, whether every GEMV
-    ran the one tiling (`every`), the tie's width (`within`), the step's times, the tuner's picks
-    (`tuned`) and the one kept (`chosen`); [] where there is nothing to try (or no PDL here)."""
+def folded_tries(model, trials) -> list[dict]:
+    """The GEMV configs settle_folded_tilings builds the folded-norms step with, each {name: trial}:
+    each combination of the QKV's and gate/up's near ties (the other GEMVs running what gemv.choose
+    gives them), then every GEMV on STEP_ONE_TILING (one_tiling), where it was timed and no combination
+    already runs it on every GEMV; [] where the QKV or gate/up was not timed as the step launches it."""
     from itertools import product
 
-    from labsupport.measure import harness
     from labsupport.measure.kernels import gemv
 
     cases, every = folded_tie_cases(model), folded_step_cases(model)
     ties = {name: near_ties(trials, case) for name, case in cases.items()}
     if any(not t for t in ties.values()):
         return []
-    one = one_tiling(trials, every)
-    tuned = {name: gemv.CHOSEN_EARLY.get(case) for name, case in cases.items()}
     tries = [dict(zip(ties, picks, strict=True)) for picks in product(*ties.values())]
-    if one is not None and any(pick[name].config != one[name].config for pick in tries for name in cases):
+    one = one_tiling(trials, every)
+
+    def runs(pick: dict) -> dict:
+        return {name: pick[name].config if name in pick else gemv.choose(*case, early=True, folded=True)
+                for name, case in every.items()}  # fmt: skip
+
+    if one is not None and all(runs(pick) != runs(one) for pick in tries):
         tries.append(one)
+    return tries
+
+
+def settle_folded_tilings(model, prompt: decode.Prompt, ref: Reference, device: str, trials, dtype: str,
+                          rounds: int = STEP_TIE_ROUNDS) -> list[dict]:  # fmt: skip
+    """Build the folded-norms step with each set of GEMV configs of folded_tries (the near-tied tilings
+    of its QKV and gate/up, or the tuner's pair alone where nothing ties; every GEMV on STEP_ONE_TILING),
+    check each against eager, time those that pass
+    interleaved (CUDA events on a GPU), and keep the fastest step's configs in gemv.CHOSEN_FOLDED
+    (the rung built next runs them), marking `trials` chosen_folded: the config each GEMV of the step
+    runs. Timed alone, the two tilings tie and the tuner's pick swung o_proj's and down's time in the
+    step (STEP_TIE), and one tiling on every GEMV beat the tuner's picks (STEP_ONE_TILING): the step decides.
+    One row per step built: the QKV's and gate/up's config and their times alone, whether every GEMV
+    ran the one tiling (`every`), the tie's width (`within`), the step's times, the tuner's picks
+    (`tuned`) and the one kept (`chosen`); [] where there is nothing to try (or no PDL here)."""
+    from labsupport.measure import harness
+    from labsupport.measure.kernels import gemv
+
+    cases, every = folded_tie_cases(model), folded_step_cases(model)
+    tries = folded_tries(model, trials)
     if len(tries) < 2:
         return []
+    tuned = {name: gemv.CHOSEN_EARLY.get(case) for name, case in cases.items()}
     rows, variants, configs = {}, {}, {}
     for pick in tries:
         whole = len(pick) > len(cases)
