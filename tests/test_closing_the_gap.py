@@ -326,7 +326,7 @@ def test_a_rung_passes_only_if_every_call_of_its_step_passes(tiny):
     assert not check["passed"] and check["replay_max_abs_err"] > ch.ERROR_FACTOR * ref.eager_error
 
 
-def test_the_page_says_which_rungs_gave_other_logits_on_a_later_call(published_run, tmp_path):
+def test_the_page_says_which_rungs_gave_other_logits_on_a_later_call(tmp_path):
     """Run 20261207T044556Z called each of our rungs 30 more times: the four with folded norms (Σx² by atomic adds)
     gave other logits on most calls, every other rung the same bit for bit. A run recorded before the calls says
     nothing; a rung without those atomics that differs is named apart, and one that passed its first call but failed
@@ -335,8 +335,8 @@ def test_the_page_says_which_rungs_gave_other_logits_on_a_later_call(published_r
 
     before = runs.load_run(chapters.by_slug("closing-the-gap"), "20261207T030729Z-h100-80gb-hbm3")
     assert ch.repeat_note(before) == "" and "calls differing" not in ch.page(before, ch.shared_values()).fidelity
-    assert published_run.run_id == "20261207T044556Z-h100-80gb-hbm3"
-    assert ch.repeat_note(published_run) == (
+    recorded = runs.load_run(chapters.by_slug("closing-the-gap"), "20261207T044556Z-h100-80gb-hbm3")
+    assert ch.repeat_note(recorded) == (
         "After its check each of our rungs was called 30 more times, the same step on the same buffers: *14 folded "
         "norms*, *15 persistent GEMVs*, *16 one kernel a layer* and *17 one kernel a step* gave other logits on some "
         "(calls of 30 that differed from the first: *14 folded norms* 29; *15 persistent GEMVs* 28; *16 one kernel a "
@@ -345,13 +345,13 @@ def test_the_page_says_which_rungs_gave_other_logits_on_a_later_call(published_r
         "differently. The largest error against float32 over all their calls was 0.366, eager's own 0.308."
     )
     # this run's tuner kept no split-K config: the rungs that allow split-K add no floats by atomics here
-    assert set(ch.atomic_adders(published_run)) == {"folded-norms", "persistent", "layer-kernel", "step-kernel"}
-    table = ch.page(published_run, ch.shared_values()).fidelity.set_index("rung")
+    assert set(ch.atomic_adders(recorded)) == {"folded-norms", "persistent", "layer-kernel", "step-kernel"}
+    table = ch.page(recorded, ch.shared_values()).fidelity.set_index("rung")
     assert table.loc[ch.RUNGS["folded-norms"], "calls differing"] == "29 of 30"
     assert table.loc[ch.RUNGS["one-attention"], "calls differing"] == "0 of 30"
     assert table.loc[ch.RUNGS["eager"], "calls differing"] == "—"  # the reference, and transformers' rungs: not again
     later = {"passed": False, "replays_differing": 3, "replays_failed": 2, "replay_max_abs_err": 0.7}
-    fake = with_rungs(published_run, tmp_path, {}, changed={"weights-first": later})
+    fake = with_rungs(recorded, tmp_path, {}, changed={"weights-first": later})
     assert ", every other rung" not in ch.repeat_note(fake)
     assert "Of these, *12 weights before the wait* adds no floats by atomics, so a kernel of its step reads memory" in (
         ch.repeat_note(fake)
