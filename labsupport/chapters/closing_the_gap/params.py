@@ -69,8 +69,8 @@ STEP_TIE_ROUNDS = 20
 # every GEMV: on one H100 in one process the folded step ran 4.987 ms with it against 5.032 with the picks
 # of 20261207T044556Z-h100-80gb-hbm3, which had timed 4 rows of 1,024 only with 8 warps (CUDA-event
 # medians of 60 interleaved rounds), while every other single tiling tried ran 5.07-5.25. As a candidate
-# it was then the tuner's own pick for 10 of the 12 BF16 cases timed as the step launches them
-# (20261207T082204Z-h100-80gb-hbm3), not for down_proj with the residual.
+# it was then the tuner's own pick for 9 of the 12 BF16 cases timed as the step launches them
+# (20261207T082204Z-h100-80gb-hbm3): not for down_proj (with the residual or plain) nor for k/v alone.
 STEP_ONE_TILING = (4, 1024, 4, 2)
 # The rungs that are transformers' step: shared quantities (labsupport.chapters.shared), timed by
 # the chapter that owns each, by the prefix of their names there. This chapter shows their
