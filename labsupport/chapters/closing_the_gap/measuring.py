@@ -389,11 +389,11 @@ def folded_tries(model, trials) -> list[dict]:
     tries = [dict(zip(ties, picks, strict=True)) for picks in product(*ties.values())]
     one = one_tiling(trials, every)
 
-    def runs(pick: dict) -> dict:
+    def step_configs(pick: dict) -> dict:
         return {name: pick[name].config if name in pick else gemv.choose(*case, early=True, folded=True)
                 for name, case in every.items()}  # fmt: skip
 
-    if one is not None and all(runs(pick) != runs(one) for pick in tries):
+    if one is not None and all(step_configs(pick) != step_configs(one) for pick in tries):
         tries.append(one)
     return tries
 
@@ -402,11 +402,11 @@ def settle_folded_tilings(model, prompt: decode.Prompt, ref: Reference, device: 
                           rounds: int = STEP_TIE_ROUNDS) -> list[dict]:  # fmt: skip
     """Build the folded-norms step with each set of GEMV configs of folded_tries (the near-tied tilings
     of its QKV and gate/up, or the tuner's pair alone where nothing ties; every GEMV on STEP_ONE_TILING),
-    check each against eager, time those that pass
-    interleaved (CUDA events on a GPU), and keep the fastest step's configs in gemv.CHOSEN_FOLDED
-    (the rung built next runs them), marking `trials` chosen_folded: the config each GEMV of the step
-    runs. Timed alone, the two tilings tie and the tuner's pick swung o_proj's and down's time in the
-    step (STEP_TIE), and one tiling on every GEMV beat the tuner's picks (STEP_ONE_TILING): the step decides.
+    check each against eager, time those that pass interleaved (CUDA events on a GPU), and keep the
+    fastest step's configs in gemv.CHOSEN_FOLDED (the rung built next runs them), marking `trials`
+    chosen_folded: the config each GEMV of the step runs. Timed alone, the two tilings tie and the
+    tuner's pick swung o_proj's and down's time in the step (STEP_TIE), and one tiling on every GEMV
+    beat the tuner's picks (STEP_ONE_TILING): the step decides.
     One row per step built: the QKV's and gate/up's config and their times alone, whether every GEMV
     ran the one tiling (`every`), the tie's width (`within`), the step's times, the tuner's picks
     (`tuned`) and the one kept (`chosen`); [] where there is nothing to try (or no PDL here)."""
