@@ -460,10 +460,15 @@ def folded_tilings_text(run: runs.Run) -> str:
     def tiling(c: dict) -> str:
         return f"{c['block_n']} rows of {c['block_k']:,}"
 
+    def warps(c: dict) -> str:
+        return f"{tiling(c)} with {c['num_warps']} warps"
+
     def what(r: dict) -> str:
-        if r.get("every"):
-            return f"every GEMV {tiling(r['qkv'])} with {r['qkv']['num_warps']} warps"
-        return f"QKV {tiling(r['qkv'])} and gate/up {tiling(r['gate_up'])}"
+        return (
+            f"every GEMV {warps(r['qkv'])}"
+            if r.get("every")
+            else f"QKV {tiling(r['qkv'])} and gate/up {tiling(r['gate_up'])}"
+        )
 
     each = [
         f"{what(r)}: "
@@ -474,7 +479,7 @@ def folded_tilings_text(run: runs.Run) -> str:
     ]
     pairs = [r for r in rows if not r.get("every")]
     one = next((r for r in rows if r.get("every")), None)
-    every = f"every GEMV on one tiling, {what(one)[len('every GEMV ') :]}" if one is not None else ""
+    every = f"every GEMV on one tiling, {warps(one['qkv'])}" if one is not None else ""
     timed = " and timed whole (the median of its CUDA events): " + "; ".join(each) + "."
     if len(pairs) > 1:
         return (
