@@ -162,6 +162,68 @@ def test_the_fp8_rung_on_rung_13_passes_the_check_against_its_fp8_weights(tiny, 
     assert check["passed"] and check["same_token"] and int(rounded.next_token) == int(ref.next_token)
 
 
+def folded_and_rounded(model):
+    """A copy of `model` whose norm weights were folded into the matrices after them (folded_norms.fold),
+    those matrices rounded to FP8 and back, and the norms' weights set to one: the weights the FP8 rung
+    with folded norms computes with (each row rounded alone, as the step's concatenations round them)."""
+    import copy
+
+    from labsupport.measure.kernels import folded_norms, gemv_fp8
+
+    def fold_round(linear, norm):
+        w = folded_norms.fold(linear.weight, norm)
+        linear.weight.copy_(gemv_fp8.dequantize(*gemv_fp8.quantize(w), w.dtype))
+
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for lyr in out.model.layers:
+            a, m = lyr.self_attn, lyr.mlp
+            for linear in (a.q_proj, a.k_proj, a.v_proj):
+                fold_round(linear, lyr.input_layernorm.weight)
+            for linear in (m.gate_proj, m.up_proj):
+                fold_round(linear, lyr.post_attention_layernorm.weight)
+            for linear in (a.o_proj, m.down_proj):
+                linear.weight.copy_(gemv_fp8.dequantize(*gemv_fp8.quantize(linear.weight), linear.weight.dtype))
+            lyr.input_layernorm.weight.fill_(1.0)
+            lyr.post_attention_layernorm.weight.fill_(1.0)
+        fold_round(out.lm_head, out.model.norm.weight)
+        out.model.norm.weight.fill_(1.0)
+    return out
+
+
+@pytest.mark.live
+@pytest.mark.usefixtures("waits_as_no_ops")
+def test_the_fp8_rung_on_rung_14_computes_with_the_folded_matrices_rounded(tiny_with_norms, launches):
+    """The FP8 rung on rung 14's options rounds the folded matrices (each norm's weight multiplied into the
+    matrix after it) to E4M3, not the model's own: it passes the chapter's rule against a model whose
+    matrices are those folded and rounded ones and whose norms are ones, on a tiny model whose norms are not
+    ones (so that folding before rounding shows). Every GEMV reads FP8 weights and a row of Σx², the LM head
+    picks the token, and no norm kernel runs."""
+    from labsupport.measure.kernels import folded_norms, gemv_fp8
+
+    model, prompt, ref = tiny_with_norms
+    step = qwen3_decode.OwnStep(model, prompt.ids, ref.token, qwen3_decode.Options(**ch.OWN_OPTIONS["fp8-folded"]),
+                                compile=False, graph=False)  # fmt: skip
+    out = step()
+    layers = model.config.num_hidden_layers
+    folded = [k for k in launches["gemv"] if k.get("scale") is not None and k.get("sumsq_in") is not None]
+    steps, rest = divmod(len(folded), 2 * layers + 1)  # QKV's, gate/up's and the LM head's read Σx² (not o's, down's)
+    assert steps and not rest and all(k.get("early") and k.get("pdl") for k in folded)
+    assert sum(k.get("argmax") is not None and k.get("scale") is not None for k in launches["gemv"]) == steps
+    assert all(k.get("norm_weight") is None for k in launches["gemv"])  # no norm inside a GEMV: folded
+    assert step.dec.weights[0][0] is None and step.dec.weights[0][1] is None  # the layer's two norms are folded
+    assert step.dec.weights[0][4].dtype == torch.float8_e4m3fn
+    rounded = ch.reference(folded_and_rounded(model), prompt)
+    check = ch.fidelity(out, rounded, ch.error_factor("fp8-folded"))
+    assert check["passed"] and check["same_token"] and int(rounded.next_token) == int(ref.next_token)
+    # the first layer's QKV rows for q are q_proj folded, then rounded: not q_proj rounded, then folded
+    q, g = model.model.layers[0].self_attn.q_proj.weight, model.model.layers[0].input_layernorm.weight
+    w8, scale = step.dec.weights[0][4][: q.shape[0]], step.dec.weights[0][-4][: q.shape[0]]
+    got = gemv_fp8.dequantize(w8, scale, torch.float32)
+    torch.testing.assert_close(got, gemv_fp8.dequantize(*gemv_fp8.quantize(folded_norms.fold(q, g)), torch.float32))
+    assert not torch.allclose(got, gemv_fp8.dequantize(*gemv_fp8.quantize(q), torch.float32) * g[None, :])
+
+
 @pytest.mark.live
 def test_the_float32_reference_is_the_model_in_float32(tiny):
     model, prompt, ref = tiny
@@ -206,16 +268,21 @@ def test_fused_rungs_share_one_concatenation_of_each_weight(tiny):
 
 
 @pytest.mark.live
-def test_the_two_fp8_rungs_share_one_fp8_copy_of_the_weights(tiny):
-    """Both FP8 rungs read the same FP8 weights: one copy of each matrix, its row scales and the LM
-    head's, made for the first and found by the second (each copy is 7.6 GB on Qwen3-8B)."""
+def test_the_fp8_rungs_share_one_fp8_copy_of_each_weight(tiny):
+    """The two FP8 rungs without folded norms read the same FP8 weights: one copy of each matrix, its row
+    scales and the LM head's, made for the first and found by the second (each copy is 7.6 GB on
+    Qwen3-8B). The rung with folded norms reads FP8 copies of the folded matrices, made once too."""
     model = tiny[0]
-    first, second = (
+    first, second, folded = (
         qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**ch.OWN_OPTIONS[r])) for r in ch.FP8_RUNGS
     )
     fp8 = [t for t in first.weights[0] if t is not None and t.dtype == torch.float8_e4m3fn]
     assert len(fp8) == 4 and all(a is b for a, b in zip(first.weights[0], second.weights[0], strict=True))
     assert first.lm_head is second.lm_head and first.lm_scale is second.lm_scale
+    mine = [t for t in folded.weights[0] if t is not None and t.dtype == torch.float8_e4m3fn]
+    assert len(mine) == 4 and not any(a is b for a in mine for b in fp8) and folded.lm_head is not first.lm_head
+    again = qwen3_decode.Qwen3Decoder(model, 48, qwen3_decode.Options(**ch.OWN_OPTIONS["fp8-folded"]))
+    assert all(a is b for a, b in zip(folded.weights[0], again.weights[0], strict=True))
 
 
 def test_the_weights_made_for_the_rungs_carry_no_autograd_graph():
@@ -345,7 +412,8 @@ def test_the_page_says_which_rungs_gave_other_logits_on_a_later_call(tmp_path):
         "differently. The largest error against float32 over all their calls was 0.366, eager's own 0.308."
     )
     # this run's tuner kept no split-K config: the rungs that allow split-K add no floats by atomics here
-    assert set(ch.atomic_adders(recorded)) == {"folded-norms", "persistent", "layer-kernel", "step-kernel"}
+    adders = {"folded-norms", "persistent", "layer-kernel", "step-kernel", "fp8-folded"}
+    assert set(ch.atomic_adders(recorded)) == adders
     table = ch.page(recorded, ch.shared_values()).fidelity.set_index("rung")
     assert table.loc[ch.RUNGS["folded-norms"], "calls differing"] == "29 of 30"
     assert table.loc[ch.RUNGS["one-attention"], "calls differing"] == "0 of 30"
@@ -374,7 +442,8 @@ def test_a_split_k_config_kept_by_the_tuner_makes_the_rungs_that_allow_it_add_fl
 
     from labsupport import runs
 
-    assert sorted(ch.atomic_adders(published_run)) == ["folded-norms", "layer-kernel", "persistent", "step-kernel"]
+    folded = ["folded-norms", "fp8-folded", "layer-kernel", "persistent", "step-kernel"]
+    assert sorted(ch.atomic_adders(published_run)) == folded
     new = tmp_path / "closing-the-gap" / published_run.run_id
     shutil.copytree(published_run.path, new)
     t = pd.read_csv(new / "gemv_tuning.csv")
@@ -812,11 +881,12 @@ def test_a_failed_rung_is_shown_by_its_first_two_sentences(run, tmp_path):
     rows = {r: ("fused-attention", {"status": OUT_OF_MEMORY}) for r in ch.FP8_RUNGS}
     fake = with_rungs(run, tmp_path, rows)
     lad = ch.ladder(fake).set_index("rung")
-    assert lad.loc[list(ch.FP8_RUNGS), "status"].tolist() == [cut, cut]
+    assert lad.loc[list(ch.FP8_RUNGS), "status"].tolist() == [cut, cut, cut]
     p = ch.page(fake, ch.shared_values())
     assert p.fp8_text.startswith(f"this run has no FP8 numbers: {cut}. Every rung is built and kept alive")
     assert "made after the BF16 rungs'" in p.fp8_text and "allocator" not in p.failed_text
-    assert f"*{ch.RUNG_SHORT['fp8-weights']}* and *{ch.RUNG_SHORT['fp8-pdl']}*: {cut}." in p.failed_text
+    short = [f"*{ch.RUNG_SHORT[r]}*" for r in ch.FP8_RUNGS]
+    assert f"{short[0]}, {short[1]} and {short[2]}: {cut}." in p.failed_text
     assert "the process held" not in p.fp8_text  # a run that did not record its memory
     held = {"fp8-weights": {"allocated": 78.12, "reserved": 78.4, "total": 85.03}}
     p = ch.page(with_rungs(run, tmp_path / "held", rows, results={"memory_gb": held}), ch.shared_values())
@@ -979,7 +1049,7 @@ def test_the_new_options_need_our_gemv():
 def test_pdl_and_the_new_rungs_are_not_run_on_a_cpu():
     for rung in ("split-k", "pdl", "weights-first", "one-attention", "folded-norms", "persistent", *ch.FP8_RUNGS):
         assert "needs a CUDA GPU" in ch.runs_here(rung, "cpu")
-    assert ch.FP8_RUNGS == ("fp8-weights", "fp8-pdl")
+    assert ch.FP8_RUNGS == ("fp8-weights", "fp8-pdl", "fp8-folded")
     assert all(ch.error_factor(r) == ch.FP8_ERROR_FACTOR for r in ch.FP8_RUNGS)
     assert ch.error_factor("pdl") == ch.ERROR_FACTOR
 
@@ -1085,7 +1155,7 @@ def test_the_page_of_both_fp8_rungs_speaks_of_the_fastest_that_passes(run, tmp_p
     """Both FP8 rungs against their one floor, each in the FP8 table; the sentence is the fastest
     FP8 rung that gives eager's answers (here the one on rung 9's options: the one on rung 13's is
     faster, but fails), and what the second changed against the first, each by its number."""
-    first, second = (ch.RUNG_SHORT[r].split()[0] for r in ch.FP8_RUNGS)
+    first, second = (ch.RUNG_SHORT[r].split()[0] for r in ch.FP8_RUNGS[:2])
     rows = {"fp8-weights": ("fused-attention", {"wall_ms_min": 2.0, "passed": True}),
             "fp8-pdl": ("fused-attention", {"wall_ms_min": 1.8, "passed": False})}  # fmt: skip
     fake = with_rungs(run, tmp_path, rows, fp8_bytes=7_600_000_000)
@@ -1123,7 +1193,7 @@ def test_a_run_recorded_before_the_second_fp8_rung_shows_the_first_alone(run, tm
     why = "not in this run (recorded before this rung existed)"
     second = ch.RUNG_SHORT["fp8-pdl"].split()[0]
     assert p.fp8_launch_text == f"Rung {second} has no numbers here: {why}."
-    assert f"*{ch.RUNG_SHORT['fp8-pdl']}*: {why}" in p.failed_text
+    assert f"*{ch.RUNG_SHORT['fp8-pdl']}* and *{ch.RUNG_SHORT['fp8-folded']}*: {why}" in p.failed_text
 
 
 @pytest.fixture(scope="module")

@@ -328,11 +328,12 @@ def test_our_decoder_with_folded_norms_gives_transformers_logits_and_token(
     assert all(c["persistent"] == (base == "persistent") for c in launches), "every GEMV of the step, or none"
 
 
-def test_folded_norms_need_our_fused_gemv_no_fp8_and_one_gpu():
+def test_folded_norms_need_our_fused_gemv_and_one_gpu_and_take_fp8_but_not_persistent():
     with pytest.raises(ValueError, match="fold_norms needs fuse_gemv"):
         qwen3_decode.Options(fused=True, matmul="triton", fold_norms=True)
-    with pytest.raises(ValueError, match="fold_norms needs fuse_gemv"):
-        qwen3_decode.Options(**FUSED_GEMV, fp8=True, fold_norms=True)
+    qwen3_decode.Options(**FUSED_GEMV, fp8=True, fold_norms=True)  # the folded matrices rounded to FP8
+    with pytest.raises(ValueError, match="take no fp8"):
+        qwen3_decode.Options(**FUSED_GEMV, pdl=True, fp8=True, fold_norms=True, persistent=True)
     opts = qwen3_decode.Options(**FUSED_GEMV, fold_norms=True)
     shape = qwen3_decode.Shape(4, 2, 16, EPS)
     with pytest.raises(ValueError, match="one-GPU"):

@@ -166,8 +166,10 @@ def test_the_ladder_climbs_past_pdl_one_change_a_rung():
     past = ["pdl", "weights-first", "one-attention", "folded-norms", "persistent"]
     rungs = list(ch.RUNGS)
     assert rungs[rungs.index("pdl") : rungs.index("pdl") + len(past)] == past
-    assert rungs[-2:] == list(ch.FP8_RUNGS) == ["fp8-weights", "fp8-pdl"]  # FP8 last, each on a BF16 rung's options
+    fp8 = ["fp8-weights", "fp8-pdl", "fp8-folded"]
+    assert rungs[-3:] == list(ch.FP8_RUNGS) == fp8  # FP8 last, each on a BF16 rung's options and on the FP8 one before
     pairs = [*zip(past, past[1:], strict=False), ("fused-attention", "fp8-weights"), ("one-attention", "fp8-pdl")]
+    pairs += [("folded-norms", "fp8-folded"), ("fp8-pdl", "fp8-folded")]
     for before, rung in pairs:
         added = set(ch.OWN_OPTIONS[rung].items()) - set(ch.OWN_OPTIONS[before].items())
         assert len(added) == 1 and set(ch.OWN_OPTIONS[before].items()) <= set(ch.OWN_OPTIONS[rung].items())

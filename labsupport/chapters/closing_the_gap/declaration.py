@@ -43,6 +43,7 @@ _TRACES = {
     "step-kernel": "the raw trace of our step in one kernel after the embedding row",
     "fp8-weights": "the raw trace of our step reading FP8 weights",
     "fp8-pdl": "the raw trace of our FP8 step on rung 13's options (dependent launch, weights first, one attention)",
+    "fp8-folded": "the raw trace of our FP8 step on rung 14's options (the norms folded into the FP8 matrices)",
 }
 
 # fmt: off

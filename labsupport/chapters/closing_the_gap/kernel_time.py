@@ -46,7 +46,10 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
         elif not fp8 and opts.get("split_k"):
             col = "chosen_split"
         w = t[t[col] & (t.weights.eq("fp8") if fp8 else t.weights.ne("fp8"))]  # FP8, or the model's BF16/FP16
-        names = {v: n for n, v in shape_names(run).items()}
+        shapes = shape_names(run)
+        if fp8:  # the FP8 cases this rung launches: the folded rung's with no norm, the others' with theirs
+            w = w.loc[[_fp8_launches(r.fusion, (r.n, r.k) == shapes.get("lm_head"), opts) for r in w.itertuples()]]
+        names = {v: n for n, v in shapes.items()}
         for r in w.itertuples():
             name = names.get((r.n, r.k), f"{r.n}x{r.k}")
             if not _reads(rung, name):  # a matrix of the same grid that this rung never launches
@@ -83,6 +86,15 @@ def kernel_groups(run: runs.Run, rung: str) -> pd.DataFrame:
     out["TB/s"] = out.MB / out["µs"]  # MB per µs is TB/s
     out["TB/s exclusive"] = out.MB / out["exclusive µs"].where(out["exclusive µs"] > 0)
     return out.sort_values("µs", ascending=False).reset_index(drop=True)
+
+
+def _fp8_launches(fusion: str, lm_head: bool, opts: dict) -> bool:
+    """Whether an FP8 rung with `opts` launches a GEMV tuned as `fusion` (a label of gemv.Fusion) at a
+    shape (`lm_head`: the LM head's): with folded norms none carries a norm; without, the matrices after
+    a norm carry it, so the only plain one is the LM head, and gate/up always has its norm."""
+    if opts.get("fold_norms"):
+        return "norm" not in fusion
+    return fusion != "silu" and (fusion != "plain" or lm_head)
 
 
 # The parts of a step its exclusive time is split into where two rungs are compared (exclusive_parts):

@@ -283,11 +283,14 @@ def tuning_cases(model) -> list:
 
 
 def fp8_tuning_cases(model) -> list:
-    """What gemv.tune times with FP8 weights: the cases the FP8 rungs run (the same fused GEMVs and
-    LM head for both: neither folds the norms)."""
-    from labsupport.measure.kernels.gemv import PLAIN
+    """What gemv.tune times with FP8 weights: the cases the FP8 rungs run: the fused GEMVs and the LM
+    head, and for the FP8 rung with folded norms QKV plain and gate/up writing silu(gate) * up with no norm
+    (its o_proj and down_proj are the residual cases already)."""
+    from labsupport.measure.kernels.gemv import PLAIN, Fusion
 
-    return fused_cases(model) + [(*weight_shapes(model)["lm_head"], PLAIN)]
+    s = weight_shapes(model)
+    folded = [(*s["qkv (fused)"], PLAIN), (*s["gate_up (fused)"], Fusion(silu=True))]
+    return fused_cases(model) + [(*s["lm_head"], PLAIN)] + folded
 
 
 def tune_attention(model, prompt_len: int) -> list[dict]:

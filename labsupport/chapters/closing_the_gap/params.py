@@ -32,6 +32,7 @@ RUNGS = {
     "step-kernel": "+ one kernel a step: every layer and the LM head in one persistent kernel, after the embedding row",
     "fp8-weights": "FP8 (E4M3) weights with row scales, on rung 9: a floor of its own",
     "fp8-pdl": "FP8 (E4M3) weights on rung 13: dependent launch, weights first, one attention kernel",
+    "fp8-folded": "FP8 (E4M3) weights on rung 14: the norm weights folded into the matrices before rounding",
 }
 # Short names for the figure's axis, by the same keys.
 RUNG_SHORT = {
@@ -54,6 +55,7 @@ RUNG_SHORT = {
     "step-kernel": "17 one kernel a step",
     "fp8-weights": "18 FP8 weights (own floor)",
     "fp8-pdl": "19 FP8 + dependent launch",
+    "fp8-folded": "20 FP8 + folded norms",
 }
 # Where the folded QKV's or gate/up's fastest tilings, each timed alone, lie within STEP_TIE of each
 # other, the folded-norms step is built with each and timed whole, and the faster step keeps its
@@ -104,8 +106,10 @@ OWN_OPTIONS = {
     "step-kernel": {**LAYER_KERNEL, "step_kernel": True},
     # on rung 9's options, not on split-K's or PDL's: a failure of either cannot take this rung down
     "fp8-weights": {"fused": True, "matmul": "triton", "fuse_gemv": True, "fused_attention": True, "fp8": True},
-    # rung 13's options on FP8 weights (folded norms are BF16's only); rung 18 stands if PDL fails
+    # rung 13's options on FP8 weights; rung 18 stands if PDL fails
     "fp8-pdl": {**PDL, "early_weights": True, "one_attention": True, "fp8": True},
+    # rung 14's options on FP8 weights: the folded matrices rounded to E4M3 (on rung 19, so built on it)
+    "fp8-folded": {**PDL, "early_weights": True, "one_attention": True, "fold_norms": True, "fp8": True},
 }
 # The rung each of our rungs is built on where it is not the one before it in RUNGS (its options are that
 # rung's plus its own change): what the page sets it against when it costs time.
@@ -120,9 +124,10 @@ def built_on(rung: str) -> str | None:
 
 # The rungs whose weights are not BF16: each has its own floor (its own bytes over the datasheet),
 # is never set against the BF16 floor, and is never "the best rung" (which is BF16's). They read
-# the same FP8 weights, so they share that floor (run.results["fp8"]); the page speaks of the
-# fastest of them that gives eager's answers (analysis.best_fp8).
-FP8_RUNGS = ("fp8-weights", "fp8-pdl")
+# FP8 matrices of the same shapes (rung 20 the folded ones, and not the two BF16 norm weights a layer
+# that it folds, 0.6 MB of Qwen3-8B's 7.6 GB), so they share one floor, the bytes of rung 18's step
+# (run.results["fp8"]); the page speaks of the fastest of them that gives eager's answers (analysis.best_fp8).
+FP8_RUNGS = ("fp8-weights", "fp8-pdl", "fp8-folded")
 # Tokens per forward: the best BF16 rung's decoder run on this many tokens at once (a verify pass).
 TOKENS = (1, 2, 4, 8, 16)
 TOKEN_COLUMNS = [

@@ -260,26 +260,38 @@ def fp8_text(run: runs.Run, rung: str, fp8: pd.Series, fp8_floor: Floor, best: p
     )
 
 
-def fp8_launch_text(ladder: pd.DataFrame, rung: str = "fp8-pdl", before: str = "fp8-weights") -> str:
-    """What the FP8 rung on rung 13's options (`rung`) changed against the FP8 rung on rung 9's
-    (`before`), each against its own floor (Markdown; ladder(): one row per rung); empty where
+# Each FP8 rung after the first, the FP8 rung it is built on, and what it changes (fp8_launch_text).
+FP8_CHANGES = (
+    ("fp8-pdl", "fp8-weights", "dependent launch, each GEMV's weights loaded before its wait and attention in one "
+     "kernel"),
+    ("fp8-folded", "fp8-pdl", "the norms' weights folded into the FP8 matrices, each norm's sum of squares from the "
+     "kernel that writes its vector and the argmax inside the LM head"),
+)  # fmt: skip
+
+
+def fp8_launch_text(ladder: pd.DataFrame) -> str:
+    """What each FP8 rung after the first changed against the FP8 rung it is built on (FP8_CHANGES),
+    each against its own floor (Markdown; ladder(): one row per rung): a sentence a pair, none where
     neither has numbers, and why where one has none."""
     d = ladder.set_index("rung")
-    has = {r: d.status.get(r) == "ok" and d.ms.get(r) == d.ms.get(r) for r in (before, rung)}
-    number = {r: RUNG_SHORT[r].split()[0] for r in (before, rung)}
-    if not any(has.values()):
-        return ""
-    if not all(has.values()):
-        missing = next(r for r, ok in has.items() if not ok)
-        return f"Rung {number[missing]} has no numbers here: {d.status.get(missing)}."
-    a, b = d.loc[before], d.loc[rung]
-    saved = a.ms - b.ms
-    change = f"took {saved:.2f} ms off" if saved >= 0 else f"added {-saved:.2f} ms to"
-    return (
-        f"Rung {number[rung]} took {b.ms:.2f} ms ({b['x floor']:.2f}× its floor, {b['TB/s']:.2f} TB/s) against rung "
-        f"{number[before]}'s {a.ms:.2f} ms ({a['x floor']:.2f}×): dependent launch, each GEMV's weights loaded before "
-        f"its wait and attention in one kernel {change} the FP8 step."
-    )
+    said = []
+    for rung, before, what in FP8_CHANGES:
+        has = {r: d.status.get(r) == "ok" and d.ms.get(r) == d.ms.get(r) for r in (before, rung)}
+        number = {r: RUNG_SHORT[r].split()[0] for r in (before, rung)}
+        if not any(has.values()):
+            continue
+        if not all(has.values()):
+            missing = next(r for r, ok in has.items() if not ok)
+            said.append(f"Rung {number[missing]} has no numbers here: {d.status.get(missing)}.")
+            continue
+        a, b = d.loc[before], d.loc[rung]
+        saved = a.ms - b.ms
+        change = f"took {saved:.2f} ms off" if saved >= 0 else f"added {-saved:.2f} ms to"
+        said.append(
+            f"Rung {number[rung]} took {b.ms:.2f} ms ({b['x floor']:.2f}× its floor, {b['TB/s']:.2f} TB/s) against "
+            f"rung {number[before]}'s {a.ms:.2f} ms ({a['x floor']:.2f}×): {what} {change} the FP8 step."
+        )
+    return " ".join(dict.fromkeys(said))  # a rung without numbers is said once
 
 
 def tokens_text(measured: pd.DataFrame | None) -> str:

@@ -351,12 +351,13 @@ def choose(
     n: int, k: int, fusion: Fusion, fp8: bool = False, split: bool = False, persistent: bool = False,
     early: bool = False, folded: bool = False,
 ) -> Config:  # fmt: skip
-    """The tuned config of a weight shape and fusion: FP8's, or the folded-norms step's (`folded`,
-    CHOSEN_FOLDED), or as launched with `early` (CHOSEN_EARLY),
+    """The tuned config of a weight shape and fusion: FP8's (folded or not), or the folded-norms step's
+    (`folded`, CHOSEN_FOLDED), or as launched with `early` (CHOSEN_EARLY),
     or with split-K allowed (the split-K rung), or the plain one, each falling back to the plain
     shape's and then DEFAULT; `persistent` (the persistent rung): the persistent one, falling back to
     the plain shape's, then PERSISTENT_DEFAULT."""
-    tables = ([CHOSEN_FP8] if fp8 else []) + ([CHOSEN_FOLDED] if folded else []) + ([CHOSEN_EARLY] if early else [])
+    tables = [CHOSEN_FP8] if fp8 else [CHOSEN_FOLDED] if folded else []  # (CHOSEN_FOLDED's are BF16 tilings)
+    tables += [CHOSEN_EARLY] if early else []
     tables += [CHOSEN_SPLIT] if split else []
     tables.append(CHOSEN)
     if persistent:
@@ -539,8 +540,8 @@ def tune(
     of those, split-K or not, in CHOSEN_EARLY for the rungs launched so (timed one way for both,
     closing-the-gap 20261206T150245Z-h100-80gb-hbm3 left rungs 7-11 0.05-0.09 ms slower than 121924Z,
     or folded-norms 0.02 ms, as it went); FP8 with `early` only (timed without, fp8-pdl took 3.01 ms in
-    120547Z, with, 2.94 in 121924Z); gate/up with SiLU and no norm, the folded-norms rung's alone, as
-    that rung runs it (`folded`; timed alone, 054617Z kept a config that took 86 us a layer, against 65)."""
+    120547Z, with, 2.94 in 121924Z); gate/up with SiLU and no norm, the folded rungs' alone (BF16 or FP8), as
+    those rungs run it (`folded`; timed alone, 054617Z kept a config that took 86 us a layer, against 65)."""
     import torch
 
     if fp8 and persistent:
@@ -552,7 +553,7 @@ def tune(
     for n, k, fusion in cases:
         mine = []
         splits = [] if fp8 or persistent or n * k > SPLIT_MAX_ELEMENTS else list(split_candidates)
-        folded = fusion.silu and not fusion.norm and not (fp8 or persistent)
+        folded = fusion.silu and not fusion.norm and not persistent
         modes = (False,) if persistent else (True,) if fp8 or folded else (False, True)  # `early` or not
         for c in [*candidates, *splits]:
             if fusion.silu and c.block_n < 2:

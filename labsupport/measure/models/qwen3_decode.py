@@ -11,11 +11,12 @@ forward pass in one screen, using the weights of a transformers model, so that e
     Options.early_weights  with pdl: each GEMV loads its first tile (or two) of weights before it waits
     Options.one_attention  with fused_attention and pdl: attention in one kernel, PDL-launched, the
                        cached positions read before it waits (decode_attention.decode_attention_one)
-    Options.fold_norms  with fuse_gemv, not fp8: each RMSNorm's weight folded into the matrix after it
+    Options.fold_norms  with fuse_gemv: each RMSNorm's weight folded into the matrix after it
                        once, its Σx² summed by the kernel that writes x (a row of partial sums
                        read by the GEMV after), and the greedy token picked in the LM head's epilogue: no
-                       final norm or argmax kernel (labsupport.measure.kernels.folded_norms)
-    Options.persistent  with pdl and fold_norms: every GEMV of the step in persistent form, a few
+                       final norm or argmax kernel (labsupport.measure.kernels.folded_norms); with fp8, the
+                       folded matrices are the ones rounded to E4M3
+    Options.persistent  with pdl and fold_norms, not fp8: every GEMV of the step in persistent form, a few
                        programs per SM walking the matrix's rows (labsupport.measure.kernels.persistent_gemv)
     Options.layer_kernel  with fold_norms and one_attention: each decoder layer in ONE persistent kernel,
                        its four GEMVs and attention stages joined by counters (labsupport.measure.kernels.megakernel)
@@ -77,10 +78,10 @@ class Options:
             raise ValueError("early_weights needs pdl=True (without a wait there is nothing to load before)")
         if self.one_attention and not (self.fused_attention and self.pdl):
             raise ValueError("one_attention needs fused_attention=True and pdl=True")
-        if self.fold_norms and (self.fp8 or not self.fuse_gemv):
-            raise ValueError(
-                "fold_norms needs fuse_gemv=True and no fp8 (our fused GEMVs read folded weights; FP8 ones are not)"
-            )
+        if self.fold_norms and not self.fuse_gemv:
+            raise ValueError("fold_norms needs fuse_gemv=True (our fused GEMVs read the folded weights)")
+        if self.fp8 and (self.persistent or self.layer_kernel):
+            raise ValueError("persistent and layer_kernel read BF16 weights: they take no fp8")
         if self.persistent and not (self.pdl and self.fold_norms):
             raise ValueError("persistent needs pdl=True and fold_norms=True (its GEMVs are the folded step's)")
         if self.layer_kernel and not (self.fold_norms and self.one_attention and self.early_weights):
@@ -139,17 +140,17 @@ def ops():
         "labsupport::gemv_folded",
         mutates_args=("sums",),
         schema="(Tensor x, Tensor w, Tensor(a!) sums, int read, int add, int clear, float eps, bool silu, "
-        "Tensor? residual, bool split, bool pdl, bool early, bool persistent) -> Tensor",
+        "Tensor? residual, Tensor? scale, bool split, bool pdl, bool early, bool persistent) -> Tensor",
     )
-    def gemv_folded_op(x, w, sums, read, add, clear, eps, silu, residual, split, pdl, early, persistent):
+    def gemv_folded_op(x, w, sums, read, add, clear, eps, silu, residual, scale, split, pdl, early, persistent):
         return gemv.gemv(
-            x, w, eps=eps, silu=silu, residual=residual, split=split, pdl=pdl, early=early,
+            x, w, eps=eps, silu=silu, residual=residual, scale=scale, split=split, pdl=pdl, early=early,
             sumsq_in=sums[read] if read >= 0 else None,
             sumsq_out=(sums[add], sums[clear]) if add >= 0 else None, persistent=persistent,
         )  # fmt: skip
 
     @gemv_folded_op.register_fake
-    def _(x, w, sums, read, add, clear, eps, silu, residual, split, pdl, early, persistent):
+    def _(x, w, sums, read, add, clear, eps, silu, residual, scale, split, pdl, early, persistent):
         return x.new_empty(*x.shape[:-1], w.shape[0] // 2 if silu else w.shape[0])
 
     # A whole layer of the folded step in one kernel: `sums` is the layer's three Σx² rows.
@@ -243,7 +244,7 @@ def layer(
             return F.linear(v, weight if scale is None else gemv_fp8.dequantize(weight, scale, v.dtype))
         if fold:  # sumsq: the rows of `sums` it reads, adds into, zeroes (READ_INPUT ...)
             flags = (opts.split_k, opts.pdl, opts.early_weights, opts.persistent)
-            return kernels.gemv_folded(v, weight, sums, *sumsq, eps, silu, residual, *flags)
+            return kernels.gemv_folded(v, weight, sums, *sumsq, eps, silu, residual, scale, *flags)
         return gemv(v, weight, norm, eps, silu, residual, scale, opts.split_k, opts.pdl, opts.early_weights)
 
     red = (lambda t: t) if reduce is None else reduce
@@ -389,12 +390,14 @@ class Qwen3Decoder:
                     mlp = [made(("gate|up", i), mlp, lambda *g: torch.cat(g).contiguous())]
             mats = (*attn, a.o_proj.weight, *mlp, p.down_proj.weight)
             if opts.fp8:  # FP8 copies with row scales, shared by the FP8 rungs; the BF16 concatenations are dropped
-                q = [made(("fp8", i, j), (m,), gemv_fp8.quantize) for j, m in enumerate(mats)]
+                key = "fp8 folded" if opts.fold_norms else "fp8"  # of the folded matrices, or of the plain ones
+                q = [made((key, i, j), (m,), gemv_fp8.quantize) for j, m in enumerate(mats)]
                 mats = (*(m for m, _ in q), *(c for _, c in q))
             self.weights.append((*norms, *mats))
         self.lm_scale = None
         if opts.fp8:
-            self.lm_head, self.lm_scale = made(("lm_head fp8",), (self.lm_head,), gemv_fp8.quantize)
+            key = "lm_head folded fp8" if opts.fold_norms else "lm_head fp8"
+            self.lm_head, self.lm_scale = made((key,), (self.lm_head,), gemv_fp8.quantize)
         dev, dt = self.embed.device, self.embed.dtype
         kv = (1, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k_cache = [torch.zeros(kv, device=dev, dtype=dt) for _ in m.layers]
@@ -470,7 +473,7 @@ class Qwen3Decoder:
 
             head = gemv.gemv(
                 x, self.lm_head, eps=eps, sumsq_in=self.sums[-1], argmax=self.argmax, pdl=o.pdl,
-                early=o.early_weights, persistent=o.persistent,
+                early=o.early_weights, persistent=o.persistent, scale=self.lm_scale,
             )  # fmt: skip
             return head[:, -1]
         if not (step and o.matmul == "triton" and x.shape[1] == 1):
