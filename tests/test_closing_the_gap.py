@@ -431,6 +431,40 @@ def test_the_page_says_which_rungs_gave_other_logits_on_a_later_call(tmp_path):
     )
 
 
+def test_the_repeat_note_sets_the_fp8_rungs_worst_error_apart_from_the_bf16_rungs():
+    """Run 20261207T102609Z: rung 20 (FP8 weights, folded norms) adds Σx² by atomics too and gave other logits
+    on 18 of 30 calls. Its worst error over its calls is said apart from the BF16 rungs', with its own bound:
+    one maximum over both would set an FP8 error beside eager's BF16 one as if it were a BF16 rung's."""
+    from labsupport import runs
+
+    recorded = runs.load_run(chapters.by_slug("closing-the-gap"), "20261207T102609Z-h100-80gb-hbm3")
+    note = ch.repeat_note(recorded)
+    assert "*20 FP8 + folded norms* 18)" in note
+    assert note.endswith(
+        "The largest error against float32 over all their calls was 0.370 for the BF16 rungs and 2.350 for the FP8 "
+        "rung (allowed 32 times eager's error: its weights are rounded to 8 bits), eager's own 0.304."
+    )
+
+
+def test_each_fp8_rungs_kernels_are_found_by_the_fp8_configs_it_launches():
+    """Run 20261207T102609Z tuned FP8 gate/up both with its norm (rungs 18-19: 16 rows a program, 1,536
+    programs) and with SiLU alone (rung 20: 8 rows, 3,072 programs): each rung's GEMVs are named by the
+    configs of the cases it launches, and none by the other's."""
+    from labsupport import runs
+
+    run = runs.load_run(chapters.by_slug("closing-the-gap"), "20261207T102609Z-h100-80gb-hbm3")
+    for rung, grid in (("fp8-pdl", "1536,1,1"), ("fp8-folded", "3072,1,1")):
+        g = ch.kernel_groups(run, rung).set_index("grid")
+        assert g.loc[grid, "weight"] == "gate_up (fused)" and g.loc["768,1,1", "weight"] == "qkv (fused)"
+        assert g.loc[grid, "MB"] == pytest.approx(36 * 24576 * 4096 / 1e6)
+    from labsupport.chapters.closing_the_gap.kernel_time import _fp8_launches
+
+    cases = ("norm", "norm+silu", "silu", "plain", "residual")  # QKV plain is the folded rung's alone, and the LM head
+    assert [_fp8_launches(f, False, ch.OWN_OPTIONS["fp8-folded"]) for f in cases] == [False, False, True, True, True]
+    assert [_fp8_launches(f, False, ch.OWN_OPTIONS["fp8-pdl"]) for f in cases] == [True, True, False, False, True]
+    assert _fp8_launches("plain", True, ch.OWN_OPTIONS["fp8-pdl"])
+
+
 def test_a_split_k_config_kept_by_the_tuner_makes_the_rungs_that_allow_it_add_floats_by_atomics(
     published_run, tmp_path
 ):

@@ -148,9 +148,9 @@ def test_tune_keeps_a_bf16_config_for_each_way_of_launching_it(monkeypatch):
 
 
 def test_tune_times_the_folded_gate_up_as_its_rung_runs_it_and_every_other_case_alone(monkeypatch):
-    """Gate/up with SiLU and no norm is the folded-norms rung's: tune asks fused_call for it in that
-    rung's form (PDL, weights first, a Σx² scalar) only, and keeps its winner for every table; the plain,
-    normed and FP8 cases are never timed in it."""
+    """Gate/up with SiLU and no norm is the folded rungs': tune asks fused_call for it in their form
+    (PDL, weights first, a Σx² scalar) only, and keeps its winner for every table, with FP8 weights too
+    (rung 20's); the plain and normed cases are never timed in it."""
     asked = []
 
     def call(n, k, fusion, config, folded=False, **_):
@@ -167,5 +167,6 @@ def test_tune_times_the_folded_gate_up_as_its_rung_runs_it_and_every_other_case_
     assert (gemv.PLAIN, False) in asked and (norm_silu, False) in asked  # the others alone, then with `early`
     assert (gemv.CHOSEN_EARLY[(64, 32, silu)] == gemv.CHOSEN[(64, 32, silu)]) and len(gemv.CHOSEN_EARLY) == 3
     asked.clear()
-    gemv.tune([(64, 32, silu)], progress=lambda _: None, fp8=True)
-    assert asked and not any(folded for _, folded in asked)
+    gemv.tune([(64, 32, silu), (64, 32, norm_silu)], progress=lambda _: None, fp8=True)
+    assert {f for f, folded in asked if folded} == {silu} and (silu, False) not in asked
+    assert (norm_silu, False) in asked and len(gemv.CHOSEN_FP8) == 2

@@ -120,9 +120,20 @@ def repeat_note(run: runs.Run) -> str:
             f". Of these, {rung_names(differ.rung[~atomics])} adds no floats by atomics, so a kernel of its step "
             "reads memory that another still writes; every rung not named gave the same logits bit for bit."
         )
-    return text + (
-        f" The largest error against float32 over all their calls was {differ.replay_max_abs_err.max():.3f}, "
-        f"eager's own {eager_error(run):.3f}."
+    # each against its own bound: an FP8 rung's weights round more, and it is allowed more
+    fp8, worst = differ.rung.isin(FP8_RUNGS), []
+    if (~fp8).any():
+        worst.append(f"{differ[~fp8].replay_max_abs_err.max():.3f}" + (" for the BF16 rungs" if fp8.any() else ""))
+    if fp8.any():
+        whose = "the FP8 rungs" if fp8.sum() > 1 else "the FP8 rung"
+        worst.append(
+            f"{differ[fp8].replay_max_abs_err.max():.3f} for {whose} (allowed {fp8_error_factor(run):g} times "
+            "eager's error: its weights are rounded to 8 bits)"
+        )
+    said = " and ".join(worst)
+    return (
+        text
+        + f" The largest error against float32 over all their calls was {said}, eager's own {eager_error(run):.3f}."
     )
 
 
