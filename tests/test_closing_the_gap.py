@@ -1283,8 +1283,8 @@ def test_the_rungs_that_cost_time_are_named_with_the_part_of_the_step_that_grew_
     steps = ch.ladder(run)
     costlier = ch.costlier_rungs(run, steps)
     t = steps.set_index("rung")
-    own = [r for r in ch.RUNGS if r not in ch.SHARED_RUNGS and r not in ch.FP8_RUNGS]
-    pairs = [(ch.built_on(r), r) for r in own[1:]]
+    own = [r for r in ch.RUNGS if r not in ch.SHARED_RUNGS]
+    pairs = [(ch.built_on(r), r) for r in own[1:] if (r in ch.FP8_RUNGS) == (ch.built_on(r) in ch.FP8_RUNGS)]
     slower = [b for a, b in pairs if b in t.index and t.loc[b, "ms"] > max(t.loc[a, "ms"], t.loc[a, "q3"])]
     assert costlier.rung.tolist() == slower and (costlier.before == [ch.built_on(r) for r in slower]).all()
     text = prose.costlier_text(costlier)
@@ -1309,6 +1309,21 @@ def test_the_rungs_that_cost_time_are_named_with_the_part_of_the_step_that_grew_
         assert text.endswith(f"carry that cost too: {', '.join(f'*{ch.RUNG_SHORT[r]}*' for r in carried[:-1])}"
                              f" and *{ch.RUNG_SHORT[carried[-1]]}*.")  # fmt: skip
     assert {"folded-norms", "persistent", "fp8-pdl"} <= set(carried)
+
+
+def test_an_fp8_rung_that_costs_time_is_set_against_the_fp8_rung_it_is_built_on(tmp_path):
+    """Run 20261207T102609Z with rung 20 (FP8, folded norms) made slower than rung 19: it is named against
+    rung 19 with the part that grew (o_proj and down_proj, which add Σx² by atomics: 1,058 µs a step
+    against 981), never against a BF16 rung; rung 19, on rung 13's options, is not set against rung 13."""
+    from labsupport import runs
+
+    run = runs.load_run(chapters.by_slug("closing-the-gap"), "20261207T102609Z-h100-80gb-hbm3")
+    slow = with_rungs(run, tmp_path, {}, changed={"fp8-folded": {"gpu_ms_min": 3.1}})
+    c = ch.costlier_rungs(slow, ch.ladder(slow)).set_index("rung")
+    assert c.loc["fp8-folded", "before"] == "fp8-pdl" and c.loc["fp8-folded", "part"] == "o_proj / down_proj"
+    assert c.loc["fp8-folded", "part µs"] == pytest.approx(1058.4, abs=0.1)
+    assert c.loc["fp8-folded", "before part µs"] == pytest.approx(981.0, abs=0.1)
+    assert "fp8-pdl" not in c.index and "fp8-weights" not in c.index
 
 
 def test_each_rung_is_built_on_the_one_before_it_but_the_branches():

@@ -133,16 +133,18 @@ def exclusive_parts(run: runs.Run, rung: str) -> pd.Series:
 
 
 def costlier_rungs(run: runs.Run, ladder_rows: pd.DataFrame) -> pd.DataFrame:
-    """Each of our BF16 rungs slower than the rung it is built on (params.built_on, both with numbers
-    and traces in this run): its best time above the third quartile of the rung before's trials; with
-    the part whose exclusive time grew most (the layer kernel against the parts it replaces): rung,
-    before, ms, before ms, part, part µs, before part µs."""
-    own = [r for r in RUNGS if r not in SHARED_RUNGS and r not in FP8_RUNGS]
+    """Each of our rungs slower than the rung it is built on (params.built_on, both with numbers and
+    traces in this run, and both BF16 or both FP8: weights of one width): its best time above the third
+    quartile of the rung before's trials; with the part whose exclusive time grew most (the layer kernel
+    against the parts it replaces): rung, before, ms, before ms, part, part µs, before part µs."""
+    own = [r for r in RUNGS if r not in SHARED_RUNGS]
     timed = ladder_rows.set_index("rung")
     traced = {r for r in own if trace_file(r) in run.meta["files"]}
     rows = []
     for rung in own[1:]:
         before = built_on(rung)
+        if (rung in FP8_RUNGS) != (before in FP8_RUNGS):  # an FP8 rung on a BF16 one's options reads other bytes
+            continue
         if not {before, rung} <= traced or not {before, rung} <= set(timed.index):
             continue
         ms, was, spread = timed.loc[rung, "ms"], timed.loc[before, "ms"], timed.loc[before, "q3"]
