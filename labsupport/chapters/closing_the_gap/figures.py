@@ -17,7 +17,7 @@ def ladder_figure(split: pd.DataFrame, floor_ms: float, passed: dict, label: str
     (eager's) is cut at the axis's end, its label saying so. A rung that fails the same-answers
     check is labelled so. `texts` gives a rung's time as text (a shared quantity's own digits)."""
     parts = [("floor ms", "#2f4b7c"), ("kernels above floor ms", "#f2b880"), ("GPU idle ms", "#c9c9c9")]
-    fig, ax = plt.subplots(figsize=(figures.WIDTH, 0.44 * len(split) + 2.2))  # 19 rungs within a page
+    fig, ax = plt.subplots(figsize=(figures.WIDTH, 0.38 * len(split) + 2.2))  # 20 rungs within a page
     names = split.rung.map(RUNG_SHORT)
     walls = split["wall ms"].sort_values(ascending=False)
     xmax = float(walls.iloc[0]) * 1.45

@@ -101,18 +101,18 @@ def repeat_note(run: runs.Run) -> str:
     if ours.empty:
         return ""
     n = int(ours.replays.max())
-    text = f"After its check each of our rungs was called {n} more times, the same step on the same buffers: "
+    text = f"After its check each of our rungs was called {n} more times, the same step on the same buffers"
     differ = ours[ours.replays_differing > 0]
     if differ.empty:
-        return text + "every call gave its first call's logits, bit for bit."
-    counts = "; ".join(f"*{RUNG_SHORT.get(x.rung, x.rung)}* {int(x.replays_differing)}" for x in differ.itertuples())
+        return text + ": every call gave its first call's logits, bit for bit."
+    counts = ", ".join(f"*{RUNG_SHORT.get(x.rung, x.rung)}* {int(x.replays_differing)}" for x in differ.itertuples())
     adders = atomic_adders(run)
     atomics = differ.rung.isin(list(adders))
-    text += f"{rung_names(differ.rung)} gave other logits on some (calls of {n} that differed from the first: {counts})"
+    text += f". Calls of {n} that gave other logits than the first: {counts}"
     if atomics.all():
         what = " and ".join(dict.fromkeys(what for rung in differ.rung for what in adders[rung]))
         text += (
-            ", every other rung the same bit for bit. Each of these adds floats by atomics from many programs "
+            "; every other rung gave the same bit for bit. Each of these adds floats by atomics from many programs "
             f"({what}), and floats added in another order round differently."
         )
     else:
@@ -275,8 +275,7 @@ def fp8_text(run: runs.Run, rung: str, fp8: pd.Series, fp8_floor: Floor, best: p
 FP8_CHANGES = (
     ("fp8-pdl", "fp8-weights", "dependent launch, each GEMV's weights loaded before its wait and attention in one "
      "kernel"),
-    ("fp8-folded", "fp8-pdl", "the norms' weights folded into the FP8 matrices, each norm's sum of squares from the "
-     "kernel that writes its vector and the argmax inside the LM head"),
+    ("fp8-folded", "fp8-pdl", "rung 14's folded norms and argmax"),
 )  # fmt: skip
 
 
