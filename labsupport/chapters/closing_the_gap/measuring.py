@@ -350,13 +350,17 @@ def folded_step_cases(model) -> dict[str, tuple]:
             "down": (*s["down_proj"], Fusion(residual=True)), "lm_head": (*s["lm_head"], PLAIN)}  # fmt: skip
 
 
+def step_trials(trials, case) -> list:
+    """The BF16 trials of `case` (N, K, Fusion) timed as the folded-norms step launches it (PDL, W's first
+    tiles before the wait: gemv.Trial.early)."""
+    return [t for t in trials if (t.n, t.k, t.fusion) == case and t.early and t.weights != "fp8"]
+
+
 def near_ties(trials, case, within: float = STEP_TIE, most: int = STEP_TIE_MOST) -> list:
     """The trials of `case` (N, K, Fusion) timed as the folded-norms step launches it (PDL, W's
     first tiles before the wait: gemv.Trial.early) within `within` of the fastest, fastest first,
     at most `most`; [] where none was timed so (no PDL on this GPU)."""
-    mine = sorted(
-        (t for t in trials if (t.n, t.k, t.fusion) == case and t.early and t.weights != "fp8"), key=lambda t: t.us
-    )
+    mine = sorted(step_trials(trials, case), key=lambda t: t.us)
     return [t for t in mine if t.us <= mine[0].us * (1 + within)][:most]
 
 
@@ -368,8 +372,7 @@ def one_tiling(trials, cases: dict) -> dict | None:
     one = gemv.Config(*STEP_ONE_TILING)
     picks = {}
     for name, case in cases.items():
-        mine = [t for t in trials if (t.n, t.k, t.fusion) == case and t.early and t.weights != "fp8"]
-        mine = [t for t in mine if t.config == one]
+        mine = [t for t in step_trials(trials, case) if t.config == one]
         if not mine:
             return None
         picks[name] = mine[0]
@@ -466,9 +469,8 @@ def settle_folded_tilings(model, prompt: decode.Prompt, ref: Reference, device: 
     gemv.CHOSEN_FOLDED.update(configs[best["variant"]])
     for case in every.values():
         runs_it = gemv.choose(*case, early=True, folded=True)
-        for t in trials:
-            if (t.n, t.k, t.fusion) == case and t.early and t.weights != "fp8":
-                t.chosen_folded = t.config == runs_it
+        for t in step_trials(trials, case):
+            t.chosen_folded = t.config == runs_it
     return list(rows.values())
 
 
