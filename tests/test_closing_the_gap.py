@@ -974,6 +974,10 @@ def test_every_fp8_candidate_leaves_each_thread_16_bytes_a_load_or_more():
     for c in gemv.FP8_CANDIDATES:
         assert c.block_k % 16 == 0 and c.block_n * c.block_k // (32 * c.num_warps) >= gemv.FP8_CHUNK, c
     assert {(c.block_n, c.block_k) for c in gemv.FP8_CANDIDATES} >= {(4, 1024), (2, 2048)}
+    # those with an accumulator a weight hold 32 weights a thread: 32 float32 registers of sums
+    ones = [c for c in gemv.FP8_CANDIDATES if c.chunk == 1]
+    assert ones and all(c.block_n * c.block_k // (32 * c.num_warps) == 32 for c in ones)
+    assert all(c.chunk == 0 for c in gemv.CANDIDATES)  # BF16 sums a whole tile (no chunk)
 
 
 def test_a_gemv_is_timed_on_copies_that_overflow_l2_but_never_thousands_of_them():
@@ -1005,11 +1009,13 @@ def test_fp8_quantisation_is_within_half_a_step_of_e4m3():
     assert ch.FP8_ERROR_FACTOR == ch.ERROR_FACTOR * 16  # 2^-3 over 2^-7
 
 
+@pytest.mark.parametrize("chunk", [0, 1])
 @pytest.mark.parametrize("emulate", [False, True])
-def test_fp8_gemv_and_its_fusions_match_the_dequantised_weight(emulate):
+def test_fp8_gemv_and_its_fusions_match_the_dequantised_weight(emulate, chunk):
     """Our GEMV reading FP8 weights (row scales applied to each row's sum) against PyTorch on the
     dequantised weight, in the interpreter: real float8 tensors where the interpreter takes them,
-    and the emulated path (E4M3 values held in float32) that a Triton without float8 would use."""
+    and the emulated path (E4M3 values held in float32) that a Triton without float8 would use; each
+    thread's products summed FP8_CHUNK at a time (chunk 0) or each into an accumulator of its own."""
     from labsupport.measure.kernels import gemv_fp8
 
     g = torch.Generator().manual_seed(3)
@@ -1019,7 +1025,7 @@ def test_fp8_gemv_and_its_fusions_match_the_dequantised_weight(emulate):
     w8, s = gemv_fp8.quantize(w, emulate=emulate)
     dense = gemv_fp8.dequantize(w8, s, torch.float32)
     close = dict(rtol=1e-4, atol=1e-4)
-    c = gemv.Config(2, 64, 4, 2)
+    c = gemv.Config(2, 64, 4, 2, chunk=chunk)
     torch.testing.assert_close(gemv.gemv(x, w8, scale=s, config=c), x @ dense.T, **close)
     normed = qwen3_decode.rmsnorm(x, nw, 1e-6)
     y = normed @ dense.T

@@ -41,7 +41,7 @@ KEYS = {
         "rungs.csv": "rung",
         "step_times.csv": "rung repeat",
         "matmuls.csv": "matrix",
-        "gemv_tuning.csv": "weights n k fusion split_k ctas_per_sm block_n block_k num_warps num_stages early",
+        "gemv_tuning.csv": "weights n k fusion split_k ctas_per_sm block_n block_k num_warps num_stages chunk early",
         "tokens_per_forward.csv": "tokens path",
     },
     "prefill-vs-decode": {

@@ -18,7 +18,12 @@ Three optional fusions (`Fusion`), so that one kernel does what would otherwise 
 Four launch options, for the last rungs:
 - FP8 weights (`scale`): W as float8 E4M3, one float32 scale per row (gemv_fp8) applied to the row's
   sum, x in BF16. A thread sums its 16 contiguous weights' products at once (FP8_CHUNK): a whole tile's
-  float32 accumulator (4 bytes a weight) took 132 registers at 16 x 512, leaving fewer bytes in flight;
+  float32 accumulator (4 bytes a weight) took 132 registers at 16 x 512, leaving fewer bytes in flight.
+  The tiles of 32 weights a thread are also tried with that accumulator (`Config.chunk` = 1): a weight
+  then costs one fused multiply-add instead of a multiply or add and its share of the sum of 16. In the
+  loop's sm_90 code from Triton 3.9 (compiled here for sm_90 and its instructions counted) that is 2.5
+  instructions a weight against 3, the E4M3 -> half -> float32 conversion taking 1.5 of either; an FP8
+  GEMV has a weight to convert and multiply per byte it reads, a BF16 one half a weight;
 - split-K (`Config.split_k` > 1): each row's K is cut into split_k stretches, one program per
   (rows, stretch), each adding its partial sum into a float32 buffer with atomics; a second
   small kernel (`_finish`) applies the norm's scale, the rounding, SiLU x up or the residual,
@@ -71,6 +76,7 @@ class Config:
     num_stages: int
     split_k: int = 1  # programs along K per block of rows (module docstring)
     ctas_per_sm: int = 0  # > 0: the persistent form, this many programs per SM walking the row blocks
+    chunk: int = 0  # FP8 weights a thread sums before its accumulator (0: FP8_CHUNK; 1: one accumulator each)
 
     def __post_init__(self):
         if self.ctas_per_sm > 0 and self.split_k > 1:
@@ -111,6 +117,10 @@ SPLIT_MAX_ELEMENTS = 32 * 2**20
 # FP8 candidates: tiles of 4,096 to 32,768 weights, 16 contiguous a thread or more (one 16-byte load)
 FP8_TILES = [(8, 1024, 4), (16, 512, 4), (16, 1024, 4), (32, 512, 8), (8, 512, 4), (4, 1024, 4), (32, 1024, 8)]
 FP8_CANDIDATES = [Config(bn, bk, w, 2) for bn, bk, w in [*FP8_TILES, (2, 2048, 8)]]
+# ... and the tiles of 32 weights a thread with an accumulator each (chunk 1: 32 float32 registers)
+FP8_CANDIDATES += [
+    Config(bn, bk, w, 2, chunk=1) for bn, bk, w in [(8, 512, 4), (4, 1024, 4), (8, 1024, 8), (16, 512, 8)]
+]
 FP8_CHUNK = 16  # FP8 weights a thread sums at once (module docstring); BF16 weights sum the whole tile
 # The persistent candidates (the persistent rung's): two programs per SM, each loading long stretches
 # of a few rows three stages deep. (Closing-the-gap 20261206T004616Z-h100-80gb-hbm3: one per SM was
@@ -428,7 +438,7 @@ def launch(
         kernels.persistent[(grid,)](*args, STAGES=c.num_stages, **flags, **cap)
         return out
     tiles = early_tiles(c, fp8=scale is not None) if early else 1
-    chunk = FP8_CHUNK if scale is not None else 1
+    chunk = (c.chunk or FP8_CHUNK) if scale is not None else 1
     kernels.plain[(blocks, c.split_k)](*args, SPLIT_K=c.split_k, EARLY_TILES=tiles, CHUNK=chunk, **flags)
     if c.split_k > 1:
         block = 256
