@@ -19,11 +19,10 @@ Four launch options, for the last rungs:
 - FP8 weights (`scale`): W as float8 E4M3, one float32 scale per row (gemv_fp8) applied to the row's
   sum, x in BF16. A thread sums its 16 contiguous weights' products at once (FP8_CHUNK): a whole tile's
   float32 accumulator (4 bytes a weight) took 132 registers at 16 x 512, leaving fewer bytes in flight.
-  The tiles of 32 weights a thread are also tried with that accumulator (`Config.chunk` = 1): a weight
-  then costs one fused multiply-add instead of a multiply or add and its share of the sum of 16. In the
-  loop's sm_90 code from Triton 3.9 (compiled here for sm_90 and its instructions counted) that is 2.5
-  instructions a weight against 3, the E4M3 -> half -> float32 conversion taking 1.5 of either; an FP8
-  GEMV has a weight to convert and multiply per byte it reads, a BF16 one half a weight;
+  Tiles of 32 weights a thread are also tried with that accumulator (`Config.chunk` = 1): a weight then
+  costs one fused multiply-add, not a multiply or add and a share of the sum of 16. In the loop's sm_90
+  code from Triton 3.9 (its instructions counted) that is 2.5 instructions a weight against 3, 1.5 of them
+  the E4M3 -> half -> float32 conversion; an FP8 GEMV has a weight per byte it reads, BF16 half of one;
 - split-K (`Config.split_k` > 1): each row's K is cut into split_k stretches, one program per
   (rows, stretch), each adding its partial sum into a float32 buffer with atomics; a second
   small kernel (`_finish`) applies the norm's scale, the rounding, SiLU x up or the residual,
@@ -114,20 +113,17 @@ CANDIDATES = [
 # on every shape, by 3-4 us on o_proj; the two least slow are kept, so that the tuner decides.)
 SPLIT_CANDIDATES = [Config(4, 512, 4, 2, 4), Config(2, 1024, 4, 2, 4)]
 SPLIT_MAX_ELEMENTS = 32 * 2**20
-# FP8 candidates: tiles of 4,096 to 32,768 weights, 16 contiguous a thread or more (one 16-byte load)
+# FP8 candidates: tiles of 4,096 to 32,768 weights, 16 contiguous a thread or more (one 16-byte load); and the
+# tiles of 32 weights a thread with an accumulator each (chunk 1: 32 float32 registers)
 FP8_TILES = [(8, 1024, 4), (16, 512, 4), (16, 1024, 4), (32, 512, 8), (8, 512, 4), (4, 1024, 4), (32, 1024, 8)]
-FP8_CANDIDATES = [Config(bn, bk, w, 2) for bn, bk, w in [*FP8_TILES, (2, 2048, 8)]]
-# ... and the tiles of 32 weights a thread with an accumulator each (chunk 1: 32 float32 registers)
-FP8_CANDIDATES += [
+FP8_CANDIDATES = [Config(bn, bk, w, 2) for bn, bk, w in [*FP8_TILES, (2, 2048, 8)]] + [
     Config(bn, bk, w, 2, chunk=1) for bn, bk, w in [(8, 512, 4), (4, 1024, 4), (8, 1024, 8), (16, 512, 8)]
 ]
 FP8_CHUNK = 16  # FP8 weights a thread sums at once (module docstring); BF16 weights sum the whole tile
 # The persistent candidates (the persistent rung's): two programs per SM, each loading long stretches
 # of a few rows three stages deep. (Closing-the-gap 20261206T004616Z-h100-80gb-hbm3: one per SM was
 # slowest everywhere; in 20261206T041852Z four per SM, kept by under 1% alone, lost 0.19 ms in the step.)
-PERSISTENT_CANDIDATES = [
-    Config(bn, bk, w, 3, ctas_per_sm=2) for bn, bk, w in [(2, 2048, 8), (4, 2048, 8), (2, 4096, 8)]
-]
+PERSISTENT_CANDIDATES = [Config(*tile, 3, ctas_per_sm=2) for tile in [(2, 2048, 8), (4, 2048, 8), (2, 4096, 8)]]
 PERSISTENT_DEFAULT = Config(4, 2048, 8, 3, ctas_per_sm=2)
 # The chosen config for each weight shape and fusion (N, K, Fusion), filled by tune(): without
 # split-K (CHOSEN), best of all (CHOSEN_SPLIT, the split-K rung's), timed with PDL and W's first tiles
