@@ -1,8 +1,9 @@
-"""The folded-norms rung's tilings are settled in the whole step (closing_the_gap.settle_folded_tilings):
-its QKV's and gate/up's where two tie alone, and one tiling for every GEMV of it: which tilings count
-as tied, on a recorded run's tuning table; the step built with each, checked and timed, the fastest
-kept where the rung will read it (gemv.CHOSEN_FOLDED), and the trials marked as the page reads them;
-the page's sentence. The step runs on the
+"""The folded rungs' tilings are settled in the whole step (closing_the_gap.settle_folded_tilings):
+the folded-norms step's QKV's and gate/up's where two tie alone, and one tiling for every GEMV of it;
+the FP8 folded step's QKV's and gate/up's two fastest FP8 tilings. Which tilings count as tied, on
+recorded runs' tuning tables; the step built with each, checked and timed, the fastest kept where the
+rung will read it (gemv.CHOSEN_FOLDED, or gemv.CHOSEN_FP8), and the trials marked as the page reads
+them; the page's sentence. The step runs on the
 tiny model, on a CPU, in Triton's interpreter (its waits are no-ops there)."""
 
 import os
@@ -27,16 +28,18 @@ pytestmark = pytest.mark.unit
 TUNED_4X2048 = "20261207T002010Z-h100-80gb-hbm3"
 FUSIONS = {f.label: f for f in (gemv.PLAIN, gemv.Fusion(silu=True), gemv.Fusion(norm=True),
                                 gemv.Fusion(norm=True, silu=True), gemv.Fusion(residual=True))}  # fmt: skip
-CONFIG_FIELDS = ("block_n", "block_k", "num_warps", "num_stages", "split_k", "ctas_per_sm")
+CONFIG_FIELDS = ("block_n", "block_k", "num_warps", "num_stages", "split_k", "ctas_per_sm", "chunk")
 
 
-def recorded_trials(run_id: str) -> list[gemv.Trial]:
-    """The run's gemv_tuning.csv as the tuner's trials (BF16, not persistent)."""
+def recorded_trials(run_id: str, fp8: bool = False) -> list[gemv.Trial]:
+    """The run's gemv_tuning.csv as the tuner's trials (BF16, not persistent; or FP8's)."""
     t = pd.read_csv(RUNS / ch.CHAPTER / run_id / "gemv_tuning.csv")
-    t = t[t.weights.ne("fp8") & t.ctas_per_sm.eq(0)]
+    t = t[t.weights.eq("fp8")] if fp8 else t[t.weights.ne("fp8") & t.ctas_per_sm.eq(0)]
+    fields = [f for f in CONFIG_FIELDS if f in t.columns]  # chunk: recorded from 20261207T133436Z on
     return [
-        gemv.Trial(r.n, r.k, FUSIONS[r.fusion], gemv.Config(**{f: int(getattr(r, f)) for f in CONFIG_FIELDS}),
-                   r.us, r.tbs, weights=r.weights, early=bool(r.early), chosen_early=bool(r.chosen_early))
+        gemv.Trial(r.n, r.k, FUSIONS[r.fusion], gemv.Config(**{f: int(getattr(r, f)) for f in fields}),
+                   r.us, r.tbs, chosen=bool(r.chosen), weights=r.weights, early=bool(r.early),
+                   chosen_early=bool(r.chosen_early))
         for r in t.itertuples()
     ]  # fmt: skip
 
@@ -189,3 +192,72 @@ def test_the_page_names_the_step_with_every_gemv_on_one_tiling():
                            "4 rows of 1,024 with 4 warps, and timed whole")  # fmt: skip
     assert "QKV 4 rows of 2,048 and gate/up 8 rows of 1,024: 5.032 ms (the tuner's picks)" in text
     assert text.endswith("; every GEMV 4 rows of 1,024 with 4 warps: 4.987 ms, kept.")
+
+
+# An H100 run whose FP8 tuner kept 16 rows of 512 (8 warps, an accumulator a weight) for the folded step's
+# plain QKV at 9.64 us alone, 8 rows of 1,024 (4 warps) next at 10.03: 4% apart
+FP8_CHUNK_ONE = "20261207T133436Z-h100-80gb-hbm3"
+
+
+def test_the_fp8_step_tries_its_two_fastest_fp8_tilings_within_the_wider_tie():
+    trials, cases = recorded_trials(FP8_CHUNK_ONE, fp8=True), ch.folded_tie_cases(qwen3_8b())
+    qkv = ch.near_ties(trials, cases["qkv"], ch.STEP_TIE_FP8, fp8=True)
+    assert [(t.config.block_n, t.config.block_k, t.config.num_warps, t.config.chunk) for t in qkv] == [
+        (16, 512, 8, 1), (8, 1024, 4, 0)]  # fmt: skip
+    assert [round(t.us, 2) for t in qkv] == [9.64, 10.03] and qkv[0].chosen  # the tuner's pick first
+    assert ch.near_ties(trials, cases["qkv"], fp8=True)[1:] == []  # 4% apart: no tie at BF16's width
+    assert all(t.weights == "fp8" and t.early for t in qkv)
+    assert ch.near_ties(trials, cases["qkv"], ch.STEP_TIE_FP8) == []  # BF16's ties: none among FP8 trials
+    tries = ch.folded_tries(qwen3_8b(), trials, fp8=True)
+    assert len(tries) == 4 and all(sorted(t) == ["gate_up", "qkv"] for t in tries)  # 2 x 2, no one-tiling step
+    assert ch.folded_tries(qwen3_8b(), trials) == []  # BF16's: the FP8 trials are not theirs
+
+
+@pytest.mark.live
+@pytest.mark.usefixtures("waits_as_no_ops")
+def test_the_fp8_folded_step_built_with_each_pair_keeps_the_faster_in_the_fp8_table(tiny_with_norms, monkeypatch):
+    from .test_closing_the_gap import folded_and_rounded
+
+    model, prompt, _ = tiny_with_norms
+    rounded = ch.reference(folded_and_rounded(model), prompt)  # what the FP8 folded step computes, unrounded
+    cases = ch.folded_tie_cases(model)
+    plain, each = gemv.Config(16, 64, 4, 2), gemv.Config(8, 64, 4, 2, chunk=1)
+    unrelated = (64, 64, gemv.Fusion(residual=True))
+    monkeypatch.setattr(gemv, "CHOSEN_FP8", {**{case: plain for case in cases.values()}, unrelated: plain})
+    monkeypatch.setattr(gemv, "CHOSEN_FOLDED", {})
+    monkeypatch.setattr(gemv, "CHOSEN_EARLY", {})
+    trials = [gemv.Trial(*cases["qkv"], c, us, 1.0, chosen=c == plain, weights="fp8", early=True)
+              for c, us in ((plain, 10.0), (each, 10.4), (gemv.Config(2, 64, 4, 2), 11.0))]  # fmt: skip
+    trials += [gemv.Trial(*cases["gate_up"], plain, 20.0, 1.0, chosen=True, weights="fp8", early=True)]
+    trials += [gemv.Trial(*cases["qkv"], each, 1.0, 1.0, early=True)]  # a BF16 trial, faster: not FP8's
+    rows = ch.settle_folded_tilings(model, prompt, rounded, "cpu", trials, "bfloat16", rounds=1, fp8=True)
+    assert [r["variant"] for r in rows] == ["qkv 16x64 4w, gate_up 16x64 4w", "qkv 8x64 4w chunk 1, gate_up 16x64 4w"]
+    assert [r["tuned"] for r in rows] == [True, False] and not any(r["every"] for r in rows)
+    assert all(r["passed"] and r["repeats"] == 1 and r["within"] == ch.STEP_TIE_FP8 for r in rows)
+    kept = [r for r in rows if r["chosen"]]
+    assert kept == [min(rows, key=lambda r: r["ms_median"])]
+    pick = gemv.Config(**kept[0]["qkv"])
+    assert gemv.CHOSEN_FP8 == {cases["qkv"]: pick, cases["gate_up"]: plain, unrelated: plain}
+    assert gemv.CHOSEN_FOLDED == {}  # the BF16 folded step's table is not FP8's
+    assert gemv.choose(*cases["qkv"], fp8=True) == pick  # what the FP8 folded rung built next runs
+    assert [t.config for t in trials if t.chosen and t.weights == "fp8"] == [pick, plain]  # as the page reads them
+    assert not trials[-1].chosen and rows[1]["qkv"]["chunk"] == 1 and rows[1]["qkv_us"] == 10.4
+
+
+def test_the_page_says_which_fp8_pairs_the_step_tried_and_which_it_kept():
+    def c(bn, bk, w, chunk=0):
+        return {"block_n": bn, "block_k": bk, "num_warps": w, "chunk": chunk}
+
+    rows = [
+        {"qkv": c(16, 512, 8, 1), "gate_up": c(32, 512, 8), "ms_median": 2.8692, "tuned": True, "chosen": False},
+        {"qkv": c(8, 1024, 4), "gate_up": c(32, 512, 8), "ms_median": 2.8113, "tuned": False, "chosen": True},
+    ]
+    rows = [{**r, "within": 0.05} for r in rows]
+    run = SimpleNamespace(results={"fp8_folded_tilings": rows})
+    text = ch.folded_tilings_text(run, fp8=True)
+    assert text.startswith(" Timed alone, the FP8 QKV's or gate/up's two fastest tilings were within 5% of each "
+                           "other, so the FP8 folded step was built with each pair")  # fmt: skip
+    assert ("QKV 16 rows of 512 (8 warps, an accumulator a weight) and gate/up 32 rows of 512 (8 warps): "
+            "2.869 ms (the tuner's picks)") in text  # fmt: skip
+    assert text.endswith("QKV 8 rows of 1,024 (4 warps) and gate/up 32 rows of 512 (8 warps): 2.811 ms, kept.")
+    assert ch.folded_tilings_text(run) == ""  # the BF16 step's sentence reads its own rows

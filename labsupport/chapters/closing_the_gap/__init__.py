@@ -10,8 +10,8 @@ remains, all computed from the run here.
 
     params     Params, CHAPTER, RUNGS (data key -> label shown), OWN_OPTIONS, ERROR_FACTOR, load
     measuring  pending_run, reference (eager's logits), build (each rung's step), fidelity,
-               settle_folded_tilings (the folded step's near-tied tilings timed whole),
                rung_row, rungs_table, weight_shapes, time_matmuls
+    tilings    settle_folded_tilings: the folded steps' (BF16's, FP8's) near-tied tilings timed whole
     analysis   floor, the step's bytes (KV cache too), ladder, best (BF16's), best_fp8, time_split, census,
                fidelity table, matmuls, remaining, tuning, next to published
     kernel_time  kernel_groups (where a rung's kernel time goes, exclusive of waits), exclusive_parts,
@@ -51,14 +51,16 @@ from .figures import (
     ladder_figure, matmul_figure,
 )
 from .measuring import (
-    best_timed, build, eager_fidelity, error_factor, fidelity, folded_step_cases, folded_tie_cases, folded_tries,
-    fp8_record, fp8_tuning_cases, gpu_memory_gb, near_ties, one_tiling, pending_run, persistent_tuning_cases,
-    Reference, reference, repeated_fidelity, rung_row, rungs_table, runs_here, settle_folded_tilings, time_matmuls,
-    time_tokens, timed_here, tune_attention, tune_layer_kernel, tuning_cases, weight_shapes,
+    best_timed, build, eager_fidelity, error_factor, fidelity, fp8_record, fp8_tuning_cases, gpu_memory_gb,
+    pending_run, persistent_tuning_cases, Reference, reference, repeated_fidelity, rung_row, rungs_table, runs_here,
+    time_matmuls, time_tokens, timed_here, tune_attention, tune_layer_kernel, tuning_cases, weight_shapes,
+)
+from .tilings import (
+    folded_step_cases, folded_tie_cases, folded_tries, near_ties, one_tiling, settle_folded_tilings, step_trials,
 )
 from .params import (
     CHAPTER, ERROR_FACTOR, FP8_ERROR_FACTOR, FP8_ERROR_FACTORS, FP8_RUNGS, load, MATMUL_COLUMNS, OWN_OPTIONS,
-    progress, RUNG_COLUMNS, RUNG_SHORT, RUNGS, SHARED_CONFIG, SHARED_RUNGS, STEP_ONE_TILING, STEP_TIE,
+    progress, RUNG_COLUMNS, RUNG_SHORT, RUNGS, SHARED_CONFIG, SHARED_RUNGS, STEP_ONE_TILING, STEP_TIE, STEP_TIE_FP8,
     STEP_TIME_COLUMNS, TOKENS, trace_file, BUILT_ON, built_on,
 )
 from .declaration import (

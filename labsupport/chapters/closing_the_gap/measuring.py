@@ -4,7 +4,7 @@ shape by shape, and the row each rung gets."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -19,10 +19,6 @@ from labsupport.chapters.closing_the_gap.params import (
     RUNG_COLUMNS,
     RUNGS,
     SHARED_RUNGS,
-    STEP_ONE_TILING,
-    STEP_TIE,
-    STEP_TIE_MOST,
-    STEP_TIE_ROUNDS,
     TOKEN_COLUMNS,
     TOKENS,
     progress,
@@ -328,150 +324,6 @@ def tune_layer_kernel(model, prompt_len: int) -> list[dict]:
         how = f"{r['us']:.1f} us a layer" if r["status"] == "ok" else r["status"]
         progress(f"  one kernel a layer, {r['ctas_per_sm']} x {r['num_warps']} warps a SM, {r['block_n']} rows: {how}")
     return rows
-
-
-def folded_tie_cases(model) -> dict[str, tuple]:
-    """The GEMVs whose tiling the folded-norms step settles (STEP_TIE), by name: the folded QKV
-    (plain: its norm is in the weights) and gate/up writing silu(gate) * up."""
-    from labsupport.measure.kernels.gemv import PLAIN, Fusion
-
-    s = weight_shapes(model)
-    return {"qkv": (*s["qkv (fused)"], PLAIN), "gate_up": (*s["gate_up (fused)"], Fusion(silu=True))}
-
-
-def folded_step_cases(model) -> dict[str, tuple]:
-    """Every GEMV of the folded-norms step, by name, each (N, K, Fusion) as that step launches it:
-    folded_tie_cases, o_proj and down_proj adding the residual, and the LM head (plain)."""
-    from labsupport.measure.kernels.gemv import PLAIN, Fusion
-
-    s = weight_shapes(model)
-    cases = folded_tie_cases(model)
-    return {"qkv": cases["qkv"], "o_proj": (*s["o_proj"], Fusion(residual=True)), "gate_up": cases["gate_up"],
-            "down": (*s["down_proj"], Fusion(residual=True)), "lm_head": (*s["lm_head"], PLAIN)}  # fmt: skip
-
-
-def step_trials(trials, case) -> list:
-    """The BF16 trials of `case` (N, K, Fusion) timed as the folded-norms step launches it (PDL, W's first
-    tiles before the wait: gemv.Trial.early)."""
-    return [t for t in trials if (t.n, t.k, t.fusion) == case and t.early and t.weights != "fp8"]
-
-
-def near_ties(trials, case, within: float = STEP_TIE, most: int = STEP_TIE_MOST) -> list:
-    """The trials of `case` (N, K, Fusion) timed as the folded-norms step launches it (PDL, W's
-    first tiles before the wait: gemv.Trial.early) within `within` of the fastest, fastest first,
-    at most `most`; [] where none was timed so (no PDL on this GPU)."""
-    mine = sorted(step_trials(trials, case), key=lambda t: t.us)
-    return [t for t in mine if t.us <= mine[0].us * (1 + within)][:most]
-
-
-def one_tiling(trials, cases: dict) -> dict | None:
-    """STEP_ONE_TILING's trial of each of `cases` (by name), timed as the folded-norms step launches
-    them (early); None where one of them was not timed so."""
-    from labsupport.measure.kernels import gemv
-
-    one = gemv.Config(*STEP_ONE_TILING)
-    picks = {}
-    for name, case in cases.items():
-        mine = [t for t in step_trials(trials, case) if t.config == one]
-        if not mine:
-            return None
-        picks[name] = mine[0]
-    return picks
-
-
-def folded_tries(model, trials) -> list[dict]:
-    """The GEMV configs settle_folded_tilings builds the folded-norms step with, each {name: trial}:
-    each combination of the QKV's and gate/up's near ties (the other GEMVs running what gemv.choose
-    gives them), then every GEMV on STEP_ONE_TILING (one_tiling), where it was timed and no combination
-    already runs it on every GEMV; [] where the QKV or gate/up was not timed as the step launches it."""
-    from itertools import product
-
-    from labsupport.measure.kernels import gemv
-
-    cases, every = folded_tie_cases(model), folded_step_cases(model)
-    ties = {name: near_ties(trials, case) for name, case in cases.items()}
-    if any(not t for t in ties.values()):
-        return []
-    tries = [dict(zip(ties, picks, strict=True)) for picks in product(*ties.values())]
-    one = one_tiling(trials, every)
-
-    def step_configs(pick: dict) -> dict:
-        return {name: pick[name].config if name in pick else gemv.choose(*case, early=True, folded=True)
-                for name, case in every.items()}  # fmt: skip
-
-    if one is not None and all(step_configs(pick) != step_configs(one) for pick in tries):
-        tries.append(one)
-    return tries
-
-
-def settle_folded_tilings(model, prompt: decode.Prompt, ref: Reference, device: str, trials, dtype: str,
-                          rounds: int = STEP_TIE_ROUNDS) -> list[dict]:  # fmt: skip
-    """Build the folded-norms step with each set of GEMV configs of folded_tries (the near-tied tilings
-    of its QKV and gate/up, or the tuner's pair alone where nothing ties; every GEMV on STEP_ONE_TILING),
-    check each against eager, time those that pass interleaved (CUDA events on a GPU), and keep the
-    fastest step's configs in gemv.CHOSEN_FOLDED (the rung built next runs them), marking `trials`
-    chosen_folded: the config each GEMV of the step runs. Timed alone, the two tilings tie and the
-    tuner's pick swung o_proj's and down's time in the step (STEP_TIE), and one tiling on every GEMV
-    beat the tuner's picks (STEP_ONE_TILING): the step decides.
-    One row per step built: the QKV's and gate/up's config and their times alone, whether every GEMV
-    ran the one tiling (`every`), the tie's width (`within`), the step's times, the tuner's picks
-    (`tuned`) and the one kept (`chosen`); [] where there is nothing to try (or no PDL here)."""
-    from labsupport.measure import harness
-    from labsupport.measure.kernels import gemv
-
-    cases, every = folded_tie_cases(model), folded_step_cases(model)
-    tries = folded_tries(model, trials)
-    if len(tries) < 2:
-        return []
-    tuned = {name: gemv.CHOSEN_EARLY.get(case) for name, case in cases.items()}
-    rows, variants, configs = {}, {}, {}
-    for pick in tries:
-        whole = len(pick) > len(cases)
-        label = ", ".join(f"{name} {t.config.block_n}x{t.config.block_k}" for name, t in pick.items() if name in cases)
-        if whole:
-            c = pick["qkv"].config
-            label = f"every GEMV {c.block_n}x{c.block_k}, {c.num_warps} warps"
-        row = {name: asdict(pick[name].config) for name in cases}
-        row |= {f"{name}_us": pick[name].us for name in cases}
-        row |= {"variant": label, "every": whole, "chosen": False, "within": STEP_TIE,
-                "tuned": not whole and all(pick[name].config == tuned[name] for name in cases)}  # fmt: skip
-        rows[label] = row
-        configs[label] = {every[name]: t.config for name, t in pick.items()}
-        saved = dict(gemv.CHOSEN_FOLDED)
-        try:
-            gemv.CHOSEN_FOLDED.update(configs[label])
-            step = build("folded-norms", model, prompt, ref.token, device)  # captured here, with these tilings
-        finally:
-            gemv.CHOSEN_FOLDED.clear()
-            gemv.CHOSEN_FOLDED.update(saved)
-        steps.prepare(step)
-        check = fidelity(step(), ref, error_factor("folded-norms", dtype))
-        row["passed"] = bool(check["passed"])
-        if row["passed"]:
-            variants[label] = (step, steps.setup(step))
-        progress(f"  folded norms with {label}: built, same answers: {row['passed']}")
-    timed = harness.interleaved(variants, device=device, rounds=rounds, warmup=3, what="folded-norms tilings",
-                                progress=progress) if variants else {}  # fmt: skip
-    for label, t in timed.items():
-        vals = list(t.gpu_ms) or list(t.wall_ms)
-        rows[label] |= {"ms_min": min(vals), "ms_median": harness.quantile(vals, 0.5), "repeats": len(vals)}
-        progress(f"  folded norms with {label}: {rows[label]['ms_median']:.3f} ms (median)")
-    step, variants, timed = None, None, None  # the steps built here are freed before the rungs are built
-    if device == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
-    done = [r for r in rows.values() if "ms_median" in r]
-    if not done:
-        return list(rows.values())
-    best = min(done, key=lambda r: r["ms_median"])
-    best["chosen"] = True
-    gemv.CHOSEN_FOLDED.update(configs[best["variant"]])
-    for case in every.values():
-        runs_it = gemv.choose(*case, early=True, folded=True)
-        for t in step_trials(trials, case):
-            t.chosen_folded = t.config == runs_it
-    return list(rows.values())
 
 
 def persistent_tuning_cases(model) -> list:

@@ -66,6 +66,11 @@ RUNG_SHORT = {
 STEP_TIE = 0.01
 STEP_TIE_MOST = 2  # tilings tried per GEMV: the fastest two alone (four steps at most for the two GEMVs)
 STEP_TIE_ROUNDS = 20
+# The FP8 folded step settles its QKV's and gate/up's tilings the same way, over a wider tie: alone, its
+# plain QKV kept 16 rows of 512 with an accumulator a weight at 9.64 us over 8 rows of 1,024 at 10.03
+# (4% apart; 20261207T133436Z-h100-80gb-hbm3), and in that run's step the QKV took 330 us a step
+# (exclusive, from the trace) against 269 us with 8 rows of 1,024 in 20261207T102609Z-h100-80gb-hbm3.
+STEP_TIE_FP8 = 0.05
 # The folded-norms step is also built with every GEMV on one tiling of the tuner's candidates, 4 rows of
 # 1,024 with 4 warps, (block_n, block_k, num_warps, num_stages), where the tuner's picks are not that on
 # every GEMV: on one H100 in one process the folded step ran 4.987 ms with it against 5.032 with the picks

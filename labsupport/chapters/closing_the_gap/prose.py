@@ -418,7 +418,12 @@ def compile_text(run: runs.Run, ladder: pd.DataFrame) -> str:
     tuning = (
         f" Tuning our GEMV took {', '.join(parts[:-1])}{' and ' if len(parts) > 1 else ''}{parts[-1]}." if parts else ""
     )
-    attention = attention_tuning_text(run) + layer_tuning_text(run) + folded_tilings_text(run)
+    attention = (
+        attention_tuning_text(run)
+        + layer_tuning_text(run)
+        + folded_tilings_text(run)
+        + folded_tilings_text(run, fp8=True)
+    )
     return "Compiling and warming each of our rungs took: " + ", ".join(times) + "." + tuning + attention
 
 
@@ -471,16 +476,21 @@ def layer_tuning_text(run: runs.Run) -> str:
     return " One layer in the layer kernel took, by its config: " + "; ".join(each) + "."
 
 
-def folded_tilings_text(run: runs.Run) -> str:
-    """Which tilings the folded-norms rung runs, where the run settled them in the whole step
-    (results["folded_tilings"], measuring.settle_folded_tilings): each pair of QKV and gate/up tilings
-    tried, and the step with every GEMV on one tiling (`every`), with the step's median time."""
-    rows = run.results.get("folded_tilings") or []
+def folded_tilings_text(run: runs.Run, fp8: bool = False) -> str:
+    """Which tilings the folded-norms rung runs (with `fp8`, the FP8 folded rung), where the run settled
+    them in the whole step (results["folded_tilings"] or ["fp8_folded_tilings"], tilings.settle_folded_tilings):
+    each pair of QKV and gate/up tilings tried, and the step with every GEMV on one tiling (`every`), with
+    the step's median time."""
+    rows = run.results.get("fp8_folded_tilings" if fp8 else "folded_tilings") or []
     if not rows:
         return ""
+    step = "FP8 folded step" if fp8 else "folded-norms step"
 
     def tiling(c: dict) -> str:
-        return f"{c['block_n']} rows of {c['block_k']:,}"
+        if not fp8:
+            return f"{c['block_n']} rows of {c['block_k']:,}"
+        each = ", an accumulator a weight" if c.get("chunk") == 1 else ""
+        return f"{c['block_n']} rows of {c['block_k']:,} ({c['num_warps']} warps{each})"
 
     def warps(c: dict) -> str:
         return f"{tiling(c)} with {c['num_warps']} warps"
@@ -504,12 +514,13 @@ def folded_tilings_text(run: runs.Run) -> str:
     every = f"every GEMV on one tiling, {warps(one['qkv'])}" if one is not None else ""
     timed = " and timed whole (the median of its CUDA events): " + "; ".join(each) + "."
     if len(pairs) > 1:
+        alone = "FP8 QKV's or gate/up's" if fp8 else "folded QKV's or gate/up's"
         return (
-            " Timed alone, the folded QKV's or gate/up's two fastest tilings were within "
-            f"{100 * rows[0]['within']:g}% of each other, so the folded-norms step was built with each pair"
+            f" Timed alone, the {alone} two fastest tilings were within "
+            f"{100 * rows[0]['within']:g}% of each other, so the {step} was built with each pair"
             + (f", and once with {every}," if one is not None else "") + timed
         )  # fmt: skip
-    return f" The folded-norms step was built with the tuner's picks and with {every}," + timed
+    return f" The {step} was built with the tuner's picks and with {every}," + timed
 
 
 def costlier_text(costlier: pd.DataFrame, timed=()) -> str:
