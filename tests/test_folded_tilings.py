@@ -237,7 +237,7 @@ def test_the_fp8_folded_step_built_with_each_pair_keeps_the_faster_in_the_fp8_ta
     kept = [r for r in rows if r["chosen"]]
     assert kept == [min(rows, key=lambda r: r["ms_median"])]
     pick = gemv.Config(**kept[0]["qkv"])
-    assert gemv.CHOSEN_FP8 == {cases["qkv"]: pick, cases["gate_up"]: plain, unrelated: plain}
+    assert {cases["qkv"]: pick, cases["gate_up"]: plain, unrelated: plain} == gemv.CHOSEN_FP8
     assert gemv.CHOSEN_FOLDED == {}  # the BF16 folded step's table is not FP8's
     assert gemv.choose(*cases["qkv"], fp8=True) == pick  # what the FP8 folded rung built next runs
     assert [t.config for t in trials if t.chosen and t.weights == "fp8"] == [pick, plain]  # as the page reads them
