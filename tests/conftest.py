@@ -449,6 +449,37 @@ def tiny_model_with_norms(dtype):
     return model, decode.Prompt.random(model.config.vocab_size, 1, 40, "cpu")
 
 
+def folded_and_rounded(model):
+    """A copy of `model` whose norm weights were folded into the matrices after them (folded_norms.fold),
+    those matrices rounded to FP8 and back, and the norms' weights set to one: the weights the FP8 rung
+    with folded norms computes with (each row rounded alone, as the step's concatenations round them)."""
+    import copy
+
+    import torch
+
+    from labsupport.measure.kernels import folded_norms, gemv_fp8
+
+    def fold_round(linear, norm):
+        w = folded_norms.fold(linear.weight, norm)
+        linear.weight.copy_(gemv_fp8.dequantize(*gemv_fp8.quantize(w), w.dtype))
+
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for lyr in out.model.layers:
+            a, m = lyr.self_attn, lyr.mlp
+            for linear in (a.q_proj, a.k_proj, a.v_proj):
+                fold_round(linear, lyr.input_layernorm.weight)
+            for linear in (m.gate_proj, m.up_proj):
+                fold_round(linear, lyr.post_attention_layernorm.weight)
+            for linear in (a.o_proj, m.down_proj):
+                linear.weight.copy_(gemv_fp8.dequantize(*gemv_fp8.quantize(linear.weight), linear.weight.dtype))
+            lyr.input_layernorm.weight.fill_(1.0)
+            lyr.post_attention_layernorm.weight.fill_(1.0)
+        fold_round(out.lm_head, out.model.norm.weight)
+        out.model.norm.weight.fill_(1.0)
+    return out
+
+
 @pytest.fixture(scope="module")
 def tiny_with_norms():
     """tiny_model_with_norms in float32, with eager's reference (closing_the_gap.reference)."""

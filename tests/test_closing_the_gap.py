@@ -21,7 +21,7 @@ from labsupport.measure import decode, models
 from labsupport.measure.models import qwen3_decode  # noqa: E402
 from labsupport.traces import kernels  # noqa: E402
 
-from .conftest import FIXTURES, fixture_run, with_shared_owners  # noqa: E402
+from .conftest import FIXTURES, fixture_run, folded_and_rounded, with_shared_owners  # noqa: E402
 from .live_cells import parameters, run_live_cells, watch_harness  # noqa: E402
 from .page_names import unglued  # noqa: E402
 
@@ -160,35 +160,6 @@ def test_the_fp8_rung_on_rung_13_passes_the_check_against_its_fp8_weights(tiny, 
     assert torch.equal(rounded.token, ref.token)  # the same input token
     check = ch.fidelity(out, rounded, ch.error_factor("fp8-pdl"))
     assert check["passed"] and check["same_token"] and int(rounded.next_token) == int(ref.next_token)
-
-
-def folded_and_rounded(model):
-    """A copy of `model` whose norm weights were folded into the matrices after them (folded_norms.fold),
-    those matrices rounded to FP8 and back, and the norms' weights set to one: the weights the FP8 rung
-    with folded norms computes with (each row rounded alone, as the step's concatenations round them)."""
-    import copy
-
-    from labsupport.measure.kernels import folded_norms, gemv_fp8
-
-    def fold_round(linear, norm):
-        w = folded_norms.fold(linear.weight, norm)
-        linear.weight.copy_(gemv_fp8.dequantize(*gemv_fp8.quantize(w), w.dtype))
-
-    out = copy.deepcopy(model)
-    with torch.no_grad():
-        for lyr in out.model.layers:
-            a, m = lyr.self_attn, lyr.mlp
-            for linear in (a.q_proj, a.k_proj, a.v_proj):
-                fold_round(linear, lyr.input_layernorm.weight)
-            for linear in (m.gate_proj, m.up_proj):
-                fold_round(linear, lyr.post_attention_layernorm.weight)
-            for linear in (a.o_proj, m.down_proj):
-                linear.weight.copy_(gemv_fp8.dequantize(*gemv_fp8.quantize(linear.weight), linear.weight.dtype))
-            lyr.input_layernorm.weight.fill_(1.0)
-            lyr.post_attention_layernorm.weight.fill_(1.0)
-        fold_round(out.lm_head, out.model.norm.weight)
-        out.model.norm.weight.fill_(1.0)
-    return out
 
 
 @pytest.mark.live

@@ -21,7 +21,7 @@ from labsupport.chapters import closing_the_gap as ch  # noqa: E402
 from labsupport.measure import models  # noqa: E402
 from labsupport.measure.kernels import gemv  # noqa: E402
 
-from .conftest import RUNS  # noqa: E402
+from .conftest import RUNS, folded_and_rounded  # noqa: E402
 
 pytestmark = pytest.mark.unit
 # An H100 run whose tuner kept 4 rows of 2,048 for both GEMVs, 8 of 1,024 next within 0.3% alone
@@ -216,8 +216,6 @@ def test_the_fp8_step_tries_its_two_fastest_fp8_tilings_within_the_wider_tie():
 @pytest.mark.live
 @pytest.mark.usefixtures("waits_as_no_ops")
 def test_the_fp8_folded_step_built_with_each_pair_keeps_the_faster_in_the_fp8_table(tiny_with_norms, monkeypatch):
-    from .test_closing_the_gap import folded_and_rounded
-
     model, prompt, _ = tiny_with_norms
     rounded = ch.reference(folded_and_rounded(model), prompt)  # what the FP8 folded step computes, unrounded
     cases = ch.folded_tie_cases(model)
